@@ -1,0 +1,71 @@
+// Argument checks shared by the CPU bindings: every message names the op, the argument,
+// what was expected and what came.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+#include "mtp/common.h"
+
+namespace mtp::cpu {
+
+inline std::string dtype_list(std::initializer_list<at::ScalarType> ok) {
+  std::ostringstream s;
+  const char* sep = "";
+  for (auto t : ok) { s << sep << t; sep = " or "; }
+  return s.str();
+}
+
+inline void check_dtype(const char* op, const char* name, const at::Tensor& t, std::initializer_list<at::ScalarType> ok) {
+  for (auto d : ok) if (t.scalar_type() == d) return;
+  TORCH_CHECK(false, op, ": ", name, " must be ", dtype_list(ok), ", got ", t.scalar_type());
+}
+
+inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t dim, const char* shape) {
+  TORCH_CHECK(t.dim() == dim, op, ": ", name, " must be ", dim, "-D ", shape, ", got shape ", t.sizes());
+}
+
+inline void check_size(const char* op, const char* name, const at::Tensor& t, int64_t d, int64_t want, const char* what) {
+  TORCH_CHECK(t.size(d) == want, op, ": ", name, ".size(", d, ") must equal ", what, " = ", want, ", got ", t.size(d),
+              " (shape ", t.sizes(), ")");
+}
+
+inline void check_cpu(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be on the CPU like the other arguments, got ", t.device());
+}
+
+constexpr std::initializer_list<at::ScalarType> kIdTypes = {at::kInt, at::kLong};
+constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16, at::kHalf};
+
+inline DType to_dtype(at::ScalarType t) {
+  return t == at::kFloat ? DType::F32 : t == at::kBFloat16 ? DType::BF16 : DType::F16;
+}
+
+// num_drafts as int64 values in [0, K] (all K when absent).
+inline at::Tensor checked_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B, int64_t K) {
+  if (!nd.has_value()) return at::full({B}, K, at::kLong);
+  const at::Tensor& n = *nd;
+  check_cpu(op, "num_drafts", n);
+  check_dtype(op, "num_drafts", n, kIdTypes);
+  check_dim(op, "num_drafts", n, 1, "[B]");
+  check_size(op, "num_drafts", n, 0, B, "B (draft_tokens.size(0))");
+  at::Tensor out = n.to(at::kLong).contiguous();
+  if (B > 0) {
+    int64_t lo = out.min().item<int64_t>(), hi = out.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi <= K, op, ": num_drafts must lie in [0, K] = [0, ", K, "], got values in [", lo, ", ", hi, "]");
+  }
+  return out;
+}
+
+// Runs fn(begin, end) over [0, n) on torch's intra-op thread pool.
+struct TorchParallelFor {
+  template <class Fn>
+  void operator()(int64_t n, Fn&& fn) const {
+    at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { fn(b, e); });
+  }
+};
+
+}  // namespace mtp::cpu

@@ -1,0 +1,50 @@
+// Row argmax with torch.argmax's rules: the first NaN wins; otherwise the first index of
+// the maximum (-0.0 == +0.0); a row of -inf gives its first index.
+// A row may be split into chunks (threads) and the chunk results merged left to right:
+// the merge is exact, so the answer does not depend on the split.
+#pragma once
+#include <cmath>
+#include <limits>
+
+#include "mtp/common.h"
+#include "mtp/isa.h"
+
+namespace mtp {
+
+struct ArgmaxResult {
+  float val;    // the maximum (NaN when nan)
+  int64_t idx;  // its first index
+  bool nan;     // the chunk holds a NaN; idx is the first one
+};
+
+inline ArgmaxResult argmax_empty(int64_t begin) {
+  return {-std::numeric_limits<float>::infinity(), begin, false};
+}
+
+// Merge of two chunk results, `a` covering earlier indices than `b`.
+inline ArgmaxResult argmax_merge(const ArgmaxResult& a, const ArgmaxResult& b) {
+  if (a.nan) return a;
+  if (b.nan) return b;
+  return b.val > a.val ? b : a;
+}
+
+}  // namespace mtp
+
+#include "mtp/generic/argmax.h"
+#if defined(MTP_X86)
+#include "mtp/x86/argmax.h"
+#endif
+
+namespace mtp {
+
+// Argmax of x[begin*stride], ..., x[(end-1)*stride] (end > begin).
+inline ArgmaxResult argmax_range(const void* x, DType dt, int64_t stride, int64_t begin,
+                                 int64_t end, Isa isa) {
+#if defined(MTP_X86)
+  if (stride == 1 && isa == Isa::Avx512) return x86::argmax_avx512(x, dt, begin, end);
+  if (stride == 1 && isa == Isa::Avx2) return x86::argmax_avx2(x, dt, begin, end);
+#endif
+  return generic::argmax(x, dt, stride, begin, end);
+}
+
+}  // namespace mtp

@@ -1,0 +1,54 @@
+// Torch-free basics shared by every kernel: element types, their conversion to fp32,
+// and the run-time choice of instruction set.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace mtp {
+
+enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN payloads).
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do { man <<= 1; ++e; } while (!(man & 0x400));
+    u = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Element i of a strided fp32/bf16/fp16 array, widened to fp32 (exact).
+inline float load_f32(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(base)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    default: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+// Instruction sets a kernel may be specialised for, best last.
+enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
+
+}  // namespace mtp

@@ -1,0 +1,52 @@
+// The one schema file of the `mtp` op namespace, and the entry point of mtp_kernels._C.
+// Kernels register per dispatch key elsewhere (cpu/, cuda/); fake kernels live in
+// mtp_kernels/ops.py.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "mtp/isa.h"
+
+TORCH_LIBRARY(mtp, m) {
+  m.def("verify(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int pad_id=-1)"
+        " -> (Tensor accepted, Tensor out_tokens)");
+  m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
+}
+
+// Module-level helpers: which vector path the CPU kernels take (tests run them all).
+static PyObject* get_isa(PyObject*, PyObject*) { return PyUnicode_FromString(mtp::isa_name(mtp::current_isa())); }
+
+static PyObject* set_isa(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_AsUTF8(arg);
+  if (!name) return nullptr;
+  mtp::Isa isa;
+  if (!mtp::parse_isa(name, &isa)) {
+    PyErr_Format(PyExc_ValueError, "unknown instruction set '%s' (expected generic, avx2, avx512 or neon)", name);
+    return nullptr;
+  }
+  if (!mtp::set_isa(isa)) {
+    PyErr_Format(PyExc_RuntimeError, "this CPU does not support the '%s' instruction set", name);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject* supported_isas(PyObject*, PyObject*) {
+  PyObject* list = PyList_New(0);
+  for (mtp::Isa isa : {mtp::Isa::Generic, mtp::Isa::Avx2, mtp::Isa::Avx512, mtp::Isa::Neon})
+    if (mtp::isa_supported(isa)) {
+      PyObject* s = PyUnicode_FromString(mtp::isa_name(isa));
+      PyList_Append(list, s);
+      Py_DECREF(s);
+    }
+  return list;
+}
+
+static PyMethodDef kMethods[] = {
+    {"get_isa", get_isa, METH_NOARGS, "The instruction set the CPU kernels use now."},
+    {"set_isa", set_isa, METH_O, "Select the CPU kernels' instruction set (generic, avx2, avx512, neon)."},
+    {"supported_isas", supported_isas, METH_NOARGS, "Instruction sets this CPU supports."},
+    {nullptr, nullptr, 0, nullptr}};
+
+static PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", "mtp_kernels native ops", -1, kMethods};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&kModule); }

@@ -1,0 +1,36 @@
+"""Typed wrappers of the ``torch.ops.mtp`` operators and their fake (meta) kernels.
+
+The fake kernels give torch.compile / FakeTensor the output shapes and dtypes without
+running anything; the contracts themselves are in ``reference.py``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+           num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy chain verification; see ``reference.verify`` for the contract."""
+    return torch.ops.mtp.verify.default(draft_tokens, target_logits, num_drafts, pad_id)
+
+
+def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
+                  num_drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Accepted prefix lengths from token ids already chosen; see ``reference.accept_prefix``."""
+    return torch.ops.mtp.accept_prefix.default(draft_tokens, target_tokens, num_drafts)
+
+
+@torch.library.register_fake("mtp::verify")
+def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
+    torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify: draft_tokens must be 2-D [B, K]")
+    torch._check(target_logits.dim() == 3, lambda: "mtp.verify: target_logits must be 3-D [B, K+1, V]")
+    B, K = draft_tokens.shape
+    return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+
+
+@torch.library.register_fake("mtp::accept_prefix")
+def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
+    torch._check(draft_tokens.dim() == 2, lambda: "mtp.accept_prefix: draft_tokens must be 2-D [B, K]")
+    return draft_tokens.new_empty((draft_tokens.shape[0],))
