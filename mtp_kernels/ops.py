@@ -22,8 +22,16 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
     return torch.ops.mtp.accept_prefix.default(draft_tokens, target_tokens, num_drafts)
 
 
+def _check_same_device(op, **tensors):
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    first = next(iter(devices.values()))
+    torch._check(all(d == first for d in devices.values()),
+                 lambda: f"{op}: all tensors must be on one device, got {devices}")
+
+
 @torch.library.register_fake("mtp::verify")
 def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
+    _check_same_device("mtp.verify", draft_tokens=draft_tokens, target_logits=target_logits, num_drafts=num_drafts)
     torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify: draft_tokens must be 2-D [B, K]")
     torch._check(target_logits.dim() == 3, lambda: "mtp.verify: target_logits must be 3-D [B, K+1, V]")
     B, K = draft_tokens.shape
@@ -32,5 +40,7 @@ def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
 
 @torch.library.register_fake("mtp::accept_prefix")
 def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
+    _check_same_device("mtp.accept_prefix", draft_tokens=draft_tokens, target_tokens=target_tokens,
+                       num_drafts=num_drafts)
     torch._check(draft_tokens.dim() == 2, lambda: "mtp.accept_prefix: draft_tokens must be 2-D [B, K]")
     return draft_tokens.new_empty((draft_tokens.shape[0],))
