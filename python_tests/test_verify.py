@@ -109,11 +109,13 @@ def test_every_tie_and_nan_position(isa):
     V = 300  # crosses the 256-element vector block and leaves a scalar tail
     for dtype in FLOATS:
         for i, j in [(0, 1), (0, 299), (255, 256), (100, 200), (256, 299), (298, 299)]:
-            logits = torch.zeros(1, 2, V, dtype=dtype)
+            logits = torch.zeros(1, 3, V, dtype=dtype)
             logits[0, 0, i] = logits[0, 0, j] = 3.0
             logits[0, 1, j] = float("nan")
             logits[0, 1, i] = float("inf")
-            drafts = torch.tensor([[i]])
+            logits[0, 2, i] = logits[0, 2, j] = float("inf")  # infinities, no NaN
+            logits[0, 2, (i + j) // 2 + 1] = float("-inf")
+            drafts = torch.tensor([[i, j]])
             check_verify(drafts, logits)
 
 
@@ -174,7 +176,7 @@ BAD_VERIFY = [
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 4, 10), None, "target_logits.size(0) must equal B"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, 10), None, "target_logits.size(1) must equal K+1"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 0), None, "V = 0"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1, 4]), "num_drafts must lie in [0, K] = [0, 3]"),
+    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1, 4]), "num_drafts must lie in [0, K] = [0, 3], got num_drafts[1] = 4"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([-1, 0]), "num_drafts must lie in [0, K]"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1]), "num_drafts.size(0) must equal B"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1.0, 2.0]), "num_drafts must be Int or Long"),

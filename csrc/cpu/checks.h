@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "mtp/common.h"
 
@@ -44,19 +45,24 @@ inline DType to_dtype(at::ScalarType t) {
   return t == at::kFloat ? DType::F32 : t == at::kBFloat16 ? DType::BF16 : DType::F16;
 }
 
-// num_drafts as int64 values in [0, K] (all K when absent).
-inline at::Tensor checked_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B, int64_t K) {
-  if (!nd.has_value()) return at::full({B}, K, at::kLong);
+// num_drafts as int64 values, each checked to lie in [0, K] (all K when absent).
+inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B,
+                                               int64_t K) {
+  if (!nd.has_value()) return std::vector<int64_t>(B, K);
   const at::Tensor& n = *nd;
   check_cpu(op, "num_drafts", n);
   check_dtype(op, "num_drafts", n, kIdTypes);
   check_dim(op, "num_drafts", n, 1, "[B]");
   check_size(op, "num_drafts", n, 0, B, "B (draft_tokens.size(0))");
-  at::Tensor out = n.to(at::kLong).contiguous();
-  if (B > 0) {
-    int64_t lo = out.min().item<int64_t>(), hi = out.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi <= K, op, ": num_drafts must lie in [0, K] = [0, ", K, "], got values in [", lo, ", ", hi, "]");
-  }
+  std::vector<int64_t> out(B);
+  AT_DISPATCH_INDEX_TYPES(n.scalar_type(), "num_drafts", [&] {
+    const index_t* p = n.data_ptr<index_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      out[b] = p[b * n.stride(0)];
+      TORCH_CHECK(out[b] >= 0 && out[b] <= K, op, ": num_drafts must lie in [0, K] = [0, ", K, "], got num_drafts[",
+                  b, "] = ", out[b]);
+    }
+  });
   return out;
 }
 

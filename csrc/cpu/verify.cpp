@@ -44,14 +44,14 @@ std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& draft_tokens, co
   check_size(kVerify, "target_logits", target_logits, 1, K + 1, "K+1 (draft_tokens.size(1) + 1)");
   const int64_t V = target_logits.size(2);
   TORCH_CHECK(V > 0, kVerify, ": target_logits must have a vocabulary of V >= 1 entries, got V = 0");
-  at::Tensor nd = checked_num_drafts(kVerify, num_drafts, B, K);
+  std::vector<int64_t> nd = checked_num_drafts(kVerify, num_drafts, B, K);
 
   VerifyArgs a;
   a.B = B; a.K = K; a.V = V;
   a.logits = target_logits.data_ptr();
   a.logits_dtype = to_dtype(target_logits.scalar_type());
   for (int d = 0; d < 3; ++d) a.logits_stride[d] = target_logits.stride(d);
-  a.num_drafts = nd.data_ptr<int64_t>();
+  a.num_drafts = nd.data();
   std::vector<int64_t> target(B * (K + 1), 0);
   greedy_targets(a, target.data(), at::get_num_threads(), current_isa(), TorchParallelFor{});
 
@@ -74,8 +74,8 @@ at::Tensor accept_prefix_cpu(const at::Tensor& draft_tokens, const at::Tensor& t
   check_size(kAccept, "target_tokens", target_tokens, 0, B, "B (draft_tokens.size(0))");
   TORCH_CHECK(target_tokens.size(1) == K + 1 || target_tokens.size(1) == K, kAccept,
               ": target_tokens.size(1) must be K+1 = ", K + 1, " or K = ", K, ", got ", target_tokens.size(1));
-  at::Tensor nd = checked_num_drafts(kAccept, num_drafts, B, K);
-  const int64_t* n = nd.data_ptr<int64_t>();
+  std::vector<int64_t> nd = checked_num_drafts(kAccept, num_drafts, B, K);
+  const int64_t* n = nd.data();
   at::Tensor accepted = at::empty({B}, draft_tokens.options());
   AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "accept_prefix_draft", [&] {
     using I = index_t;

@@ -16,7 +16,7 @@ inline int64_t first_index_of(const void* x, int64_t begin, int64_t end, float m
     float v = load_f32(x, T, i);
     if (nan ? (v != v) : (v == m)) return i;
   }
-  return end;  // unreachable for a value taken from the range
+  return end;  // none (a NaN alarm raised by an infinity)
 }
 
 // Scans full blocks with `block_max(p, &has_nan)`, the tail with the scalar path.
@@ -29,7 +29,7 @@ inline ArgmaxResult argmax_blocks(const void* x, int64_t begin, int64_t end, Blo
     float m = block_max(i, &has_nan);
     if (has_nan) {
       int64_t j = first_index_of<T>(x, i, i + kArgmaxBlock, 0.f, true);
-      return {load_f32(x, T, j), j, true};
+      if (j < i + kArgmaxBlock) return {load_f32(x, T, j), j, true};
     }
     if (m > best.val) best = {m, first_index_of<T>(x, i, i + kArgmaxBlock, m, false), false};
   }
@@ -51,24 +51,25 @@ MTP_TARGET_AVX512 inline __m512 load16(const void* x, int64_t i) {
   }
 }
 
+// NaN check for free: fma(v, 0, acc) turns NaN (and +-inf) lanes into a sticky NaN in
+// acc; a block that sets it is rescanned exactly (a false alarm from inf only costs time).
 template <DType T>
 MTP_TARGET_AVX512 inline float block_max_avx512(const void* x, int64_t i, bool* has_nan) {
-  __m512 m0 = load16<T>(x, i), m1 = load16<T>(x, i + 16);
-  __m512 m2 = load16<T>(x, i + 32), m3 = load16<T>(x, i + 48);
-  __mmask16 nan = _mm512_cmp_ps_mask(m0, m0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(m1, m1, _CMP_UNORD_Q) |
-                  _mm512_cmp_ps_mask(m2, m2, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(m3, m3, _CMP_UNORD_Q);
-  for (int64_t j = 64; j < kArgmaxBlock; j += 64) {
-    __m512 v0 = load16<T>(x, i + j), v1 = load16<T>(x, i + j + 16);
-    __m512 v2 = load16<T>(x, i + j + 32), v3 = load16<T>(x, i + j + 48);
-    nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q) |
-           _mm512_cmp_ps_mask(v2, v2, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v3, v3, _CMP_UNORD_Q);
-    m0 = _mm512_max_ps(m0, v0);
-    m1 = _mm512_max_ps(m1, v1);
-    m2 = _mm512_max_ps(m2, v2);
-    m3 = _mm512_max_ps(m3, v3);
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 m[4], z[4];
+  for (int u = 0; u < 4; ++u) {
+    m[u] = load16<T>(x, i + 16 * u);
+    z[u] = _mm512_mul_ps(m[u], zero);
   }
-  *has_nan = nan != 0;
-  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+  for (int64_t j = 64; j < kArgmaxBlock; j += 64)
+    for (int u = 0; u < 4; ++u) {
+      __m512 v = load16<T>(x, i + j + 16 * u);
+      m[u] = _mm512_max_ps(m[u], v);
+      z[u] = _mm512_fmadd_ps(v, zero, z[u]);
+    }
+  __m512 zs = _mm512_add_ps(_mm512_add_ps(z[0], z[1]), _mm512_add_ps(z[2], z[3]));
+  *has_nan = _mm512_cmp_ps_mask(zs, zs, _CMP_UNORD_Q) != 0;
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3])));
 }
 
 template <DType T>
@@ -109,22 +110,21 @@ MTP_TARGET_AVX2 inline float hmax8(__m256 v) {
 
 template <DType T>
 MTP_TARGET_AVX2 inline float block_max_avx2(const void* x, int64_t i, bool* has_nan) {
-  __m256 m0 = load8<T>(x, i), m1 = load8<T>(x, i + 8);
-  __m256 m2 = load8<T>(x, i + 16), m3 = load8<T>(x, i + 24);
-  __m256 nan = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(m0, m0, _CMP_UNORD_Q), _mm256_cmp_ps(m1, m1, _CMP_UNORD_Q)),
-                            _mm256_or_ps(_mm256_cmp_ps(m2, m2, _CMP_UNORD_Q), _mm256_cmp_ps(m3, m3, _CMP_UNORD_Q)));
-  for (int64_t j = 32; j < kArgmaxBlock; j += 32) {
-    __m256 v0 = load8<T>(x, i + j), v1 = load8<T>(x, i + j + 8);
-    __m256 v2 = load8<T>(x, i + j + 16), v3 = load8<T>(x, i + j + 24);
-    nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v0, v0, _CMP_UNORD_Q), _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q)),
-                                         _mm256_or_ps(_mm256_cmp_ps(v2, v2, _CMP_UNORD_Q), _mm256_cmp_ps(v3, v3, _CMP_UNORD_Q))));
-    m0 = _mm256_max_ps(m0, v0);
-    m1 = _mm256_max_ps(m1, v1);
-    m2 = _mm256_max_ps(m2, v2);
-    m3 = _mm256_max_ps(m3, v3);
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 m[4], z[4];
+  for (int u = 0; u < 4; ++u) {
+    m[u] = load8<T>(x, i + 8 * u);
+    z[u] = _mm256_mul_ps(m[u], zero);
   }
-  *has_nan = _mm256_movemask_ps(nan) != 0;
-  return hmax8(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  for (int64_t j = 32; j < kArgmaxBlock; j += 32)
+    for (int u = 0; u < 4; ++u) {
+      __m256 v = load8<T>(x, i + j + 8 * u);
+      m[u] = _mm256_max_ps(m[u], v);
+      z[u] = _mm256_fmadd_ps(v, zero, z[u]);
+    }
+  __m256 zs = _mm256_add_ps(_mm256_add_ps(z[0], z[1]), _mm256_add_ps(z[2], z[3]));
+  *has_nan = _mm256_movemask_ps(_mm256_cmp_ps(zs, zs, _CMP_UNORD_Q)) != 0;
+  return hmax8(_mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])));
 }
 
 template <DType T>
