@@ -43,9 +43,7 @@ def table(groups):
 
 
 def main(argv):
-    data, groups = load(argv[1])
-    print(f"CPU: {data['machine_info'].get('cpu', {}).get('brand_raw', '?')}, "
-          f"torch threads: {data['benchmarks'][0]['extra_info'].get('threads', '?')}\n")
+    _, groups = load(argv[1])
     print(table(groups))
 
 
