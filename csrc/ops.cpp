@@ -10,6 +10,7 @@ TORCH_LIBRARY(mtp, m) {
   m.def("verify(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int pad_id=-1)"
         " -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

@@ -29,6 +29,19 @@ def _check_same_device(op, **tensors):
                  lambda: f"{op}: all tensors must be on one device, got {devices}")
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Shape-invariant ``x @ weight.T + bias``; see ``reference.linear``."""
+    return torch.ops.mtp.linear.default(x, weight, bias)
+
+
+@torch.library.register_fake("mtp::linear")
+def _linear_fake(x, weight, bias=None):
+    _check_same_device("mtp.linear", x=x, weight=weight, bias=bias)
+    torch._check(weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
+                 lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @torch.library.register_fake("mtp::verify")
 def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
     _check_same_device("mtp.verify", draft_tokens=draft_tokens, target_logits=target_logits, num_drafts=num_drafts)

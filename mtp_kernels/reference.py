@@ -46,3 +46,16 @@ def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     out = torch.where(positions < accepted[:, None], drafts_padded, torch.full_like(drafts_padded, pad_id))
     out = torch.where(positions == accepted[:, None], target, out)
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x @ weight.T (+ bias), x [..., K] fp32|bf16, weight [N, K] fp32|bf16, bias [N];
+    products summed in fp32 (here: fp64, then rounded), result in x's dtype.
+
+    The kernel's promise beyond this value: each output row has the same bits whatever
+    the number of rows in the call (shape invariance), which torch's fp32 F.linear lacks.
+    """
+    y = x.double() @ weight.double().T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype)

@@ -3,7 +3,7 @@
 // block that holds a NaN or raises the running maximum is scanned again for the index
 // (it is in L1 by then). Memory-bound on long rows.
 #pragma once
-#include <immintrin.h>
+#include "mtp/x86/vec.h"
 
 namespace mtp::x86 {
 
@@ -38,19 +38,6 @@ inline ArgmaxResult argmax_blocks(const void* x, int64_t begin, int64_t end, Blo
 }
 
 // ---- AVX-512: 16 lanes, four independent accumulators per block.
-template <DType T>
-MTP_TARGET_AVX512 inline __m512 load16(const void* x, int64_t i) {
-  if constexpr (T == DType::F32) {
-    return _mm512_loadu_ps(static_cast<const float*>(x) + i);
-  } else {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + i));
-    if constexpr (T == DType::BF16)
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    else
-      return _mm512_cvtph_ps(h);
-  }
-}
-
 // NaN check for free: fma(v, 0, acc) turns NaN (and +-inf) lanes into a sticky NaN in
 // acc; a block that sets it is rescanned exactly (a false alarm from inf only costs time).
 template <DType T>
@@ -88,26 +75,6 @@ inline ArgmaxResult argmax_avx512(const void* x, DType dt, int64_t begin, int64_
 }
 
 // ---- AVX2 (+F16C): 8 lanes, four accumulators per block.
-template <DType T>
-MTP_TARGET_AVX2 inline __m256 load8(const void* x, int64_t i) {
-  if constexpr (T == DType::F32) {
-    return _mm256_loadu_ps(static_cast<const float*>(x) + i);
-  } else {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
-    if constexpr (T == DType::BF16)
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    else
-      return _mm256_cvtph_ps(h);
-  }
-}
-
-MTP_TARGET_AVX2 inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
 template <DType T>
 MTP_TARGET_AVX2 inline float block_max_avx2(const void* x, int64_t i, bool* has_nan) {
   const __m256 zero = _mm256_setzero_ps();

@@ -1,0 +1,56 @@
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for the few rows of decoding and
+// verification. Shape-invariant: every output element is reduced in one fixed order that
+// depends on neither M, the row grouping nor the thread split, so a verify pass over K+1
+// rows gives each row the bits of a one-row decode step. Weights are streamed once per
+// call for all rows (the cost of a decode step is reading them).
+#pragma once
+#include <algorithm>
+
+#include "mtp/common.h"
+#include "mtp/isa.h"
+
+namespace mtp {
+
+struct LinearArgs {
+  int64_t M = 0, N = 0, K = 0;
+  const void* x = nullptr;  // [M, K], rows x_stride apart, unit inner stride
+  DType x_dtype = DType::F32;
+  int64_t x_stride = 0;
+  const void* w = nullptr;  // [N, K], rows w_stride apart, unit inner stride
+  DType w_dtype = DType::F32;
+  int64_t w_stride = 0;
+  const float* bias = nullptr;  // [N] fp32 or nullptr
+  float* y = nullptr;           // [M, N] fp32, rows y_stride apart
+  int64_t y_stride = 0;
+};
+
+}  // namespace mtp
+
+#include "mtp/generic/linear.h"
+#if defined(MTP_X86)
+#include "mtp/x86/linear.h"
+#endif
+
+namespace mtp {
+
+// Output columns are cut into blocks of this many; a work item is one block.
+constexpr int64_t kLinearBlockN = 32;
+
+inline int64_t linear_work_items(const LinearArgs& a) { return (a.N + kLinearBlockN - 1) / kLinearBlockN; }
+
+// Computes the output columns of work items [begin, end) for every row.
+inline void linear_items(const LinearArgs& a, int64_t begin, int64_t end, Isa isa) {
+  const int64_t n0 = begin * kLinearBlockN, n1 = std::min(a.N, end * kLinearBlockN);
+#if defined(MTP_X86)
+  if (isa == Isa::Avx512) return x86::linear_avx512(a, n0, n1);
+  if (isa == Isa::Avx2) return x86::linear_avx2(a, n0, n1);
+#endif
+  generic::linear(a, n0, n1);
+}
+
+template <class ParallelFor>
+void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
+  parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) { linear_items(a, begin, end, isa); });
+}
+
+}  // namespace mtp
