@@ -4,8 +4,7 @@
  * elements (any non-negative strides: slices of bigger buffers are fine, nothing is copied).
  * Every function validates all its arguments and returns a status; it never aborts or throws.
  * On failure mtp_last_error() gives a message naming the function, the argument, what was
- * expected and what came; outputs may then be partly written only if the failure was not in
- * validation (validation happens before any write).
+ * expected and what came, and the outputs are left untouched (all checks precede any write).
  *
  * The kernels are the same ones the torch ops (torch.ops.mtp.*) run: same results, bit for bit.
  */
