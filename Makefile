@@ -1,13 +1,16 @@
 # One command per job on a fresh machine; each target sets up what it needs.
 #   make test    build + the test suite        make bench   microbenchmarks -> bench/
 #   make demo    the main job (for now: the verify benchmark summary)
+#   make test-core     torch-free core (libmtp_core, C API, C example): native ctest
+#   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-aarch64  cross-built for aarch64, ctest under qemu-aarch64 on two CPU models
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.deps-installed
 # torch is pinned: 2.13.0 is the CPU wheel on this disk; anything else downloads a CUDA build.
 DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake
 
-.PHONY: setup build test bench demo clean
+.PHONY: setup build test bench demo clean test-core test-asan test-aarch64 aarch64-tools
 setup: $(STAMP)
 $(STAMP):
 	python3 -m venv .venv
@@ -27,6 +30,38 @@ bench: build
 
 demo: build
 	$(PY) bench/summary.py
+
+# ---- torch-free core (cmake + ninja from the system or the venv; no torch, no Python)
+CMAKE   := $(shell command -v cmake 2>/dev/null || echo .venv/bin/cmake)
+CTEST   := $(dir $(CMAKE))ctest
+GEN     := $(if $(shell command -v ninja 2>/dev/null),-G Ninja,)
+CORE    := $(CMAKE) -S . -DMTP_CORE_ONLY=ON $(GEN)
+JOBS    ?= 2
+
+test-core:
+	$(CORE) -B build/core -DCMAKE_BUILD_TYPE=Release
+	$(CMAKE) --build build/core -j $(JOBS)
+	$(CTEST) --test-dir build/core --output-on-failure -j $(JOBS)
+
+test-asan:
+	$(CORE) -B build/asan -DCMAKE_BUILD_TYPE=Debug -DMTP_SANITIZE=address,undefined
+	$(CMAKE) --build build/asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $(CTEST) --test-dir build/asan --output-on-failure -j $(JOBS)
+
+# CI runs as root on Debian/Ubuntu: install the cross compiler and qemu-user when missing.
+aarch64-tools:
+	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
+
+# cortex-a53: armv8.0-a, no fp16 arithmetic (the widening path; the neon_fp16 tests would
+# only report "skipped", so they are left out); max: every feature, both fp16 paths.
+# MTP_EXPECT_NEON_FP16 makes the isa test check the run-time detection against the model.
+test-aarch64: aarch64-tools
+	$(CORE) -B build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
+	$(CMAKE) --build build/aarch64 -j $(JOBS)
+	QEMU_CPU=cortex-a53 MTP_EXPECT_NEON_FP16=0 $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS) -LE neon_fp16
+	QEMU_CPU=max MTP_EXPECT_NEON_FP16=1 $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS)
 
 clean:
 	rm -rf build .venv

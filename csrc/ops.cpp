@@ -21,7 +21,7 @@ static PyObject* set_isa(PyObject*, PyObject* arg) {
   if (!name) return nullptr;
   mtp::Isa isa;
   if (!mtp::parse_isa(name, &isa)) {
-    PyErr_Format(PyExc_ValueError, "unknown instruction set '%s' (expected generic, avx2, avx512 or neon)", name);
+    PyErr_Format(PyExc_ValueError, "unknown instruction set '%s' (expected generic, avx2, avx512, neon or neon_fp16)", name);
     return nullptr;
   }
   if (!mtp::set_isa(isa)) {
@@ -33,7 +33,7 @@ static PyObject* set_isa(PyObject*, PyObject* arg) {
 
 static PyObject* supported_isas(PyObject*, PyObject*) {
   PyObject* list = PyList_New(0);
-  for (mtp::Isa isa : {mtp::Isa::Generic, mtp::Isa::Avx2, mtp::Isa::Avx512, mtp::Isa::Neon})
+  for (mtp::Isa isa : mtp::kAllIsas)
     if (mtp::isa_supported(isa)) {
       PyObject* s = PyUnicode_FromString(mtp::isa_name(isa));
       PyList_Append(list, s);
@@ -44,7 +44,7 @@ static PyObject* supported_isas(PyObject*, PyObject*) {
 
 static PyMethodDef kMethods[] = {
     {"get_isa", get_isa, METH_NOARGS, "The instruction set the CPU kernels use now."},
-    {"set_isa", set_isa, METH_O, "Select the CPU kernels' instruction set (generic, avx2, avx512, neon)."},
+    {"set_isa", set_isa, METH_O, "Select the CPU kernels' instruction set (generic, avx2, avx512, neon, neon_fp16)."},
     {"supported_isas", supported_isas, METH_NOARGS, "Instruction sets this CPU supports."},
     {nullptr, nullptr, 0, nullptr}};
 

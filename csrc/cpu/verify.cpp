@@ -16,21 +16,19 @@ void check_drafts(const char* op, const at::Tensor& draft) {
   check_dim(op, "draft_tokens", draft, 2, "[B, K]");
 }
 
+// I may be const-qualified (an input view).
+template <class I>
+IdView<I> ids(const at::Tensor& t) {
+  return {t.data_ptr<std::remove_const_t<I>>(), {t.stride(0), t.stride(1)}};
+}
+
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
 void finish(const at::Tensor& draft, const int64_t* target, const int64_t* nd, int64_t pad,
             at::Tensor& accepted, at::Tensor& out) {
-  const int64_t B = draft.size(0), K = draft.size(1);
-  const I* d = draft.data_ptr<I>();
-  I* acc = accepted.data_ptr<I>();
-  I* o = out.data_ptr<I>();
-  for (int64_t b = 0; b < B; ++b) {
-    const I* db = d + b * draft.stride(0);
-    const int64_t* tb = target + b * (K + 1);
-    int64_t n = accept_length(db, draft.stride(1), tb, 1, nd[b]);
-    acc[b] = I(n);
-    emit_tokens(db, draft.stride(1), tb, K, n, pad, o + b * (K + 1));
-  }
+  const int64_t K = draft.size(1);
+  accept_and_emit<I, int64_t>(draft.size(0), K, ids<const I>(draft), {target, {K + 1, 1}}, nd, pad,
+                              accepted.data_ptr<I>(), 1, ids<I>(out));
 }
 
 std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
@@ -79,13 +77,9 @@ at::Tensor accept_prefix_cpu(const at::Tensor& draft_tokens, const at::Tensor& t
   at::Tensor accepted = at::empty({B}, draft_tokens.options());
   AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "accept_prefix_draft", [&] {
     using I = index_t;
-    const I* d = draft_tokens.data_ptr<I>();
-    I* acc = accepted.data_ptr<I>();
     AT_DISPATCH_INDEX_TYPES(target_tokens.scalar_type(), "accept_prefix_target", [&] {
-      const index_t* t = target_tokens.data_ptr<index_t>();
-      for (int64_t b = 0; b < B; ++b)
-        acc[b] = I(accept_length(d + b * draft_tokens.stride(0), draft_tokens.stride(1),
-                                 t + b * target_tokens.stride(0), target_tokens.stride(1), n[b]));
+      accept_lengths<I, index_t>(B, K, ids<const I>(draft_tokens), ids<const index_t>(target_tokens), n,
+                                 accepted.data_ptr<I>(), 1);
     });
   });
   return accepted;

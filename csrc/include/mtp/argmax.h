@@ -34,6 +34,9 @@ inline ArgmaxResult argmax_merge(const ArgmaxResult& a, const ArgmaxResult& b) {
 #if defined(MTP_X86)
 #include "mtp/x86/argmax.h"
 #endif
+#if defined(MTP_ARM64)
+#include "mtp/neon/argmax.h"
+#endif
 
 namespace mtp {
 
@@ -43,6 +46,10 @@ inline ArgmaxResult argmax_range(const void* x, DType dt, int64_t stride, int64_
 #if defined(MTP_X86)
   if (stride == 1 && isa == Isa::Avx512) return x86::argmax_avx512(x, dt, begin, end);
   if (stride == 1 && isa == Isa::Avx2) return x86::argmax_avx2(x, dt, begin, end);
+#endif
+#if defined(MTP_ARM64)
+  if (stride == 1 && (isa == Isa::Neon || isa == Isa::NeonFp16))
+    return neon::argmax(x, dt, begin, end, isa == Isa::NeonFp16);
 #endif
   return generic::argmax(x, dt, stride, begin, end);
 }

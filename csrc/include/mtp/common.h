@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace mtp {
 
@@ -39,6 +40,16 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// Calls fn(std::integral_constant<DType, dt>{}): a run-time dtype to a template argument.
+template <class Fn>
+inline decltype(auto) with_dtype(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::F32: return fn(std::integral_constant<DType, DType::F32>{});
+    case DType::BF16: return fn(std::integral_constant<DType, DType::BF16>{});
+    default: return fn(std::integral_constant<DType, DType::F16>{});
+  }
+}
+
 // Element i of a strided fp32/bf16/fp16 array, widened to fp32 (exact).
 inline float load_f32(const void* base, DType t, int64_t i) {
   switch (t) {
@@ -48,7 +59,8 @@ inline float load_f32(const void* base, DType t, int64_t i) {
   }
 }
 
-// Instruction sets a kernel may be specialised for, best last.
-enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
+// Instruction sets a kernel may be specialised for, best last per architecture.
+// NeonFp16: NEON plus armv8.2-a half-precision arithmetic (fp16 rows reduced in fp16).
+enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonFp16 = 4 };
 
 }  // namespace mtp

@@ -1,6 +1,6 @@
 // Run-time instruction-set selection. The best set the CPU supports is used unless
-// MTP_ISA (generic|avx2|avx512|neon) asks for a lower one, or set_isa() does (tests run
-// every path on one machine that way). Never compiled for the build machine's CPU.
+// MTP_ISA (generic|avx2|avx512|neon|neon_fp16) asks for a lower one, or set_isa() does
+// (tests run every path on one machine that way). Never compiled for the build machine's CPU.
 #pragma once
 #include <atomic>
 #include <cstdlib>
@@ -15,6 +15,28 @@
 #endif
 #if defined(__aarch64__)
 #define MTP_ARM64 1
+// armv8.2-a half-precision vector arithmetic for one function, the rest of the build stays
+// armv8.0-a. GCC declares the fp16 intrinsics under a target pragma; clang only guards them
+// by target attribute from clang 16 on, older clang gets the fp16 path only when the whole
+// build targets armv8.2-a+fp16.
+#if defined(__ARM_FEATURE_FP16_VECTOR_ARITHMETIC)
+#define MTP_NEON_FP16 1
+#define MTP_TARGET_NEON_FP16
+#elif defined(__clang__) && __clang_major__ >= 16
+#define MTP_NEON_FP16 1
+#define MTP_TARGET_NEON_FP16 __attribute__((target("fullfp16")))
+#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9
+#define MTP_NEON_FP16 1
+#define MTP_TARGET_NEON_FP16 __attribute__((target("arch=armv8.2-a+fp16")))
+#endif
+// Run-time detection reads the kernel's hwcaps (Linux and Android: getauxval is in Bionic
+// since API 18); elsewhere the fp16 path is not chosen automatically.
+#if defined(MTP_NEON_FP16) && (defined(__linux__) || defined(__ANDROID__))
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDHP
+#define HWCAP_ASIMDHP (1 << 10)
+#endif
+#endif
 #endif
 
 namespace mtp {
@@ -24,6 +46,7 @@ inline const char* isa_name(Isa isa) {
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
     case Isa::Neon: return "neon";
+    case Isa::NeonFp16: return "neon_fp16";
     default: return "generic";
   }
 }
@@ -42,19 +65,25 @@ inline bool isa_supported(Isa isa) {
 #if defined(MTP_ARM64)
     case Isa::Neon: return true;
 #endif
+#if defined(MTP_NEON_FP16) && (defined(__linux__) || defined(__ANDROID__))
+    case Isa::NeonFp16: return (getauxval(AT_HWCAP) & HWCAP_ASIMDHP) != 0;
+#endif
     default: return false;
   }
 }
 
+// Every value, in enum order (lists, parsing, tests).
+constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::NeonFp16};
+
 inline Isa best_isa() {
-  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Neon})
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon})
     if (isa_supported(isa)) return isa;
   return Isa::Generic;
 }
 
 // Parses a name; returns false for an unknown one.
 inline bool parse_isa(const char* name, Isa* out) {
-  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon})
+  for (Isa isa : kAllIsas)
     if (std::strcmp(name, isa_name(isa)) == 0) { *out = isa; return true; }
   return false;
 }

@@ -1,41 +1,9 @@
-// Vector argmax for contiguous rows. Each block of 256 elements is reduced to its
-// maximum with plain vmaxps (one op per vector) while a NaN check rides along; only a
-// block that holds a NaN or raises the running maximum is scanned again for the index
-// (it is in L1 by then). Memory-bound on long rows.
+// Vector argmax for contiguous rows on generic::argmax_blocks: each block is reduced to
+// its maximum with plain vmaxps (one op per vector) while a NaN check rides along.
 #pragma once
 #include "mtp/x86/vec.h"
 
 namespace mtp::x86 {
-
-constexpr int64_t kArgmaxBlock = 256;
-
-// First index in [begin, end) whose value is NaN (nan) or equals m (!nan). Scalar: rare.
-template <DType T>
-inline int64_t first_index_of(const void* x, int64_t begin, int64_t end, float m, bool nan) {
-  for (int64_t i = begin; i < end; ++i) {
-    float v = load_f32(x, T, i);
-    if (nan ? (v != v) : (v == m)) return i;
-  }
-  return end;  // none (a NaN alarm raised by an infinity)
-}
-
-// Scans full blocks with `block_max(p, &has_nan)`, the tail with the scalar path.
-template <DType T, class BlockMax>
-inline ArgmaxResult argmax_blocks(const void* x, int64_t begin, int64_t end, BlockMax block_max) {
-  ArgmaxResult best = argmax_empty(begin);
-  int64_t i = begin;
-  for (; i + kArgmaxBlock <= end; i += kArgmaxBlock) {
-    bool has_nan = false;
-    float m = block_max(i, &has_nan);
-    if (has_nan) {
-      int64_t j = first_index_of<T>(x, i, i + kArgmaxBlock, 0.f, true);
-      if (j < i + kArgmaxBlock) return {load_f32(x, T, j), j, true};
-    }
-    if (m > best.val) best = {m, first_index_of<T>(x, i, i + kArgmaxBlock, m, false), false};
-  }
-  if (i < end) best = argmax_merge(best, generic::argmax_typed<T>(x, 1, i, end));
-  return best;
-}
 
 // ---- AVX-512: 16 lanes, four independent accumulators per block.
 // NaN check for free: fma(v, 0, acc) turns NaN (and +-inf) lanes into a sticky NaN in
@@ -48,7 +16,7 @@ MTP_TARGET_AVX512 inline float block_max_avx512(const void* x, int64_t i, bool* 
     m[u] = load16<T>(x, i + 16 * u);
     z[u] = _mm512_mul_ps(m[u], zero);
   }
-  for (int64_t j = 64; j < kArgmaxBlock; j += 64)
+  for (int64_t j = 64; j < generic::kArgmaxBlock; j += 64)
     for (int u = 0; u < 4; ++u) {
       __m512 v = load16<T>(x, i + j + 16 * u);
       m[u] = _mm512_max_ps(m[u], v);
@@ -61,17 +29,13 @@ MTP_TARGET_AVX512 inline float block_max_avx512(const void* x, int64_t i, bool* 
 
 template <DType T>
 MTP_TARGET_AVX512 inline ArgmaxResult argmax_avx512_typed(const void* x, int64_t begin, int64_t end) {
-  return argmax_blocks<T>(x, begin, end, [x](int64_t i, bool* nan) MTP_TARGET_AVX512 {
+  return generic::argmax_blocks<T>(x, begin, end, [x](int64_t i, bool* nan) MTP_TARGET_AVX512 {
     return block_max_avx512<T>(x, i, nan);
   });
 }
 
 inline ArgmaxResult argmax_avx512(const void* x, DType dt, int64_t begin, int64_t end) {
-  switch (dt) {
-    case DType::F32: return argmax_avx512_typed<DType::F32>(x, begin, end);
-    case DType::BF16: return argmax_avx512_typed<DType::BF16>(x, begin, end);
-    default: return argmax_avx512_typed<DType::F16>(x, begin, end);
-  }
+  return with_dtype(dt, [&](auto t) { return argmax_avx512_typed<decltype(t)::value>(x, begin, end); });
 }
 
 // ---- AVX2 (+F16C): 8 lanes, four accumulators per block.
@@ -83,7 +47,7 @@ MTP_TARGET_AVX2 inline float block_max_avx2(const void* x, int64_t i, bool* has_
     m[u] = load8<T>(x, i + 8 * u);
     z[u] = _mm256_mul_ps(m[u], zero);
   }
-  for (int64_t j = 32; j < kArgmaxBlock; j += 32)
+  for (int64_t j = 32; j < generic::kArgmaxBlock; j += 32)
     for (int u = 0; u < 4; ++u) {
       __m256 v = load8<T>(x, i + j + 8 * u);
       m[u] = _mm256_max_ps(m[u], v);
@@ -96,17 +60,13 @@ MTP_TARGET_AVX2 inline float block_max_avx2(const void* x, int64_t i, bool* has_
 
 template <DType T>
 MTP_TARGET_AVX2 inline ArgmaxResult argmax_avx2_typed(const void* x, int64_t begin, int64_t end) {
-  return argmax_blocks<T>(x, begin, end, [x](int64_t i, bool* nan) MTP_TARGET_AVX2 {
+  return generic::argmax_blocks<T>(x, begin, end, [x](int64_t i, bool* nan) MTP_TARGET_AVX2 {
     return block_max_avx2<T>(x, i, nan);
   });
 }
 
 inline ArgmaxResult argmax_avx2(const void* x, DType dt, int64_t begin, int64_t end) {
-  switch (dt) {
-    case DType::F32: return argmax_avx2_typed<DType::F32>(x, begin, end);
-    case DType::BF16: return argmax_avx2_typed<DType::BF16>(x, begin, end);
-    default: return argmax_avx2_typed<DType::F16>(x, begin, end);
-  }
+  return with_dtype(dt, [&](auto t) { return argmax_avx2_typed<decltype(t)::value>(x, begin, end); });
 }
 
 }  // namespace mtp::x86

@@ -85,22 +85,17 @@ MTP_TARGET_AVX2 inline void linear_avx2_typed(const LinearArgs& a, int64_t n0, i
 }
 #undef MTP_LINEAR_ROWS
 
-// The four (activation, weight) dtype pairs: fp32 or bf16 each.
-template <template <DType, DType> class F>
-inline void dispatch_linear(const LinearArgs& a, int64_t n0, int64_t n1) {
-  const bool xb = a.x_dtype == DType::BF16, wb = a.w_dtype == DType::BF16;
-  if (!xb && !wb) F<DType::F32, DType::F32>::run(a, n0, n1);
-  else if (!xb && wb) F<DType::F32, DType::BF16>::run(a, n0, n1);
-  else if (xb && !wb) F<DType::BF16, DType::F32>::run(a, n0, n1);
-  else F<DType::BF16, DType::BF16>::run(a, n0, n1);
+// Activations and weights: fp32, bf16 or fp16 each (the torch binding takes fp32/bf16).
+inline void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) {
+  with_dtype(a.x_dtype, [&](auto xt) {
+    with_dtype(a.w_dtype, [&](auto wt) { linear_avx512_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); });
+  });
 }
 
-template <DType XT, DType WT>
-struct LinearAvx512 { static void run(const LinearArgs& a, int64_t n0, int64_t n1) { linear_avx512_typed<XT, WT>(a, n0, n1); } };
-template <DType XT, DType WT>
-struct LinearAvx2 { static void run(const LinearArgs& a, int64_t n0, int64_t n1) { linear_avx2_typed<XT, WT>(a, n0, n1); } };
-
-inline void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_linear<LinearAvx512>(a, n0, n1); }
-inline void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_linear<LinearAvx2>(a, n0, n1); }
+inline void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) {
+  with_dtype(a.x_dtype, [&](auto xt) {
+    with_dtype(a.w_dtype, [&](auto wt) { linear_avx2_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); });
+  });
+}
 
 }  // namespace mtp::x86

@@ -1,0 +1,92 @@
+#include "checks.h"
+
+#include "mtp/parallel.h"
+
+namespace mtp::capi {
+
+std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case MTP_FLOAT32: return "float32";
+    case MTP_BFLOAT16: return "bfloat16";
+    case MTP_FLOAT16: return "float16";
+    case MTP_INT32: return "int32";
+    case MTP_INT64: return "int64";
+    default: return "unknown";
+  }
+}
+
+namespace {
+std::string sizes_of(const mtp_tensor* t) {
+  std::ostringstream s;
+  s << "[";
+  for (int32_t d = 0; d < t->ndim && d < MTP_MAX_DIMS; ++d) s << (d ? ", " : "") << t->sizes[d];
+  s << "]";
+  return s.str();
+}
+}  // namespace
+
+bool Checker::tensor(const char* name, const mtp_tensor* t, int32_t ndim, const char* shape,
+                     std::initializer_list<mtp_dtype> ok) {
+  if (!t) return fail(MTP_ERROR_NULL_POINTER, name, " is NULL");
+  bool known = false;
+  for (mtp_dtype d : ok) known |= t->dtype == d;
+  if (!known) {
+    std::ostringstream want;
+    const char* sep = "";
+    for (mtp_dtype d : ok) { want << sep << dtype_name(d); sep = " or "; }
+    return fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " must be ", want.str(), ", got ", dtype_name(t->dtype),
+                " (dtype value ", t->dtype, ")");
+  }
+  if (t->ndim != ndim) return fail(MTP_ERROR_INVALID_ARGUMENT, name, " must be ", ndim, "-D ", shape, ", got ndim = ", t->ndim);
+  int64_t extent = 0;  // offset of the last element
+  bool empty = false;
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (t->sizes[d] < 0)
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[", d, "] must be >= 0, got ", t->sizes[d]);
+    if (t->strides[d] < 0)
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, ".strides[", d, "] must be >= 0, got ", t->strides[d]);
+    empty |= t->sizes[d] == 0;
+  }
+  for (int32_t d = 0; d < ndim && !empty; ++d) {
+    int64_t step;
+    if (__builtin_mul_overflow(t->sizes[d] - 1, t->strides[d], &step) || __builtin_add_overflow(extent, step, &extent) ||
+        __builtin_mul_overflow(extent + 1, int64_t(8), &step))
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has an extent beyond int64 bytes");
+  }
+  if (!t->data && !empty) return fail(MTP_ERROR_NULL_POINTER, name, ".data is NULL for a non-empty ", sizes_of(t), " view");
+  return true;
+}
+
+bool Checker::size(const char* name, const mtp_tensor* t, int32_t d, int64_t want, const char* what) {
+  if (t->sizes[d] == want) return true;
+  return fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[", d, "] must equal ", what, " = ", want, ", got ",
+              t->sizes[d], " (sizes ", sizes_of(t), ")");
+}
+
+bool Checker::num_drafts(const mtp_tensor* t, int64_t B, int64_t K, std::vector<int64_t>* out) {
+  out->assign(size_t(B), K);
+  if (!t) return true;
+  if (!tensor("num_drafts", t, 1, "[B]", kIdTypes) || !size("num_drafts", t, 0, B, "B (draft_tokens.sizes[0])"))
+    return false;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t n = load_id(t, b * t->strides[0]);
+    if (n < 0 || n > K)
+      return fail(MTP_ERROR_INVALID_ARGUMENT, "num_drafts[", b, "] = ", n, " is outside [0, K] = [0, ", K, "]");
+    (*out)[size_t(b)] = n;
+  }
+  return true;
+}
+
+bool Checker::threads(int32_t num_threads, int* out) {
+  if (num_threads < 0)
+    return fail(MTP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0 (0: one per hardware thread), got ", num_threads);
+  *out = resolve_threads(num_threads);
+  return true;
+}
+
+}  // namespace mtp::capi
