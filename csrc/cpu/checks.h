@@ -44,20 +44,32 @@ inline DType to_dtype(at::ScalarType t) {
   return t == at::kFloat ? DType::F32 : t == at::kBFloat16 ? DType::BF16 : DType::F16;
 }
 
+inline void check_same_dtype(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                             const at::Tensor& ref) {
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have ", ref_name, "'s dtype ",
+              ref.scalar_type(), ", got ", t.scalar_type());
+}
+
+// A [B] vector of int32/int64 counts as int64 values in [0, hi]; `what` names B and hi.
+inline at::Tensor checked_counts(const char* op, const char* name, const at::Tensor& n, int64_t B, const char* b_what,
+                                 int64_t hi, const char* hi_what) {
+  check_cpu(op, name, n);
+  check_dtype(op, name, n, kIdTypes);
+  check_dim(op, name, n, 1, "[B]");
+  check_size(op, name, n, 0, B, b_what);
+  at::Tensor out = n.to(at::kLong).contiguous();
+  if (B > 0) {
+    int64_t lo = out.min().item<int64_t>(), top = out.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && top <= hi, op, ": ", name, " must lie in [0, ", hi_what, "] = [0, ", hi,
+                "], got values in [", lo, ", ", top, "]");
+  }
+  return out;
+}
+
 // num_drafts as int64 values in [0, K] (all K when absent).
 inline at::Tensor checked_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B, int64_t K) {
   if (!nd.has_value()) return at::full({B}, K, at::kLong);
-  const at::Tensor& n = *nd;
-  check_cpu(op, "num_drafts", n);
-  check_dtype(op, "num_drafts", n, kIdTypes);
-  check_dim(op, "num_drafts", n, 1, "[B]");
-  check_size(op, "num_drafts", n, 0, B, "B (draft_tokens.size(0))");
-  at::Tensor out = n.to(at::kLong).contiguous();
-  if (B > 0) {
-    int64_t lo = out.min().item<int64_t>(), hi = out.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi <= K, op, ": num_drafts must lie in [0, K] = [0, ", K, "], got values in [", lo, ", ", hi, "]");
-  }
-  return out;
+  return checked_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K");
 }
 
 // Runs fn(begin, end) over [0, n) on torch's intra-op thread pool.
