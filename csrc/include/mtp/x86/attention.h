@@ -36,23 +36,62 @@ MTP_TARGET_AVX512 inline __mmask16 tail_mask16(int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
 }
 
+// Lane i of the result = the sum of a[i]'s 16 lanes by the tree (l, l+8), (l, l+4),
+// (l, l+2), (l, l+1): the same for every i, whatever the other vectors hold.
+MTP_TARGET_AVX512 inline __m512 sum16(const __m512* a) {
+  __m512 s[8], u[4], x[2];
+  for (int i = 0; i < 8; ++i)  // 128-bit blocks 0,1 of a[2i] + blocks 2,3; likewise a[2i+1]
+    s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+  for (int i = 0; i < 4; ++i)  // block b of u[i] holds vector 4i + b
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xdd));
+  for (int i = 0; i < 2; ++i)  // block b: lanes 0,1 vector 8i + b; lanes 2,3 vector 8i + 4 + b
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xee));
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xdd));
+  // z[4b + l] = vector 4l + b
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
 template <DType T, int D>
 struct Avx512Attention {
   static constexpr int NV = D / 16;
 
+  // Scores of 16 consecutive keys per row at once: one accumulator per key (lane-wise fma
+  // over D), then a transposing reduction (sum16) whose tree per key is fixed, so a key's
+  // score does not depend on the other keys of its group (missing keys are zero vectors).
   MTP_TARGET_AVX512 static void scores(const float* q, int64_t r0, int64_t R, const int64_t* n, const KvRows& k,
                                        int64_t, float scale, float* s) {
+    alignas(64) float kbuf[16][D];  // the group widened to fp32 (or packed) when it is not usable in place
     alignas(64) Elem<T> tmp[D];
-    for (int64_t j = 0; j < n[R - 1]; ++j) {
-      while (n[r0] <= j) ++r0;  // rows that see key j: a suffix (n is non-decreasing)
-      const void* kj = kv_row_unit(k, j, D, tmp);
-      __m512 kv[NV];
-      for (int i = 0; i < NV; ++i) kv[i] = load16<T>(kj, 16 * i);
+    const float* kp[16];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < n[R - 1]; j0 += 16) {
+      while (n[r0] <= j0) ++r0;  // rows that see key j0: a suffix (n is non-decreasing)
+      const int64_t cnt = std::min<int64_t>(16, n[R - 1] - j0);
+      for (int64_t i = 0; i < cnt; ++i) {
+        if (T == DType::F32 && k.d_stride == 1) {
+          kp[i] = static_cast<const float*>(k.row(j0 + i));
+        } else {
+          const void* kj = kv_row_unit(k, j0 + i, D, tmp);
+          for (int v = 0; v < NV; ++v) _mm512_store_ps(kbuf[i] + 16 * v, load16<T>(kj, 16 * v));
+          kp[i] = kbuf[i];
+        }
+      }
       for (int64_t r = r0; r < R; ++r) {
-        const float* qr = q + r * D;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
-        for (int i = 1; i < NV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * i), kv[i], acc);
-        s[r * kAttnChunk + j] = _mm512_reduce_add_ps(acc) * scale;
+        const int64_t c = std::min<int64_t>(16, n[r] - j0);
+        __m512 qv[NV];
+        for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(q + r * D + 16 * v);
+        __m512 acc[16];
+        for (int i = 0; i < 16; ++i) {
+          if (i < c) {
+            acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kp[i]));
+            for (int v = 1; v < NV; ++v) acc[i] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(kp[i] + 16 * v), acc[i]);
+          } else {
+            acc[i] = _mm512_setzero_ps();
+          }
+        }
+        _mm512_mask_storeu_ps(s + r * kAttnChunk + j0, tail_mask16(c), _mm512_mul_ps(sum16(acc), vscale));
       }
     }
   }
