@@ -15,6 +15,18 @@ namespace mtp::x86 {
 template <DType T>
 using Elem = std::conditional_t<T == DType::F32, float, uint16_t>;
 
+// Software prefetch of row j of kv (when it exists): the hardware prefetchers stop at 4 KiB
+// pages, a handful of keys each, and strided (permuted) caches defeat them more.
+template <int D, DType T>
+inline void prefetch_row(const KvRows& kv, int64_t j, int64_t n) {
+  if (j >= n) return;
+  const char* r = static_cast<const char*>(kv.row(j));
+  constexpr int64_t bytes = D * int64_t(sizeof(Elem<T>));
+  if (kv.d_stride != 1) return;
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(r + o, _MM_HINT_T0);
+}
+constexpr int64_t kPrefetchAhead = 24;  // keys
+
 // ---- AVX-512: 16 lanes.
 MTP_TARGET_AVX512 inline __m512 exp_avx512(__m512 x) {  // x <= 0; ~1 ulp; exp(-inf) = 0
   x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
@@ -70,6 +82,7 @@ struct Avx512Attention {
       while (n[r0] <= j0) ++r0;  // rows that see key j0: a suffix (n is non-decreasing)
       const int64_t cnt = std::min<int64_t>(16, n[R - 1] - j0);
       for (int64_t i = 0; i < cnt; ++i) {
+        prefetch_row<D, T>(k, j0 + i + 2 * kPrefetchAhead, n[R - 1]);
         if (T == DType::F32 && k.d_stride == 1) {
           kp[i] = static_cast<const float*>(k.row(j0 + i));
         } else {
@@ -121,6 +134,7 @@ struct Avx512Attention {
     for (int r = 0; r < RB; ++r)
       for (int i = 0; i < 4; ++i) a[r][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
+      prefetch_row<D, T>(v, j + kPrefetchAhead, n);
       const void* vj = kv_row_unit(v, j, D, tmp);
       __m512 vv[4];
       for (int i = 0; i < 4; ++i) vv[i] = load16<T>(vj, col + 16 * i);
