@@ -381,3 +381,12 @@ def test_bad_append_inputs(change, message):
         torch.ops.mtp.cache_append(**a)
     assert "mtp.cache_append: " in str(info.value)
     assert a["k_cache"].is_meta or torch.equal(a["k_cache"], k0)
+
+
+def test_readme_example_runs():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## head_attention and cache_append"):]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)[:1]
+    exec(compile(code, "README.md", "exec"), {})

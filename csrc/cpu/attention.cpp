@@ -44,7 +44,7 @@ at::Tensor head_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
               " must be a multiple of k_cache's head count Hkv = ", Hkv, " (grouped-query attention)");
   at::Tensor lens = checked_counts(kAttn, "cache_lens", cache_lens, B, "B (q.size(0))", L, "L (k_cache.size(2))");
   if (causal && B > 0 && T > 0) {
-    const int64_t lo = lens.min().item<int64_t>();
+    const int64_t lo = min_max(lens).first;
     TORCH_CHECK(lo >= T, kAttn, ": causal=True needs cache_lens[b] >= T = ", T,
                 " (the T queries are the last T cached positions), got min(cache_lens) = ", lo);
   }
