@@ -18,6 +18,16 @@ void strides_of(const at::Tensor& t, int64_t* out) {
   for (int d = 0; d < 4; ++d) out[d] = t.stride(d);
 }
 
+// The cache views of either op's argument struct (same member names), read/written in place.
+template <class Args>
+void set_caches(Args& a, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& lens) {
+  a.k = k_cache.data_ptr();
+  a.v = v_cache.data_ptr();
+  strides_of(k_cache, a.k_stride);
+  strides_of(v_cache, a.v_stride);
+  a.cache_lens = lens.data_ptr<int64_t>();
+}
+
 // k_cache / v_cache: [B, Hkv, L, D] views of `ref`'s dtype, both the same shape.
 void check_caches(const char* op, const at::Tensor& k, const at::Tensor& v, const char* ref_name, const at::Tensor& ref) {
   check_cpu(op, "k_cache", k);
@@ -56,11 +66,7 @@ at::Tensor head_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
   a.dtype = to_dtype(q.scalar_type());
   a.q = q.data_ptr();
   strides_of(q, a.q_stride);
-  a.k = k_cache.data_ptr();
-  a.v = v_cache.data_ptr();
-  strides_of(k_cache, a.k_stride);
-  strides_of(v_cache, a.v_stride);
-  a.cache_lens = lens.data_ptr<int64_t>();
+  set_caches(a, k_cache, v_cache, lens);
   if (k_local.has_value()) {
     const at::Tensor &kl = *k_local, &vl = *v_local;
     check_cpu(kAttn, "k_local", kl);
@@ -106,15 +112,11 @@ void cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, cons
   CacheAppendArgs a;
   a.B = B; a.T = T; a.Hkv = Hkv; a.D = D; a.L = L;
   a.dtype = to_dtype(k_new.scalar_type());
-  a.k = k_cache.data_ptr();
-  a.v = v_cache.data_ptr();
-  strides_of(k_cache, a.k_stride);
-  strides_of(v_cache, a.v_stride);
+  set_caches(a, k_cache, v_cache, lens);
   a.k_new = k_new.data_ptr();
   a.v_new = v_new.data_ptr();
   strides_of(k_new, a.kn_stride);
   strides_of(v_new, a.vn_stride);
-  a.cache_lens = lens.data_ptr<int64_t>();
   const int64_t bad = cache_append_overflow(a);
   TORCH_CHECK(bad < 0, kAppend, ": request ", bad, " would pass the cache capacity: cache_lens[", bad, "] + T = ",
               bad < 0 ? 0 : a.cache_lens[bad], " + ", T, " > L = ", L, " (k_cache.size(2)); nothing was written");
