@@ -89,7 +89,7 @@ at::Tensor head_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
   a.causal = causal;
   at::Tensor out = at::empty({B, T, Hq, D}, q.options());
   a.out = out.data_ptr();
-  attention(a, current_isa(), TorchParallelFor{});
+  attention(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
   return out;
 }
 

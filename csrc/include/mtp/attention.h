@@ -102,13 +102,25 @@ void attend_chunk(const float* qp, int64_t R, const int64_t* n, const KvRows& k,
   }
 }
 
+// Folds a row's next chunk partial p into its state st (the first one is copied).
+inline void fold_partial(float* st, const float* p, int64_t D, bool* any) {
+  if (*any) merge_partial(st, p, D);
+  else std::copy(p, p + D + 2, st);
+  *any = true;
+}
+
+// Normalised output row `row` (flat b*T*Hq + t*Hq + h) from its merged state; no key: zeros.
+inline void write_row(const AttentionArgs& a, int64_t row, const float* st, bool any) {
+  for (int64_t d = 0; d < a.D; ++d) store_f32(a.out, a.dtype, row * a.D + d, any ? st[2 + d] / st[1] : 0.f);
+}
+
 // Below this many multiply-adds a call runs on the calling thread (thread start-up
 // would dominate); threads never change the bits.
 constexpr int64_t kAttnSerialWork = int64_t(1) << 18;
 
 template <class K, class ParallelFor>
-void attention_with(const AttentionArgs& a, ParallelFor&& parallel_for) {
-  const int64_t B = a.B, T = a.T, Hkv = a.Hkv, D = a.D, G = a.Hq / a.Hkv, R = G * T;
+void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_for) {
+  const int64_t B = a.B, T = a.T, Hkv = a.Hkv, D = a.D, G = a.Hq / a.Hkv, R = G * T, P = D + 2;
   if (B == 0 || T == 0 || a.Hq == 0) return;
   // q as fp32, grouped by kv head: qp[b][hkv][t*G + g][D].
   std::vector<float> qp(static_cast<size_t>(B * Hkv * R * D));
@@ -120,65 +132,90 @@ void attention_with(const AttentionArgs& a, ParallelFor&& parallel_for) {
         for (int64_t d = 0; d < D; ++d) dst[d] = load_f32(a.q, a.dtype, base + d * a.q_stride[3]);
       }
 
+  // Chunk c of (b, hkv) = bh: cache chunks [0, Cc), then the local segment's [Cc, C).
   int64_t lmax = 0;
   for (int64_t b = 0; b < B; ++b) lmax = std::max(lmax, a.cache_lens[b]);
   const int64_t Cc = attn_chunks(lmax), C = Cc + attn_chunks(std::min(T, a.S));
-  std::vector<int64_t> items;  // (b*Hkv + hkv)*C + chunk, cache chunks then local ones
-  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
-    for (int64_t c = 0; c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) items.push_back(bh * C + c);
-    for (int64_t c = Cc; c < C; ++c) items.push_back(bh * C + c);
-  }
-  const int64_t P = D + 2;
-  std::unique_ptr<float[]> part(new float[size_t(std::max<int64_t>(1, B * Hkv * C * R * P))]);
+  auto chunks_of = [&](int64_t bh, std::vector<int64_t>* out) {
+    for (int64_t c = 0; c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) out->push_back(c);
+    for (int64_t c = Cc; c < C; ++c) out->push_back(c);
+  };
+  // Partials [R][P] of chunk c of bh into dst; n[r] = row r's keys in it (0: untouched).
+  auto compute_chunk = [&](int64_t bh, int64_t c, float* dst, float* s, int64_t* n) {
+    const int64_t b = bh / Hkv, h = bh % Hkv;
+    const bool local = c >= Cc;
+    const int64_t c0 = (local ? c - Cc : c) * kAttnChunk;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t vis = local ? visible_local(a, r / G) : visible_cache(a, b, r / G);
+      n[r] = std::clamp<int64_t>(vis - c0, 0, kAttnChunk);
+    }
+    const int64_t* ks = local ? a.kl_stride : a.k_stride;
+    const int64_t* vs = local ? a.vl_stride : a.v_stride;
+    const int64_t es = dtype_size(a.dtype);
+    const char* kb = static_cast<const char*>(local ? a.k_local : a.k);
+    const char* vb = static_cast<const char*>(local ? a.v_local : a.v);
+    KvRows kr{kb + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es, ks[2], ks[3], a.dtype};
+    KvRows vr{vb + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es, vs[2], vs[3], a.dtype};
+    attend_chunk<K>(qp.data() + bh * R * D, R, n, kr, vr, D, a.scale, s, dst);
+  };
+  auto out_row = [&](int64_t bh, int64_t r) { return ((bh / Hkv) * T + r / G) * a.Hq + (bh % Hkv) * G + r % G; };
+  int64_t total = 0;
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) total += attn_chunks(a.cache_lens[bh / Hkv]) + C - Cc;
+  const bool serial = total * R * kAttnChunk * D < kAttnSerialWork;
 
-  auto work = [&](int64_t begin, int64_t end) {
+  if (B * Hkv >= 2 * int64_t(threads) || serial) {
+    // Enough (b, hkv) pairs to keep the threads busy: each pair's chunks in order on one
+    // thread, folded as they come (no partial buffer). Same folds, same order as below.
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> s(static_cast<size_t>(R * kAttnChunk)), part(static_cast<size_t>(R * P)),
+          st(static_cast<size_t>(R * P));
+      std::vector<int64_t> n(static_cast<size_t>(R)), cs;
+      std::unique_ptr<bool[]> any(new bool[size_t(R)]);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        std::fill(any.get(), any.get() + R, false);
+        cs.clear();
+        chunks_of(bh, &cs);
+        for (int64_t c : cs) {
+          compute_chunk(bh, c, part.data(), s.data(), n.data());
+          for (int64_t r = 0; r < R; ++r)
+            if (n[size_t(r)] > 0) fold_partial(st.data() + r * P, part.data() + r * P, D, &any[size_t(r)]);
+        }
+        for (int64_t r = 0; r < R; ++r) write_row(a, out_row(bh, r), st.data() + r * P, any[size_t(r)]);
+      }
+    };
+    if (serial) work(0, B * Hkv);
+    else parallel_for(B * Hkv, work);
+    return;
+  }
+
+  // Few (b, hkv) pairs, long caches: chunks spread over the threads (flash-decoding), their
+  // partials kept, then each row's merged left to right.
+  std::vector<int64_t> items;  // bh * C + c
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    std::vector<int64_t> cs;
+    chunks_of(bh, &cs);
+    for (int64_t c : cs) items.push_back(bh * C + c);
+  }
+  std::unique_ptr<float[]> part(new float[size_t(B * Hkv * C * R * P)]);
+  parallel_for(int64_t(items.size()), [&](int64_t begin, int64_t end) {
     std::vector<float> s(static_cast<size_t>(R * kAttnChunk));
     std::vector<int64_t> n(static_cast<size_t>(R));
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t id = items[size_t(w)], c = id % C, bh = id / C, b = bh / Hkv, h = bh % Hkv;
-      const bool local = c >= Cc;
-      const int64_t c0 = (local ? c - Cc : c) * kAttnChunk;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t vis = local ? visible_local(a, r / G) : visible_cache(a, b, r / G);
-        n[size_t(r)] = std::clamp<int64_t>(vis - c0, 0, kAttnChunk);
-      }
-      const int64_t* ks = local ? a.kl_stride : a.k_stride;
-      const int64_t* vs = local ? a.vl_stride : a.v_stride;
-      const int64_t es = dtype_size(a.dtype);
-      const char* kb = static_cast<const char*>(local ? a.k_local : a.k);
-      const char* vb = static_cast<const char*>(local ? a.v_local : a.v);
-      KvRows kr{kb + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es, ks[2], ks[3], a.dtype};
-      KvRows vr{vb + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es, vs[2], vs[3], a.dtype};
-      attend_chunk<K>(qp.data() + bh * R * D, R, n.data(), kr, vr, D, a.scale, s.data(), part.get() + id * R * P);
+      const int64_t id = items[size_t(w)];
+      compute_chunk(id / C, id % C, part.get() + id * R * P, s.data(), n.data());
     }
-  };
-  const int64_t n_items = int64_t(items.size());
-  if (n_items * R * kAttnChunk * D < kAttnSerialWork) work(0, n_items);
-  else parallel_for(n_items, work);
-
-  // Merge each row's chunks left to right, then normalise.
-  auto finish = [&](int64_t begin, int64_t end) {
+  });
+  parallel_for(B * Hkv * R, [&](int64_t begin, int64_t end) {
     std::vector<float> st(static_cast<size_t>(P));
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t h = row % a.Hq, t = (row / a.Hq) % T, b = row / (a.Hq * T);
-      const int64_t r = t * G + h % G;
-      const float* pb = part.get() + ((b * Hkv + h / G) * C * R + r) * P;  // chunk c at + c*R*P
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t bh = i / R, r = i % R, b = bh / Hkv, t = r / G;
+      const float* pb = part.get() + (bh * C * R + r) * P;  // chunk c at + c*R*P
       bool any = false;
-      auto fold = [&](int64_t c) {
-        const float* p = pb + c * R * P;
-        if (any) merge_partial(st.data(), p, D);
-        else std::copy(p, p + P, st.begin());
-        any = true;
-      };
-      for (int64_t c = 0; c < attn_chunks(visible_cache(a, b, t)); ++c) fold(c);
-      for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c) fold(Cc + c);
-      for (int64_t d = 0; d < D; ++d)  // no visible key at all: zeros
-        store_f32(a.out, a.dtype, row * D + d, any ? st[size_t(2 + d)] / st[1] : 0.f);
+      for (int64_t c = 0; c < attn_chunks(visible_cache(a, b, t)); ++c) fold_partial(st.data(), pb + c * R * P, D, &any);
+      for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c) fold_partial(st.data(), pb + (Cc + c) * R * P, D, &any);
+      write_row(a, out_row(bh, r), st.data(), any);
     }
-  };
-  const int64_t rows = B * T * a.Hq;
-  if (rows * C * P < kAttnSerialWork / 4) finish(0, rows);
-  else parallel_for(rows, finish);
+  });
 }
 
 }  // namespace mtp
@@ -197,26 +234,28 @@ inline bool attention_vectorised(Isa isa, int64_t D) {
 
 // One vector family V<dtype, D> over the three dtypes and D in {64, 128}.
 template <template <DType, int> class V, class ParallelFor>
-void attention_vector(const AttentionArgs& a, ParallelFor&& pf) {
+void attention_vector(const AttentionArgs& a, int threads, ParallelFor&& pf) {
   const bool d64 = a.D == 64;
   switch (a.dtype) {
-    case DType::F32: return d64 ? attention_with<V<DType::F32, 64>>(a, pf) : attention_with<V<DType::F32, 128>>(a, pf);
-    case DType::BF16: return d64 ? attention_with<V<DType::BF16, 64>>(a, pf) : attention_with<V<DType::BF16, 128>>(a, pf);
-    default: return d64 ? attention_with<V<DType::F16, 64>>(a, pf) : attention_with<V<DType::F16, 128>>(a, pf);
+    case DType::F32: return d64 ? attention_with<V<DType::F32, 64>>(a, threads, pf) : attention_with<V<DType::F32, 128>>(a, threads, pf);
+    case DType::BF16: return d64 ? attention_with<V<DType::BF16, 64>>(a, threads, pf) : attention_with<V<DType::BF16, 128>>(a, threads, pf);
+    default: return d64 ? attention_with<V<DType::F16, 64>>(a, threads, pf) : attention_with<V<DType::F16, 128>>(a, threads, pf);
   }
 }
 
-// Writes a.out. parallel_for(n, fn(begin, end)) may run the work items anywhere.
+// Writes a.out. parallel_for(n, fn(begin, end)) may run the work items anywhere; `threads`
+// (how many it uses) only shapes the work split, never the result.
 template <class ParallelFor>
-void attention(const AttentionArgs& a, Isa isa, ParallelFor&& pf) {
+void attention(const AttentionArgs& a, int threads, Isa isa, ParallelFor&& pf) {
 #if defined(MTP_X86)
   if (attention_vectorised(isa, a.D))
-    return isa == Isa::Avx512 ? attention_vector<x86::Avx512Attention>(a, pf) : attention_vector<x86::Avx2Attention>(a, pf);
+    return isa == Isa::Avx512 ? attention_vector<x86::Avx512Attention>(a, threads, pf)
+                             : attention_vector<x86::Avx2Attention>(a, threads, pf);
 #endif
   switch (a.dtype) {
-    case DType::F32: return attention_with<generic::Attention<DType::F32>>(a, pf);
-    case DType::BF16: return attention_with<generic::Attention<DType::BF16>>(a, pf);
-    default: return attention_with<generic::Attention<DType::F16>>(a, pf);
+    case DType::F32: return attention_with<generic::Attention<DType::F32>>(a, threads, pf);
+    case DType::BF16: return attention_with<generic::Attention<DType::BF16>>(a, threads, pf);
+    default: return attention_with<generic::Attention<DType::F16>>(a, threads, pf);
   }
 }
 
