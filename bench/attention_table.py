@@ -2,7 +2,7 @@
 (calls interleaved round by round), K/V bytes read per second, and the machine's memory
 bandwidth measured in the same run (1 GiB copy, read + write bytes; 1 GiB sum, read bytes).
 
-    .venv/bin/python bench/attention_table.py [--quick]
+    .venv/bin/python bench/attention_table.py [--quick] [--threads N]
 """
 import sys
 import time
@@ -36,6 +36,8 @@ def bandwidth():
 
 def main():
     quick = "--quick" in sys.argv
+    if "--threads" in sys.argv:
+        torch.set_num_threads(int(sys.argv[sys.argv.index("--threads") + 1]))
     copy_bw, read_bw = bandwidth()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {mtp_kernels.get_isa()}; "
           f"memory bandwidth this run: copy {copy_bw:.1f} GB/s (read+write), read {read_bw:.1f} GB/s (sum)\n")
