@@ -89,10 +89,13 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
         commit(b, [int(token[b])])
     t1 = time.perf_counter()
     while not all(done):
+        active = torch.tensor([not d for d in done])
         for b in range(B):
             out[b].passes += not done[b]
+        start = cache.lens.clone()
         if head is None:
             hidden = model(token[:, None], cache)[:, 0]
+            cache.lens.copy_(torch.where(active, cache.lens, start))  # finished requests stay put
             token = model.logits(hidden).argmax(-1)
             for b in range(B):
                 if not done[b]:
@@ -101,10 +104,10 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
         drafts = head.draft(model, cache, hidden, token, K)
         # Drafts beyond what a request may still commit are not offered.
         num = torch.tensor([0 if done[b] else min(K, max_new_tokens - len(out[b].tokens) - 1) for b in range(B)])
-        start = cache.lens.clone()
         h = model(torch.cat([token[:, None], drafts], dim=1), cache)
         accepted, tokens = torch.ops.mtp.verify(drafts, model.logits(h), num)
-        cache.lens.copy_(start + 1 + accepted)  # drop the rejected drafts' K/V
+        # Keep t0 and the accepted drafts; the rejected drafts' K/V are dropped by length.
+        cache.lens.copy_(torch.where(active, start + 1 + accepted, start))
         hidden = h[torch.arange(B), accepted]
         token = tokens[torch.arange(B), accepted]
         for b in range(B):
