@@ -1,7 +1,5 @@
 """Model loading: the shipped GGUF, safetensors folders, and every kind of bad file."""
-import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -9,27 +7,7 @@ import torch
 from mtp_kernels.models import checkpoint
 from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.llama import Backbone
-from tiny_model import TINY, tiny_weights
-
-
-def write_tiny_folder(folder, weights=None, cfg=TINY):
-    from safetensors.torch import save_file
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    os.makedirs(folder, exist_ok=True)
-    save_file(weights or tiny_weights(cfg), os.path.join(folder, "model.safetensors"))
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-                   "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-                   "max_position_embeddings": cfg.max_position, "tie_word_embeddings": True, "eos_token_id": 3}, f)
-    vocab = {chr(ord("a") + i) if i < 26 else f"<t{i}>": i for i in range(cfg.vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<t26>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}, f)
+from tiny_model import TINY, tiny_weights, write_tiny_folder
 
 
 def test_safetensors_folder_round_trip(tmp_path):

@@ -87,3 +87,17 @@ def test_mtp_generation_equals_greedy(smollm2, fp32_model):
     for k in (2, 4):
         got = decoding.generate(fp32_model, ids, 20, head=head, k=k, eos_token_ids=cfg.eos_token_ids)
         assert [g.tokens for g in got] == want
+
+
+def test_mtp_command_on_the_default_model():
+    import json
+    import subprocess
+    import sys
+
+    runs = []
+    for flag in ([], ["--no-mtp"]):
+        r = subprocess.run([sys.executable, "-m", "mtp_kernels.cli", "generate", "--prompt", PROMPTS[1],
+                            "--max-new-tokens", "12", "--json", *flag], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[0]["text"]

@@ -1,4 +1,7 @@
 """A tiny random-weight Llama (and helpers) for fast runtime tests."""
+import json
+import os
+
 import torch
 
 from mtp_kernels.models.checkpoint import expected_shapes
@@ -41,3 +44,23 @@ class OracleHead:
                 out[b, j] = (true + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.g))) % self.vocab \
                     if wrong else true
         return out
+
+
+def write_tiny_folder(folder, weights=None, cfg=TINY):
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    os.makedirs(folder, exist_ok=True)
+    save_file(weights or tiny_weights(cfg), os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+                   "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+                   "max_position_embeddings": cfg.max_position, "tie_word_embeddings": True, "eos_token_id": 3}, f)
+    vocab = {chr(ord("a") + i) if i < 26 else f"<t{i}>": i for i in range(cfg.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<t26>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}, f)
