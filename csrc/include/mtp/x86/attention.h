@@ -196,23 +196,57 @@ MTP_TARGET_AVX2 inline __m256i tail_mask8(int64_t left) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(left, 8))), idx);
 }
 
+// Lane i of the result = the sum of a[i]'s 8 lanes by the tree (l, l+4), (l, l+2), (l, l+1).
+MTP_TARGET_AVX2 inline __m256 sum8(const __m256* a) {
+  __m256 s[4], u[2];
+  for (int i = 0; i < 4; ++i)  // half 0: vector 2i, half 1: vector 2i+1
+    s[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+  for (int i = 0; i < 2; ++i)  // half h: lanes 0,1 vector 4i + h, lanes 2,3 vector 4i + 2 + h
+    u[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44), _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], 0xee));
+  const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x88), _mm256_shuffle_ps(u[0], u[1], 0xdd));
+  // z = vectors 0, 2, 4, 6, 1, 3, 5, 7
+  return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 template <DType T, int D>
 struct Avx2Attention {
   static constexpr int NV = D / 8;
 
+  // 8 keys per row at once, reduced by sum8 (a fixed tree per key), as the AVX-512 path does.
   MTP_TARGET_AVX2 static void scores(const float* q, int64_t r0, int64_t R, const int64_t* n, const KvRows& k,
                                      int64_t, float scale, float* s) {
+    alignas(32) float kbuf[8][D];
     alignas(32) Elem<T> tmp[D];
-    for (int64_t j = 0; j < n[R - 1]; ++j) {
-      while (n[r0] <= j) ++r0;
-      const void* kj = kv_row_unit(k, j, D, tmp);
-      __m256 kv[NV];
-      for (int i = 0; i < NV; ++i) kv[i] = load8<T>(kj, 8 * i);
+    const float* kp[8];
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < n[R - 1]; j0 += 8) {
+      while (n[r0] <= j0) ++r0;
+      const int64_t cnt = std::min<int64_t>(8, n[R - 1] - j0);
+      for (int64_t i = 0; i < cnt; ++i) {
+        prefetch_row<D, T>(k, j0 + i + 2 * kPrefetchAhead, n[R - 1]);
+        if (T == DType::F32 && k.d_stride == 1) {
+          kp[i] = static_cast<const float*>(k.row(j0 + i));
+        } else {
+          const void* kj = kv_row_unit(k, j0 + i, D, tmp);
+          for (int v = 0; v < NV; ++v) _mm256_store_ps(kbuf[i] + 8 * v, load8<T>(kj, 8 * v));
+          kp[i] = kbuf[i];
+        }
+      }
       for (int64_t r = r0; r < R; ++r) {
+        const int64_t c = std::min<int64_t>(8, n[r] - j0);
         const float* qr = q + r * D;
-        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qr), kv[0]);
-        for (int i = 1; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * i), kv[i], acc);
-        s[r * kAttnChunk + j] = hsum8(acc) * scale;
+        __m256 acc[8];
+        for (int i = 0; i < 8; ++i) {
+          if (i < c) {
+            acc[i] = _mm256_mul_ps(_mm256_loadu_ps(qr), _mm256_loadu_ps(kp[i]));
+            for (int v = 1; v < NV; ++v)
+              acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * v), _mm256_loadu_ps(kp[i] + 8 * v), acc[i]);
+          } else {
+            acc[i] = _mm256_setzero_ps();
+          }
+        }
+        _mm256_maskstore_ps(s + r * kAttnChunk + j0, tail_mask8(c), _mm256_mul_ps(sum8(acc), vscale));
       }
     }
   }
@@ -247,6 +281,7 @@ struct Avx2Attention {
     for (int r = 0; r < RB; ++r)
       for (int i = 0; i < 4; ++i) a[r][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
+      prefetch_row<D, T>(v, j + kPrefetchAhead, n);
       const void* vj = kv_row_unit(v, j, D, tmp);
       __m256 vv[4];
       for (int i = 0; i < 4; ++i) vv[i] = load8<T>(vj, col + 8 * i);
