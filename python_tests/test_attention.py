@@ -156,19 +156,21 @@ def test_only_first_cache_lens_keys_are_read(isa):
 
 # ---------------------------------------------------------------- exactness (torch.equal)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rows_equal_single_query_calls(isa, dtype):
-    q, k, v, lens, _, _ = inputs(B=3, T=5, L=700, dtype=dtype, lens=[700, 0, 290])
+@pytest.mark.parametrize("D", [64, 128, 40])
+def test_rows_equal_single_query_calls(isa, dtype, D):
+    q, k, v, lens, _, _ = inputs(B=3, T=5, L=700, D=D, dtype=dtype, lens=[700, 0, 290])
     full = attn(q, k, v, lens)
     for t in range(q.shape[1]):
         assert torch.equal(attn(q[:, t:t + 1], k, v, lens)[:, 0], full[:, t])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_causal_rows_equal_decode_steps(isa, dtype):
+@pytest.mark.parametrize("D", [64, 128, 40])
+def test_causal_rows_equal_decode_steps(isa, dtype, D):
     # Verify pass == one-token decoding: row t with cache_lens = L equals the 1-query call
     # with cache_lens = L - T + t + 1.
     T = 5
-    q, k, v, lens, _, _ = inputs(B=3, T=T, L=700, dtype=dtype, lens=[700, 5, 260])
+    q, k, v, lens, _, _ = inputs(B=3, T=T, L=700, D=D, dtype=dtype, lens=[700, 5, 260])
     full = attn(q, k, v, lens, causal=True)
     for t in range(T):
         step = attn(q[:, t:t + 1], k, v, lens - T + t + 1, causal=True)

@@ -7,8 +7,11 @@
 //    code whose operation order depends only on the chunk's keys of that row.
 //  - Partials are merged strictly left to right, the local segment's chunks last, by one
 //    scalar function (merge_partial).
-//  - Threads only decide who computes which (b, hkv, chunk); all G*T rows sharing a KV
-//    head are processed together against each key (K/V read from memory once).
+//  - Threads only decide who computes which (b, hkv, chunk): with enough (b, hkv) pairs a
+//    thread takes whole pairs and folds their chunks as they come; otherwise the chunks
+//    are spread over threads (flash-decoding) and folded afterwards. Same folds, same order.
+//  - All G*T rows sharing a KV head are processed together against each key (K/V read
+//    from memory once).
 // The build must not contract a*b+c into fma implicitly (-ffp-contract=off, set on the
 // mtp_headers target): the same scalar code is inlined into differently targeted callers.
 #pragma once
