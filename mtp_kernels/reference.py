@@ -71,7 +71,9 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     cache_lens[b] keys are its cache. Query t of request b sees cache keys [0, cache_lens[b])
     or, with causal=True, [0, cache_lens[b] - T + t] (the queries are the last T cached
     positions; cache_lens[b] >= T). An optional local segment k_local, v_local [B, Hkv, S, D]
-    is attended causally: query t also sees local entries s <= t. scale defaults to
+    (the MTP head's own draft positions) is attended causally, the T queries being its last T
+    positions: query t also sees local entries s <= S - T + t (s <= t when S == T; a single
+    query sees all S). scale defaults to
     1/sqrt(D). A row with no visible key gives zeros. Returns [B, T, Hq, D] in q's dtype.
     """
     B, T, Hq, D = q.shape
@@ -89,7 +91,7 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         S = k_local.shape[2]
         keys.append(k_local.double().repeat_interleave(G, dim=1))
         vals.append(v_local.double().repeat_interleave(G, dim=1))
-        masks.append((torch.arange(S)[None, :] <= t[:, None]).expand(B, T, S))
+        masks.append((torch.arange(S)[None, :] <= S - T + t[:, None]).expand(B, T, S))
     k, v, mask = torch.cat(keys, dim=2), torch.cat(vals, dim=2), torch.cat(masks, dim=2)[:, None]  # mask [B,1,T,L+S]
     scores = (qf @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
     m = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).min)  # all-masked rows: finite

@@ -180,13 +180,26 @@ def test_causal_rows_equal_decode_steps(isa, dtype, D):
 
 def test_local_rows_equal_prefix_calls(isa):
     # Draft step t sees local entries 0..t: row t equals the last row of the (t+1)-query call
-    # over the first t+1 local entries.
+    # over the first t+1 local entries, and the one-query call (a recurrent draft step) over them.
     T = 4
     q, k, v, lens, kl, vl = inputs(T=T, L=520, S=T, lens=[520, 30])
     full = attn(q, k, v, lens, kl, vl)
     for t in range(T):
         part = attn(q[:, :t + 1], k, v, lens, kl[:, :, :t + 1], vl[:, :, :t + 1])
         assert torch.equal(part[:, t], full[:, t])
+        step = attn(q[:, t:t + 1], k, v, lens, kl[:, :, :t + 1], vl[:, :, :t + 1])
+        assert torch.equal(step[:, 0], full[:, t])
+
+
+@pytest.mark.parametrize("T,S", [(1, 5), (2, 5), (3, 1)])
+def test_local_segment_longer_or_shorter_than_T(isa, T, S):
+    # The T queries are the last T local positions: query t sees s <= S - T + t.
+    q, k, v, lens, kl, vl = inputs(T=T, L=300, S=S, lens=[300, 0])
+    got = attn(q, k, v, lens, kl, vl)
+    want = reference.head_attention(q, k, v, lens, kl, vl)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if S < T:  # the first T - S queries see no local entry; request 1 has no cache either
+        assert torch.equal(got[1, :T - S], torch.zeros_like(got[1, :T - S]))
 
 
 def test_request_alone_equals_batch(isa):

@@ -74,7 +74,11 @@ inline int64_t visible_cache(const AttentionArgs& a, int64_t b, int64_t t) {
   return std::max<int64_t>(0, a.causal ? a.cache_lens[b] - a.T + t + 1 : a.cache_lens[b]);
 }
 // Local entries visible to query t (s <= t).
-inline int64_t visible_local(const AttentionArgs& a, int64_t t) { return std::min(t + 1, a.S); }
+// The T queries are the last T of the S local positions: query t sees local s <= S - T + t
+// (s <= t when S == T; a single query sees all S, as a recurrent draft step needs).
+inline int64_t visible_local(const AttentionArgs& a, int64_t t) {
+  return std::clamp<int64_t>(a.S - a.T + t + 1, 0, a.S);
+}
 
 // A partial is [m, l, acc[D]]. Folds chunk partial p into the running state st, p
 // covering later keys. Plain scalar code: the same bits wherever it is inlined.
