@@ -40,10 +40,14 @@ def check_size(op, name, t, d, want, what):
           f"{name}.size({d}) must equal {what} = {want}, got {t.size(d)} (shape {list(t.shape)})")
 
 
-def check_verify_inputs(op, draft, logits, num_drafts=None):
-    _check_same_device(op, draft_tokens=draft, target_logits=logits, num_drafts=num_drafts)
+def check_drafts(op, draft):
     check_dtype(op, "draft_tokens", draft, ID_TYPES)
     check_dim(op, "draft_tokens", draft, 2, "[B, K]")
+
+
+def check_verify_inputs(op, draft, logits, num_drafts=None):
+    _check_same_device(op, draft_tokens=draft, target_logits=logits, num_drafts=num_drafts)
+    check_drafts(op, draft)
     check_dtype(op, "target_logits", logits, FLOAT_TYPES)
     check_dim(op, "target_logits", logits, 3, "[B, K+1, V]")
     B, K = draft.shape
@@ -54,8 +58,7 @@ def check_verify_inputs(op, draft, logits, num_drafts=None):
 
 def check_accept_inputs(op, draft, target, num_drafts=None):
     _check_same_device(op, draft_tokens=draft, target_tokens=target, num_drafts=num_drafts)
-    check_dtype(op, "draft_tokens", draft, ID_TYPES)
-    check_dim(op, "draft_tokens", draft, 2, "[B, K]")
+    check_drafts(op, draft)
     check_dtype(op, "target_tokens", target, ID_TYPES)
     check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]")
     B, K = draft.shape

@@ -18,8 +18,8 @@ import torch
 
 import mtp_kernels
 from mtp_kernels import reference
-from test_linear import test_bad_input as _linear_bad  # noqa: F401  (its parameter list)
-from test_verify import BAD_VERIFY, FLOATS, IDS, make_case
+from test_linear import BAD_LINEAR
+from test_verify import BAD_VERIFY, FLOATS, IDS, accept_cases, make_case
 
 triton_mod = pytest.importorskip("mtp_kernels.triton")
 
@@ -139,16 +139,9 @@ def test_verify_edge_values_default_slicing(backend):
 def test_accept_prefix(backend, gen, id_dtype, target_dtype):
     impl, device = backend
     accept_prefix = ops_of(impl)[1]
-    for B, K in [(0, 4), (1, 0), (7, 1), (33, 8)]:
-        target = torch.randint(0, 5, (B, K + 1), generator=gen).to(target_dtype)
-        drafts = torch.where(torch.rand(B, K, generator=gen) < 0.8, target[:, :K],
-                             torch.randint(0, 5, (B, K), generator=gen).to(target_dtype)).to(id_dtype)
-        num_drafts = torch.randint(0, K + 1, (B,), generator=gen)
-        for tgt in (target, target[:, :K]):
-            for nd in (None, num_drafts):
-                got = accept_prefix(drafts.to(device), tgt.to(device), None if nd is None else nd.to(device))
-                want = reference.accept_prefix(drafts, tgt, nd)
-                assert got.dtype == id_dtype and torch.equal(got.cpu(), want)
+    for drafts, tgt, nd in accept_cases(gen, id_dtype, target_dtype):
+        got = accept_prefix(drafts.to(device), tgt.to(device), None if nd is None else nd.to(device))
+        assert got.dtype == id_dtype and torch.equal(got.cpu(), reference.accept_prefix(drafts, tgt, nd))
 
 
 @pytest.mark.parametrize("drafts,logits,num_drafts,message", BAD_VERIFY)
@@ -220,7 +213,7 @@ def test_linear_layout_and_degenerate(gen):
     assert torch.equal(triton_mod.linear(torch.randn(2, 0), torch.randn(4, 0), torch.ones(4)), torch.ones(2, 4))
 
 
-@pytest.mark.parametrize("args,message", _linear_bad.pytestmark[0].args[1])
+@pytest.mark.parametrize("args,message", BAD_LINEAR)
 def test_linear_bad_input(args, message):
     with pytest.raises(RuntimeError, match="mtp.linear: .*" + re.escape(message)):
         triton_mod.linear(*args)
@@ -241,6 +234,16 @@ def test_register_cuda_kernels_fills_only_missing_keys():
     else:
         assert before == "[False, False, False]" and first == "['verify', 'accept_prefix', 'linear']"
         assert after == "[True, True, True]" and second == "[]"
+
+
+@ON_GPU
+def test_cuda_backend_is_the_one_built():
+    """bench/gpu_check.sh says which backend it built (MTP_EXPECT_CUDA_KERNELS=1: C++ CUDA)."""
+    expect = os.environ.get("MTP_EXPECT_CUDA_KERNELS")
+    if expect is not None:
+        assert mtp_kernels._C.with_cuda == int(expect)
+    for name in triton_mod._OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"mtp::{name}", "CUDA"), name
 
 
 @ON_GPU

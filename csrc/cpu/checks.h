@@ -71,12 +71,17 @@ inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::option
   return out;
 }
 
-// draft_tokens [B, K] and target_logits [B, K+1, V] of mtp.verify; both on `device`.
-inline void check_verify_inputs(const char* op, const at::Tensor& draft, const at::Tensor& logits,
-                                const at::Device& device) {
+// draft_tokens [B, K] (verify, accept_prefix) on `device`.
+inline void check_drafts(const char* op, const at::Tensor& draft, const at::Device& device) {
   check_device(op, "draft_tokens", draft, device);
   check_dtype(op, "draft_tokens", draft, kIdTypes);
   check_dim(op, "draft_tokens", draft, 2, "[B, K]");
+}
+
+// draft_tokens [B, K] and target_logits [B, K+1, V] of mtp.verify; both on `device`.
+inline void check_verify_inputs(const char* op, const at::Tensor& draft, const at::Tensor& logits,
+                                const at::Device& device) {
+  check_drafts(op, draft, device);
   check_device(op, "target_logits", logits, device);
   check_dtype(op, "target_logits", logits, kFloatTypes);
   check_dim(op, "target_logits", logits, 3, "[B, K+1, V]");
@@ -89,9 +94,7 @@ inline void check_verify_inputs(const char* op, const at::Tensor& draft, const a
 // draft_tokens [B, K] and target_tokens [B, K+1] or [B, K] of mtp.accept_prefix.
 inline void check_accept_inputs(const char* op, const at::Tensor& draft, const at::Tensor& target,
                                 const at::Device& device) {
-  check_device(op, "draft_tokens", draft, device);
-  check_dtype(op, "draft_tokens", draft, kIdTypes);
-  check_dim(op, "draft_tokens", draft, 2, "[B, K]");
+  check_drafts(op, draft, device);
   check_device(op, "target_tokens", target, device);
   check_dtype(op, "target_tokens", target, kIdTypes);
   check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]");

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The device check, one command on a machine with a CUDA GPU (sized for one H200, < 8 min):
+#   1. builds the extension with its C++ CUDA kernels (MTP_WITH_CUDA=ON) against the
+#      machine's own CUDA torch (no download: that machine is offline; pins do not apply);
+#   2. runs the whole test suite, the CUDA variants included (C++ CUDA through torch.ops.mtp,
+#      and the Triton launchers on the GPU);
+#   3. runs the GPU microbenchmarks (ours vs torch, GB/s vs the measured bandwidth).
+# Results go to $1 (default: $OUT when set, else build/gpu-check): build.log, tests.log,
+# results.md, summary.txt. Exit status: non-zero if the build or a test failed.
+#   bash bench/gpu_check.sh [results-dir]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RES="${1:-${OUT:-build/gpu-check}}"
+mkdir -p "$RES"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+summary() { echo "$*" | tee -a "$RES/summary.txt"; }
+: > "$RES/summary.txt"
+summary "gpu_check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+summary "python: $($PY -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)')"
+summary "triton: $($PY -c 'import triton; print(triton.__version__)' 2>&1 | tail -1)"
+
+# 1. Build: CMake directly (no pip, nothing fetched), the module copied next to the package.
+ARCHS="${MTP_CUDA_ARCHS:-90}"   # the GPU at hand; CMake's default is 80;90
+rm -f mtp_kernels/_C*.so
+JOBS="$(nproc)"
+if timeout 300 bash -c "
+    cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMTP_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES='$ARCHS' -DPython_EXECUTABLE='$(command -v "$PY")' &&
+    cmake --build build/gpu -j $JOBS" > "$RES/build.log" 2>&1 \
+   && cp build/gpu/_C*.so mtp_kernels/; then
+  summary "build: MTP_WITH_CUDA=ON ok (sm_$ARCHS)"
+  export MTP_EXPECT_CUDA_KERNELS=1
+  build_rc=0
+else
+  build_rc=1
+  summary "build: MTP_WITH_CUDA=ON FAILED (tail of build.log below); falling back to the CPU build + Triton for CUDA"
+  tail -n 30 "$RES/build.log" | tee -a "$RES/summary.txt"
+  timeout 200 bash -c "
+    cmake -S . -B build/gpu-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE='$(command -v "$PY")' &&
+    cmake --build build/gpu-cpu -j $JOBS" >> "$RES/build.log" 2>&1 && cp build/gpu-cpu/_C*.so mtp_kernels/ \
+    || { summary "build: the CPU build failed too"; exit 1; }
+  export MTP_EXPECT_CUDA_KERNELS=0
+fi
+
+# 2. The whole suite; the CUDA variants run here (the Triton interpreter ones are skipped).
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider python_tests -rs > "$RES/tests.log" 2>&1
+test_rc=$?
+summary "tests: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$RES/tests.log" | tail -1) (rc $test_rc)"
+
+# 3. Microbenchmarks.
+timeout 120 "$PY" bench/gpu_bench.py "$RES/results.md" > "$RES/bench.log" 2>&1
+summary "bench: rc $? -> results.md"
+cat "$RES/results.md" 2>/dev/null
+exit $(( build_rc || test_rc ))
