@@ -52,10 +52,11 @@ std::tuple<at::Tensor, at::Tensor> verify_cuda(const at::Tensor& draft_tokens, c
 
   VerifyWork work;
   work.splits = verify_splits(B * (K + 1), V, sm_count(device));
-  // ArgmaxResult is 16 bytes: the partials live in an int64 buffer, two per result.
-  at::Tensor partials = at::empty({B * (K + 1) * work.splits * 2}, target_logits.options().dtype(at::kLong));
-  at::Tensor targets = at::empty({B * (K + 1)}, partials.options());
-  work.partials = reinterpret_cast<ArgmaxResult*>(partials.data_ptr<int64_t>());
+  // Workspace from torch's caching allocator (aligned far beyond alignof(ArgmaxResult)).
+  const int64_t nparts = B * (K + 1) * work.splits;
+  at::Tensor partials = at::empty({nparts * int64_t(sizeof(ArgmaxResult))}, target_logits.options().dtype(at::kByte));
+  at::Tensor targets = at::empty({B * (K + 1)}, target_logits.options().dtype(at::kLong));
+  work.partials = reinterpret_cast<ArgmaxResult*>(partials.data_ptr<uint8_t>());
   work.targets = targets.data_ptr<int64_t>();
 
   auto opts = draft_tokens.options();
