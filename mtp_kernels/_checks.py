@@ -46,7 +46,7 @@ def check_drafts(op, draft):
 
 
 def check_verify_inputs(op, draft, logits, num_drafts=None):
-    _check_same_device(op, draft_tokens=draft, target_logits=logits, num_drafts=num_drafts)
+    _check_same_device(op, "draft_tokens", draft, target_logits=logits, num_drafts=num_drafts)
     check_drafts(op, draft)
     check_dtype(op, "target_logits", logits, FLOAT_TYPES)
     check_dim(op, "target_logits", logits, 3, "[B, K+1, V]")
@@ -57,7 +57,7 @@ def check_verify_inputs(op, draft, logits, num_drafts=None):
 
 
 def check_accept_inputs(op, draft, target, num_drafts=None):
-    _check_same_device(op, draft_tokens=draft, target_tokens=target, num_drafts=num_drafts)
+    _check_same_device(op, "draft_tokens", draft, target_tokens=target, num_drafts=num_drafts)
     check_drafts(op, draft)
     check_dtype(op, "target_tokens", target, ID_TYPES)
     check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]")
@@ -86,7 +86,7 @@ def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -
 
 
 def check_linear_inputs(op, x, weight, bias=None):
-    _check_same_device(op, x=x, weight=weight, bias=bias)
+    _check_same_device(op, "x", x, weight=weight, bias=bias)
     check_dtype(op, "x", x, LINEAR_TYPES)
     check_dtype(op, "weight", weight, LINEAR_TYPES)
     check(x.dim() >= 1, op, "x must have at least 1 dimension [..., K], got a scalar")

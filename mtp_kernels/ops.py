@@ -22,11 +22,11 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
     return torch.ops.mtp.accept_prefix.default(draft_tokens, target_tokens, num_drafts)
 
 
-def _check_same_device(op, **tensors):
-    devices = {name: t.device for name, t in tensors.items() if t is not None}
-    first = next(iter(devices.values()))
-    torch._check(all(d == first for d in devices.values()),
-                 lambda: f"{op}: all tensors must be on one device, got {devices}")
+def _check_same_device(op, ref_name, ref, **tensors):
+    # A tensor on another device routes the whole call here (meta) or to a missing kernel.
+    for name, t in tensors.items():
+        torch._check(t is None or t.device == ref.device,
+                     lambda: f"{op}: {name} must be on {ref_name}'s device {ref.device}, got {t.device}")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -36,15 +36,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 @torch.library.register_fake("mtp::linear")
 def _linear_fake(x, weight, bias=None):
-    _check_same_device("mtp.linear", x=x, weight=weight, bias=bias)
+    _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias)
     torch._check(weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
                  lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
+                   k_local: Optional[torch.Tensor] = None, v_local: Optional[torch.Tensor] = None,
+                   scale: Optional[float] = None, causal: bool = False) -> torch.Tensor:
+    """Attention of q [B, T, Hq, D] over the cache views k_cache, v_cache [B, Hkv, L, D] (read
+    in place, any strides) and an optional causal local segment; see ``reference.head_attention``.
+    """
+    return torch.ops.mtp.head_attention.default(q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal)
+
+
+def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 cache_lens: torch.Tensor) -> None:
+    """Writes k_new, v_new [B, T, Hkv, D] at each request's offset cache_lens[b], in place;
+    cache_lens is left for the caller to advance. See ``reference.cache_append``.
+    """
+    torch.ops.mtp.cache_append.default(k_cache, v_cache, k_new, v_new, cache_lens)
+
+
 @torch.library.register_fake("mtp::verify")
 def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
-    _check_same_device("mtp.verify", draft_tokens=draft_tokens, target_logits=target_logits, num_drafts=num_drafts)
+    _check_same_device("mtp.verify", "draft_tokens", draft_tokens, target_logits=target_logits, num_drafts=num_drafts)
     torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify: draft_tokens must be 2-D [B, K]")
     torch._check(target_logits.dim() == 3, lambda: "mtp.verify: target_logits must be 3-D [B, K+1, V]")
     B, K = draft_tokens.shape
@@ -53,7 +70,24 @@ def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
 
 @torch.library.register_fake("mtp::accept_prefix")
 def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
-    _check_same_device("mtp.accept_prefix", draft_tokens=draft_tokens, target_tokens=target_tokens,
+    _check_same_device("mtp.accept_prefix", "draft_tokens", draft_tokens, target_tokens=target_tokens,
                        num_drafts=num_drafts)
     torch._check(draft_tokens.dim() == 2, lambda: "mtp.accept_prefix: draft_tokens must be 2-D [B, K]")
     return draft_tokens.new_empty((draft_tokens.shape[0],))
+
+
+@torch.library.register_fake("mtp::head_attention")
+def _head_attention_fake(q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False):
+    torch._check(q.dim() == 4, lambda: "mtp.head_attention: q must be 4-D [B, T, Hq, D]")
+    torch._check(k_cache.dim() == 4, lambda: "mtp.head_attention: k_cache must be 4-D [B, Hkv, L, D]")
+    _check_same_device("mtp.head_attention", "q", q, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens,
+                       k_local=k_local, v_local=v_local)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("mtp::cache_append")
+def _cache_append_fake(k_cache, v_cache, k_new, v_new, cache_lens):
+    torch._check(k_new.dim() == 4, lambda: "mtp.cache_append: k_new must be 4-D [B, T, Hkv, D]")
+    _check_same_device("mtp.cache_append", "k_new", k_new, k_cache=k_cache, v_cache=v_cache, v_new=v_new,
+                       cache_lens=cache_lens)
+    return None

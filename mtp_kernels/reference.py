@@ -59,3 +59,58 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)
+
+
+def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
+                   k_local: Optional[torch.Tensor] = None, v_local: Optional[torch.Tensor] = None,
+                   scale: Optional[float] = None, causal: bool = False) -> torch.Tensor:
+    """Decode attention of T queries per request over its KV cache (fp64 math, explicit masks).
+
+    q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D] (any strides), Hq a multiple of Hkv
+    (query head h reads kv head h // (Hq // Hkv)); cache_lens [B]: request b's first
+    cache_lens[b] keys are its cache. Query t of request b sees cache keys [0, cache_lens[b])
+    or, with causal=True, [0, cache_lens[b] - T + t] (the queries are the last T cached
+    positions; cache_lens[b] >= T). An optional local segment k_local, v_local [B, Hkv, S, D]
+    is attended causally: query t also sees local entries s <= t. scale defaults to
+    1/sqrt(D). A row with no visible key gives zeros. Returns [B, T, Hq, D] in q's dtype.
+    """
+    B, T, Hq, D = q.shape
+    Hkv, L = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    scale = D ** -0.5 if scale is None else scale
+    qf = q.double().permute(0, 2, 1, 3)  # [B, Hq, T, D]
+    t = torch.arange(T)
+    lens = cache_lens.long()[:, None]
+    limit = lens - T + t[None, :] + 1 if causal else lens.expand(B, T)  # [B, T]
+    keys = [k_cache.double().repeat_interleave(G, dim=1)]
+    vals = [v_cache.double().repeat_interleave(G, dim=1)]
+    masks = [torch.arange(L)[None, None, :] < limit[:, :, None]]  # [B, T, L]
+    if k_local is not None:
+        S = k_local.shape[2]
+        keys.append(k_local.double().repeat_interleave(G, dim=1))
+        vals.append(v_local.double().repeat_interleave(G, dim=1))
+        masks.append((torch.arange(S)[None, :] <= t[:, None]).expand(B, T, S))
+    k, v, mask = torch.cat(keys, dim=2), torch.cat(vals, dim=2), torch.cat(masks, dim=2)[:, None]  # mask [B,1,T,L+S]
+    scores = (qf @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).min)  # all-masked rows: finite
+    p = torch.exp(scores - m) * mask
+    den = p.sum(dim=-1, keepdim=True)
+    out = torch.where(den > 0, (p @ v) / den.clamp_min(1e-300), torch.zeros((), dtype=torch.float64))
+    return out.permute(0, 2, 1, 3).to(q.dtype)
+
+
+def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 cache_lens: torch.Tensor) -> None:
+    """Writes k_new, v_new [B, T, Hkv, D] into the cache views [B, Hkv, L, D] in place, request b's
+    at positions cache_lens[b] .. cache_lens[b] + T - 1. Raises (writing nothing) when any
+    request would pass the capacity L. cache_lens is not changed: the caller advances it, and
+    rolls rejected drafts back by lowering it.
+    """
+    T, L = k_new.shape[1], k_cache.shape[2]
+    lens = cache_lens.long().tolist()
+    for b, n in enumerate(lens):
+        if n < 0 or n + T > L:
+            raise ValueError(f"cache_append: request {b} would pass the cache capacity: {n} + {T} > L = {L}")
+    for b, n in enumerate(lens):
+        k_cache[b, :, n:n + T] = k_new[b].transpose(0, 1)
+        v_cache[b, :, n:n + T] = v_new[b].transpose(0, 1)

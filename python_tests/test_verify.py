@@ -186,7 +186,7 @@ BAD_VERIFY = [
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([-1, 0]), "num_drafts must lie in [0, K]"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1]), "num_drafts.size(0) must equal B"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1.0, 2.0]), "num_drafts must be Int or Long"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10, device="meta"), None, "all tensors must be on one device"),
+    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10, device="meta"), None, "target_logits must be on draft_tokens's device"),
 ]
 
 

@@ -4,7 +4,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <initializer_list>
+#include <utility>
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,25 +53,38 @@ inline DType to_dtype(at::ScalarType t) {
   return t == at::kFloat ? DType::F32 : t == at::kBFloat16 ? DType::BF16 : DType::F16;
 }
 
-// num_drafts as int64 values, each checked to lie in [0, K] (all K when absent).
-inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B,
-                                               int64_t K) {
-  if (!nd.has_value()) return std::vector<int64_t>(B, K);
-  const at::Tensor& n = *nd;
-  check_cpu(op, "num_drafts", n);
-  check_dtype(op, "num_drafts", n, kIdTypes);
-  check_dim(op, "num_drafts", n, 1, "[B]");
-  check_size(op, "num_drafts", n, 0, B, "B (draft_tokens.size(0))");
+inline void check_same_dtype(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                             const at::Tensor& ref) {
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have ", ref_name, "'s dtype ",
+              ref.scalar_type(), ", got ", t.scalar_type());
+}
+
+// A [B] vector of int32/int64 counts, each checked to lie in [0, hi], as int64 values
+// (a plain loop: these vectors are tiny and tensor ops cost microseconds per decode step).
+// b_what / hi_what say where B and hi come from.
+inline std::vector<int64_t> checked_counts(const char* op, const char* name, const at::Tensor& n, int64_t B,
+                                           const char* b_what, int64_t hi, const char* hi_what) {
+  check_cpu(op, name, n);
+  check_dtype(op, name, n, kIdTypes);
+  check_dim(op, name, n, 1, "[B]");
+  check_size(op, name, n, 0, B, b_what);
   std::vector<int64_t> out(B);
-  AT_DISPATCH_INDEX_TYPES(n.scalar_type(), "num_drafts", [&] {
+  AT_DISPATCH_INDEX_TYPES(n.scalar_type(), "checked_counts", [&] {
     const index_t* p = n.data_ptr<index_t>();
     for (int64_t b = 0; b < B; ++b) {
       out[b] = p[b * n.stride(0)];
-      TORCH_CHECK(out[b] >= 0 && out[b] <= K, op, ": num_drafts must lie in [0, K] = [0, ", K, "], got num_drafts[",
-                  b, "] = ", out[b]);
+      TORCH_CHECK(out[b] >= 0 && out[b] <= hi, op, ": ", name, " must lie in [0, ", hi_what, "] = [0, ", hi,
+                  "], got ", name, "[", b, "] = ", out[b]);
     }
   });
   return out;
+}
+
+// num_drafts as int64 values in [0, K] (all K when absent).
+inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B,
+                                               int64_t K) {
+  if (!nd.has_value()) return std::vector<int64_t>(B, K);
+  return checked_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K");
 }
 
 // draft_tokens [B, K] (verify, accept_prefix) on `device`.

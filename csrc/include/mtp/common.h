@@ -1,6 +1,7 @@
 // Torch-free basics shared by every kernel: element types, their conversion to fp32,
 // and the run-time choice of instruction set.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -62,5 +63,50 @@ inline float load_f32(const void* base, DType t, int64_t i) {
 // Instruction sets a kernel may be specialised for, best last per architecture.
 // NeonFp16: NEON plus armv8.2-a half-precision arithmetic (fp16 rows reduced in fp16).
 enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonFp16 = 4 };
+
+// fp32 -> bf16, round to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+// fp32 -> IEEE binary16, round to nearest even; overflow to inf, subnormals kept.
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return uint16_t(sign | 0x7e00 | ((u >> 13) & 0x3ff));  // NaN
+  if (u >= 0x477ff000u) return uint16_t(sign | 0x7c00);                       // >= 65520: inf
+  if (u < 0x38800000u) {  // below 2^-14: a binary16 subnormal (or zero); scaling by 2^24 is exact
+    float a;
+    std::memcpy(&a, &u, 4);
+    return uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)));
+  }
+  u += 0xfffu + ((u >> 13) & 1);
+  return uint16_t(sign | ((u - 0x38000000u) >> 13));
+}
+
+// Stores v at element i of a fp32/bf16/fp16 array (rounded to nearest even).
+inline void store_f32(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(base)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(v); break;
+    default: static_cast<uint16_t*>(base)[i] = f32_to_f16(v);
+  }
+}
+
+// Copies n elements of es bytes between strided arrays (bit-exact).
+inline void copy_elems(char* dst, int64_t dst_stride, const char* src, int64_t src_stride, int64_t n, int64_t es) {
+  if (dst_stride == 1 && src_stride == 1) {
+    std::memcpy(dst, src, size_t(n * es));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * dst_stride * es, src + i * src_stride * es, size_t(es));
+}
+
 
 }  // namespace mtp

@@ -1,0 +1,262 @@
+// Decode-style attention of a few queries over a strided KV cache, torch-free.
+//
+// Exactness by construction: each output row (b, t, h) is a function of its own visible
+// keys only, never of T, B, the strides or the threads.
+//  - A row's visible key range is cut into chunks at fixed absolute positions (multiples
+//    of kAttnChunk keys). A chunk's partial (max m, sum l, acc[D]) is computed by per-row
+//    code whose operation order depends only on the chunk's keys of that row.
+//  - Partials are merged strictly left to right, the local segment's chunks last, by one
+//    scalar function (merge_partial).
+//  - Threads only decide who computes which (b, hkv, chunk); all G*T rows sharing a KV
+//    head are processed together against each key (K/V read from memory once).
+// The build must not contract a*b+c into fma implicitly (-ffp-contract=off, set on the
+// mtp_headers target): the same scalar code is inlined into differently targeted callers.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "mtp/common.h"
+#include "mtp/isa.h"
+
+namespace mtp {
+
+constexpr int64_t kAttnChunk = 256;
+
+struct AttentionArgs {
+  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
+  DType dtype = DType::F32;  // of q, the caches, the local segment and out
+  const void* q = nullptr;   // [B, T, Hq, D]
+  int64_t q_stride[4] = {0, 0, 0, 0};
+  const void* k = nullptr;  // [B, Hkv, L, D] views, element strides
+  const void* v = nullptr;
+  int64_t k_stride[4] = {0, 0, 0, 0}, v_stride[4] = {0, 0, 0, 0};
+  const int64_t* cache_lens = nullptr;  // [B]; causal needs cache_lens[b] >= T
+  int64_t S = 0;                        // local segment length (0: none)
+  const void* k_local = nullptr;        // [B, Hkv, S, D]
+  const void* v_local = nullptr;
+  int64_t kl_stride[4] = {0, 0, 0, 0}, vl_stride[4] = {0, 0, 0, 0};
+  float scale = 1.f;
+  bool causal = false;  // query t sees cache keys [0, cache_lens[b] - T + t]
+  void* out = nullptr;  // contiguous [B, T, Hq, D]
+};
+
+// Rows of keys (or values) of one (request, kv head): row j starts at element
+// j * key_stride of base, its element d at d * d_stride.
+struct KvRows {
+  const void* base;
+  int64_t key_stride, d_stride;
+  DType dtype;
+  const void* row(int64_t j) const {
+    return static_cast<const char*>(base) + j * key_stride * dtype_size(dtype);
+  }
+};
+
+// Row j with unit element stride: in place when it has one, else packed into tmp
+// (D elements of the same type: values unchanged, so the arithmetic is too).
+inline const void* kv_row_unit(const KvRows& kv, int64_t j, int64_t D, void* tmp) {
+  const void* r = kv.row(j);
+  if (kv.d_stride == 1) return r;
+  copy_elems(static_cast<char*>(tmp), 1, static_cast<const char*>(r), kv.d_stride, D, dtype_size(kv.dtype));
+  return tmp;
+}
+
+inline int64_t attn_chunks(int64_t n) { return (std::max<int64_t>(n, 0) + kAttnChunk - 1) / kAttnChunk; }
+
+// Cache keys visible to query t of request b.
+inline int64_t visible_cache(const AttentionArgs& a, int64_t b, int64_t t) {
+  return std::max<int64_t>(0, a.causal ? a.cache_lens[b] - a.T + t + 1 : a.cache_lens[b]);
+}
+// Local entries visible to query t (s <= t).
+inline int64_t visible_local(const AttentionArgs& a, int64_t t) { return std::min(t + 1, a.S); }
+
+// A partial is [m, l, acc[D]]. Folds chunk partial p into the running state st, p
+// covering later keys. Plain scalar code: the same bits wherever it is inlined.
+inline void merge_partial(float* st, const float* p, int64_t D) {
+  const float m = std::max(st[0], p[0]);
+  const float a = std::exp(st[0] - m), c = std::exp(p[0] - m);
+  st[0] = m;
+  st[1] = st[1] * a + p[1] * c;
+  for (int64_t d = 0; d < D; ++d) st[2 + d] = st[2 + d] * a + p[2 + d] * c;
+}
+
+// One chunk of one (b, hkv): rows r = t*G + g (n[r] keys of this chunk each, non-decreasing
+// in r), q packed fp32 [R][D], scratch s [R][kAttnChunk], partials out [R][D+2].
+// K provides scores / softmax / accumulate (generic or one instruction set).
+template <class K>
+void attend_chunk(const float* qp, int64_t R, const int64_t* n, const KvRows& k, const KvRows& v, int64_t D,
+                  float scale, float* s, float* part) {
+  int64_t r0 = 0;
+  while (r0 < R && n[r0] == 0) ++r0;
+  if (r0 == R) return;
+  K::scores(qp, r0, R, n, k, D, scale, s);
+  for (int64_t r = r0; r < R; ++r) K::softmax(s + r * kAttnChunk, n[r], part + r * (D + 2), part + r * (D + 2) + 1);
+  for (int64_t r = r0; r < R;) {  // runs of rows with equal key counts share each V load
+    int64_t r1 = r;
+    while (r1 < R && n[r1] == n[r]) ++r1;
+    K::accumulate(s + r * kAttnChunk, r1 - r, n[r], v, D, part + r * (D + 2) + 2, D + 2);
+    r = r1;
+  }
+}
+
+// Folds a row's next chunk partial p into its state st (the first one is copied).
+inline void fold_partial(float* st, const float* p, int64_t D, bool* any) {
+  if (*any) merge_partial(st, p, D);
+  else std::copy(p, p + D + 2, st);
+  *any = true;
+}
+
+// Normalised output row `row` (flat b*T*Hq + t*Hq + h) from its merged state; no key: zeros.
+inline void write_row(const AttentionArgs& a, int64_t row, const float* st, bool any) {
+  for (int64_t d = 0; d < a.D; ++d) store_f32(a.out, a.dtype, row * a.D + d, any ? st[2 + d] / st[1] : 0.f);
+}
+
+// Below this many multiply-adds a call runs on the calling thread (thread start-up
+// would dominate); threads never change the bits.
+constexpr int64_t kAttnSerialWork = int64_t(1) << 18;
+
+template <class K, class ParallelFor>
+void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_for) {
+  const int64_t B = a.B, T = a.T, Hkv = a.Hkv, D = a.D, G = a.Hq / a.Hkv, R = G * T, P = D + 2;
+  if (B == 0 || T == 0 || a.Hq == 0) return;
+  // q as fp32, grouped by kv head: qp[b][hkv][t*G + g][D].
+  std::vector<float> qp(static_cast<size_t>(B * Hkv * R * D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < a.Hq; ++h) {
+        float* dst = qp.data() + ((b * Hkv + h / G) * R + t * G + h % G) * D;
+        const int64_t base = b * a.q_stride[0] + t * a.q_stride[1] + h * a.q_stride[2];
+        for (int64_t d = 0; d < D; ++d) dst[d] = load_f32(a.q, a.dtype, base + d * a.q_stride[3]);
+      }
+
+  // Chunk c of (b, hkv) = bh: cache chunks [0, Cc), then the local segment's [Cc, C).
+  int64_t lmax = 0;
+  for (int64_t b = 0; b < B; ++b) lmax = std::max(lmax, a.cache_lens[b]);
+  const int64_t Cc = attn_chunks(lmax), C = Cc + attn_chunks(std::min(T, a.S));
+  auto chunks_of = [&](int64_t bh, std::vector<int64_t>* out) {
+    for (int64_t c = 0; c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) out->push_back(c);
+    for (int64_t c = Cc; c < C; ++c) out->push_back(c);
+  };
+  // Partials [R][P] of chunk c of bh into dst; n[r] = row r's keys in it (0: untouched).
+  auto compute_chunk = [&](int64_t bh, int64_t c, float* dst, float* s, int64_t* n) {
+    const int64_t b = bh / Hkv, h = bh % Hkv;
+    const bool local = c >= Cc;
+    const int64_t c0 = (local ? c - Cc : c) * kAttnChunk;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t vis = local ? visible_local(a, r / G) : visible_cache(a, b, r / G);
+      n[r] = std::clamp<int64_t>(vis - c0, 0, kAttnChunk);
+    }
+    const int64_t* ks = local ? a.kl_stride : a.k_stride;
+    const int64_t* vs = local ? a.vl_stride : a.v_stride;
+    const int64_t es = dtype_size(a.dtype);
+    const char* kb = static_cast<const char*>(local ? a.k_local : a.k);
+    const char* vb = static_cast<const char*>(local ? a.v_local : a.v);
+    KvRows kr{kb + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es, ks[2], ks[3], a.dtype};
+    KvRows vr{vb + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es, vs[2], vs[3], a.dtype};
+    attend_chunk<K>(qp.data() + bh * R * D, R, n, kr, vr, D, a.scale, s, dst);
+  };
+  auto out_row = [&](int64_t bh, int64_t r) { return ((bh / Hkv) * T + r / G) * a.Hq + (bh % Hkv) * G + r % G; };
+  int64_t total = 0;
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) total += attn_chunks(a.cache_lens[bh / Hkv]) + C - Cc;
+  const bool serial = total * R * kAttnChunk * D < kAttnSerialWork;
+
+  if (B * Hkv >= 2 * int64_t(threads) || serial) {
+    // Enough (b, hkv) pairs to keep the threads busy: each pair's chunks in order on one
+    // thread, folded as they come (no partial buffer). Same folds, same order as below.
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> s(static_cast<size_t>(R * kAttnChunk)), part(static_cast<size_t>(R * P)),
+          st(static_cast<size_t>(R * P));
+      std::vector<int64_t> n(static_cast<size_t>(R)), cs;
+      std::unique_ptr<bool[]> any(new bool[size_t(R)]);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        std::fill(any.get(), any.get() + R, false);
+        cs.clear();
+        chunks_of(bh, &cs);
+        for (int64_t c : cs) {
+          compute_chunk(bh, c, part.data(), s.data(), n.data());
+          for (int64_t r = 0; r < R; ++r)
+            if (n[size_t(r)] > 0) fold_partial(st.data() + r * P, part.data() + r * P, D, &any[size_t(r)]);
+        }
+        for (int64_t r = 0; r < R; ++r) write_row(a, out_row(bh, r), st.data() + r * P, any[size_t(r)]);
+      }
+    };
+    if (serial) work(0, B * Hkv);
+    else parallel_for(B * Hkv, work);
+    return;
+  }
+
+  // Few (b, hkv) pairs, long caches: chunks spread over the threads (flash-decoding), their
+  // partials kept, then each row's merged left to right.
+  std::vector<int64_t> items;  // bh * C + c
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    std::vector<int64_t> cs;
+    chunks_of(bh, &cs);
+    for (int64_t c : cs) items.push_back(bh * C + c);
+  }
+  std::unique_ptr<float[]> part(new float[size_t(B * Hkv * C * R * P)]);
+  parallel_for(int64_t(items.size()), [&](int64_t begin, int64_t end) {
+    std::vector<float> s(static_cast<size_t>(R * kAttnChunk));
+    std::vector<int64_t> n(static_cast<size_t>(R));
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t id = items[size_t(w)];
+      compute_chunk(id / C, id % C, part.get() + id * R * P, s.data(), n.data());
+    }
+  });
+  parallel_for(B * Hkv * R, [&](int64_t begin, int64_t end) {
+    std::vector<float> st(static_cast<size_t>(P));
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t bh = i / R, r = i % R, b = bh / Hkv, t = r / G;
+      const float* pb = part.get() + (bh * C * R + r) * P;  // chunk c at + c*R*P
+      bool any = false;
+      for (int64_t c = 0; c < attn_chunks(visible_cache(a, b, t)); ++c) fold_partial(st.data(), pb + c * R * P, D, &any);
+      for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c) fold_partial(st.data(), pb + (Cc + c) * R * P, D, &any);
+      write_row(a, out_row(bh, r), st.data(), any);
+    }
+  });
+}
+
+}  // namespace mtp
+
+#include "mtp/generic/attention.h"
+#if defined(MTP_X86)
+#include "mtp/x86/attention.h"
+#endif
+
+namespace mtp {
+
+// True when `isa` has a vector path for this head dim (else the generic path runs).
+inline bool attention_vectorised(Isa isa, int64_t D) {
+  return (isa == Isa::Avx512 || isa == Isa::Avx2) && (D == 64 || D == 128);
+}
+
+// One vector family V<dtype, D> over the three dtypes and D in {64, 128}.
+template <template <DType, int> class V, class ParallelFor>
+void attention_vector(const AttentionArgs& a, int threads, ParallelFor&& pf) {
+  const bool d64 = a.D == 64;
+  switch (a.dtype) {
+    case DType::F32: return d64 ? attention_with<V<DType::F32, 64>>(a, threads, pf) : attention_with<V<DType::F32, 128>>(a, threads, pf);
+    case DType::BF16: return d64 ? attention_with<V<DType::BF16, 64>>(a, threads, pf) : attention_with<V<DType::BF16, 128>>(a, threads, pf);
+    default: return d64 ? attention_with<V<DType::F16, 64>>(a, threads, pf) : attention_with<V<DType::F16, 128>>(a, threads, pf);
+  }
+}
+
+// Writes a.out. parallel_for(n, fn(begin, end)) may run the work items anywhere; `threads`
+// (how many it uses) only shapes the work split, never the result.
+template <class ParallelFor>
+void attention(const AttentionArgs& a, int threads, Isa isa, ParallelFor&& pf) {
+#if defined(MTP_X86)
+  if (attention_vectorised(isa, a.D))
+    return isa == Isa::Avx512 ? attention_vector<x86::Avx512Attention>(a, threads, pf)
+                             : attention_vector<x86::Avx2Attention>(a, threads, pf);
+#endif
+  switch (a.dtype) {
+    case DType::F32: return attention_with<generic::Attention<DType::F32>>(a, threads, pf);
+    case DType::BF16: return attention_with<generic::Attention<DType::BF16>>(a, threads, pf);
+    default: return attention_with<generic::Attention<DType::F16>>(a, threads, pf);
+  }
+}
+
+}  // namespace mtp

@@ -1,0 +1,161 @@
+"""The frozen-MTP draft head.
+
+Input: [embedding of the next token ; the backbone's last hidden state] -> projection ->
+dense block(s) whose attention has queries only: they read the backbone's KV cache of one
+layer in place (`mtp.head_attention`, zero-copy: no cache, no prefill of its own), plus a
+small local segment holding the head's own K/V of the draft steps so far. Recurrent over K
+steps: step j feeds its own hidden state and its own draft token to step j + 1. It shares
+the backbone's frozen embedding and LM head (optionally restricted to the N most frequent
+tokens, a draft vocabulary, to cut the cost of the draft LM head).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import torch
+
+from .config import LlamaConfig
+from .llama import Backbone, KVCache, apply_rope, rms_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_blocks: int = 1
+    kv_layer: int = -1  # which backbone layer's cache the head reads (negative: from the end)
+    rms_norm_eps: float = 1e-5
+    draft_vocab_size: int = 0  # 0: the full vocabulary
+    trained: bool = False  # False: random weights, drafts are noise (labelled in every output)
+
+    @classmethod
+    def for_backbone(cls, cfg: LlamaConfig, **overrides) -> "HeadConfig":
+        return cls(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads,
+                   num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, **overrides)
+
+
+class HeadBlock(torch.nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+
+        def lin(n, k):
+            return torch.nn.Parameter(torch.randn(n, k) / k ** 0.5)
+
+        self.attn_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
+        self.q_proj, self.k_proj, self.v_proj = lin(q, c.hidden_size), lin(kv, c.hidden_size), lin(kv, c.hidden_size)
+        self.o_proj = lin(c.hidden_size, q)
+        self.mlp_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
+        self.gate_proj, self.up_proj = lin(c.intermediate_size, c.hidden_size), lin(c.intermediate_size, c.hidden_size)
+        self.down_proj = lin(c.hidden_size, c.intermediate_size)
+
+
+class MTPHead(torch.nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.cfg = c
+        self.embed_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
+        self.hidden_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
+        self.proj = torch.nn.Parameter(torch.randn(c.hidden_size, 2 * c.hidden_size) / (2 * c.hidden_size) ** 0.5)
+        self.blocks = torch.nn.ModuleList(HeadBlock(c) for _ in range(c.num_blocks))
+        self.out_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
+        # Token ids of the draft vocabulary (empty: full vocabulary).
+        self.register_buffer("draft_vocab", torch.zeros(0, dtype=torch.int64))
+
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        self.draft_vocab = ids.to(torch.int64).contiguous()
+
+    # ---- save / load: config.json + head.safetensors -----------------------------------
+    def save(self, folder: str) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(self.cfg), f, indent=2)
+        save_file({k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
+                   for k, v in self.state_dict().items()}, os.path.join(folder, "head.safetensors"))
+
+    @classmethod
+    def load(cls, folder: str) -> "MTPHead":
+        from safetensors.torch import load_file
+
+        from .checkpoint import CheckpointError
+
+        try:
+            with open(os.path.join(folder, "config.json")) as f:
+                cfg = HeadConfig(**json.load(f))
+            state = load_file(os.path.join(folder, "head.safetensors"))
+        except (OSError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{folder}: not an MTP head checkpoint ({type(e).__name__}: {e})") from e
+        head = cls(cfg)
+        head.draft_vocab = state.get("draft_vocab", head.draft_vocab)
+        missing, unexpected = head.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"{folder}: head weights do not match its config (missing {missing}, "
+                                  f"unexpected {unexpected})")
+        return head
+
+    def check_fits(self, backbone_cfg: LlamaConfig) -> None:
+        c = self.cfg
+        mine = (c.hidden_size, c.num_kv_heads, c.head_dim)
+        theirs = (backbone_cfg.hidden_size, backbone_cfg.num_kv_heads, backbone_cfg.head_dim)
+        if mine != theirs or not -backbone_cfg.num_layers <= c.kv_layer < backbone_cfg.num_layers:
+            raise ValueError(f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
+                             f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)")
+
+    # ---- drafting ----------------------------------------------------------------------
+    def draft_logits_weight(self, backbone: Backbone) -> torch.Tensor:
+        """The LM head rows the draft chooses from (cached: the draft vocabulary's rows)."""
+        if self.draft_vocab.numel() == 0:
+            return backbone.lm_head
+        cached = getattr(self, "_draft_rows", None)
+        if cached is None or cached.dtype != backbone.dtype or cached.shape[0] != self.draft_vocab.numel():
+            cached = backbone.lm_head[self.draft_vocab].contiguous()
+            self._draft_rows = cached
+        return cached
+
+    @torch.no_grad()
+    def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> torch.Tensor:
+        """K draft tokens [B, K] after `token` [B] (the backbone's next token, not yet in
+        the cache), from the backbone's last hidden state `hidden` [B, H] at position
+        cache.lens - 1. Reads the cache in place and changes nothing in it."""
+        c, dt = self.cfg, backbone.dtype
+        B = token.shape[0]
+        linear = torch.ops.mtp.linear
+        layer = c.kv_layer % backbone.cfg.num_layers
+        kc, vc = cache.k[layer], cache.v[layer]
+        local_k = torch.zeros(c.num_blocks, B, c.num_kv_heads, k, c.head_dim, dtype=dt)
+        local_v = torch.zeros_like(local_k)
+        weights = [{n: p.to(dt) for n, p in blk.named_parameters()} for blk in self.blocks]
+        proj = self.proj.to(dt)
+        out_rows = self.draft_logits_weight(backbone)
+        drafts = torch.empty(B, k, dtype=torch.int64)
+        h = hidden.to(dt)
+        for j in range(k):
+            positions = (cache.lens + j)[:, None]
+            cos, sin = backbone.rope_cos[positions], backbone.rope_sin[positions]
+            e = backbone.embedding[token]
+            x = linear(torch.cat([rms_norm(e, self.embed_norm, c.rms_norm_eps),
+                                  rms_norm(h, self.hidden_norm, c.rms_norm_eps)], dim=-1), proj)[:, None]
+            for i, w in enumerate(weights):
+                a = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+                q = apply_rope(linear(a, w["q_proj"]).view(B, 1, c.num_heads, c.head_dim), cos, sin)
+                local_k[i, :, :, j] = apply_rope(linear(a, w["k_proj"]).view(B, 1, c.num_kv_heads, c.head_dim),
+                                                 cos, sin)[:, 0]
+                local_v[i, :, :, j] = linear(a, w["v_proj"]).view(B, c.num_kv_heads, c.head_dim)
+                att = torch.ops.mtp.head_attention(q, kc, vc, cache.lens, local_k[i, :, :, :j + 1],
+                                                   local_v[i, :, :, :j + 1])
+                x = x + linear(att.reshape(B, 1, -1), w["o_proj"])
+                m = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+                x = x + linear(torch.nn.functional.silu(linear(m, w["gate_proj"])) * linear(m, w["up_proj"]),
+                               w["down_proj"])
+            h = x[:, 0]
+            best = linear(rms_norm(h, self.out_norm, c.rms_norm_eps), out_rows).argmax(-1)
+            token = self.draft_vocab[best] if self.draft_vocab.numel() else best
+            drafts[:, j] = token
+        return drafts

@@ -1,0 +1,128 @@
+"""A Llama-family decoder for decoding and verification, exact by construction.
+
+Every step that mixes values across a row goes through a shape-invariant kernel
+(`mtp.linear` for all projections and the LM head, `mtp.head_attention` for attention,
+a per-row fp32 RMSNorm), and everything else is elementwise. So the logits of a verify pass
+over K+1 positions are bitwise those of K+1 one-token steps: speculative decoding gives
+exactly the tokens of plain greedy decoding.
+
+The KV cache is static and preallocated, [layers, B, Hkv, Lmax, D], with a length per
+request; rejected draft positions are dropped by lowering that length (no data moves).
+"""
+from __future__ import annotations
+
+
+import torch
+
+from .config import LlamaConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class KVCache:
+    """Static per-layer K/V buffers and the number of valid positions of each request."""
+
+    def __init__(self, cfg: LlamaConfig, batch: int, max_len: int, dtype: torch.dtype):
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.lens = torch.zeros(batch, dtype=torch.int64)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def select(self, b: int) -> "KVCache":
+        """A view of request b alone (shares the buffers and the length)."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v, view.lens = self.k[:, b:b + 1], self.v[:, b:b + 1], self.lens[b:b + 1]
+        return view
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-row RMSNorm in fp32 (rows are reduced independently: shape-invariant)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+
+def rope_tables(cfg: LlamaConfig, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, head_dim] in fp32 (computed in fp64), half-split layout."""
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D]; cos/sin [B, T, D] gathered at each token's position."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos[:, :, None] + rotated * sin[:, :, None]).to(x.dtype)
+
+
+class Backbone(torch.nn.Module):
+    """The frozen backbone. Weights are buffers (never trained), in `dtype`."""
+
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg, self.dtype = cfg, dtype
+        for name, w in weights.items():
+            self.register_buffer(name.replace(".", "__"), w.to(dtype).contiguous(), persistent=False)
+        cos, sin = rope_tables(cfg, cfg.max_position)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def w(self, name: str) -> torch.Tensor:
+        return getattr(self, name.replace(".", "__"))
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        return self.w("model.embed_tokens.weight")
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.embedding if self.cfg.tie_embeddings else self.w("lm_head.weight")
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        if max_len > self.cfg.max_position:
+            raise ValueError(f"a cache of {max_len} positions exceeds the model's context of {self.cfg.max_position}")
+        return KVCache(self.cfg, batch, max_len, self.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mtp.linear(hidden, self.lm_head)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the
+        cache and advances cache.lens by T. Returns the final normed hidden states
+        [B, T, hidden] (the LM head's input; `logits()` turns them into logits)."""
+        cfg = self.cfg
+        B, T = tokens.shape
+        if B != cache.lens.shape[0]:
+            raise ValueError(f"tokens has {B} requests but the cache has {cache.lens.shape[0]}")
+        if int(cache.lens.max()) + T > cache.capacity:
+            raise ValueError(f"{T} more tokens do not fit the cache: {int(cache.lens.max())} used of {cache.capacity}")
+        positions = cache.lens[:, None] + torch.arange(T)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        new_lens = cache.lens + T
+        x = self.embedding[tokens]
+        linear = torch.ops.mtp.linear
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            h = rms_norm(x, self.w(p + "input_layernorm.weight"), cfg.rms_norm_eps)
+            q = apply_rope(linear(h, self.w(p + "self_attn.q_proj.weight")).view(B, T, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rope(linear(h, self.w(p + "self_attn.k_proj.weight")).view(B, T, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = linear(h, self.w(p + "self_attn.v_proj.weight")).view(B, T, cfg.num_kv_heads, cfg.head_dim)
+            torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
+            a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], new_lens, causal=True)
+            x = x + linear(a.reshape(B, T, cfg.hidden_size), self.w(p + "self_attn.o_proj.weight"))
+            h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+            gate = linear(h, self.w(p + "mlp.gate_proj.weight"))
+            up = linear(h, self.w(p + "mlp.up_proj.weight"))
+            x = x + linear(torch.nn.functional.silu(gate) * up, self.w(p + "mlp.down_proj.weight"))
+        cache.lens.copy_(new_lens)
+        return rms_norm(x, self.w("model.norm.weight"), cfg.rms_norm_eps)

@@ -1,0 +1,71 @@
+"""The `mtp` command on a tiny model folder: output, JSON, and clear errors with exit 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tiny_model import write_tiny_folder
+
+
+def mtp(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "mtp_kernels.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    write_tiny_folder(folder)
+    return folder
+
+
+def test_generate_json_mtp_equals_no_mtp(tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n\n{"prompt": "abcabc"}\n')
+    runs = {}
+    for flag in ([], ["--no-mtp"]):
+        r = mtp("generate", "--model", tiny, "--prompts-file", prompts, "--max-new-tokens", 6, "--k", 2, "--json", *flag)
+        assert r.returncode == 0, r.stderr
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        assert len(rows) == 2 and all(set(row) >= {"tokens", "text", "passes", "seconds"} for row in rows)
+        runs[bool(flag)] = rows
+    assert [r["tokens"] for r in runs[False]] == [r["tokens"] for r in runs[True]]
+    assert all(1 <= len(r["tokens"]) <= 6 for r in runs[True])
+    assert "UNTRAINED" in mtp("generate", "--model", tiny, "--prompt", "hi", "--max-new-tokens", 2).stderr
+
+
+def test_generate_streams_text_and_stats(tiny):
+    r = mtp("generate", "--model", tiny, "--prompt", "abc", "--max-new-tokens", 4, "--no-mtp")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "tokens/s" in r.stderr and "backbone passes" in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "/nonexistent/model.gguf", "--prompt", "x"], "no model at"),
+    (["--prompt", "a" * 300], "does not fit the model's context of 256 tokens"),
+    (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--prompt", "x", "--k", "0"], "--k must be >= 1"),
+    (["--prompts-file", "/nonexistent.jsonl"], "cannot read --prompts-file"),
+])
+def test_bad_input_exits_2_with_a_message(tiny, args, message):
+    if "--model" not in args:
+        args = ["--model", str(tiny), *args]
+    r = mtp("generate", *args)
+    assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_prompts_files(tiny, tmp_path):
+    for content, message in [('{"prompt": "ok"}\n{oops\n', "p.jsonl:2: not valid JSON"),
+                             ('{"text": "x"}\n', 'p.jsonl:1: expected an object with a string "prompt"'),
+                             ("\n\n", "no prompts")]:
+        (tmp_path / "p.jsonl").write_text(content)
+        r = mtp("generate", "--model", tiny, "--prompts-file", tmp_path / "p.jsonl")
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_usage_errors():
+    assert mtp().returncode == 2
+    r = mtp("generate", "--prompt", "x", "--prompts-file", "y")
+    assert r.returncode == 2 and "not allowed with" in r.stderr

@@ -1,0 +1,119 @@
+"""The runtime: a verify pass is bitwise K+1 one-token steps; speculative generation is
+bitwise plain greedy; the head drafts through the backbone's cache in place."""
+import pytest
+import torch
+
+from mtp_kernels import decoding
+from mtp_kernels.models.head import HeadConfig, MTPHead
+from tiny_model import TINY, OracleHead, tiny_backbone
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_verify_pass_equals_one_token_steps_bitwise(dtype):
+    model = tiny_backbone(dtype)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, TINY.vocab_size, (3, 11), generator=g)
+    block = torch.randint(0, TINY.vocab_size, (3, 6), generator=g)
+    one, many = model.new_cache(3, 64), model.new_cache(3, 64)
+    model(prompt, one)
+    model(prompt, many)
+    steps = torch.cat([model(block[:, t:t + 1], one) for t in range(6)], dim=1)
+    together = model(block, many)
+    assert torch.equal(steps, together)
+    assert torch.equal(model.logits(steps), model.logits(together))
+    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v) and torch.equal(one.lens, many.lens)
+
+
+def greedy_reference(model, prompts, max_new):
+    return [g.tokens for g in decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_speculative_equals_greedy_on_20_prompts(dtype, k):
+    model = tiny_backbone(dtype)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 30, (20,), generator=g)]
+    max_new = 24
+    want = greedy_reference(model, prompts, max_new)
+    # Batched, ragged prompts; each request accepts a different number of drafts.
+    futures = {b: prompts[b] + want[b] for b in range(len(prompts))}
+    got = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k,
+                            eos_token_ids=TINY.eos_token_ids)
+    for b in range(len(prompts)):
+        assert got[b].tokens == want[b], b
+    lengths = {a for r in got for a in r.accepted}
+    assert sum(r.passes for r in got) < sum(len(w) for w in want)  # drafts were accepted
+    assert len(lengths) > 1
+    # One request at a time gives the same tokens.
+    single = decoding.generate(model, [prompts[5]], max_new, head=OracleHead({0: futures[5]}, TINY.vocab_size),
+                               k=k, eos_token_ids=TINY.eos_token_ids)
+    assert single[0].tokens == want[5]
+
+
+def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output():
+    model = tiny_backbone()
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY, num_blocks=2))
+    head.check_fits(TINY)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], list(range(20, 50))]
+    want = greedy_reference(model, prompts, 16)
+    got = decoding.generate(model, prompts, 16, head=head, k=4, eos_token_ids=TINY.eos_token_ids)
+    assert [r.tokens for r in got] == want
+    # The head reads the cache but never writes it.
+    cache = model.new_cache(1, 64)
+    h = model(torch.tensor([[5, 6, 7]]), cache)
+    k_before, v_before, lens = cache.k.clone(), cache.v.clone(), cache.lens.clone()
+    drafts = head.draft(model, cache, h[:, -1], torch.tensor([8]), 4)
+    assert drafts.shape == (1, 4) and drafts.dtype == torch.int64
+    assert torch.equal(cache.k, k_before) and torch.equal(cache.v, v_before) and torch.equal(cache.lens, lens)
+
+
+def test_head_draft_vocab_and_save_load(tmp_path):
+    model = tiny_backbone()
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY, draft_vocab_size=10))
+    head.set_draft_vocab(torch.arange(40, 50))
+    cache = model.new_cache(2, 32)
+    h = model(torch.tensor([[1, 2, 3], [4, 5, 6]]), cache)
+    drafts = head.draft(model, cache, h[:, -1], torch.tensor([7, 8]), 3)
+    assert ((drafts >= 40) & (drafts < 50)).all()
+    head.save(tmp_path / "head")
+    loaded = MTPHead.load(tmp_path / "head")
+    assert loaded.cfg == head.cfg and torch.equal(loaded.draft_vocab, head.draft_vocab)
+    assert torch.equal(loaded.draft(model, cache, h[:, -1], torch.tensor([7, 8]), 3), drafts)
+
+
+def test_eos_and_max_new_tokens():
+    model = tiny_backbone()
+    prompts = [[5, 6, 7], [8, 9]]
+    for max_new in (1, 2, 7):
+        want = greedy_reference(model, prompts, max_new)
+        assert all(len(w) <= max_new for w in want)
+        futures = {b: prompts[b] + want[b] for b in range(2)}
+        got = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=4,
+                                eos_token_ids=TINY.eos_token_ids)
+        assert [r.tokens for r in got] == want
+    # An EOS id that greedy produces stops generation right after it.
+    full = greedy_reference(model, prompts, 20)[0]
+    stop = full[4]
+    out = decoding.generate(model, [prompts[0]], 20, eos_token_ids=(stop,))[0].tokens
+    assert out == full[:full.index(stop) + 1]
+
+
+def test_bad_generation_input():
+    model = tiny_backbone()
+    with pytest.raises(ValueError, match="does not fit the model's context of 256 tokens"):
+        decoding.generate(model, [[1] * 250], 10)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        decoding.generate(model, [[1], []], 4)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        decoding.generate(model, [[1]], 0)
+    with pytest.raises(ValueError, match="k \\(drafts per pass\\) must be >= 1"):
+        decoding.generate(model, [[1]], 4, head=OracleHead({0: [1]}, 97), k=0)
+    bad = MTPHead(HeadConfig.for_backbone(TINY, kv_layer=5))
+    with pytest.raises(ValueError, match="does not fit the backbone"):
+        bad.check_fits(TINY)

@@ -1,0 +1,66 @@
+"""A tiny random-weight Llama (and helpers) for fast runtime tests."""
+import json
+import os
+
+import torch
+
+from mtp_kernels.models.checkpoint import expected_shapes
+from mtp_kernels.models.config import LlamaConfig
+from mtp_kernels.models.llama import Backbone
+
+TINY = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position=256, tie_embeddings=True,
+                   eos_token_ids=(3,))
+
+
+def tiny_weights(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {name: (torch.randn(shape, generator=g) * (0.5 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5)
+                   + (1.0 if len(shape) == 1 else 0.0))
+            for name, shape in expected_shapes(cfg).items()}
+
+
+def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY) -> Backbone:
+    return Backbone(cfg, tiny_weights(cfg), dtype)
+
+
+class OracleHead:
+    """A stand-in draft head that knows the greedy continuation and corrupts some drafts,
+    so that every acceptance length (0..K) occurs."""
+
+    def __init__(self, greedy_by_prompt_len: dict, vocab: int, seed: int = 0):
+        self.future = greedy_by_prompt_len  # prompt length -> full greedy sequence (prompt + output)
+        self.vocab = vocab
+        self.g = torch.Generator().manual_seed(seed)
+
+    def draft(self, model, cache, hidden, token, k):
+        out = torch.empty(len(token), k, dtype=torch.int64)
+        for b in range(len(token)):
+            seq = self.future[b]
+            pos = int(cache.lens[b]) + 1  # the pending token sits at cache.lens[b]
+            for j in range(k):
+                true = seq[pos + j] if pos + j < len(seq) else 0
+                wrong = torch.rand(1, generator=self.g).item() < 0.25
+                out[b, j] = (true + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.g))) % self.vocab \
+                    if wrong else true
+        return out
+
+
+def write_tiny_folder(folder, weights=None, cfg=TINY):
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    os.makedirs(folder, exist_ok=True)
+    save_file(weights or tiny_weights(cfg), os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+                   "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+                   "max_position_embeddings": cfg.max_position, "tie_word_embeddings": True, "eos_token_id": 3}, f)
+    vocab = {chr(ord("a") + i) if i < 26 else f"<t{i}>": i for i in range(cfg.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<t26>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}, f)
