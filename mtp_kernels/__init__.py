@@ -1,8 +1,12 @@
 """Fused kernels for exact speculative decoding with a frozen Multi-Token Prediction head.
 
 Importing the package registers the ``torch.ops.mtp.*`` operators (CPU kernels from the
-compiled ``_C`` extension, fake kernels for torch.compile from ``ops``).
+compiled ``_C`` extension, and its CUDA kernels when built with MTP_WITH_CUDA; fake kernels
+for torch.compile from ``ops``). On a machine with a GPU and a package built without the
+C++ CUDA kernels, the Triton launchers of ``mtp_kernels.triton`` serve the CUDA tensors.
 """
+import importlib.util
+
 import torch  # noqa: F401  (must be loaded before the extension that links against it)
 
 from . import _C  # noqa: F401  (registers the ops)
@@ -15,3 +19,14 @@ __all__ = ["verify", "accept_prefix", "head_attention", "cache_append", "linear"
 get_isa = _C.get_isa
 set_isa = _C.set_isa
 supported_isas = _C.supported_isas
+
+
+def _register_triton_for_cuda():
+    # Only with a GPU: importing triton costs time, and the tests set TRITON_INTERPRET
+    # before they import it on machines without one.
+    if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+        from . import triton as _triton
+        _triton.register_cuda_kernels()
+
+
+_register_triton_for_cuda()

@@ -19,8 +19,8 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
     """
     B, K = draft_tokens.shape
     if num_drafts is None:
-        num_drafts = torch.full((B,), K, dtype=torch.long)
-    positions = torch.arange(K)
+        num_drafts = torch.full((B,), K, dtype=torch.long, device=draft_tokens.device)
+    positions = torch.arange(K, device=draft_tokens.device)
     match = (draft_tokens.long() == target_tokens[:, :K].long()) & (positions < num_drafts.long()[:, None])
     return match.long().cumprod(dim=1).sum(dim=1).to(draft_tokens.dtype)
 
@@ -41,8 +41,8 @@ def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     B, K = draft_tokens.shape
     target = target_logits.argmax(dim=-1)  # [B, K+1] int64
     accepted = accept_prefix(draft_tokens, target, num_drafts).long()
-    positions = torch.arange(K + 1)
-    drafts_padded = torch.cat([draft_tokens.long(), torch.zeros(B, 1, dtype=torch.long)], dim=1)
+    positions = torch.arange(K + 1, device=draft_tokens.device)
+    drafts_padded = torch.cat([draft_tokens.long(), draft_tokens.new_zeros((B, 1), dtype=torch.long)], dim=1)
     out = torch.where(positions < accepted[:, None], drafts_padded, torch.full_like(drafts_padded, pad_id))
     out = torch.where(positions == accepted[:, None], target, out)
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)

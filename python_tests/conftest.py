@@ -1,5 +1,13 @@
+import os
+
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run under the interpreter on CPU tensors (test_triton.py).
+# It is read when triton.jit decorates a kernel, so it is set before any test imports one;
+# nothing else here uses triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import mtp_kernels
 

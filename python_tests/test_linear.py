@@ -87,14 +87,17 @@ def test_opcheck_and_compile(gen):
     assert torch.equal(f(x), torch.relu(torch.ops.mtp.linear(x, w, b)) * 2)
 
 
-@pytest.mark.parametrize("args,message", [
+BAD_LINEAR = [
     ((torch.randn(2, 3), torch.randn(4, 5)), "weight.size(1) must equal K (x.size(-1)) = 3, got 5"),
     ((torch.randn(2, 3), torch.randn(4, 3, 1)), "weight must be 2-D [N, K]"),
     ((torch.randn(2, 3).double(), torch.randn(4, 3)), "x must be Float or BFloat16, got Double"),
     ((torch.randn(2, 3), torch.randn(4, 3).half()), "weight must be Float or BFloat16, got Half"),
     ((torch.randn(2, 3), torch.randn(4, 3), torch.randn(5)), "bias.size(0) must equal N (weight.size(0)) = 4, got 5"),
     ((torch.tensor(1.0), torch.randn(4, 3)), "x must have at least 1 dimension"),
-])
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_LINEAR)
 def test_bad_input(args, message):
     with pytest.raises(RuntimeError, match="mtp.linear: .*" + re.escape(message)):
         torch.ops.mtp.linear(*args)

@@ -131,8 +131,9 @@ def test_thread_count_does_not_change_result(gen):
     assert all(torch.equal(a, b) for a, b in zip(one, many))
 
 
-@pytest.mark.parametrize("id_dtype,target_dtype", list(itertools.product(IDS, IDS)))
-def test_accept_prefix(gen, id_dtype, target_dtype):
+def accept_cases(gen, id_dtype, target_dtype):
+    """(drafts, target_tokens, num_drafts) over shapes, [B, K+1] and [B, K] targets, with and
+    without num_drafts."""
     for B, K in [(0, 4), (1, 0), (7, 1), (33, 8)]:
         target = torch.randint(0, 5, (B, K + 1), generator=gen).to(target_dtype)
         drafts = torch.where(torch.rand(B, K, generator=gen) < 0.8, target[:, :K],
@@ -140,9 +141,14 @@ def test_accept_prefix(gen, id_dtype, target_dtype):
         num_drafts = torch.randint(0, K + 1, (B,), generator=gen)
         for tgt in (target, target[:, :K]):
             for nd in (None, num_drafts):
-                got = torch.ops.mtp.accept_prefix(drafts, tgt, nd)
-                want = reference.accept_prefix(drafts, tgt, nd)
-                assert got.dtype == id_dtype and torch.equal(got, want)
+                yield drafts, tgt, nd
+
+
+@pytest.mark.parametrize("id_dtype,target_dtype", list(itertools.product(IDS, IDS)))
+def test_accept_prefix(gen, id_dtype, target_dtype):
+    for drafts, tgt, nd in accept_cases(gen, id_dtype, target_dtype):
+        got = torch.ops.mtp.accept_prefix(drafts, tgt, nd)
+        assert got.dtype == id_dtype and torch.equal(got, reference.accept_prefix(drafts, tgt, nd))
 
 
 def test_opcheck(gen):

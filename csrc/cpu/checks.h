@@ -1,5 +1,5 @@
-// Argument checks shared by the CPU bindings: every message names the op, the argument,
-// what was expected and what came.
+// Argument checks shared by the CPU and CUDA bindings: every message names the op, the
+// argument, what was expected and what came.
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "mtp/common.h"
+#include "mtp/linear_args.h"
+#include "mtp/verify_args.h"
 
 namespace mtp::cpu {
 
@@ -37,9 +39,12 @@ inline void check_size(const char* op, const char* name, const at::Tensor& t, in
               " (shape ", t.sizes(), ")");
 }
 
-inline void check_cpu(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be on the CPU like the other arguments, got ", t.device());
+inline void check_device(const char* op, const char* name, const at::Tensor& t, const at::Device& want) {
+  TORCH_CHECK(t.device() == want, op, ": ", name, " must be on ", want.is_cpu() ? std::string("the CPU") : want.str(),
+              " like the other arguments, got ", t.device());
 }
+
+inline void check_cpu(const char* op, const char* name, const at::Tensor& t) { check_device(op, name, t, at::kCPU); }
 
 constexpr std::initializer_list<at::ScalarType> kIdTypes = {at::kInt, at::kLong};
 constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16, at::kHalf};
@@ -80,6 +85,99 @@ inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::option
                                                int64_t K) {
   if (!nd.has_value()) return std::vector<int64_t>(B, K);
   return checked_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K");
+}
+
+// draft_tokens [B, K] (verify, accept_prefix) on `device`.
+inline void check_drafts(const char* op, const at::Tensor& draft, const at::Device& device) {
+  check_device(op, "draft_tokens", draft, device);
+  check_dtype(op, "draft_tokens", draft, kIdTypes);
+  check_dim(op, "draft_tokens", draft, 2, "[B, K]");
+}
+
+// draft_tokens [B, K] and target_logits [B, K+1, V] of mtp.verify; both on `device`.
+inline void check_verify_inputs(const char* op, const at::Tensor& draft, const at::Tensor& logits,
+                                const at::Device& device) {
+  check_drafts(op, draft, device);
+  check_device(op, "target_logits", logits, device);
+  check_dtype(op, "target_logits", logits, kFloatTypes);
+  check_dim(op, "target_logits", logits, 3, "[B, K+1, V]");
+  const int64_t B = draft.size(0), K = draft.size(1);
+  check_size(op, "target_logits", logits, 0, B, "B (draft_tokens.size(0))");
+  check_size(op, "target_logits", logits, 1, K + 1, "K+1 (draft_tokens.size(1) + 1)");
+  TORCH_CHECK(logits.size(2) > 0, op, ": target_logits must have a vocabulary of V >= 1 entries, got V = 0");
+}
+
+// draft_tokens [B, K] and target_tokens [B, K+1] or [B, K] of mtp.accept_prefix.
+inline void check_accept_inputs(const char* op, const at::Tensor& draft, const at::Tensor& target,
+                                const at::Device& device) {
+  check_drafts(op, draft, device);
+  check_device(op, "target_tokens", target, device);
+  check_dtype(op, "target_tokens", target, kIdTypes);
+  check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]");
+  const int64_t B = draft.size(0), K = draft.size(1);
+  check_size(op, "target_tokens", target, 0, B, "B (draft_tokens.size(0))");
+  TORCH_CHECK(target.size(1) == K + 1 || target.size(1) == K, op, ": target_tokens.size(1) must be K+1 = ", K + 1,
+              " or K = ", K, ", got ", target.size(1));
+}
+
+// The checked verify inputs as kernel arguments (num_drafts left to the caller).
+inline VerifyArgs verify_args(const at::Tensor& draft, const at::Tensor& logits) {
+  VerifyArgs a;
+  a.B = draft.size(0); a.K = draft.size(1); a.V = logits.size(2);
+  a.logits = logits.data_ptr();
+  a.logits_dtype = to_dtype(logits.scalar_type());
+  for (int d = 0; d < 3; ++d) a.logits_stride[d] = logits.stride(d);
+  return a;
+}
+
+// A 2-D id tensor as an IdView; I may be const-qualified (an input view).
+template <class I>
+IdView<I> ids(const at::Tensor& t) {
+  return {t.data_ptr<std::remove_const_t<I>>(), {t.stride(0), t.stride(1)}};
+}
+
+// mtp.linear's tensors, checked, as kernel arguments: x viewed as [M, K] (copied only if
+// its rows are strided), bias as fp32, y an fp32 [M, N] buffer; `result()` is the output.
+struct LinearCall {
+  at::Tensor x2, bias, y;
+  std::vector<int64_t> out_shape;
+  at::ScalarType out_dtype;
+  LinearArgs args;
+  at::Tensor result() const { return y.to(out_dtype).reshape(out_shape); }
+};
+
+inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                 const c10::optional<at::Tensor>& bias) {
+  const at::Device device = x.device();
+  check_device(op, "weight", weight, device);
+  check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
+  check_dtype(op, "weight", weight, {at::kFloat, at::kBFloat16});
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a scalar");
+  check_dim(op, "weight", weight, 2, "[N, K]");
+  const int64_t K = x.size(-1), N = weight.size(0);
+  check_size(op, "weight", weight, 1, K, "K (x.size(-1))");
+  TORCH_CHECK(weight.stride(1) == 1 || K <= 1, op, ": weight rows must be contiguous (stride(1) == 1), got strides ",
+              weight.strides(), "; it is read in place, call .contiguous() once when loading");
+  LinearCall c;
+  if (bias.has_value()) {
+    check_device(op, "bias", *bias, device);
+    check_dim(op, "bias", *bias, 1, "[N]");
+    check_size(op, "bias", *bias, 0, N, "N (weight.size(0))");
+    c.bias = bias->to(at::kFloat).contiguous();
+  }
+  const int64_t M = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
+  c.x2 = x.reshape({M, K}).contiguous();  // activations are small: a copy only if strided
+  c.y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  c.out_shape = x.sizes().vec();
+  c.out_shape.back() = N;
+  c.out_dtype = x.scalar_type();
+  LinearArgs& a = c.args;
+  a.M = M; a.N = N; a.K = K;
+  a.x = c.x2.data_ptr(); a.x_dtype = to_dtype(x.scalar_type()); a.x_stride = K;
+  a.w = weight.data_ptr(); a.w_dtype = to_dtype(weight.scalar_type()); a.w_stride = weight.stride(0);
+  a.bias = c.bias.defined() ? c.bias.data_ptr<float>() : nullptr;
+  a.y = c.y.data_ptr<float>(); a.y_stride = N;
+  return c;
 }
 
 // Runs fn(begin, end) over [0, n) on torch's intra-op thread pool.

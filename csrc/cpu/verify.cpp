@@ -10,18 +10,6 @@ namespace {
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 
-void check_drafts(const char* op, const at::Tensor& draft) {
-  check_cpu(op, "draft_tokens", draft);
-  check_dtype(op, "draft_tokens", draft, kIdTypes);
-  check_dim(op, "draft_tokens", draft, 2, "[B, K]");
-}
-
-// I may be const-qualified (an input view).
-template <class I>
-IdView<I> ids(const at::Tensor& t) {
-  return {t.data_ptr<std::remove_const_t<I>>(), {t.stride(0), t.stride(1)}};
-}
-
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
 void finish(const at::Tensor& draft, const int64_t* target, const int64_t* nd, int64_t pad,
@@ -33,22 +21,10 @@ void finish(const at::Tensor& draft, const int64_t* target, const int64_t* nd, i
 
 std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                                               const c10::optional<at::Tensor>& num_drafts, int64_t pad_id) {
-  check_drafts(kVerify, draft_tokens);
-  check_cpu(kVerify, "target_logits", target_logits);
-  check_dtype(kVerify, "target_logits", target_logits, kFloatTypes);
-  check_dim(kVerify, "target_logits", target_logits, 3, "[B, K+1, V]");
+  check_verify_inputs(kVerify, draft_tokens, target_logits, at::kCPU);
   const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
-  check_size(kVerify, "target_logits", target_logits, 0, B, "B (draft_tokens.size(0))");
-  check_size(kVerify, "target_logits", target_logits, 1, K + 1, "K+1 (draft_tokens.size(1) + 1)");
-  const int64_t V = target_logits.size(2);
-  TORCH_CHECK(V > 0, kVerify, ": target_logits must have a vocabulary of V >= 1 entries, got V = 0");
   std::vector<int64_t> nd = checked_num_drafts(kVerify, num_drafts, B, K);
-
-  VerifyArgs a;
-  a.B = B; a.K = K; a.V = V;
-  a.logits = target_logits.data_ptr();
-  a.logits_dtype = to_dtype(target_logits.scalar_type());
-  for (int d = 0; d < 3; ++d) a.logits_stride[d] = target_logits.stride(d);
+  VerifyArgs a = verify_args(draft_tokens, target_logits);
   a.num_drafts = nd.data();
   std::vector<int64_t> target(B * (K + 1), 0);
   greedy_targets(a, target.data(), at::get_num_threads(), current_isa(), TorchParallelFor{});
@@ -64,14 +40,8 @@ std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& draft_tokens, co
 
 at::Tensor accept_prefix_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_tokens,
                              const c10::optional<at::Tensor>& num_drafts) {
-  check_drafts(kAccept, draft_tokens);
-  check_cpu(kAccept, "target_tokens", target_tokens);
-  check_dtype(kAccept, "target_tokens", target_tokens, kIdTypes);
-  check_dim(kAccept, "target_tokens", target_tokens, 2, "[B, K+1] or [B, K]");
+  check_accept_inputs(kAccept, draft_tokens, target_tokens, at::kCPU);
   const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
-  check_size(kAccept, "target_tokens", target_tokens, 0, B, "B (draft_tokens.size(0))");
-  TORCH_CHECK(target_tokens.size(1) == K + 1 || target_tokens.size(1) == K, kAccept,
-              ": target_tokens.size(1) must be K+1 = ", K + 1, " or K = ", K, ", got ", target_tokens.size(1));
   std::vector<int64_t> nd = checked_num_drafts(kAccept, num_drafts, B, K);
   const int64_t* n = nd.data();
   at::Tensor accepted = at::empty({B}, draft_tokens.options());

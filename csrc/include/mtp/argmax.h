@@ -6,26 +6,14 @@
 #include <cmath>
 #include <limits>
 
+#include "mtp/argmax_rule.h"
 #include "mtp/common.h"
 #include "mtp/isa.h"
 
 namespace mtp {
 
-struct ArgmaxResult {
-  float val;    // the maximum (NaN when nan)
-  int64_t idx;  // its first index
-  bool nan;     // the chunk holds a NaN; idx is the first one
-};
-
 inline ArgmaxResult argmax_empty(int64_t begin) {
   return {-std::numeric_limits<float>::infinity(), begin, false};
-}
-
-// Merge of two chunk results, `a` covering earlier indices than `b`.
-inline ArgmaxResult argmax_merge(const ArgmaxResult& a, const ArgmaxResult& b) {
-  if (a.nan) return a;
-  if (b.nan) return b;
-  return b.val > a.val ? b : a;
 }
 
 }  // namespace mtp

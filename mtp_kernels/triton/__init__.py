@@ -1,0 +1,115 @@
+"""Triton implementations of the ``mtp`` ops, callable directly (``mtp_kernels.triton.verify``)
+and registered as the ops' CUDA kernels when the package was built without its C++ CUDA
+kernels (``register_cuda_kernels``). Same contracts as ``mtp_kernels.reference``; on CPU
+tensors they run under ``TRITON_INTERPRET=1`` (how the test suite checks them without a GPU).
+
+A new op is added the same way: its kernels in ``kernels/<op>.py``, a launcher here (checks
+from ``mtp_kernels._checks``, then the grid), and its name in ``_OPS``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from .. import _checks as C
+from .kernels.argmax import argmax_partials_kernel
+from .kernels.linear import BLOCK_K, BLOCK_M, BLOCK_N, linear_kernel
+from .kernels.verify import accept_prefix_kernel, verify_finish_kernel
+
+# Vocabulary tile of the argmax, and the smallest slice worth a program of its own.
+BLOCK_V = 1024
+MIN_SLICE = 2048
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few slices, so the merge is exercised
+
+
+def verify_splits(rows: int, V: int, sm_count: int) -> int:
+    """Vocabulary slices per row: about 4 programs per SM, slices of at least MIN_SLICE
+    (the rule of mtp::cuda::verify_splits)."""
+    want = -(-4 * sm_count // max(rows, 1))
+    return max(1, min(want, -(-V // MIN_SLICE)))
+
+
+def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
+           pad_id: int = -1, *, splits: Optional[int] = None, block_v: int = BLOCK_V):
+    """``mtp.verify`` in Triton. ``splits`` / ``block_v`` force the vocabulary slicing and tile
+    (tests use them to put slice and tile edges where ties and NaN are)."""
+    op = "mtp.verify"
+    C.check_verify_inputs(op, draft_tokens, target_logits, num_drafts)
+    B, K = draft_tokens.shape
+    V = target_logits.shape[2]
+    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
+    nd = C.checked_num_drafts(op, num_drafts, B, K)
+    accepted = draft_tokens.new_empty((B,))
+    out = draft_tokens.new_empty((B, K + 1))
+    if B == 0:
+        return accepted, out
+    rows = B * (K + 1)
+    if splits is None:
+        splits = verify_splits(rows, V, _sm_count(target_logits.device))
+    chunk = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v  # slices start on a tile
+    splits = triton.cdiv(V, chunk)
+    dev = target_logits.device
+    part_val = torch.empty((rows, splits), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((rows, splits), dtype=torch.int32, device=dev)
+    has_nd = nd is not None
+    nd_arg = nd if has_nd else part_idx  # never read without HAS_ND
+    sb, st, sv = target_logits.stride()
+    argmax_partials_kernel[(rows, splits)](target_logits, sb, st, sv, nd_arg, K, V, chunk, part_val, part_idx,
+                                           splits, HAS_ND=has_nd, BLOCK_V=block_v)
+    verify_finish_kernel[(B,)](draft_tokens, *draft_tokens.stride(), part_val, part_idx, splits, nd_arg, K, pad_id,
+                               accepted, out, *out.stride(), HAS_ND=has_nd,
+                               BLOCK_T=triton.next_power_of_2(K + 1), BLOCK_S=triton.next_power_of_2(splits))
+    return accepted, out
+
+
+def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
+                  num_drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``mtp.accept_prefix`` in Triton."""
+    op = "mtp.accept_prefix"
+    C.check_accept_inputs(op, draft_tokens, target_tokens, num_drafts)
+    B, K = draft_tokens.shape
+    nd = C.checked_num_drafts(op, num_drafts, B, K)
+    accepted = draft_tokens.new_empty((B,))
+    if B == 0:
+        return accepted
+    accept_prefix_kernel[(B,)](draft_tokens, *draft_tokens.stride(), target_tokens, *target_tokens.stride(),
+                               nd if nd is not None else accepted, K, accepted, HAS_ND=nd is not None,
+                               BLOCK_T=triton.next_power_of_2(K + 1))
+    return accepted
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``mtp.linear`` in Triton: fp32 accumulation, each row's bits independent of M."""
+    C.check_linear_inputs("mtp.linear", x, weight, bias)
+    K, N = x.shape[-1], weight.shape[0]
+    M = x.numel() // K if K else x.shape[:-1].numel()
+    x2 = x.reshape(M, K)
+    y = torch.empty((M, N), dtype=torch.float32, device=x.device)
+    if M > 0 and N > 0:
+        b = bias.to(torch.float32).contiguous() if bias is not None else y
+        linear_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](
+            x2, *x2.stride(), weight, *weight.stride(), b, y, *y.stride(), M, N, K,
+            HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+    return y.to(x.dtype).reshape(*x.shape[:-1], N)  # fp32 -> x's dtype rounds like the C++ kernels
+
+
+_OPS = {"verify": verify, "accept_prefix": accept_prefix, "linear": linear}
+
+
+def register_cuda_kernels() -> list[str]:
+    """Registers these launchers as the CUDA kernels of the ``mtp`` ops that have none (the
+    package was built without MTP_WITH_CUDA). Returns the ops registered now."""
+    done = []
+    for name, fn in _OPS.items():
+        qualname = f"mtp::{name}"
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"):
+            torch.library.register_kernel(qualname, "cuda", fn)
+            done.append(name)
+    return done

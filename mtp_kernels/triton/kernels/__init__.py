@@ -1,0 +1,1 @@
+"""Triton kernels of the ``mtp`` ops; the launchers are in ``mtp_kernels.triton``."""
