@@ -82,6 +82,9 @@ inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::option
   return checked_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K");
 }
 
+// Raises "op: msg" unless msg is empty (the checks shared with the C API, mtp/op_args.h).
+inline void check_ok(const char* op, const std::string& msg) { TORCH_CHECK(msg.empty(), op, ": ", msg); }
+
 // Runs fn(begin, end) over [0, n) on torch's intra-op thread pool.
 struct TorchParallelFor {
   template <class Fn>

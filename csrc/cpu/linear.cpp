@@ -2,7 +2,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
-#include "mtp/linear.h"
+#include "mtp/op_args.h"
 
 namespace mtp::cpu {
 namespace {
@@ -18,8 +18,7 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::
   check_dim(kLinear, "weight", weight, 2, "[N, K]");
   const int64_t K = x.size(-1), N = weight.size(0);
   check_size(kLinear, "weight", weight, 1, K, "K (x.size(-1))");
-  TORCH_CHECK(weight.stride(1) == 1 || K <= 1, kLinear, ": weight rows must be contiguous (stride(1) == 1), got strides ",
-              weight.strides(), "; it is read in place, call .contiguous() once when loading");
+  check_ok(kLinear, weight_rows_error(K, weight.stride(0), weight.stride(1)));
   at::Tensor b;
   if (bias.has_value()) {
     check_cpu(kLinear, "bias", *bias);
