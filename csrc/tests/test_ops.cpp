@@ -350,6 +350,16 @@ void test_linear() {
 // ---------------------------------------------------------------- bad arguments
 namespace {
 
+// Runs a Call (a valid call of one function) broken by `mutation`: it fails with `status` and a
+// message containing `needle`, and its outputs stay untouched.
+#define BAD_CALL(Call, mutation, status, needle)                        \
+  do {                                                                  \
+    Call c;                                                             \
+    mutation;                                                           \
+    expect_error(c.run(), status, needle, #mutation);                   \
+    EXPECT(c.untouched(), "%s: output written on failure", #mutation);  \
+  } while (0)
+
 // A valid head_attention call (B=2, T=2, Hq=4, Hkv=2, D=8, L=6, S=3) each check below breaks
 // in one way; the output must stay untouched.
 struct AttnCall {
@@ -382,13 +392,7 @@ struct AttnCall {
   }
 };
 
-#define BAD_ATTN(mutation, status, needle)                              \
-  do {                                                                  \
-    AttnCall c;                                                         \
-    mutation;                                                           \
-    expect_error(c.run(), status, needle, #mutation);                   \
-    EXPECT(c.untouched(), "%s: out written on failure", #mutation);     \
-  } while (0)
+#define BAD_ATTN(mutation, status, needle) BAD_CALL(AttnCall, mutation, status, needle)
 
 // A valid cache_append (B=2, T=2, Hkv=2, D=4, L=5); the caches must stay untouched.
 struct AppendCall {
@@ -416,13 +420,7 @@ struct AppendCall {
   }
 };
 
-#define BAD_APPEND(mutation, status, needle)                            \
-  do {                                                                  \
-    AppendCall c;                                                       \
-    mutation;                                                           \
-    expect_error(c.run(), status, needle, #mutation);                   \
-    EXPECT(c.untouched(), "%s: cache written on failure", #mutation);   \
-  } while (0)
+#define BAD_APPEND(mutation, status, needle) BAD_CALL(AppendCall, mutation, status, needle)
 
 // A valid linear (M=3, N=4, K=5, bias); y must stay untouched.
 struct LinearCall {
@@ -445,13 +443,7 @@ struct LinearCall {
   }
 };
 
-#define BAD_LINEAR(mutation, status, needle)                            \
-  do {                                                                  \
-    LinearCall c;                                                       \
-    mutation;                                                           \
-    expect_error(c.run(), status, needle, #mutation);                   \
-    EXPECT(c.untouched(), "%s: y written on failure", #mutation);       \
-  } while (0)
+#define BAD_LINEAR(mutation, status, needle) BAD_CALL(LinearCall, mutation, status, needle)
 
 }  // namespace
 
