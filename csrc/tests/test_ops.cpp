@@ -150,7 +150,7 @@ void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D
   Arr out(t, p.out_size(B, T));
   const float canary = t == MTP_FLOAT32 ? [] { float f; std::memcpy(&f, &kCanaryF, 4); return f; }() : 12345.f;
   for (size_t i = 0; i < out.size(); ++i) out.set(i, canary);
-  const uint32_t canary_bits = out.bits(0);
+  const uint32_t canary_bits = Arr(t, 1, canary).bits(0);
   char what[200];
   std::snprintf(what, sizeof what, "%s B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld L=%lld S=%lld causal=%d perm=%d thr=%d",
                 name_of(t), (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, (long long)L,
