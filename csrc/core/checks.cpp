@@ -68,18 +68,33 @@ bool Checker::size(const char* name, const mtp_tensor* t, int32_t d, int64_t wan
               t->sizes[d], " (sizes ", sizes_of(t), ")");
 }
 
-bool Checker::num_drafts(const mtp_tensor* t, int64_t B, int64_t K, std::vector<int64_t>* out) {
-  out->assign(size_t(B), K);
-  if (!t) return true;
-  if (!tensor("num_drafts", t, 1, "[B]", kIdTypes) || !size("num_drafts", t, 0, B, "B (draft_tokens.sizes[0])"))
-    return false;
+bool Checker::same_sizes(const char* name, const mtp_tensor* t, const char* ref_name, const mtp_tensor* ref) {
+  for (int32_t d = 0; d < ref->ndim; ++d)
+    if (t->sizes[d] != ref->sizes[d])
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " must have ", ref_name, "'s sizes ", sizes_of(ref), ", got ",
+                  sizes_of(t));
+  return true;
+}
+
+bool Checker::counts(const char* name, const mtp_tensor* t, int64_t B, const char* b_what, int64_t hi,
+                     const char* hi_what, std::vector<int64_t>* out) {
+  if (!tensor(name, t, 1, "[B]", kIdTypes) || !size(name, t, 0, B, b_what)) return false;
+  out->assign(size_t(B), 0);
   for (int64_t b = 0; b < B; ++b) {
     int64_t n = load_id(t, b * t->strides[0]);
-    if (n < 0 || n > K)
-      return fail(MTP_ERROR_INVALID_ARGUMENT, "num_drafts[", b, "] = ", n, " is outside [0, K] = [0, ", K, "]");
+    if (n < 0 || n > hi)
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, "[", b, "] = ", n, " is outside [0, ", hi_what, "] = [0, ", hi, "]");
     (*out)[size_t(b)] = n;
   }
   return true;
+}
+
+bool Checker::num_drafts(const mtp_tensor* t, int64_t B, int64_t K, std::vector<int64_t>* out) {
+  if (!t) {
+    out->assign(size_t(B), K);
+    return true;
+  }
+  return counts("num_drafts", t, B, "B (draft_tokens.sizes[0])", K, "K", out);
 }
 
 bool Checker::threads(int32_t num_threads, int* out) {

@@ -46,8 +46,19 @@ class Checker {
 
   bool size(const char* name, const mtp_tensor* t, int32_t d, int64_t want, const char* what);
 
+  // Every size equal to ref's ("v_cache must have k_cache's sizes").
+  bool same_sizes(const char* name, const mtp_tensor* t, const char* ref_name, const mtp_tensor* ref);
+
+  // A [B] int32/int64 view (shape already checked to be 1-D) -> int64 values, each checked
+  // to lie in [0, hi]; hi_what says where hi comes from ("K", "L (k_cache.sizes[2])").
+  bool counts(const char* name, const mtp_tensor* t, int64_t B, const char* b_what, int64_t hi, const char* hi_what,
+              std::vector<int64_t>* out);
+
   // Optional num_drafts [B] (NULL: all K) -> int64 values, each checked to lie in [0, K].
   bool num_drafts(const mtp_tensor* t, int64_t B, int64_t K, std::vector<int64_t>* out);
+
+  // One of the shared value checks of mtp/op_args.h ("" = fine) as an invalid argument.
+  bool ok(const std::string& msg) { return msg.empty() || fail(MTP_ERROR_INVALID_ARGUMENT, msg); }
 
   // num_threads >= 0 (0: one per hardware thread) -> the count to use.
   bool threads(int32_t num_threads, int* out);

@@ -1,9 +1,12 @@
 // The C API (mtp.h): argument checks, then the same header-only kernels the torch ops run.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "checks.h"
 #include "mtp/isa.h"
 #include "mtp/mtp.h"
+#include "mtp/op_args.h"
 #include "mtp/parallel.h"
 #include "mtp/verify.h"
 
@@ -26,10 +29,46 @@ void with_id_type(const mtp_tensor* t, Fn&& fn) {
   else fn(int64_t{});
 }
 
-// The outputs take the draft ids' dtype, like the torch ops.
-std::initializer_list<mtp_dtype> same_ids(const mtp_tensor* draft) {
-  static constexpr std::initializer_list<mtp_dtype> i32 = {MTP_INT32}, i64 = {MTP_INT64};
-  return draft->dtype == MTP_INT32 ? i32 : i64;
+// The one dtype ref has (already checked to be a known one): outputs and companions that
+// must match it, like the torch ops.
+std::initializer_list<mtp_dtype> same_as(const mtp_tensor* ref) {
+  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, bf16 = {MTP_BFLOAT16},
+                                                    f16 = {MTP_FLOAT16}, i32 = {MTP_INT32}, i64 = {MTP_INT64};
+  switch (ref->dtype) {
+    case MTP_FLOAT32: return f32;
+    case MTP_BFLOAT16: return bf16;
+    case MTP_FLOAT16: return f16;
+    case MTP_INT32: return i32;
+    default: return i64;
+  }
+}
+
+bool is_empty(const mtp_tensor* t) {
+  for (int32_t d = 0; d < t->ndim; ++d)
+    if (t->sizes[d] == 0) return true;
+  return false;
+}
+
+bool is_contiguous(const mtp_tensor* t) {
+  int64_t stride = 1;
+  for (int32_t d = t->ndim - 1; d >= 0; --d) {
+    if (t->sizes[d] != 1 && t->strides[d] != stride) return false;
+    stride *= t->sizes[d];
+  }
+  return true;
+}
+
+char* bytes(const mtp_tensor* t) { return static_cast<char*>(t->data); }
+
+// Copies a contiguous [n0, n1, n2, D] array of es-byte elements into the strided 4-D view dst.
+void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
+  const int64_t* n = dst->sizes;
+  const int64_t* st = dst->strides;
+  for (int64_t i = 0; i < n[0]; ++i)
+    for (int64_t j = 0; j < n[1]; ++j)
+      for (int64_t k = 0; k < n[2]; ++k)
+        copy_elems(bytes(dst) + (i * st[0] + j * st[1] + k * st[2]) * es, st[3],
+                   src + ((i * n[1] + j) * n[2] + k) * n[3] * es, 1, n[3], es);
 }
 
 }  // namespace
@@ -57,9 +96,9 @@ mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* target_l
       return c.status;
     }
     if (!c.num_drafts(num_drafts, B, K, &nd) ||
-        !c.tensor("accepted", accepted, 1, "[B]", same_ids(draft_tokens)) ||
+        !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_tokens)) ||
         !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])") ||
-        !c.tensor("out_tokens", out_tokens, 2, "[B, K+1]", same_ids(draft_tokens)) ||
+        !c.tensor("out_tokens", out_tokens, 2, "[B, K+1]", same_as(draft_tokens)) ||
         !c.size("out_tokens", out_tokens, 0, B, "B (draft_tokens.sizes[0])") ||
         !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") || !c.threads(num_threads, &threads))
       return c.status;
@@ -95,7 +134,7 @@ mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_tensor* t
              target_tokens->sizes[1]);
       return c.status;
     }
-    if (!c.num_drafts(num_drafts, B, K, &nd) || !c.tensor("accepted", accepted, 1, "[B]", same_ids(draft_tokens)) ||
+    if (!c.num_drafts(num_drafts, B, K, &nd) || !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_tokens)) ||
         !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])"))
       return c.status;
     with_id_type(draft_tokens, [&](auto id) {
@@ -106,6 +145,161 @@ mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_tensor* t
                              static_cast<I*>(accepted->data), accepted->strides[0]);
       });
     });
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                              const mtp_tensor* cache_lens, const mtp_tensor* k_local, const mtp_tensor* v_local,
+                              const float* scale, int32_t causal, const mtp_tensor* out, int32_t num_threads) {
+  return guarded("mtp_head_attention", [&](Checker& c) {
+    int threads = 1;
+    if (!c.tensor("q", q, 4, "[B, T, Hq, D]", kFloatTypes)) return c.status;
+    const int64_t B = q->sizes[0], T = q->sizes[1], Hq = q->sizes[2], D = q->sizes[3];
+    if (!c.tensor("k_cache", k_cache, 4, "[B, Hkv, L, D]", same_as(q)) ||
+        !c.size("k_cache", k_cache, 0, B, "B (q.sizes[0])") ||
+        !c.size("k_cache", k_cache, 3, D, "the head dim D (q.sizes[3])") ||
+        !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(q)) ||
+        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
+      return c.status;
+    const int64_t Hkv = k_cache->sizes[1], L = k_cache->sizes[2];
+    std::vector<int64_t> lens;
+    if (!c.ok(gqa_error(Hq, Hkv)) || !c.counts("cache_lens", cache_lens, B, "B (q.sizes[0])", L, "L (k_cache.sizes[2])", &lens) ||
+        !c.ok(causal_error(lens, T, causal != 0)) || !c.ok(local_pair_error(k_local != nullptr, v_local != nullptr)))
+      return c.status;
+    if (k_local &&
+        (!c.tensor("k_local", k_local, 4, "[B, Hkv, S, D]", same_as(q)) ||
+         !c.size("k_local", k_local, 0, B, "B (q.sizes[0])") || !c.size("k_local", k_local, 1, Hkv, "Hkv (k_cache.sizes[1])") ||
+         !c.size("k_local", k_local, 3, D, "the head dim D (q.sizes[3])") ||
+         !c.tensor("v_local", v_local, 4, "[B, Hkv, S, D]", same_as(q)) || !c.same_sizes("v_local", v_local, "k_local", k_local)))
+      return c.status;
+    if (scale && !std::isfinite(*scale)) {
+      c.fail(MTP_ERROR_INVALID_ARGUMENT, "*scale must be finite, got ", *scale);
+      return c.status;
+    }
+    if (!c.tensor("out", out, 4, "[B, T, Hq, D]", same_as(q)) || !c.same_sizes("out", out, "q", q) ||
+        !c.threads(num_threads, &threads))
+      return c.status;
+    if (is_empty(out)) return MTP_OK;
+
+    AttentionArgs a;
+    a.B = B; a.T = T; a.Hq = Hq; a.Hkv = Hkv; a.D = D;
+    a.dtype = float_dtype(q->dtype);
+    a.q = q->data;
+    std::copy_n(q->strides, 4, a.q_stride);
+    set_cache_views(a, static_cast<const void*>(k_cache->data), k_cache->strides,
+                    static_cast<const void*>(v_cache->data), v_cache->strides, lens.data());
+    if (k_local) set_local_views(a, k_local->sizes[2], k_local->data, k_local->strides, v_local->data, v_local->strides);
+    a.scale = scale ? *scale : default_attention_scale(D);
+    a.causal = causal != 0;
+    // The kernel writes a contiguous [B, T, Hq, D]: in place when out is one, else via a copy.
+    const int64_t es = dtype_size(a.dtype);
+    std::vector<char> tmp;
+    if (is_contiguous(out)) {
+      a.out = out->data;
+    } else {
+      tmp.resize(size_t(B * T * Hq * D * es));
+      a.out = tmp.data();
+    }
+    attention(a, threads, current_isa(), ThreadParallelFor{threads});
+    if (!tmp.empty()) scatter4(tmp.data(), out, es);
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache, const mtp_tensor* k_new,
+                            const mtp_tensor* v_new, const mtp_tensor* cache_lens, int32_t num_threads) {
+  return guarded("mtp_cache_append", [&](Checker& c) {
+    int threads = 1;
+    if (!c.tensor("k_new", k_new, 4, "[B, T, Hkv, D]", kFloatTypes) ||
+        !c.tensor("v_new", v_new, 4, "[B, T, Hkv, D]", same_as(k_new)) || !c.same_sizes("v_new", v_new, "k_new", k_new))
+      return c.status;
+    const int64_t B = k_new->sizes[0], T = k_new->sizes[1], Hkv = k_new->sizes[2], D = k_new->sizes[3];
+    if (!c.tensor("k_cache", k_cache, 4, "[B, Hkv, L, D]", same_as(k_new)) ||
+        !c.size("k_cache", k_cache, 0, B, "B (k_new.sizes[0])") || !c.size("k_cache", k_cache, 1, Hkv, "Hkv (k_new.sizes[2])") ||
+        !c.size("k_cache", k_cache, 3, D, "the head dim D (k_new.sizes[3])") ||
+        !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(k_new)) ||
+        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
+      return c.status;
+    const int64_t L = k_cache->sizes[2];
+    std::vector<int64_t> lens;
+    if (!c.counts("cache_lens", cache_lens, B, "B (k_new.sizes[0])", L, "L (k_cache.sizes[2])", &lens) ||
+        !c.threads(num_threads, &threads))
+      return c.status;
+    CacheAppendArgs a;
+    a.B = B; a.T = T; a.Hkv = Hkv; a.D = D; a.L = L;
+    a.dtype = float_dtype(k_new->dtype);
+    set_cache_views(a, k_cache->data, k_cache->strides, v_cache->data, v_cache->strides, lens.data());
+    set_new_views(a, k_new->data, k_new->strides, v_new->data, v_new->strides);
+    if (!c.ok(capacity_error(a))) return c.status;
+    if (!is_empty(k_new)) cache_append(a, ThreadParallelFor{threads});
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias, const mtp_tensor* y,
+                      int32_t num_threads) {
+  return guarded("mtp_linear", [&](Checker& c) {
+    int threads = 1;
+    if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) || !c.tensor("weight", weight, 2, "[N, K]", kFloatTypes) ||
+        !c.size("weight", weight, 1, x->sizes[1], "K (x.sizes[1])"))
+      return c.status;
+    const int64_t M = x->sizes[0], K = x->sizes[1], N = weight->sizes[0];
+    if (!c.ok(weight_rows_error(K, weight->strides[0], weight->strides[1])) ||
+        (bias && (!c.tensor("bias", bias, 1, "[N]", kFloatTypes) || !c.size("bias", bias, 0, N, "N (weight.sizes[0])"))))
+      return c.status;
+    static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
+    const bool y_f32 = y && y->dtype == MTP_FLOAT32;
+    if (!c.tensor("y", y, 2, "[M, N]", y_f32 ? f32 : same_as(x)) || !c.size("y", y, 0, M, "M (x.sizes[0])") ||
+        !c.size("y", y, 1, N, "N (weight.sizes[0])") || !c.threads(num_threads, &threads))
+      return c.status;
+    if (M == 0 || N == 0) return MTP_OK;
+
+    LinearArgs a;
+    a.M = M; a.N = N; a.K = K;
+    a.x_dtype = float_dtype(x->dtype);
+    a.w_dtype = float_dtype(weight->dtype);
+    const int64_t xes = dtype_size(a.x_dtype);
+    std::vector<char> xpack;
+    static const float kNothing = 0.f;  // K = 0: no element is read, but the pointers must be valid
+    if (K == 0) {
+      a.x = a.w = &kNothing;
+    } else if (x->strides[1] == 1) {
+      a.x = x->data;
+      a.x_stride = x->strides[0];
+      a.w = weight->data;
+      a.w_stride = weight->strides[0];
+    } else {  // the kernel wants unit-stride rows; activations are small, pack them
+      xpack.resize(size_t(M * K * xes));
+      for (int64_t m = 0; m < M; ++m)
+        copy_elems(xpack.data() + m * K * xes, 1, bytes(x) + m * x->strides[0] * xes, x->strides[1], K, xes);
+      a.x = xpack.data();
+      a.x_stride = K;
+      a.w = weight->data;
+      a.w_stride = weight->strides[0];
+    }
+    std::vector<float> b;
+    if (bias) {
+      b.resize(size_t(N));
+      for (int64_t n = 0; n < N; ++n) b[size_t(n)] = load_f32(bias->data, float_dtype(bias->dtype), n * bias->strides[0]);
+      a.bias = b.data();
+    }
+    // The kernel writes fp32 rows with unit column stride: in place when y is such, else via
+    // a copy (rounded to y's dtype as the torch op's .to(x.dtype) does).
+    std::vector<float> ytmp;
+    if (y_f32 && (y->strides[1] == 1 || N == 1)) {
+      a.y = static_cast<float*>(y->data);
+      a.y_stride = y->strides[0];
+    } else {
+      ytmp.resize(size_t(M * N));
+      a.y = ytmp.data();
+      a.y_stride = N;
+    }
+    linear(a, current_isa(), ThreadParallelFor{threads});
+    if (!ytmp.empty())
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          store_f32(y->data, float_dtype(y->dtype), m * y->strides[0] + n * y->strides[1], ytmp[size_t(m * N + n)]);
     return MTP_OK;
   });
 }

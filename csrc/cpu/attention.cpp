@@ -2,11 +2,11 @@
 // and strides (caches are read and written in place, whatever their strides), threads.
 #include <torch/library.h>
 
-#include <cmath>
+#include <algorithm>
+#include <string>
 
 #include "checks.h"
-#include "mtp/attention.h"
-#include "mtp/cache.h"
+#include "mtp/op_args.h"
 
 namespace mtp::cpu {
 namespace {
@@ -14,18 +14,11 @@ namespace {
 constexpr const char* kAttn = "mtp.head_attention";
 constexpr const char* kAppend = "mtp.cache_append";
 
-void strides_of(const at::Tensor& t, int64_t* out) {
-  for (int d = 0; d < 4; ++d) out[d] = t.stride(d);
-}
-
-// The cache views of either op's argument struct (same member names), read/written in place.
+// The cache views of either op's argument struct, read/written in place.
 template <class Args>
 void set_caches(Args& a, const at::Tensor& k_cache, const at::Tensor& v_cache, const std::vector<int64_t>& lens) {
-  a.k = k_cache.data_ptr();
-  a.v = v_cache.data_ptr();
-  strides_of(k_cache, a.k_stride);
-  strides_of(v_cache, a.v_stride);
-  a.cache_lens = lens.data();
+  set_cache_views(a, k_cache.data_ptr(), k_cache.strides().data(), v_cache.data_ptr(), v_cache.strides().data(),
+                  lens.data());
 }
 
 // k_cache / v_cache: [B, Hkv, L, D] views of `ref`'s dtype, both the same shape.
@@ -50,22 +43,16 @@ at::Tensor head_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
   const int64_t Hkv = k_cache.size(1), L = k_cache.size(2);
   check_size(kAttn, "k_cache", k_cache, 0, B, "B (q.size(0))");
   check_size(kAttn, "k_cache", k_cache, 3, D, "the head dim D (q.size(3))");
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, kAttn, ": q's head count Hq = ", Hq,
-              " must be a multiple of k_cache's head count Hkv = ", Hkv, " (grouped-query attention)");
+  check_ok(kAttn, gqa_error(Hq, Hkv));
   std::vector<int64_t> lens = checked_counts(kAttn, "cache_lens", cache_lens, B, "B (q.size(0))", L, "L (k_cache.size(2))");
-  if (causal && B > 0 && T > 0) {
-    const int64_t lo = *std::min_element(lens.begin(), lens.end());
-    TORCH_CHECK(lo >= T, kAttn, ": causal=True needs cache_lens[b] >= T = ", T,
-                " (the T queries are the last T cached positions), got min(cache_lens) = ", lo);
-  }
-  TORCH_CHECK(k_local.has_value() == v_local.has_value(), kAttn,
-              ": k_local and v_local must be given together, got only ", k_local.has_value() ? "k_local" : "v_local");
+  check_ok(kAttn, causal_error(lens, T, causal));
+  check_ok(kAttn, local_pair_error(k_local.has_value(), v_local.has_value()));
 
   AttentionArgs a;
   a.B = B; a.T = T; a.Hq = Hq; a.Hkv = Hkv; a.D = D;
   a.dtype = to_dtype(q.scalar_type());
   a.q = q.data_ptr();
-  strides_of(q, a.q_stride);
+  std::copy_n(q.strides().data(), 4, a.q_stride);
   set_caches(a, k_cache, v_cache, lens);
   if (k_local.has_value()) {
     const at::Tensor &kl = *k_local, &vl = *v_local;
@@ -79,13 +66,9 @@ at::Tensor head_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
     check_size(kAttn, "k_local", kl, 3, D, "the head dim D (q.size(3))");
     TORCH_CHECK(vl.sizes() == kl.sizes(), kAttn, ": v_local must have k_local's shape ", kl.sizes(), ", got ",
                 vl.sizes());
-    a.S = kl.size(2);
-    a.k_local = kl.data_ptr();
-    a.v_local = vl.data_ptr();
-    strides_of(kl, a.kl_stride);
-    strides_of(vl, a.vl_stride);
+    set_local_views(a, kl.size(2), kl.data_ptr(), kl.strides().data(), vl.data_ptr(), vl.strides().data());
   }
-  a.scale = scale.has_value() ? float(*scale) : float(1.0 / std::sqrt(double(D)));
+  a.scale = scale.has_value() ? float(*scale) : default_attention_scale(D);
   a.causal = causal;
   at::Tensor out = at::empty({B, T, Hq, D}, q.options());
   a.out = out.data_ptr();
@@ -113,13 +96,8 @@ void cache_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, cons
   a.B = B; a.T = T; a.Hkv = Hkv; a.D = D; a.L = L;
   a.dtype = to_dtype(k_new.scalar_type());
   set_caches(a, k_cache, v_cache, lens);
-  a.k_new = k_new.data_ptr();
-  a.v_new = v_new.data_ptr();
-  strides_of(k_new, a.kn_stride);
-  strides_of(v_new, a.vn_stride);
-  const int64_t bad = cache_append_overflow(a);
-  TORCH_CHECK(bad < 0, kAppend, ": request ", bad, " would pass the cache capacity: cache_lens[", bad, "] + T = ",
-              bad < 0 ? 0 : a.cache_lens[bad], " + ", T, " > L = ", L, " (k_cache.size(2)); nothing was written");
+  set_new_views(a, k_new.data_ptr(), k_new.strides().data(), v_new.data_ptr(), v_new.strides().data());
+  check_ok(kAppend, capacity_error(a));
   cache_append(a, TorchParallelFor{});
 }
 

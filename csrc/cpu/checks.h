@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <initializer_list>
 #include <utility>
 #include <algorithm>
@@ -14,6 +13,7 @@
 
 #include "mtp/common.h"
 #include "mtp/linear_args.h"
+#include "mtp/op_args.h"
 #include "mtp/verify_args.h"
 
 namespace mtp::cpu {
@@ -87,6 +87,9 @@ inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::option
   return checked_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K");
 }
 
+// Raises "op: msg" unless msg is empty (the checks shared with the C API, mtp/op_args.h).
+inline void check_ok(const char* op, const std::string& msg) { TORCH_CHECK(msg.empty(), op, ": ", msg); }
+
 // draft_tokens [B, K] (verify, accept_prefix) on `device`.
 inline void check_drafts(const char* op, const at::Tensor& draft, const at::Device& device) {
   check_device(op, "draft_tokens", draft, device);
@@ -156,8 +159,7 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   check_dim(op, "weight", weight, 2, "[N, K]");
   const int64_t K = x.size(-1), N = weight.size(0);
   check_size(op, "weight", weight, 1, K, "K (x.size(-1))");
-  TORCH_CHECK(weight.stride(1) == 1 || K <= 1, op, ": weight rows must be contiguous (stride(1) == 1), got strides ",
-              weight.strides(), "; it is read in place, call .contiguous() once when loading");
+  check_ok(op, weight_rows_error(K, weight.stride(0), weight.stride(1)));
   LinearCall c;
   if (bias.has_value()) {
     check_device(op, "bias", *bias, device);

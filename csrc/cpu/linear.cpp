@@ -2,7 +2,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
-#include "mtp/linear.h"
+#include "mtp/op_args.h"
 
 namespace mtp::cpu {
 namespace {

@@ -1,6 +1,7 @@
 // Tests of the torch-free core against a naive oracle written here (its own fp16/bf16
 // decoding, its own argmax loop), on one instruction set per run:
 //   mtp_core_tests <case> [isa]     case: argmax | verify | accept_prefix | errors | threads | isa
+//                                   | attention | cache_append | linear | ops_errors (test_ops.cpp)
 // Exit 0 = pass, 1 = fail, 77 = the CPU lacks the requested isa (ctest reports it skipped).
 #include <cmath>
 #include <cstdio>
@@ -15,29 +16,11 @@
 #include "mtp/argmax.h"
 #include "mtp/mtp.h"
 #include "mtp/parallel.h"
+#include "test_util.h"
 
 namespace {
 
-int g_failures = 0;
-
-#define EXPECT(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      if (++g_failures <= 20) {                                             \
-        std::fprintf(stderr, "%s:%d: EXPECT(%s) failed: ", __FILE__, __LINE__, #cond); \
-        std::fprintf(stderr, __VA_ARGS__);                                  \
-        std::fprintf(stderr, "\n");                                         \
-      }                                                                     \
-    }                                                                       \
-  } while (0)
-
-std::mt19937_64 rng(20240607);
-int64_t uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
-
 // ---------------------------------------------------------------- logits as raw bits
-const mtp_dtype kFloatTypes[] = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16};
-const char* name_of(mtp_dtype t) { return t == MTP_FLOAT32 ? "f32" : t == MTP_BFLOAT16 ? "bf16" : "f16"; }
-
 struct Specials { uint32_t pos_inf, neg_inf, nan, neg_nan, neg_zero; };
 Specials specials(mtp_dtype t) {
   if (t == MTP_FLOAT32) return {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x80000000u};
@@ -348,11 +331,6 @@ struct VerifyCall {
   }
 };
 
-void expect_error(mtp_status got, mtp_status want, const char* needle, const char* what) {
-  EXPECT(got == want, "%s: status %s, want %s (%s)", what, mtp_status_name(got), mtp_status_name(want), mtp_last_error());
-  EXPECT(std::strstr(mtp_last_error(), needle) != nullptr, "%s: message '%s' lacks '%s'", what, mtp_last_error(), needle);
-}
-
 #define BAD_VERIFY(mutation, status, needle, ...)                       \
   do {                                                                  \
     VerifyCall c;                                                       \
@@ -500,7 +478,7 @@ void test_isa() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|ops_errors [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -523,6 +501,10 @@ int main(int argc, char** argv) {
   else if (which == "errors") test_errors();
   else if (which == "threads") test_threads();
   else if (which == "isa") test_isa();
+  else if (which == "attention") test_attention();
+  else if (which == "cache_append") test_cache_append();
+  else if (which == "linear") test_linear();
+  else if (which == "ops_errors") test_ops_errors();
   else {
     std::fprintf(stderr, "unknown test case '%s'\n", which.c_str());
     return 2;

@@ -230,13 +230,15 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
 #include "mtp/generic/attention.h"
 #if defined(MTP_X86)
 #include "mtp/x86/attention.h"
+#elif defined(MTP_ARM64)
+#include "mtp/neon/attention.h"
 #endif
 
 namespace mtp {
 
 // True when `isa` has a vector path for this head dim (else the generic path runs).
 inline bool attention_vectorised(Isa isa, int64_t D) {
-  return (isa == Isa::Avx512 || isa == Isa::Avx2) && (D == 64 || D == 128);
+  return (isa == Isa::Avx512 || isa == Isa::Avx2 || isa == Isa::Neon || isa == Isa::NeonFp16) && (D == 64 || D == 128);
 }
 
 // One vector family V<dtype, D> over the three dtypes and D in {64, 128}.
@@ -258,6 +260,8 @@ void attention(const AttentionArgs& a, int threads, Isa isa, ParallelFor&& pf) {
   if (attention_vectorised(isa, a.D))
     return isa == Isa::Avx512 ? attention_vector<x86::Avx512Attention>(a, threads, pf)
                              : attention_vector<x86::Avx2Attention>(a, threads, pf);
+#elif defined(MTP_ARM64)
+  if (attention_vectorised(isa, a.D)) return attention_vector<neon::NeonAttention>(a, threads, pf);  // NeonFp16 too
 #endif
   switch (a.dtype) {
     case DType::F32: return attention_with<generic::Attention<DType::F32>>(a, threads, pf);

@@ -13,6 +13,8 @@
 #include "mtp/generic/linear.h"
 #if defined(MTP_X86)
 #include "mtp/x86/linear.h"
+#elif defined(MTP_ARM64)
+#include "mtp/neon/linear.h"
 #endif
 
 namespace mtp {
@@ -28,6 +30,8 @@ inline void linear_items(const LinearArgs& a, int64_t begin, int64_t end, Isa is
 #if defined(MTP_X86)
   if (isa == Isa::Avx512) return x86::linear_avx512(a, n0, n1);
   if (isa == Isa::Avx2) return x86::linear_avx2(a, n0, n1);
+#elif defined(MTP_ARM64)
+  if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::linear_neon(a, n0, n1);
 #endif
   generic::linear(a, n0, n1);
 }

@@ -93,6 +93,43 @@ MTP_API mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* 
 MTP_API mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_tensor* target_tokens,
                                      const mtp_tensor* num_drafts, const mtp_tensor* accepted);
 
+/* Decode-style attention of a few queries over a strided KV cache, read in place
+ * (torch.ops.mtp.head_attention). fp32 accumulation; each output row has the same bits
+ * whatever T, B, the strides, num_threads and the other requests' lengths are.
+ *   q          [B, T, Hq, D]   float32 | bfloat16 | float16, any strides
+ *   k_cache    [B, Hkv, L, D]  q's dtype, any strides (e.g. a layer of a [layers, B, Lmax, Hkv, D]
+ *   v_cache    [B, Hkv, L, D]  buffer seen as [B, Hkv, Lmax, D]); Hq a multiple of Hkv (GQA)
+ *   cache_lens [B]             int32 | int64, each in [0, L]: only these first keys are read
+ *   k_local, v_local [B, Hkv, S, D] q's dtype, or both NULL: an extra segment attended causally,
+ *              the T queries being its last T positions (query t sees entries s <= S - T + t)
+ *   scale      NULL: 1/sqrt(D)
+ *   causal     0: every query sees all cache_lens[b] keys; 1: the queries are the last T cached
+ *              positions (cache_lens[b] >= T) and query t sees keys [0, cache_lens[b] - T + t]
+ *   out        [B, T, Hq, D]   output, q's dtype, any strides; a row with no visible key is 0 */
+MTP_API mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                      const mtp_tensor* cache_lens, const mtp_tensor* k_local,
+                                      const mtp_tensor* v_local, const float* scale, int32_t causal,
+                                      const mtp_tensor* out, int32_t num_threads);
+
+/* Writes k_new[b, t] and v_new[b, t] into the caches at position cache_lens[b] + t, in place
+ * (torch.ops.mtp.cache_append). Does not change cache_lens (the caller advances it; rejected
+ * drafts are dropped by lowering it). If any request would pass the capacity L, nothing is
+ * written and MTP_ERROR_INVALID_ARGUMENT names it.
+ *   k_cache, v_cache [B, Hkv, L, D] output, float32 | bfloat16 | float16, any strides
+ *   k_new, v_new     [B, T, Hkv, D] the caches' dtype, any strides
+ *   cache_lens       [B] int32 | int64, each in [0, L] */
+MTP_API mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache, const mtp_tensor* k_new,
+                                    const mtp_tensor* v_new, const mtp_tensor* cache_lens, int32_t num_threads);
+
+/* y[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) (torch.ops.mtp.linear on 2-D x), fp32
+ * accumulation in a fixed order per element: row m's bits never depend on M or num_threads.
+ *   x      [M, K] float32 | bfloat16 | float16, any strides
+ *   weight [N, K] float32 | bfloat16 | float16, rows unit-stride (read in place)
+ *   bias   [N]    float32 | bfloat16 | float16, or NULL
+ *   y      [M, N] output, float32 or x's dtype (rounded to nearest even), any strides */
+MTP_API mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias,
+                              const mtp_tensor* y, int32_t num_threads);
+
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */
 MTP_API const char* mtp_last_error(void);

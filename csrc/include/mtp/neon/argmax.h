@@ -6,21 +6,9 @@
 #pragma once
 #include <arm_neon.h>
 
-namespace mtp::neon {
+#include "mtp/neon/vec.h"  // load4
 
-// 4 fp32 lanes from element i.
-template <DType T>
-inline float32x4_t load4(const void* x, int64_t i) {
-  if constexpr (T == DType::F32) {
-    return vld1q_f32(static_cast<const float*>(x) + i);
-  } else {
-    uint16x4_t h = vld1_u16(static_cast<const uint16_t*>(x) + i);
-    if constexpr (T == DType::BF16)
-      return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
-    else
-      return vcvt_f32_f16(vreinterpret_f16_u16(h));
-  }
-}
+namespace mtp::neon {
 
 // fp32 arithmetic, four accumulators of 4 lanes.
 template <DType T>

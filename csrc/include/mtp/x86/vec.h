@@ -1,4 +1,5 @@
-// Shared x86 vector helpers: fp32/bf16/fp16 loads widened to fp32 lanes, and the vector traits.
+// Shared x86 vector helpers: fp32/bf16/fp16 loads widened to fp32 lanes, horizontal ops,
+// and the vector traits (V512, V256) the simd/ kernels are written over.
 #pragma once
 #include <immintrin.h>
 
@@ -35,14 +36,26 @@ MTP_TARGET_AVX2 inline __m256 load8(const void* x, int64_t i) {
   }
 }
 
-// Vector traits: every x86 kernel is written once over V (W lanes of fp32) and compiled
-// per instruction set through `flatten` entry points of the right target, which inline the
-// whole kernel so that the traits' intrinsics land in a function of that target.
+MTP_TARGET_AVX2 inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+MTP_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // ---- AVX-512: 16 lanes; acc tiles of 4 rows x 64 columns.
 struct V512 {
   using F = __m512;
   using Mask = __mmask16;
   static constexpr int W = 16, kAccRows = 4;
+  static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
   MTP_TARGET_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
   MTP_TARGET_AVX512 static F loadu(const float* p) { return _mm512_loadu_ps(p); }
@@ -90,6 +103,7 @@ struct V256 {
   using F = __m256;
   using Mask = __m256i;
   static constexpr int W = 8, kAccRows = 2;
+  static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX2 static F zero() { return _mm256_setzero_ps(); }
   MTP_TARGET_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
   MTP_TARGET_AVX2 static F loadu(const float* p) { return _mm256_loadu_ps(p); }
@@ -114,16 +128,8 @@ struct V256 {
     return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
   }
   MTP_TARGET_AVX2 static void store_tail(float* p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
-  MTP_TARGET_AVX2 static float hsum(F v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-  }
-  MTP_TARGET_AVX2 static float hmax(F v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-  }
+  MTP_TARGET_AVX2 static float hsum(F v) { return hsum8(v); }
+  MTP_TARGET_AVX2 static float hmax(F v) { return hmax8(v); }
   MTP_TARGET_AVX2 static bool any_nan(F v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
   // Lane i = the sum of a[i]'s 8 lanes by the tree (l, l+4), (l, l+2), (l, l+1).
   MTP_TARGET_AVX2 static F sum_each(const F* a) {

@@ -1,0 +1,96 @@
+// What both front doors of head_attention, cache_append and linear share (the torch bindings
+// in csrc/cpu and the C API in csrc/core): the checks on values rather than on the tensor
+// representation, with one wording, and the filling of the kernels' argument structs from
+// data pointers and element strides. Torch-free. Each *_error returns "" when the
+// arguments are fine, else the message; the caller prefixes the op's name.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mtp/attention.h"
+#include "mtp/cache.h"
+#include "mtp/linear.h"
+
+namespace mtp {
+
+template <class... Parts>
+std::string message(const Parts&... parts) {
+  std::ostringstream m;
+  (m << ... << parts);
+  return m.str();
+}
+
+// ---- head_attention
+
+inline float default_attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
+
+inline std::string gqa_error(int64_t Hq, int64_t Hkv) {
+  if (Hkv > 0 && Hq % Hkv == 0) return "";
+  return message("q's head count Hq = ", Hq, " must be a multiple of k_cache's head count Hkv = ", Hkv,
+                 " (grouped-query attention)");
+}
+
+// Causal mode: the T queries are the last T cached positions of every request.
+inline std::string causal_error(const std::vector<int64_t>& lens, int64_t T, bool causal) {
+  if (!causal || lens.empty() || T == 0) return "";
+  const int64_t lo = *std::min_element(lens.begin(), lens.end());
+  if (lo >= T) return "";
+  return message("causal=True needs cache_lens[b] >= T = ", T,
+                 " (the T queries are the last T cached positions), got min(cache_lens) = ", lo);
+}
+
+inline std::string local_pair_error(bool has_k_local, bool has_v_local) {
+  if (has_k_local == has_v_local) return "";
+  return message("k_local and v_local must be given together, got only ", has_k_local ? "k_local" : "v_local");
+}
+
+// The cache views of either op's argument struct (same member names), used in place.
+template <class Args, class Ptr>
+void set_cache_views(Args& a, Ptr k, const int64_t* k_strides, Ptr v, const int64_t* v_strides, const int64_t* lens) {
+  a.k = k;
+  a.v = v;
+  std::copy(k_strides, k_strides + 4, a.k_stride);
+  std::copy(v_strides, v_strides + 4, a.v_stride);
+  a.cache_lens = lens;
+}
+
+inline void set_local_views(AttentionArgs& a, int64_t S, const void* kl, const int64_t* kl_strides, const void* vl,
+                            const int64_t* vl_strides) {
+  a.S = S;
+  a.k_local = kl;
+  a.v_local = vl;
+  std::copy(kl_strides, kl_strides + 4, a.kl_stride);
+  std::copy(vl_strides, vl_strides + 4, a.vl_stride);
+}
+
+// ---- cache_append
+
+// Checked before anything is written: one request past the capacity and nothing is.
+inline std::string capacity_error(const CacheAppendArgs& a) {
+  const int64_t bad = cache_append_overflow(a);
+  if (bad < 0) return "";
+  return message("request ", bad, " would pass the cache capacity: cache_lens[", bad, "] + T = ", a.cache_lens[bad],
+                 " + ", a.T, " > L = ", a.L, " (the caches' length); nothing was written");
+}
+
+inline void set_new_views(CacheAppendArgs& a, const void* kn, const int64_t* kn_strides, const void* vn,
+                          const int64_t* vn_strides) {
+  a.k_new = kn;
+  a.v_new = vn;
+  std::copy(kn_strides, kn_strides + 4, a.kn_stride);
+  std::copy(vn_strides, vn_strides + 4, a.vn_stride);
+}
+
+// ---- linear
+
+// The weight is read in place, row by row: its rows must be unit-stride.
+inline std::string weight_rows_error(int64_t K, int64_t stride0, int64_t stride1) {
+  if (stride1 == 1 || K <= 1) return "";
+  return message("weight rows must be contiguous (stride 1 along K), got strides [", stride0, ", ", stride1,
+                 "]; it is read in place, make it contiguous once when loading");
+}
+
+}  // namespace mtp

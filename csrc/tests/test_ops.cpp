@@ -1,0 +1,526 @@
+// Tests of head_attention, cache_append and linear through the C API, against oracles written
+// here in double precision (tolerance: a different summation order), and of shape
+// invariance (bitwise: a row's bits never depend on T, B, M, strides or threads).
+// Called from test_core.cpp's main: mtp_core_tests attention|cache_append|linear|ops_errors [isa]
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mtp/common.h"
+#include "mtp/mtp.h"
+#include "test_util.h"
+
+namespace {
+
+// ---------------------------------------------------------------- float arrays of any dtype
+// Values are stored in the dtype (rounded by common.h) and read back exactly, so the oracle
+// sees the very inputs the kernel does.
+struct Arr {
+  mtp_dtype t;
+  std::vector<uint16_t> h;
+  std::vector<float> f;
+  Arr(mtp_dtype t, size_t n, float fill = 0.f) : t(t) {
+    t == MTP_FLOAT32 ? f.assign(n, fill) : h.assign(n, 0);
+    if (t != MTP_FLOAT32) for (size_t i = 0; i < n; ++i) set(i, fill);
+  }
+  size_t size() const { return t == MTP_FLOAT32 ? f.size() : h.size(); }
+  void* data() { return t == MTP_FLOAT32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()); }
+  void set(size_t i, float v) { mtp::store_f32(data(), mtp::DType(int(t)), int64_t(i), v); }
+  double get(size_t i) const {
+    return t == MTP_FLOAT32 ? f[i] : mtp::load_f32(h.data(), mtp::DType(int(t)), int64_t(i));
+  }
+  uint32_t bits(size_t i) const {
+    if (t != MTP_FLOAT32) return h[i];
+    uint32_t u;
+    std::memcpy(&u, &f[i], 4);
+    return u;
+  }
+  void randomize(float lo, float hi) {
+    for (size_t i = 0; i < size(); ++i) set(i, float(std::uniform_real_distribution<double>(lo, hi)(rng)));
+  }
+};
+
+// |got - want| <= atol + rtol * |want|: fp32 arithmetic in another order, then the rounding
+// to the output dtype (bf16: 2^-9 relative, fp16: 2^-12).
+bool close(double got, double want, mtp_dtype out, double atol32) {
+  const double rtol = out == MTP_FLOAT32 ? 1e-5 : out == MTP_BFLOAT16 ? 8e-3 : 1e-3;
+  return std::fabs(got - want) <= atol32 + rtol * std::fabs(want);
+}
+
+int64_t dot_offset(const int64_t* idx, const int64_t* strides, int n) {
+  int64_t o = 0;
+  for (int d = 0; d < n; ++d) o += idx[d] * strides[d];
+  return o;
+}
+
+// A 4-D view of `sizes` inside arr at `strides` (element strides), offset `base`.
+mtp_tensor view4(Arr& arr, const int64_t* sizes, const int64_t* strides, int64_t base = 0) {
+  mtp_tensor v{};
+  v.data = static_cast<char*>(arr.data()) + base * (arr.t == MTP_FLOAT32 ? 4 : 2);
+  v.dtype = arr.t;
+  v.ndim = 4;
+  for (int d = 0; d < 4; ++d) { v.sizes[d] = sizes[d]; v.strides[d] = strides[d]; }
+  return v;
+}
+
+// ---------------------------------------------------------------- head_attention
+// Caches stored as [B, Lmax, Hkv, D] (the permuted layout) or [B, Hkv, Lmax, D] (contiguous).
+struct AttnProblem {
+  int64_t B, T, Hq, Hkv, D, L, S;
+  mtp_dtype t;
+  bool causal, permuted;
+  float scale;
+  Arr q, k, v, kl, vl;
+  std::vector<int64_t> lens;
+  int64_t qs[4], ks[4], ls[4];
+
+  AttnProblem(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t S, mtp_dtype t,
+              bool causal, bool permuted, float scale)
+      : B(B), T(T), Hq(Hq), Hkv(Hkv), D(D), L(L), S(S), t(t), causal(causal), permuted(permuted), scale(scale),
+        q(t, size_t(B * T * Hq * D)), k(t, size_t(B * L * Hkv * D)), v(t, size_t(B * L * Hkv * D)),
+        kl(t, size_t(B * Hkv * S * D)), vl(t, size_t(B * Hkv * S * D)), lens(size_t(B)) {
+    q.randomize(-1, 1); k.randomize(-1, 1); v.randomize(-1, 1); kl.randomize(-1, 1); vl.randomize(-1, 1);
+    for (int64_t b = 0; b < B; ++b) lens[size_t(b)] = uniform(causal ? T : 0, L);
+    const int64_t q0[4] = {T * Hq * D, Hq * D, D, 1};
+    std::copy(q0, q0 + 4, qs);
+    if (permuted) { ks[0] = L * Hkv * D; ks[1] = D; ks[2] = Hkv * D; ks[3] = 1; }
+    else { ks[0] = Hkv * L * D; ks[1] = L * D; ks[2] = D; ks[3] = 1; }
+    const int64_t l0[4] = {Hkv * S * D, S * D, D, 1};
+    std::copy(l0, l0 + 4, ls);
+  }
+
+  // out [B', T', Hq, D] for requests [b0, b0 + nb) and queries [t0, t0 + nt), with the cache
+  // lengths `lens_of` and local lengths s_len (a one-query call reproduces row t of the full
+  // call: its own visible cache and local entries).
+  mtp_status run(int64_t b0, int64_t nb, int64_t t0, int64_t nt, const std::vector<int64_t>& call_lens, int64_t s_len,
+                 bool use_causal, Arr* out, int threads) {
+    const int64_t qsz[4] = {nb, nt, Hq, D}, csz[4] = {nb, Hkv, L, D}, lsz[4] = {nb, Hkv, s_len, D};
+    mtp_tensor qv = view4(q, qsz, qs, b0 * qs[0] + t0 * qs[1]);
+    mtp_tensor kv = view4(k, csz, ks, b0 * ks[0]), vv = view4(v, csz, ks, b0 * ks[0]);
+    mtp_tensor klv = view4(kl, lsz, ls, b0 * ls[0]), vlv = view4(vl, lsz, ls, b0 * ls[0]);
+    std::vector<int32_t> l32(call_lens.begin(), call_lens.end());  // int32 lengths, stride 1
+    mtp_tensor lv = mtp_contiguous(l32.data(), MTP_INT32, 1, &nb);
+    // out padded: row stride D + 3, so a write outside the view shows on a canary.
+    const int64_t osz[4] = {nb, nt, Hq, D}, ost[4] = {nt * Hq * (D + 3), Hq * (D + 3), D + 3, 1};
+    mtp_tensor ov = view4(*out, osz, ost);
+    return mtp_head_attention(&qv, &kv, &vv, &lv, S ? &klv : nullptr, S ? &vlv : nullptr, &scale, use_causal, &ov,
+                              threads);
+  }
+  size_t out_size(int64_t nb, int64_t nt) const { return size_t(nb * nt * Hq * (D + 3)); }
+  size_t out_at(int64_t b, int64_t t, int64_t h, int64_t d, int64_t nt) const {
+    return size_t(((b * nt + t) * Hq + h) * (D + 3) + d);
+  }
+
+  // The oracle for row (b, t, h), in double.
+  void oracle(int64_t b, int64_t t, int64_t h, std::vector<double>* o) const {
+    const int64_t G = Hq / Hkv, hk = h / G;
+    const int64_t nc = causal ? lens[size_t(b)] - T + t + 1 : lens[size_t(b)];
+    const int64_t ns = std::min<int64_t>(std::max<int64_t>(S - T + t + 1, 0), S);
+    std::vector<double> s;
+    std::vector<std::pair<const Arr*, int64_t>> rows;  // value row starts
+    auto add = [&](const Arr& K, const Arr& Vv, int64_t base) {
+      double acc = 0;
+      for (int64_t d = 0; d < D; ++d) acc += q.get(size_t(b * qs[0] + t * qs[1] + h * qs[2] + d)) * K.get(size_t(base + d));
+      s.push_back(acc * scale);
+      rows.push_back({&Vv, base});
+    };
+    for (int64_t j = 0; j < nc; ++j) add(k, v, b * ks[0] + hk * ks[1] + j * ks[2]);
+    for (int64_t j = 0; j < ns; ++j) add(kl, vl, b * ls[0] + hk * ls[1] + j * ls[2]);
+    o->assign(size_t(D), 0.0);
+    if (s.empty()) return;
+    double m = s[0], l = 0;
+    for (double x : s) m = std::max(m, x);
+    for (size_t j = 0; j < s.size(); ++j) {
+      const double p = std::exp(s[j] - m);
+      l += p;
+      for (int64_t d = 0; d < D; ++d) (*o)[size_t(d)] += p * rows[j].first->get(size_t(rows[j].second + d));
+    }
+    for (double& x : *o) x /= l;
+  }
+};
+
+const uint32_t kCanaryF = 0x7fc0dead;  // a NaN payload nobody writes
+
+void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t S, mtp_dtype t,
+                        bool causal, bool permuted, float scale, int threads) {
+  AttnProblem p(B, T, Hq, Hkv, D, L, S, t, causal, permuted, scale);
+  Arr out(t, p.out_size(B, T));
+  const float canary = t == MTP_FLOAT32 ? [] { float f; std::memcpy(&f, &kCanaryF, 4); return f; }() : 12345.f;
+  for (size_t i = 0; i < out.size(); ++i) out.set(i, canary);
+  const uint32_t canary_bits = Arr(t, 1, canary).bits(0);
+  char what[200];
+  std::snprintf(what, sizeof what, "%s B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld L=%lld S=%lld causal=%d perm=%d thr=%d",
+                name_of(t), (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, (long long)L,
+                (long long)S, int(causal), int(permuted), threads);
+  mtp_status st = p.run(0, B, 0, T, p.lens, S, causal, &out, threads);
+  EXPECT(st == MTP_OK, "%s: %s", what, mtp_last_error());
+  std::vector<double> want;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t tt = 0; tt < T; ++tt)
+      for (int64_t h = 0; h < Hq; ++h) {
+        p.oracle(b, tt, h, &want);
+        for (int64_t d = 0; d < D; ++d) {
+          const double got = out.get(p.out_at(b, tt, h, d, T));
+          EXPECT(close(got, want[size_t(d)], t, 1e-5), "%s: out[%lld,%lld,%lld,%lld] = %.9g, oracle %.9g", what,
+                 (long long)b, (long long)tt, (long long)h, (long long)d, got, want[size_t(d)]);
+        }
+        for (int64_t d = D; d < D + 3; ++d)
+          EXPECT(out.bits(p.out_at(b, tt, h, d, T)) == canary_bits, "%s: write outside out", what);
+      }
+
+  // Shape invariance: each (b, t) again as a one-request, one-query call (its own visible
+  // cache length and local entries), on another thread count: the same bits.
+  Arr one(t, p.out_size(1, 1));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t tt = 0; tt < T; ++tt) {
+      const int64_t nc = causal ? p.lens[size_t(b)] - T + tt + 1 : p.lens[size_t(b)];
+      const int64_t ns = std::min<int64_t>(std::max<int64_t>(S - T + tt + 1, 0), S);
+      AttnProblem& q = p;
+      const int64_t keepS = q.S;
+      q.S = ns;  // the view covers the first ns local entries only
+      mtp_status s1 = q.run(b, 1, tt, 1, {nc}, ns, false, &one, 1 + int(tt % 3));
+      q.S = keepS;
+      EXPECT(s1 == MTP_OK, "%s one-query: %s", what, mtp_last_error());
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          EXPECT(one.bits(p.out_at(0, 0, h, d, 1)) == out.bits(p.out_at(b, tt, h, d, T)),
+                 "%s: row (%lld,%lld,%lld) d=%lld differs from the one-query call (0x%x vs 0x%x)", what, (long long)b,
+                 (long long)tt, (long long)h, (long long)d, one.bits(p.out_at(0, 0, h, d, 1)),
+                 out.bits(p.out_at(b, tt, h, d, T)));
+    }
+}
+
+}  // namespace
+
+void test_attention() {
+  int cases = 0;
+  for (mtp_dtype t : kFloatTypes)
+    for (int64_t D : {64, 128, 40}) {  // 40: the generic path on every isa
+      run_attention_case(2, 1, 4, 2, D, 37, 0, t, false, cases % 2, 0.125f, 1), ++cases;
+      run_attention_case(3, 3, 6, 2, D, 70, 0, t, true, cases % 2, 1.f / std::sqrt(float(D)), 2), ++cases;
+      run_attention_case(2, 2, 3, 3, D, 20, 3, t, false, cases % 2, 0.3f, 1), ++cases;  // local segment
+      run_attention_case(1, 1, 2, 1, D, 10, 4, t, false, cases % 2, 0.5f, 1), ++cases;   // one query, all S
+      run_attention_case(2, 4, 8, 2, D, 600, 0, t, true, true, 1.f, 3), ++cases;         // 3 chunks, big scores
+      run_attention_case(1, 2, 8, 1, D, 1100, 2, t, true, false, 0.2f, 4), ++cases;      // flash-decoding split
+    }
+  run_attention_case(0, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, false, 1.f, 1), ++cases;  // B = 0
+  run_attention_case(2, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, true, 1.f, 1), ++cases;   // some cache_lens may be 0
+  std::printf("attention: %d cases on %s\n", cases, mtp_get_isa());
+}
+
+// ---------------------------------------------------------------- cache_append (exact)
+void test_cache_append() {
+  int cases = 0;
+  for (mtp_dtype t : kFloatTypes)
+    for (bool permuted : {false, true})
+      for (int64_t T : {0, 1, 3}) {
+        const int64_t B = 3, Hkv = 2, D = 5, L = 9;
+        Arr k(t, size_t(B * L * Hkv * D)), v(t, size_t(B * L * Hkv * D));
+        k.randomize(-1, 1);
+        v.randomize(-1, 1);
+        const Arr k0 = k, v0 = v;
+        int64_t cs[4];
+        if (permuted) { cs[0] = L * Hkv * D; cs[1] = D; cs[2] = Hkv * D; cs[3] = 1; }
+        else { cs[0] = Hkv * L * D; cs[1] = L * D; cs[2] = D; cs[3] = 1; }
+        // k_new / v_new [B, T, Hkv, D] with element stride 2 (every other slot).
+        Arr kn(t, size_t(std::max<int64_t>(2 * B * T * Hkv * D, 1))), vn(t, kn.size());
+        kn.randomize(-1, 1);
+        vn.randomize(-1, 1);
+        const int64_t ns[4] = {2 * T * Hkv * D, 2 * Hkv * D, 2 * D, 2};
+        std::vector<int64_t> lens = {uniform(0, L - T), uniform(0, L - T), L - T};
+        const int64_t csz[4] = {B, Hkv, L, D}, nsz[4] = {B, T, Hkv, D};
+        mtp_tensor kv = view4(k, csz, cs), vv = view4(v, csz, cs), knv = view4(kn, nsz, ns), vnv = view4(vn, nsz, ns);
+        mtp_tensor lv = mtp_contiguous(lens.data(), MTP_INT64, 1, &B);
+        EXPECT(mtp_cache_append(&kv, &vv, &knv, &vnv, &lv, 1 + cases % 3) == MTP_OK, "%s", mtp_last_error());
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < Hkv; ++h)
+            for (int64_t j = 0; j < L; ++j)
+              for (int64_t d = 0; d < D; ++d) {
+                const int64_t ci[4] = {b, h, j, d};
+                const size_t at = size_t(dot_offset(ci, cs, 4));
+                const int64_t tt = j - lens[size_t(b)];
+                const bool fresh = tt >= 0 && tt < T;
+                const int64_t ni[4] = {b, tt, h, d};
+                const size_t src = fresh ? size_t(dot_offset(ni, ns, 4)) : 0;
+                EXPECT(k.bits(at) == (fresh ? kn.bits(src) : k0.bits(at)) && v.bits(at) == (fresh ? vn.bits(src) : v0.bits(at)),
+                       "%s perm=%d T=%lld: cache[%lld,%lld,%lld,%lld]", name_of(t), int(permuted), (long long)T,
+                       (long long)b, (long long)h, (long long)j, (long long)d);
+              }
+        // One more append passes the capacity for request 2 (when T > 0): nothing is written.
+        const Arr k1 = k, v1 = v;
+        lens[2] = L - T + 1;
+        mtp_status st = mtp_cache_append(&kv, &vv, &knv, &vnv, &lv, 2);
+        if (T > 0) {
+          EXPECT(st == MTP_ERROR_INVALID_ARGUMENT && std::strstr(mtp_last_error(), "request 2 would pass the cache capacity"),
+                 "overflow: %s", mtp_last_error());
+        } else {
+          EXPECT(st == MTP_ERROR_INVALID_ARGUMENT, "cache_lens[2] = L + 1 accepted");  // outside [0, L]
+        }
+        bool same = true;
+        for (size_t i = 0; i < k.size(); ++i) same &= k.bits(i) == k1.bits(i) && v.bits(i) == v1.bits(i);
+        EXPECT(same, "%s T=%lld: cache written by a failed append", name_of(t), (long long)T);
+        ++cases;
+      }
+  std::printf("cache_append: %d cases\n", cases);
+}
+
+// ---------------------------------------------------------------- linear
+namespace {
+
+void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt, bool bias, bool strided_x, int threads) {
+  // x [M, K]: contiguous, or column stride 2 (packed by the C API).
+  const int64_t xc = strided_x ? 2 : 1;
+  Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), w(wt, size_t(std::max<int64_t>(N * (K + 3), 1))),
+      bv(MTP_BFLOAT16, size_t(std::max<int64_t>(N, 1)));
+  x.randomize(-1, 1);
+  w.randomize(-1, 1);
+  bv.randomize(-2, 2);
+  mtp_tensor xv{}, wv{}, bt{};
+  xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
+  wv.data = w.data(); wv.dtype = wt; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = K + 3; wv.strides[1] = 1;
+  bt = mtp_contiguous(bv.data(), MTP_BFLOAT16, 1, &N);
+  std::vector<float> y(size_t(std::max<int64_t>(M * N, 1)), -7.f);
+  const int64_t ysz[2] = {M, N};
+  mtp_tensor yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
+  char what[160];
+  std::snprintf(what, sizeof what, "x %s w %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt), name_of(wt),
+                (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads);
+  EXPECT(mtp_linear(&xv, &wv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double want = bias ? bv.get(size_t(n)) : 0.0, l1 = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = x.get(size_t(m * K * xc + k * xc)) * w.get(size_t(n * (K + 3) + k));
+        want += p;
+        l1 += std::fabs(p);
+      }
+      // fp32 sums of K products in another order: a few ulp of the sum of magnitudes.
+      const double got = y[size_t(m * N + n)];
+      EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30, "%s: y[%lld,%lld] = %.9g, oracle %.9g",
+             what, (long long)m, (long long)n, got, want);
+    }
+  // Shape invariance: each row alone (M = 1), one thread: the same bits.
+  std::vector<float> y1(size_t(std::max<int64_t>(N, 1)));
+  for (int64_t m = 0; m < M; ++m) {
+    mtp_tensor x1 = xv;
+    x1.data = static_cast<char*>(x.data()) + m * K * xc * (xt == MTP_FLOAT32 ? 4 : 2);
+    x1.sizes[0] = 1;
+    const int64_t s1[2] = {1, N};
+    mtp_tensor y1v = mtp_contiguous(y1.data(), MTP_FLOAT32, 2, s1);
+    EXPECT(mtp_linear(&x1, &wv, bias ? &bt : nullptr, &y1v, 1) == MTP_OK, "%s: %s", what, mtp_last_error());
+    EXPECT(std::memcmp(y1.data(), y.data() + m * N, size_t(N) * 4) == 0, "%s: row %lld differs from the M = 1 call", what,
+           (long long)m);
+  }
+  // y in x's dtype (strided): the fp32 result rounded to nearest even, as the torch op does.
+  if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
+    Arr yl(xt, size_t(M * N * 2));
+    mtp_tensor ylv{};
+    ylv.data = yl.data(); ylv.dtype = xt; ylv.ndim = 2; ylv.sizes[0] = M; ylv.sizes[1] = N; ylv.strides[0] = 1; ylv.strides[1] = 2 * M;
+    EXPECT(mtp_linear(&xv, &wv, bias ? &bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+    Arr r(xt, 1);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        r.set(0, y[size_t(m * N + n)]);
+        EXPECT(yl.bits(size_t(m + n * 2 * M)) == r.bits(0), "%s: %s y[%lld,%lld] is not the rounded fp32 result", what,
+               name_of(xt), (long long)m, (long long)n);
+      }
+  }
+}
+
+}  // namespace
+
+void test_linear() {
+  int cases = 0;
+  const mtp_dtype types[] = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16};
+  for (mtp_dtype xt : types)
+    for (mtp_dtype wt : types)
+      for (int64_t K : {1, 7, 64, 100, 515}) {
+        run_linear_case(7, 37, K, xt, wt, cases % 2, cases % 3 == 0, 1 + cases % 3);
+        ++cases;
+      }
+  run_linear_case(5, 300, 576, MTP_FLOAT32, MTP_BFLOAT16, true, false, 4), ++cases;  // many column blocks
+  run_linear_case(3, 4, 0, MTP_FLOAT32, MTP_FLOAT32, true, false, 1), ++cases;      // K = 0: y = bias
+  run_linear_case(0, 4, 8, MTP_BFLOAT16, MTP_FLOAT32, false, false, 1), ++cases;    // M = 0
+  std::printf("linear: %d cases on %s\n", cases, mtp_get_isa());
+}
+
+// ---------------------------------------------------------------- bad arguments
+namespace {
+
+// Runs a Call (a valid call of one function) broken by `mutation`: it fails with `status` and a
+// message containing `needle`, and its outputs stay untouched.
+#define BAD_CALL(Call, mutation, status, needle)                        \
+  do {                                                                  \
+    Call c;                                                             \
+    mutation;                                                           \
+    expect_error(c.run(), status, needle, #mutation);                   \
+    EXPECT(c.untouched(), "%s: output written on failure", #mutation);  \
+  } while (0)
+
+// A valid head_attention call (B=2, T=2, Hq=4, Hkv=2, D=8, L=6, S=3) each check below breaks
+// in one way; the output must stay untouched.
+struct AttnCall {
+  std::vector<float> q = std::vector<float>(2 * 2 * 4 * 8, 0.5f), k = std::vector<float>(2 * 2 * 6 * 8, 0.25f),
+                     v = k, kl = std::vector<float>(2 * 2 * 3 * 8, 1.f), vl = kl, out = std::vector<float>(q.size(), -99.f);
+  std::vector<int32_t> lens = {4, 6};
+  mtp_tensor qv, kv, vv, lv, klv, vlv, ov;
+  float scale = 0.5f;
+  const float* scale_p = &scale;
+  int32_t causal = 1, threads = 1;
+  bool no_k = false, no_v = false, no_local_k = false, no_local_v = false, no_q = false, no_out = false, no_lens = false;
+  AttnCall() {
+    int64_t qs[4] = {2, 2, 4, 8}, cs[4] = {2, 2, 6, 8}, ls[4] = {2, 2, 3, 8}, ns[1] = {2};
+    qv = mtp_contiguous(q.data(), MTP_FLOAT32, 4, qs);
+    kv = mtp_contiguous(k.data(), MTP_FLOAT32, 4, cs);
+    vv = mtp_contiguous(v.data(), MTP_FLOAT32, 4, cs);
+    klv = mtp_contiguous(kl.data(), MTP_FLOAT32, 4, ls);
+    vlv = mtp_contiguous(vl.data(), MTP_FLOAT32, 4, ls);
+    lv = mtp_contiguous(lens.data(), MTP_INT32, 1, ns);
+    ov = mtp_contiguous(out.data(), MTP_FLOAT32, 4, qs);
+  }
+  mtp_status run() {
+    return mtp_head_attention(no_q ? nullptr : &qv, no_k ? nullptr : &kv, no_v ? nullptr : &vv, no_lens ? nullptr : &lv,
+                              no_local_k ? nullptr : &klv, no_local_v ? nullptr : &vlv, scale_p, causal,
+                              no_out ? nullptr : &ov, threads);
+  }
+  bool untouched() const {
+    for (float x : out) if (x != -99.f) return false;
+    return true;
+  }
+};
+
+#define BAD_ATTN(mutation, status, needle) BAD_CALL(AttnCall, mutation, status, needle)
+
+// A valid cache_append (B=2, T=2, Hkv=2, D=4, L=5); the caches must stay untouched.
+struct AppendCall {
+  std::vector<uint16_t> k = std::vector<uint16_t>(2 * 2 * 5 * 4, 0x1234), v = k,
+                        kn = std::vector<uint16_t>(2 * 2 * 2 * 4, 0x3c00), vn = kn;
+  std::vector<int64_t> lens = {0, 3};
+  mtp_tensor kv, vv, knv, vnv, lv;
+  int32_t threads = 1;
+  bool no_k = false, no_vn = false, no_lens = false;
+  AppendCall() {
+    int64_t cs[4] = {2, 2, 5, 4}, ns[4] = {2, 2, 2, 4}, ls[1] = {2};
+    kv = mtp_contiguous(k.data(), MTP_FLOAT16, 4, cs);
+    vv = mtp_contiguous(v.data(), MTP_FLOAT16, 4, cs);
+    knv = mtp_contiguous(kn.data(), MTP_FLOAT16, 4, ns);
+    vnv = mtp_contiguous(vn.data(), MTP_FLOAT16, 4, ns);
+    lv = mtp_contiguous(lens.data(), MTP_INT64, 1, ls);
+  }
+  mtp_status run() {
+    return mtp_cache_append(no_k ? nullptr : &kv, &vv, &knv, no_vn ? nullptr : &vnv, no_lens ? nullptr : &lv, threads);
+  }
+  bool untouched() const {
+    for (uint16_t x : k) if (x != 0x1234) return false;
+    for (uint16_t x : v) if (x != 0x1234) return false;
+    return true;
+  }
+};
+
+#define BAD_APPEND(mutation, status, needle) BAD_CALL(AppendCall, mutation, status, needle)
+
+// A valid linear (M=3, N=4, K=5, bias); y must stay untouched.
+struct LinearCall {
+  std::vector<float> x = std::vector<float>(15, 1.f), w = std::vector<float>(20, 2.f), b = std::vector<float>(4, 0.5f),
+                     y = std::vector<float>(12, -99.f);
+  mtp_tensor xv, wv, bv, yv;
+  int32_t threads = 1;
+  bool no_x = false, no_w = false, no_y = false;
+  LinearCall() {
+    int64_t xs[2] = {3, 5}, ws[2] = {4, 5}, bs[1] = {4}, ys[2] = {3, 4};
+    xv = mtp_contiguous(x.data(), MTP_FLOAT32, 2, xs);
+    wv = mtp_contiguous(w.data(), MTP_FLOAT32, 2, ws);
+    bv = mtp_contiguous(b.data(), MTP_FLOAT32, 1, bs);
+    yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ys);
+  }
+  mtp_status run() { return mtp_linear(no_x ? nullptr : &xv, no_w ? nullptr : &wv, &bv, no_y ? nullptr : &yv, threads); }
+  bool untouched() const {
+    for (float v : y) if (v != -99.f) return false;
+    return true;
+  }
+};
+
+#define BAD_LINEAR(mutation, status, needle) BAD_CALL(LinearCall, mutation, status, needle)
+
+}  // namespace
+
+void test_ops_errors() {
+  {  // the baselines are valid
+    AttnCall a;
+    EXPECT(a.run() == MTP_OK && !a.untouched(), "attention baseline: %s", mtp_last_error());
+    AppendCall p;
+    EXPECT(p.run() == MTP_OK && !p.untouched(), "append baseline: %s", mtp_last_error());
+    LinearCall l;
+    EXPECT(l.run() == MTP_OK && l.y[0] == 10.5f, "linear baseline: %s", mtp_last_error());
+  }
+  const mtp_status NUL = MTP_ERROR_NULL_POINTER, ARG = MTP_ERROR_INVALID_ARGUMENT, DT = MTP_ERROR_UNSUPPORTED_DTYPE;
+  BAD_ATTN(c.no_q = true, NUL, "mtp_head_attention: q is NULL");
+  BAD_ATTN(c.no_k = true, NUL, "k_cache is NULL");
+  BAD_ATTN(c.no_v = true, NUL, "v_cache is NULL");
+  BAD_ATTN(c.no_lens = true, NUL, "cache_lens is NULL");
+  BAD_ATTN(c.no_out = true, NUL, "out is NULL");
+  BAD_ATTN(c.kv.data = nullptr, NUL, "k_cache.data is NULL");
+  BAD_ATTN(c.qv.dtype = MTP_INT32, DT, "q must be float32 or bfloat16 or float16, got int32");
+  BAD_ATTN(c.kv.dtype = MTP_BFLOAT16, DT, "k_cache must be float32, got bfloat16");
+  BAD_ATTN(c.ov.dtype = MTP_FLOAT16, DT, "out must be float32, got float16");
+  BAD_ATTN(c.vlv.dtype = MTP_FLOAT16, DT, "v_local must be float32");
+  BAD_ATTN(c.qv.ndim = 3, ARG, "q must be 4-D [B, T, Hq, D], got ndim = 3");
+  BAD_ATTN(c.kv.sizes[0] = 1, ARG, "k_cache.sizes[0] must equal B (q.sizes[0]) = 2, got 1");
+  BAD_ATTN(c.kv.sizes[3] = 4, ARG, "k_cache.sizes[3] must equal the head dim D (q.sizes[3]) = 8, got 4");
+  BAD_ATTN(c.vv.sizes[2] = 5, ARG, "v_cache must have k_cache's sizes [2, 2, 6, 8], got [2, 2, 5, 8]");
+  BAD_ATTN((c.kv.sizes[1] = 3, c.vv.sizes[1] = 3), ARG, "Hq = 4 must be a multiple of k_cache's head count Hkv = 3");
+  BAD_ATTN((c.kv.sizes[1] = 0, c.vv.sizes[1] = 0), ARG, "Hkv = 0");
+  BAD_ATTN(c.lens[1] = 7, ARG, "cache_lens[1] = 7 is outside [0, L (k_cache.sizes[2])] = [0, 6]");
+  BAD_ATTN(c.lens[0] = -1, ARG, "cache_lens[0] = -1 is outside");
+  BAD_ATTN(c.lv.dtype = MTP_FLOAT32, DT, "cache_lens must be int32 or int64");
+  BAD_ATTN(c.lv.sizes[0] = 3, ARG, "cache_lens.sizes[0] must equal B");
+  BAD_ATTN(c.lens[0] = 1, ARG, "causal=True needs cache_lens[b] >= T = 2 (the T queries are the last T cached positions), got min(cache_lens) = 1");
+  BAD_ATTN(c.no_local_v = true, ARG, "k_local and v_local must be given together, got only k_local");
+  BAD_ATTN(c.no_local_k = true, ARG, "got only v_local");
+  BAD_ATTN(c.klv.sizes[1] = 1, ARG, "k_local.sizes[1] must equal Hkv (k_cache.sizes[1]) = 2, got 1");
+  BAD_ATTN(c.vlv.sizes[2] = 2, ARG, "v_local must have k_local's sizes [2, 2, 3, 8]");
+  BAD_ATTN(c.ov.sizes[1] = 1, ARG, "out must have q's sizes [2, 2, 4, 8], got [2, 1, 4, 8]");
+  BAD_ATTN(c.ov.strides[0] = -1, ARG, "out.strides[0] must be >= 0, got -1");
+  BAD_ATTN(c.scale = NAN, ARG, "*scale must be finite");
+  BAD_ATTN(c.threads = -2, ARG, "num_threads must be >= 0");
+  {  // scale NULL = 1/sqrt(D): the same bits as passing it
+    AttnCall a, b;
+    a.scale_p = nullptr;
+    b.scale = 1.f / std::sqrt(8.f);
+    a.q[3] = b.q[3] = 2.f;
+    a.k[17] = b.k[17] = -1.f;
+    EXPECT(a.run() == MTP_OK && b.run() == MTP_OK && a.out == b.out, "default scale: %s", mtp_last_error());
+  }
+
+  BAD_APPEND(c.no_k = true, NUL, "mtp_cache_append: k_cache is NULL");
+  BAD_APPEND(c.no_vn = true, NUL, "v_new is NULL");
+  BAD_APPEND(c.no_lens = true, NUL, "cache_lens is NULL");
+  BAD_APPEND(c.knv.dtype = MTP_INT64, DT, "k_new must be float32 or bfloat16 or float16, got int64");
+  BAD_APPEND(c.vv.dtype = MTP_BFLOAT16, DT, "v_cache must be float16, got bfloat16");
+  BAD_APPEND(c.vnv.sizes[1] = 1, ARG, "v_new must have k_new's sizes [2, 2, 2, 4], got [2, 1, 2, 4]");
+  BAD_APPEND(c.kv.sizes[1] = 1, ARG, "k_cache.sizes[1] must equal Hkv (k_new.sizes[2]) = 2, got 1");
+  BAD_APPEND(c.vv.sizes[2] = 4, ARG, "v_cache must have k_cache's sizes");
+  BAD_APPEND(c.lens[0] = 6, ARG, "cache_lens[0] = 6 is outside [0, L (k_cache.sizes[2])] = [0, 5]");
+  BAD_APPEND(c.lens[1] = 4, ARG,
+             "request 1 would pass the cache capacity: cache_lens[1] + T = 4 + 2 > L = 5 (the caches' length); nothing was written");
+  BAD_APPEND(c.kv.strides[2] = int64_t(1) << 62, ARG, "k_cache of sizes [2, 2, 5, 4] has an extent beyond int64");
+  BAD_APPEND(c.threads = -1, ARG, "num_threads must be >= 0");
+
+  BAD_LINEAR(c.no_x = true, NUL, "mtp_linear: x is NULL");
+  BAD_LINEAR(c.no_w = true, NUL, "weight is NULL");
+  BAD_LINEAR(c.no_y = true, NUL, "y is NULL");
+  BAD_LINEAR(c.xv.dtype = MTP_INT32, DT, "x must be float32 or bfloat16 or float16, got int32");
+  BAD_LINEAR(c.bv.dtype = 9, DT, "bias must be float32 or bfloat16 or float16, got unknown");
+  BAD_LINEAR(c.yv.dtype = MTP_BFLOAT16, DT, "y must be float32, got bfloat16");  // x is fp32
+  BAD_LINEAR(c.wv.ndim = 1, ARG, "weight must be 2-D [N, K], got ndim = 1");
+  BAD_LINEAR(c.wv.sizes[1] = 4, ARG, "weight.sizes[1] must equal K (x.sizes[1]) = 5, got 4");
+  BAD_LINEAR((c.wv.strides[0] = 1, c.wv.strides[1] = 4), ARG, "weight rows must be contiguous (stride 1 along K), got strides [1, 4]");
+  BAD_LINEAR(c.bv.sizes[0] = 3, ARG, "bias.sizes[0] must equal N (weight.sizes[0]) = 4, got 3");
+  BAD_LINEAR(c.yv.sizes[0] = 2, ARG, "y.sizes[0] must equal M (x.sizes[0]) = 3, got 2");
+  BAD_LINEAR(c.yv.sizes[1] = 5, ARG, "y.sizes[1] must equal N (weight.sizes[0]) = 4, got 5");
+  BAD_LINEAR(c.threads = -3, ARG, "num_threads must be >= 0");
+  std::printf("ops_errors: checked\n");
+}
