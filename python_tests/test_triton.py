@@ -28,6 +28,7 @@ HAS_CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ON_CPU = pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (no GPU here)")
 ON_GPU = pytest.mark.skipif(not HAS_CUDA, reason="GPU-only: needs CUDA (run by bench/gpu_check.sh)")
+DEVICE = "cuda" if HAS_CUDA else "cpu"  # where the Triton kernels of the backend-free tests run
 
 # (implementation, device): "triton" = mtp_kernels.triton.*, "op" = torch.ops.mtp.* dispatched on CUDA.
 BACKENDS = [
@@ -121,7 +122,7 @@ def edge_case_logits(dtype, V, pairs):
 def test_verify_merge_of_slices_is_exact(splits, block_v):
     """Forced vocabulary slicings and tiles, with the planted values on their edges."""
     pairs = [(0, 1), (0, 299), (63, 64), (100, 200), (127, 128), (298, 299)]
-    device = "cuda" if HAS_CUDA else "cpu"
+    device = DEVICE
     for dtype in FLOATS:
         drafts, logits = edge_case_logits(dtype, 300, pairs)
         want = reference.verify(drafts, logits)
@@ -199,19 +200,23 @@ def test_linear_shape_invariance_bitwise(backend, gen, x_dtype, w_dtype):
 
 
 def test_linear_layout_and_degenerate(gen):
-    x = torch.randn(2, 3, 100, generator=gen)
-    w = torch.randn(40, 100, generator=gen)
+    def rand(*shape):  # made on the CPU (seeded), then put where the kernels run
+        return torch.randn(*shape, generator=gen).to(DEVICE)
+
+    x = rand(2, 3, 100)
+    w = rand(40, 100)
     full = triton_mod.linear(x, w)
     assert full.shape == (2, 3, 40)
-    strided = torch.randn(2, 3, 300, generator=gen)[..., 7:107]
+    strided = rand(2, 3, 300)[..., 7:107]
     strided.copy_(x)
     assert torch.equal(triton_mod.linear(strided, w), full)
-    big = torch.randn(40, 150, generator=gen)
+    big = rand(40, 150)
     big[:, :100] = w
     assert torch.equal(triton_mod.linear(x, big[:, :100]), full)  # weight row stride 150, read in place
-    assert triton_mod.linear(torch.randn(0, 3), torch.randn(4, 3)).shape == (0, 4)
-    assert triton_mod.linear(torch.randn(2, 3), torch.randn(0, 3)).shape == (2, 0)
-    assert torch.equal(triton_mod.linear(torch.randn(2, 0), torch.randn(4, 0), torch.ones(4)), torch.ones(2, 4))
+    assert triton_mod.linear(rand(0, 3), rand(4, 3)).shape == (0, 4)
+    assert triton_mod.linear(rand(2, 3), rand(0, 3)).shape == (2, 0)
+    ones = torch.ones(4, device=DEVICE)
+    assert torch.equal(triton_mod.linear(rand(2, 0), rand(4, 0), ones), torch.ones(2, 4, device=DEVICE))
 
 
 @pytest.mark.parametrize("args,message", BAD_LINEAR)
@@ -381,10 +386,10 @@ def test_attention_no_visible_key_gives_zeros(backend):
 def test_attention_unchecked_lengths_are_clamped(monkeypatch):
     """Under CUDA-graph capture the host cannot check cache_lens: the kernels clamp to [0, L]
     (simulated here by skipping the host check)."""
-    q, k, v, _, _, _ = inputs(B=2, L=300, D=40)
-    want = triton_mod.head_attention(q, k, v, torch.tensor([300, 0]))
+    q, k, v, _, _, _ = on(DEVICE, *inputs(B=2, L=300, D=40))
+    want = triton_mod.head_attention(q, k, v, torch.tensor([300, 0], device=DEVICE))
     monkeypatch.setattr(triton_mod.C, "checked_counts", lambda *args: None)
-    assert torch.equal(triton_mod.head_attention(q, k, v, torch.tensor([10 ** 6, -5])), want)
+    assert torch.equal(triton_mod.head_attention(q, k, v, torch.tensor([10 ** 6, -5], device=DEVICE)), want)
 
 
 @pytest.mark.parametrize("change,message", BAD_ATTENTION)

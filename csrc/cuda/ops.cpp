@@ -149,7 +149,7 @@ void cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, con
   if (lens) check_append_lens(kAppend, a, *lens);
   at::Tensor dlens = cache_lens.to(at::kLong).contiguous();  // the kernel writes nothing if one overflows
   a.cache_lens = dlens.data_ptr<int64_t>();
-  C10_CUDA_CHECK(cache_append(a, c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_CHECK(mtp::cuda::cache_append(a, c10::cuda::getCurrentCUDAStream()));  // not the CPU template (ADL)
 }
 
 }  // namespace
