@@ -135,7 +135,7 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             A.attention_chunk_kernel[(B * Hkv * n_rb, chunks)](
                 q, *q.stride(), k, *k.stride(), v, *v.stride(), lens, part_m, part_l, part_acc, T, Hkv, G, D, L, S,
                 scale, n_rb, Cc + Cl, first, LOCAL=local, CAUSAL=causal, CHUNK=A.CHUNK, BLOCK_R=A.BLOCK_R,
-                BLOCK_N=A.BLOCK_N, BLOCK_D=block_d)
+                BLOCK_N=A.BLOCK_N, BLOCK_D=block_d, num_warps=A.num_warps(block_d))
     A.attention_merge_kernel[(B * Hkv * n_rb,)](lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L, S, n_rb, Cc + Cl,
                                                Cc, CAUSAL=causal, CHUNK=A.CHUNK, BLOCK_R=A.BLOCK_R, BLOCK_D=block_d)
     return out.to(q.dtype)  # fp32 -> q's dtype rounds like the C++ kernels

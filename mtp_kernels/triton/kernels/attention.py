@@ -21,6 +21,12 @@ BLOCK_R = 16  # query rows per program (t * G + g)
 BLOCK_N = 16  # keys per step inside a chunk
 
 
+def num_warps(block_d: int) -> int:
+    # Room for the [BLOCK_R, BLOCK_N, BLOCK_D] products; a function of D only, so the
+    # reduction layouts (and bits) never change with T or B.
+    return 4 if block_d <= 64 else 8
+
+
 @triton.jit
 def _rows(pid, n_row_blocks, Hkv, G, T, BLOCK_R: tl.constexpr):
     bh = pid // n_row_blocks
@@ -31,10 +37,10 @@ def _rows(pid, n_row_blocks, Hkv, G, T, BLOCK_R: tl.constexpr):
 @triton.jit
 def _visible_cache(lens, b, t, T, L, CAUSAL: tl.constexpr):
     # Clamped to [0, L]: under CUDA-graph capture the host could not check the lengths.
-    n = tl.minimum(tl.maximum(tl.load(lens + b), 0), L)
+    n = tl.minimum(tl.maximum(tl.load(lens + b), 0), L) + t * 0
     if CAUSAL:
-        return tl.maximum(n - T + t + 1, 0)
-    return n + t * 0
+        n = tl.maximum(n - T + t + 1, 0)
+    return n
 
 
 @triton.jit
