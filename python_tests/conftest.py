@@ -22,5 +22,13 @@ def isa(request):
 
 
 @pytest.fixture
+def threads():
+    """Restores torch's thread count after a test that changes it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def gen():
     return torch.Generator().manual_seed(0)

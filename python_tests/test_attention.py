@@ -17,21 +17,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 
-@pytest.fixture(params=mtp_kernels.supported_isas())
-def isa(request):
-    before = mtp_kernels.get_isa()
-    mtp_kernels.set_isa(request.param)
-    yield request.param
-    mtp_kernels.set_isa(before)
-
-
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def make_cache(B, Hkv, L, D, dtype, layout, gen):
     """[B, Hkv, L, D] views in the layouts a caller hands over, filled with N(0, 1)."""
     if layout == "contiguous":
