@@ -56,6 +56,18 @@ __device__ __forceinline__ int64_t partial_index(const AttentionWork& w, int64_t
   return (bh * w.chunks + c) * (w.row_blocks * kAttnRows) + r;
 }
 
+// Lane's elements d = lane, lane + 32, ... of the row at element `offset` of base, as fp32
+// (zero past D).
+template <DType T, int DPL>
+__device__ __forceinline__ void load_row(const void* base, int64_t offset, int64_t d_stride, int64_t D, int lane,
+                                         float (&out)[DPL]) {
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    const int d = i * 32 + lane;
+    out[i] = d < D ? load_f32<T>(base, offset + d * d_stride) : 0.f;
+  }
+}
+
 // DPL: head-dim elements per lane (D <= 32 * DPL).
 template <DType T, int DPL>
 __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(AttentionArgs a, AttentionWork w) {
@@ -101,11 +113,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
   // 1. Scores: one warp per key, the key row loaded once for every row of the tile.
   for (int j = warp; j < nmax; j += kAttnWarps) {
     float kr[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-      const int d = i * 32 + lane;
-      kr[i] = d < D ? load_f32<T>(kb, j * ks[2] + d * ks[3]) : 0.f;
-    }
+    load_row<T, DPL>(kb, j * ks[2], ks[3], D, lane, kr);
     for (int r = 0; r < kAttnRows; ++r) {
       if (j >= cnt[r]) continue;  // uniform over the warp
       float s = 0.f;
@@ -147,11 +155,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
     for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
   for (int j = warp; j < nmax; j += kAttnWarps) {
     float vr[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-      const int d = i * 32 + lane;
-      vr[i] = d < D ? load_f32<T>(vb, j * vs[2] + d * vs[3]) : 0.f;
-    }
+    load_row<T, DPL>(vb, j * vs[2], vs[3], D, lane, vr);
 #pragma unroll
     for (int r = 0; r < kAttnRows; ++r) {
       if (j >= cnt[r]) continue;  // keys the row does not see add nothing (not even 0 * inf)
