@@ -49,7 +49,13 @@ def _visible_local(t, T, S):
     return tl.minimum(tl.maximum(S - T + t + 1, 0), S)
 
 
-@triton.jit
+# Sizes and outer strides vary from call to call: specialising on them (== 1, % 16) would only
+# multiply compilations. The head-dim strides stay specialised (unit stride: vector loads).
+_SIZES = ["T", "Hkv", "G", "L", "S", "n_row_blocks", "C"]
+_OUTER_STRIDES = ["q_sb", "q_st", "q_sh", "k_sb", "k_sh", "k_sl", "v_sb", "v_sh", "v_sl"]
+
+
+@triton.jit(do_not_specialize=_SIZES + _OUTER_STRIDES + ["c_first"])
 def attention_chunk_kernel(q, q_sb, q_st, q_sh, q_sd, k, k_sb, k_sh, k_sl, k_sd, v, v_sb, v_sh, v_sl, v_sd,
                            lens, part_m, part_l, part_acc, T, Hkv, G, D, L, S, scale, n_row_blocks, C, c_first,
                            LOCAL: tl.constexpr, CAUSAL: tl.constexpr, CHUNK: tl.constexpr,
@@ -116,7 +122,7 @@ def _fold(active, done, st_m, st_l, st_acc, part_m, part_l, part_acc, idx, D, d,
     return done | active, st_m, st_l, st_acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES + ["Cc"])
 def attention_merge_kernel(lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L, S, n_row_blocks, C, Cc,
                            CAUSAL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     b, h, r, row_ok, t, g = _rows(tl.program_id(0), n_row_blocks, Hkv, G, T, BLOCK_R)
