@@ -120,7 +120,7 @@ def check_same_dtype(op, name, t, ref_name, ref):
 
 
 def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal=False) -> Optional[list]:
-    """mtp.head_attention's arguments (csrc/cpu/attention.cpp's checks and messages);
+    """mtp.head_attention's arguments (checks.h's attention_args + cache_lens, same order and messages);
     returns the cache lengths on the host (None under CUDA-graph capture)."""
     _check_same_device(op, "q", q, k_cache=k, v_cache=v, cache_lens=lens, k_local=k_local, v_local=v_local)
     check_dtype(op, "q", q, FLOAT_TYPES)
@@ -132,10 +132,6 @@ def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal
     check_size(op, "k_cache", k, 3, D, "the head dim D (q.size(3))")
     check(Hkv > 0 and Hq % Hkv == 0, op, f"q's head count Hq = {Hq} must be a multiple of k_cache's head count "
           f"Hkv = {Hkv} (grouped-query attention)")
-    values = checked_counts(op, "cache_lens", lens, B, "B (q.size(0))", L, "L (k_cache.size(2))")
-    if causal and values and T > 0:
-        check(min(values) >= T, op, f"causal=True needs cache_lens[b] >= T = {T} (the T queries are the last T "
-              f"cached positions), got min(cache_lens) = {min(values)}")
     check((k_local is None) == (v_local is None), op,
           f"k_local and v_local must be given together, got only {'k_local' if k_local is not None else 'v_local'}")
     if k_local is not None:
@@ -147,6 +143,10 @@ def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal
         check_size(op, "k_local", k_local, 3, D, "the head dim D (q.size(3))")
         check(v_local.shape == k_local.shape, op,
               f"v_local must have k_local's shape {list(k_local.shape)}, got {list(v_local.shape)}")
+    values = checked_counts(op, "cache_lens", lens, B, "B (q.size(0))", L, "L (k_cache.size(2))")
+    if causal and values and T > 0:
+        check(min(values) >= T, op, f"causal=True needs cache_lens[b] >= T = {T} (the T queries are the last T "
+              f"cached positions), got min(cache_lens) = {min(values)}")
     return values
 
 
