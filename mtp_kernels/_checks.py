@@ -67,21 +67,27 @@ def check_accept_inputs(op, draft, target, num_drafts=None):
           f"target_tokens.size(1) must be K+1 = {K + 1} or K = {K}, got {target.size(1)}")
 
 
+def checked_counts(op, name, n: torch.Tensor, B: int, b_what: str, hi: int, hi_what: str) -> Optional[list]:
+    """A [B] int32/int64 vector of counts in [0, hi] (checks.h's checked_counts). The values
+    are checked on the host (one sync on a GPU) and returned as a list, except while a CUDA
+    graph is being captured, where no sync is allowed (None then: the kernels guard instead)."""
+    check_dtype(op, name, n, ID_TYPES)
+    check_dim(op, name, n, 1, "[B]")
+    check_size(op, name, n, 0, B, b_what)
+    if n.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    values = n.tolist()
+    for b, x in enumerate(values):
+        check(0 <= x <= hi, op, f"{name} must lie in [0, {hi_what}] = [0, {hi}], got {name}[{b}] = {x}")
+    return values
+
+
 def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -> Optional[torch.Tensor]:
-    """num_drafts as a contiguous int64 tensor on its device (None when absent). The values
-    are checked on the host (one sync on a GPU), except while a CUDA graph is being captured,
-    where no sync is allowed: the kernels clamp to [0, K], so nothing is read out of range."""
+    """num_drafts as a contiguous int64 tensor on its device (None when absent), its values
+    checked (checked_counts); under CUDA-graph capture the kernels clamp to [0, K]."""
     if num_drafts is None:
         return None
-    check_dtype(op, "num_drafts", num_drafts, ID_TYPES)
-    check_dim(op, "num_drafts", num_drafts, 1, "[B]")
-    check_size(op, "num_drafts", num_drafts, 0, B, "B (draft_tokens.size(0))")
-    capturing = num_drafts.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing and B > 0:
-        bad = ((num_drafts < 0) | (num_drafts > K)).nonzero()
-        if bad.numel():
-            b = int(bad[0, 0])
-            check(False, op, f"num_drafts must lie in [0, K] = [0, {K}], got num_drafts[{b}] = {int(num_drafts[b])}")
+    checked_counts(op, "num_drafts", num_drafts, B, "B (draft_tokens.size(0))", K, "K")
     return num_drafts.to(torch.int64).contiguous()
 
 
@@ -99,3 +105,67 @@ def check_linear_inputs(op, x, weight, bias=None):
     if bias is not None:
         check_dim(op, "bias", bias, 1, "[N]")
         check_size(op, "bias", bias, 0, N, "N (weight.size(0))")
+
+
+def _check_caches(op, k, v, ref_name, ref):
+    check_dim(op, "k_cache", k, 4, "[B, Hkv, L, D]")
+    check_dim(op, "v_cache", v, 4, "[B, Hkv, L, D]")
+    check_same_dtype(op, "k_cache", k, ref_name, ref)
+    check_same_dtype(op, "v_cache", v, ref_name, ref)
+    check(v.shape == k.shape, op, f"v_cache must have k_cache's shape {list(k.shape)}, got {list(v.shape)}")
+
+
+def check_same_dtype(op, name, t, ref_name, ref):
+    check(t.dtype == ref.dtype, op, f"{name} must have {ref_name}'s dtype {_name(ref.dtype)}, got {_name(t.dtype)}")
+
+
+def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal=False) -> Optional[list]:
+    """mtp.head_attention's arguments (checks.h's attention_args + cache_lens, same order and messages);
+    returns the cache lengths on the host (None under CUDA-graph capture)."""
+    _check_same_device(op, "q", q, k_cache=k, v_cache=v, cache_lens=lens, k_local=k_local, v_local=v_local)
+    check_dtype(op, "q", q, FLOAT_TYPES)
+    check_dim(op, "q", q, 4, "[B, T, Hq, D]")
+    _check_caches(op, k, v, "q", q)
+    B, T, Hq, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    check_size(op, "k_cache", k, 0, B, "B (q.size(0))")
+    check_size(op, "k_cache", k, 3, D, "the head dim D (q.size(3))")
+    check(Hkv > 0 and Hq % Hkv == 0, op, f"q's head count Hq = {Hq} must be a multiple of k_cache's head count "
+          f"Hkv = {Hkv} (grouped-query attention)")
+    check((k_local is None) == (v_local is None), op,
+          f"k_local and v_local must be given together, got only {'k_local' if k_local is not None else 'v_local'}")
+    if k_local is not None:
+        check_dim(op, "k_local", k_local, 4, "[B, Hkv, S, D]")
+        check_same_dtype(op, "k_local", k_local, "q", q)
+        check_same_dtype(op, "v_local", v_local, "q", q)
+        check_size(op, "k_local", k_local, 0, B, "B (q.size(0))")
+        check_size(op, "k_local", k_local, 1, Hkv, "Hkv (k_cache.size(1))")
+        check_size(op, "k_local", k_local, 3, D, "the head dim D (q.size(3))")
+        check(v_local.shape == k_local.shape, op,
+              f"v_local must have k_local's shape {list(k_local.shape)}, got {list(v_local.shape)}")
+    values = checked_counts(op, "cache_lens", lens, B, "B (q.size(0))", L, "L (k_cache.size(2))")
+    if causal and values and T > 0:
+        check(min(values) >= T, op, f"causal=True needs cache_lens[b] >= T = {T} (the T queries are the last T "
+              f"cached positions), got min(cache_lens) = {min(values)}")
+    return values
+
+
+def check_append_inputs(op, k, v, k_new, v_new, lens) -> Optional[list]:
+    """mtp.cache_append's arguments, capacity included (nothing is written when one fails);
+    returns the cache lengths on the host (None under CUDA-graph capture)."""
+    _check_same_device(op, "k_new", k_new, k_cache=k, v_cache=v, v_new=v_new, cache_lens=lens)
+    check_dtype(op, "k_new", k_new, FLOAT_TYPES)
+    check_dim(op, "k_new", k_new, 4, "[B, T, Hkv, D]")
+    check_same_dtype(op, "v_new", v_new, "k_new", k_new)
+    check(v_new.shape == k_new.shape, op, f"v_new must have k_new's shape {list(k_new.shape)}, got {list(v_new.shape)}")
+    _check_caches(op, k, v, "k_new", k_new)
+    B, T, Hkv, D = k_new.shape
+    L = k.shape[2]
+    check_size(op, "k_cache", k, 0, B, "B (k_new.size(0))")
+    check_size(op, "k_cache", k, 1, Hkv, "Hkv (k_new.size(2))")
+    check_size(op, "k_cache", k, 3, D, "the head dim D (k_new.size(3))")
+    values = checked_counts(op, "cache_lens", lens, B, "B (k_new.size(0))", L, "L (k_cache.size(2))")
+    for b, n in enumerate(values or []):
+        check(n + T <= L, op, f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} "
+              "(k_cache.size(2)); nothing was written")
+    return values

@@ -176,7 +176,7 @@ def test_local_rows_equal_prefix_calls(isa):
         assert torch.equal(step[:, 0], full[:, t])
 
 
-@pytest.mark.parametrize("T,S", [(1, 5), (2, 5), (3, 1)])
+@pytest.mark.parametrize("T,S", [(1, 5), (2, 5), (3, 1), (2, 300)])  # S > 256: two local chunks
 def test_local_segment_longer_or_shorter_than_T(isa, T, S):
     # The T queries are the last T local positions: query t sees s <= S - T + t.
     q, k, v, lens, kl, vl = inputs(T=T, L=300, S=S, lens=[300, 0])

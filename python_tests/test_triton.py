@@ -1,6 +1,6 @@
-"""Triton (and, on a GPU, C++ CUDA) kernels of verify, accept_prefix and linear against
-reference.py: verify/accept_prefix bitwise, linear within tolerance and bitwise
-shape-invariant.
+"""Triton (and, on a GPU, C++ CUDA) kernels of verify, accept_prefix, linear, head_attention
+and cache_append against reference.py: verify/accept_prefix/cache_append bitwise, linear and
+head_attention within tolerance and bitwise shape-invariant.
 
 Without a GPU the Triton kernels run under TRITON_INTERPRET=1 (set in conftest.py) on CPU
 tensors: the `cpu` variants. The `cuda` variants (Triton launched on the GPU, and the
@@ -18,6 +18,7 @@ import torch
 
 import mtp_kernels
 from mtp_kernels import reference
+from test_attention import BAD_APPEND, BAD_ATTENTION, _bad, close, inputs, make_cache
 from test_linear import BAD_LINEAR
 from test_verify import BAD_VERIFY, FLOATS, IDS, accept_cases, make_case
 
@@ -27,6 +28,7 @@ HAS_CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ON_CPU = pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (no GPU here)")
 ON_GPU = pytest.mark.skipif(not HAS_CUDA, reason="GPU-only: needs CUDA (run by bench/gpu_check.sh)")
+DEVICE = "cuda" if HAS_CUDA else "cpu"  # where the Triton kernels of the backend-free tests run
 
 # (implementation, device): "triton" = mtp_kernels.triton.*, "op" = torch.ops.mtp.* dispatched on CUDA.
 BACKENDS = [
@@ -120,7 +122,7 @@ def edge_case_logits(dtype, V, pairs):
 def test_verify_merge_of_slices_is_exact(splits, block_v):
     """Forced vocabulary slicings and tiles, with the planted values on their edges."""
     pairs = [(0, 1), (0, 299), (63, 64), (100, 200), (127, 128), (298, 299)]
-    device = "cuda" if HAS_CUDA else "cpu"
+    device = DEVICE
     for dtype in FLOATS:
         drafts, logits = edge_case_logits(dtype, 300, pairs)
         want = reference.verify(drafts, logits)
@@ -198,19 +200,23 @@ def test_linear_shape_invariance_bitwise(backend, gen, x_dtype, w_dtype):
 
 
 def test_linear_layout_and_degenerate(gen):
-    x = torch.randn(2, 3, 100, generator=gen)
-    w = torch.randn(40, 100, generator=gen)
+    def rand(*shape):  # made on the CPU (seeded), then put where the kernels run
+        return torch.randn(*shape, generator=gen).to(DEVICE)
+
+    x = rand(2, 3, 100)
+    w = rand(40, 100)
     full = triton_mod.linear(x, w)
     assert full.shape == (2, 3, 40)
-    strided = torch.randn(2, 3, 300, generator=gen)[..., 7:107]
+    strided = rand(2, 3, 300)[..., 7:107]
     strided.copy_(x)
     assert torch.equal(triton_mod.linear(strided, w), full)
-    big = torch.randn(40, 150, generator=gen)
+    big = rand(40, 150)
     big[:, :100] = w
     assert torch.equal(triton_mod.linear(x, big[:, :100]), full)  # weight row stride 150, read in place
-    assert triton_mod.linear(torch.randn(0, 3), torch.randn(4, 3)).shape == (0, 4)
-    assert triton_mod.linear(torch.randn(2, 3), torch.randn(0, 3)).shape == (2, 0)
-    assert torch.equal(triton_mod.linear(torch.randn(2, 0), torch.randn(4, 0), torch.ones(4)), torch.ones(2, 4))
+    assert triton_mod.linear(rand(0, 3), rand(4, 3)).shape == (0, 4)
+    assert triton_mod.linear(rand(2, 3), rand(0, 3)).shape == (2, 0)
+    ones = torch.ones(4, device=DEVICE)
+    assert torch.equal(triton_mod.linear(rand(2, 0), rand(4, 0), ones), torch.ones(2, 4, device=DEVICE))
 
 
 @pytest.mark.parametrize("args,message", BAD_LINEAR)
@@ -229,11 +235,13 @@ def test_register_cuda_kernels_fills_only_missing_keys():
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "0"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     before, first, after, second = out.strip().replace("] [", "]|[").split("|")
+    every = str([True] * len(triton_mod._OPS))
     if HAS_CUDA:  # already done at import (by the C++ kernels or the Triton ones)
-        assert before == after == "[True, True, True]" and first == second == "[]"
+        assert before == after == every and first == second == "[]"
     else:
-        assert before == "[False, False, False]" and first == "['verify', 'accept_prefix', 'linear']"
-        assert after == "[True, True, True]" and second == "[]"
+        assert before == str([False] * len(triton_mod._OPS)) and first == str(list(triton_mod._OPS))
+        assert after == every and second == "[]"
+        assert "head_attention" in first and "cache_append" in first
 
 
 @ON_GPU
@@ -281,3 +289,202 @@ def test_cuda_opcheck_and_graph_capture():
     graph.replay()
     want = reference.verify(drafts, logits.flip(0), nd.cpu())
     assert torch.equal(accepted.cpu(), want[0]) and torch.equal(out.cpu(), want[1])
+
+
+# ---------------------------------------------------------------- head_attention, cache_append
+# Interpreter sizes: L = 600 is three 256-key chunks (the last partial), so the split-KV merge
+# runs; G * T > 16 puts the rows of one kv head in two row blocks.
+ATTN_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def attn_ops(impl):
+    if impl == "triton":
+        return triton_mod.head_attention, triton_mod.cache_append
+    return torch.ops.mtp.head_attention, torch.ops.mtp.cache_append
+
+
+def on(device, *ts):
+    return [None if t is None else t.to(device) for t in ts]
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("causal,S,D", [(False, 0, 64), (True, 0, 40), (False, 3, 40), (True, 2, 64)])
+def test_attention_matches_reference(backend, dtype, causal, S, D):
+    impl, device = backend
+    q, k, v, lens, kl, vl = inputs(B=3, T=3, Hq=6, Hkv=2, L=600, D=D, dtype=dtype, S=S, lens=[600, 3, 257])
+    got = attn_ops(impl)[0](*on(device, q, k, v, lens, kl, vl), None, causal)
+    assert got.device.type == device and got.shape == q.shape
+    close(got.cpu(), reference.head_attention(q, k, v, lens, kl, vl, causal=causal), dtype)
+
+
+def test_attention_strided_caches_and_scale(backend):
+    impl, device = backend
+    attn = attn_ops(impl)[0]
+    for layout in ("layer", "permuted", "d_strided"):
+        q, k, v, lens, kl, vl = inputs(B=2, L=300, layout=layout, S=2, lens=[300, 40])  # fp32 keeps the strides
+        q, k, v, lens, kl, vl = on(device, q, k, v, lens, kl, vl)
+        assert not k.is_contiguous()
+        got = attn(q, k, v, lens, kl, vl, 0.3)
+        assert torch.equal(got, attn(q, k.contiguous(), v.contiguous(), lens, kl, vl, 0.3)), layout
+        close(got.cpu(), reference.head_attention(*on("cpu", q, k, v, lens, kl, vl), scale=0.3), torch.float32)
+
+
+@pytest.mark.parametrize("causal,S", [(False, 0), (True, 0), (False, 3)])
+def test_attention_rows_bitwise_invariant(backend, causal, S):
+    """Each (b, t, h) row has the same bits alone (B = 1, T = 1) as in the batch, whatever the
+    other requests' lengths; a causal row equals one-token decoding at its position."""
+    impl, device = backend
+    attn = attn_ops(impl)[0]
+    T = 3
+    # G = 8, T = 3: 24 rows of one kv head, two row blocks.
+    q, k, v, lens, kl, vl = on(device, *inputs(B=3, T=T, Hq=8, Hkv=1, L=600, D=40, S=S, lens=[600, 3, 300]))
+    full = attn(q, k, v, lens, kl, vl, None, causal)
+    for b in range(3):
+        s = slice(b, b + 1)
+        assert torch.equal(attn(q[s], k[s], v[s], lens[s], *(x if x is None else x[s] for x in (kl, vl)), None,
+                                causal), full[s]), b
+    other = lens.clone()
+    other[1:] = lens[1:].flip(0)
+    assert torch.equal(attn(q, k, v, other, kl, vl, None, causal)[0], full[0])
+    for t in range(T):
+        step_lens = lens - T + t + 1 if causal else lens
+        local = [x if x is None else x[:, :, :S - T + t + 1] for x in (kl, vl)]
+        one = attn(q[:, t:t + 1], k, v, step_lens, *local, None, causal)
+        assert torch.equal(one[:, 0], full[:, t]), t
+
+
+def test_attention_reads_only_visible_keys(backend):
+    """NaN past each request's length, and an inf value that only the last causal query sees:
+    no other row may change (an unseen key adds exactly nothing, not 0 * inf)."""
+    impl, device = backend
+    attn = attn_ops(impl)[0]
+    q, k, v, lens, _, _ = inputs(B=2, T=3, L=600, D=40, lens=[520, 20])
+    want = attn(*on(device, q, k, v, lens), None, None, None, True)
+    for b, n in enumerate(lens.tolist()):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+        v[b, :, n - 1] = float("inf")  # seen by query T - 1 only
+    got = attn(*on(device, q, k, v, lens), None, None, None, True)
+    assert torch.equal(got[:, :2], want[:, :2])
+    assert torch.isfinite(got[:, :2]).all() and not torch.isfinite(got[:, 2]).all()
+
+
+def test_attention_no_visible_key_gives_zeros(backend):
+    impl, device = backend
+    attn = attn_ops(impl)[0]
+    q, k, v, _, kl, vl = inputs(B=3, L=50, S=2)
+    lens = torch.tensor([0, 50, 0])
+    out = attn(*on(device, q, k, v, lens)).cpu()
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
+    assert out[1].abs().sum() > 0
+    close(attn(*on(device, q, k, v, lens, kl, vl)).cpu(), reference.head_attention(q, k, v, lens, kl, vl),
+          torch.float32)
+    empty = attn(*on(device, q[:, :0], k, v, lens))
+    assert empty.shape == (3, 0, 6, 64)
+
+
+def test_attention_unchecked_lengths_are_clamped(monkeypatch):
+    """Under CUDA-graph capture the host cannot check cache_lens: the kernels clamp to [0, L]
+    (simulated here by skipping the host check)."""
+    q, k, v, _, _, _ = on(DEVICE, *inputs(B=2, L=300, D=40))
+    want = triton_mod.head_attention(q, k, v, torch.tensor([300, 0], device=DEVICE))
+    monkeypatch.setattr(triton_mod.C, "checked_counts", lambda *args: None)
+    assert torch.equal(triton_mod.head_attention(q, k, v, torch.tensor([10 ** 6, -5], device=DEVICE)), want)
+
+
+@pytest.mark.parametrize("change,message", BAD_ATTENTION)
+def test_attention_bad_input(change, message):
+    a, _ = _bad(**change)
+    with pytest.raises(RuntimeError, match="mtp.head_attention: .*" + message):
+        triton_mod.head_attention(**a)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+def test_cache_append_matches_reference(backend, dtype):
+    impl, device = backend
+    append = attn_ops(impl)[1]
+    gen = torch.Generator().manual_seed(3)
+    B, T, Hkv, L, D = 3, 4, 2, 20, 40
+    for layout in ("contiguous", "layer", "permuted", "d_strided"):
+        k, v = make_cache(B, Hkv, L, D, dtype, layout, gen), make_cache(B, Hkv, L, D, dtype, layout, gen)
+        kn = torch.randn(B, T, Hkv, D, generator=gen).to(dtype)
+        vn = torch.randn(B, Hkv, T, D, generator=gen).to(dtype).transpose(1, 2)
+        kn[0, 1, 0, 3] = float("nan")  # copied as bits
+        lens = torch.tensor([0, 7, 16], dtype=torch.int32)
+        k_ref, v_ref = k.clone(), v.clone()
+        reference.cache_append(k_ref, v_ref, kn, vn, lens)
+        kd, vd = on(device, k, v)
+        ptr = kd.data_ptr()
+        append(kd, vd, *on(device, kn, vn, lens))
+        assert kd.data_ptr() == ptr
+        assert torch.equal(triton_mod._raw_bits(kd.cpu().contiguous()), triton_mod._raw_bits(k_ref.contiguous())), layout
+        assert torch.equal(vd.cpu(), v_ref), layout
+
+
+def test_cache_append_overflow_writes_nothing(backend, monkeypatch):
+    impl, device = backend
+    append = attn_ops(impl)[1]
+    q, k, v, _, _, _ = on(device, *inputs(B=2, L=10))
+    kn, vn = torch.randn(2, 3, 2, 64, device=device), torch.randn(2, 3, 2, 64, device=device)
+    k0, v0 = k.clone(), v.clone()
+    lens = torch.tensor([0, 8], device=device)
+    with pytest.raises(RuntimeError, match=r"mtp.cache_append: request 1 would pass the cache capacity.*L = 10"):
+        append(k, v, kn, vn, lens)
+    assert torch.equal(k, k0) and torch.equal(v, v0)
+    if impl == "triton":  # the kernel's own guard, as under CUDA-graph capture (no host check)
+        monkeypatch.setattr(triton_mod.C, "checked_counts", lambda *args: None)
+        append(k, v, kn, vn, lens)
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+        append(k, v, kn, vn, torch.tensor([0, 7], device=device))
+        assert torch.equal(k[1, :, 7:10], kn[1].transpose(0, 1))
+
+
+@pytest.mark.parametrize("change,message", BAD_APPEND)
+def test_cache_append_bad_input(change, message):
+    a = dict(k_cache=torch.zeros(2, 2, 20, 64), v_cache=torch.zeros(2, 2, 20, 64), k_new=torch.zeros(2, 3, 2, 64),
+             v_new=torch.zeros(2, 3, 2, 64), cache_lens=torch.tensor([0, 5]))
+    a.update(change)
+    with pytest.raises(RuntimeError, match="mtp.cache_append: .*" + message):
+        triton_mod.cache_append(**a)
+
+
+@ON_GPU
+def test_cuda_attention_long_cache_agrees():
+    """A long cache (split over many chunks), GQA 4:1, bf16: the dispatched kernel and the Triton
+    one against the reference, and each bitwise shape-invariant on the GPU."""
+    q, k, v, lens, kl, vl = on("cuda", *inputs(B=2, T=4, Hq=16, Hkv=4, L=5000, D=128, dtype=torch.bfloat16, S=4,
+                                               lens=[5000, 2100]))
+    want = reference.head_attention(*on("cpu", q, k, v, lens, kl, vl), causal=True)
+    for attn in attn_ops("op")[0], attn_ops("triton")[0]:
+        full = attn(q, k, v, lens, kl, vl, None, True)
+        close(full.cpu(), want, torch.bfloat16)
+        one = attn(q[1:, 3:], k[1:], v[1:], lens[1:], kl[1:], vl[1:], None, True)
+        assert torch.equal(one[:, 0], full[1:, 3])
+
+
+@ON_GPU
+def test_cuda_attention_opcheck_and_graph_capture():
+    q, k, v, lens, kl, vl = on("cuda", *inputs(B=2, T=2, L=700, S=2, layout="permuted", lens=[300, 20]))
+    torch.library.opcheck(torch.ops.mtp.head_attention.default, (q, k, v, lens, kl, vl, None, True))
+    kn, vn = torch.randn(2, 2, 2, 64, device="cuda"), torch.randn(2, 2, 2, 64, device="cuda")
+    torch.library.opcheck(torch.ops.mtp.cache_append.default, (k.clone(), v.clone(), kn, vn, lens))
+
+    def step():
+        torch.ops.mtp.cache_append(k, v, kn, vn, lens)
+        return torch.ops.mtp.head_attention(q, k, v, lens + 2, kl, vl, None, True)
+
+    step()  # warm up (compiles the Triton kernels when they serve CUDA)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()  # no host sync inside a capture
+    lens.copy_(torch.tensor([500, 100]))
+    kn.normal_()
+    graph.replay()
+    kc, vc = k.cpu(), v.cpu()
+    assert torch.equal(kc[0, :, 500:502], kn[0].transpose(0, 1).cpu())
+    close(out.cpu(), reference.head_attention(q.cpu(), kc, vc, lens.cpu() + 2, kl.cpu(), vl.cpu(), causal=True),
+          torch.float32)
+    lens.copy_(torch.tensor([699, 100]))  # 699 + 2 > L: the replay writes nothing
+    k_before = k.clone()
+    graph.replay()
+    assert torch.equal(k, k_before)

@@ -4,13 +4,16 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <utility>
-#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "mtp/attention_args.h"
+#include "mtp/cache.h"
 #include "mtp/common.h"
 #include "mtp/linear_args.h"
 #include "mtp/op_args.h"
@@ -62,12 +65,16 @@ inline void check_same_dtype(const char* op, const char* name, const at::Tensor&
 // A [B] vector of int32/int64 counts, each checked to lie in [0, hi], as int64 values
 // (a plain loop: these vectors are tiny and tensor ops cost microseconds per decode step).
 // b_what / hi_what say where B and hi come from.
-inline std::vector<int64_t> checked_counts(const char* op, const char* name, const at::Tensor& n, int64_t B,
-                                           const char* b_what, int64_t hi, const char* hi_what) {
-  check_cpu(op, name, n);
+inline void check_count_vector(const char* op, const char* name, const at::Tensor& n, int64_t B, const char* b_what) {
   check_dtype(op, name, n, kIdTypes);
   check_dim(op, name, n, 1, "[B]");
   check_size(op, name, n, 0, B, b_what);
+}
+
+inline std::vector<int64_t> checked_counts(const char* op, const char* name, const at::Tensor& n, int64_t B,
+                                           const char* b_what, int64_t hi, const char* hi_what) {
+  check_cpu(op, name, n);
+  check_count_vector(op, name, n, B, b_what);
   std::vector<int64_t> out(B);
   AT_DISPATCH_INDEX_TYPES(n.scalar_type(), "checked_counts", [&] {
     const index_t* p = n.data_ptr<index_t>();
@@ -180,6 +187,103 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   a.bias = c.bias.defined() ? c.bias.data_ptr<float>() : nullptr;
   a.y = c.y.data_ptr<float>(); a.y_stride = N;
   return c;
+}
+
+inline void strides_of(const at::Tensor& t, int64_t* out) {
+  for (int d = 0; d < 4; ++d) out[d] = t.stride(d);
+}
+
+// k_cache / v_cache: [B, Hkv, L, D] views on `device` of `ref`'s dtype, both the same shape;
+// set as either op's argument struct's caches (same member names), read/written in place.
+template <class Args>
+void set_caches(const char* op, Args& a, const at::Tensor& k, const at::Tensor& v, const char* ref_name,
+                const at::Tensor& ref, const at::Device& device) {
+  check_device(op, "k_cache", k, device);
+  check_device(op, "v_cache", v, device);
+  check_dim(op, "k_cache", k, 4, "[B, Hkv, L, D]");
+  check_dim(op, "v_cache", v, 4, "[B, Hkv, L, D]");
+  check_same_dtype(op, "k_cache", k, ref_name, ref);
+  check_same_dtype(op, "v_cache", v, ref_name, ref);
+  TORCH_CHECK(v.sizes() == k.sizes(), op, ": v_cache must have k_cache's shape ", k.sizes(), ", got ", v.sizes());
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  strides_of(k, a.k_stride);
+  strides_of(v, a.v_stride);
+}
+
+// mtp.head_attention's tensors on `device`, checked, as kernel arguments. cache_lens is the
+// caller's (its values live on the host for the CPU, on the device for CUDA): check them
+// with check_attention_lens; a.cache_lens and a.out are left to the caller.
+inline AttentionArgs attention_args(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                    const at::Tensor& v_cache, const c10::optional<at::Tensor>& k_local,
+                                    const c10::optional<at::Tensor>& v_local, c10::optional<double> scale,
+                                    bool causal, const at::Device& device) {
+  check_device(op, "q", q, device);
+  check_dtype(op, "q", q, kFloatTypes);
+  check_dim(op, "q", q, 4, "[B, T, Hq, D]");
+  AttentionArgs a;
+  set_caches(op, a, k_cache, v_cache, "q", q, device);
+  a.B = q.size(0); a.T = q.size(1); a.Hq = q.size(2); a.D = q.size(3);
+  a.Hkv = k_cache.size(1);
+  check_size(op, "k_cache", k_cache, 0, a.B, "B (q.size(0))");
+  check_size(op, "k_cache", k_cache, 3, a.D, "the head dim D (q.size(3))");
+  check_ok(op, gqa_error(a.Hq, a.Hkv));
+  check_ok(op, local_pair_error(k_local.has_value(), v_local.has_value()));
+  a.dtype = to_dtype(q.scalar_type());
+  a.q = q.data_ptr();
+  strides_of(q, a.q_stride);
+  if (k_local.has_value()) {
+    const at::Tensor &kl = *k_local, &vl = *v_local;
+    check_device(op, "k_local", kl, device);
+    check_device(op, "v_local", vl, device);
+    check_dim(op, "k_local", kl, 4, "[B, Hkv, S, D]");
+    check_same_dtype(op, "k_local", kl, "q", q);
+    check_same_dtype(op, "v_local", vl, "q", q);
+    check_size(op, "k_local", kl, 0, a.B, "B (q.size(0))");
+    check_size(op, "k_local", kl, 1, a.Hkv, "Hkv (k_cache.size(1))");
+    check_size(op, "k_local", kl, 3, a.D, "the head dim D (q.size(3))");
+    TORCH_CHECK(vl.sizes() == kl.sizes(), op, ": v_local must have k_local's shape ", kl.sizes(), ", got ", vl.sizes());
+    set_local_views(a, kl.size(2), kl.data_ptr(), kl.strides().data(), vl.data_ptr(), vl.strides().data());
+  }
+  a.scale = scale.has_value() ? float(*scale) : default_attention_scale(a.D);
+  a.causal = causal;
+  return a;
+}
+
+// cache_lens's values (on the host): each in [0, L], and >= T in causal mode.
+inline void check_attention_lens(const char* op, const AttentionArgs& a, const std::vector<int64_t>& lens) {
+  check_ok(op, causal_error(lens, a.T, a.causal));
+}
+
+// mtp.cache_append's tensors on `device`, checked, as kernel arguments (cache_lens left to
+// the caller; check its values with check_append_lens).
+inline CacheAppendArgs cache_append_args(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                         const at::Tensor& k_new, const at::Tensor& v_new, const at::Device& device) {
+  check_device(op, "k_new", k_new, device);
+  check_device(op, "v_new", v_new, device);
+  check_dtype(op, "k_new", k_new, kFloatTypes);
+  check_dim(op, "k_new", k_new, 4, "[B, T, Hkv, D]");
+  check_same_dtype(op, "v_new", v_new, "k_new", k_new);
+  TORCH_CHECK(v_new.sizes() == k_new.sizes(), op, ": v_new must have k_new's shape ", k_new.sizes(), ", got ",
+              v_new.sizes());
+  CacheAppendArgs a;
+  set_caches(op, a, k_cache, v_cache, "k_new", k_new, device);
+  a.B = k_new.size(0); a.T = k_new.size(1); a.Hkv = k_new.size(2); a.D = k_new.size(3); a.L = k_cache.size(2);
+  check_size(op, "k_cache", k_cache, 0, a.B, "B (k_new.size(0))");
+  check_size(op, "k_cache", k_cache, 1, a.Hkv, "Hkv (k_new.size(2))");
+  check_size(op, "k_cache", k_cache, 3, a.D, "the head dim D (k_new.size(3))");
+  a.dtype = to_dtype(k_new.scalar_type());
+  a.k_new = k_new.data_ptr();
+  a.v_new = v_new.data_ptr();
+  strides_of(k_new, a.kn_stride);
+  strides_of(v_new, a.vn_stride);
+  return a;
+}
+
+// No request may pass the capacity (lens: the host values; a.cache_lens is not read).
+inline void check_append_lens(const char* op, CacheAppendArgs a, const std::vector<int64_t>& lens) {
+  a.cache_lens = lens.data();
+  check_ok(op, capacity_error(a));
 }
 
 // Runs fn(begin, end) over [0, n) on torch's intra-op thread pool.

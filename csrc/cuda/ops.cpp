@@ -1,11 +1,14 @@
-// CUDA bindings of mtp.verify, mtp.accept_prefix and mtp.linear: the checks the CPU
-// bindings make (shared), tensors -> pointers, the current stream. Built only with
+// CUDA bindings of mtp.verify, mtp.accept_prefix, mtp.linear, mtp.head_attention and
+// mtp.cache_append: the checks the CPU bindings make (shared), tensors -> pointers, the
+// current stream. Built only with
 // -DMTP_WITH_CUDA=ON; the kernels are behind the torch-free mtp/cuda/launch.h.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <optional>
 
 #include "../cpu/checks.h"
 #include "mtp/cuda/launch.h"
@@ -19,18 +22,25 @@ constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kLinear = "mtp.linear";
 
-// num_drafts as a contiguous int64 device tensor (undefined when absent). Its values are
-// checked on the host, which costs one sync; not while a CUDA graph is being captured
-// (no sync is allowed there): the kernels clamp to [0, K], so nothing is read out of range.
+// A [B] count vector on the device: its shape checked, and its values (in [0, hi]) on the
+// host, which costs one sync; not while a CUDA graph is being captured (no sync is allowed
+// there): nullopt then, and the kernels guard themselves.
+std::optional<std::vector<int64_t>> device_counts(const char* op, const char* name, const at::Tensor& n, int64_t B,
+                                                  const char* b_what, int64_t hi, const char* hi_what,
+                                                  const at::Device& device) {
+  check_device(op, name, n, device);
+  check_count_vector(op, name, n, B, b_what);
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return std::nullopt;
+  return checked_counts(op, name, n.cpu(), B, b_what, hi, hi_what);
+}
+
+// num_drafts as a contiguous int64 device tensor (undefined when absent), its values
+// checked (device_counts); under capture the kernels clamp to [0, K], so nothing is read
+// out of range.
 at::Tensor device_num_drafts(const char* op, const c10::optional<at::Tensor>& nd, int64_t B, int64_t K,
                              const at::Device& device) {
   if (!nd.has_value()) return {};
-  check_device(op, "num_drafts", *nd, device);
-  check_dtype(op, "num_drafts", *nd, kIdTypes);
-  check_dim(op, "num_drafts", *nd, 1, "[B]");
-  check_size(op, "num_drafts", *nd, 0, B, "B (draft_tokens.size(0))");
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None)
-    checked_num_drafts(op, nd->cpu(), B, K);
+  device_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K", device);
   return nd->to(at::kLong).contiguous();
 }
 
@@ -99,12 +109,57 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const c10:
   return c.result();
 }
 
+constexpr const char* kAttn = "mtp.head_attention";
+constexpr const char* kAppend = "mtp.cache_append";
+
+at::Tensor head_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& cache_lens, const c10::optional<at::Tensor>& k_local,
+                               const c10::optional<at::Tensor>& v_local, c10::optional<double> scale, bool causal) {
+  const at::Device device = q.device();
+  AttentionArgs a = attention_args(kAttn, q, k_cache, v_cache, k_local, v_local, scale, causal, device);
+  TORCH_CHECK(a.D <= kAttnMaxD, kAttn, ": the CUDA kernel takes head dims D <= ", kAttnMaxD, ", got D = ", a.D);
+  const c10::cuda::CUDAGuard guard(device);
+  const int64_t L = k_cache.size(2);
+  const auto lens = device_counts(kAttn, "cache_lens", cache_lens, a.B, "B (q.size(0))", L, "L (k_cache.size(2))", device);
+  if (lens) check_attention_lens(kAttn, a, *lens);
+  // The grid covers the longest cache, or the capacity while a graph is captured (no sync);
+  // blocks past a request's length return at once. Lengths are clamped to [0, L] on the
+  // device, so an unchecked one cannot send a read out of range.
+  const int64_t longest = lens ? (lens->empty() ? 0 : *std::max_element(lens->begin(), lens->end())) : L;
+  at::Tensor dlens = cache_lens.to(at::kLong).clamp(0, L).contiguous();
+  a.cache_lens = dlens.data_ptr<int64_t>();
+  at::Tensor out = at::empty({a.B, a.T, a.Hq, a.D}, q.options());
+  a.out = out.data_ptr();
+  AttentionWork w = attention_work(a, longest);
+  at::Tensor ml = at::empty({w.partials * 2}, q.options().dtype(at::kFloat));
+  at::Tensor acc = at::empty({w.partials * a.D}, q.options().dtype(at::kFloat));
+  w.ml = ml.data_ptr<float>();
+  w.acc = acc.data_ptr<float>();
+  C10_CUDA_CHECK(head_attention(a, w, c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+void cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
+                       const at::Tensor& v_new, const at::Tensor& cache_lens) {
+  const at::Device device = k_new.device();
+  CacheAppendArgs a = cache_append_args(kAppend, k_cache, v_cache, k_new, v_new, device);
+  const c10::cuda::CUDAGuard guard(device);
+  const auto lens = device_counts(kAppend, "cache_lens", cache_lens, a.B, "B (k_new.size(0))", a.L,
+                                  "L (k_cache.size(2))", device);
+  if (lens) check_append_lens(kAppend, a, *lens);
+  at::Tensor dlens = cache_lens.to(at::kLong).contiguous();  // the kernel writes nothing if one overflows
+  a.cache_lens = dlens.data_ptr<int64_t>();
+  C10_CUDA_CHECK(mtp::cuda::cache_append(a, c10::cuda::getCurrentCUDAStream()));  // not the CPU template (ADL)
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(mtp, CUDA, m) {
   m.impl("verify", &verify_cuda);
   m.impl("accept_prefix", &accept_prefix_cuda);
   m.impl("linear", &linear_cuda);
+  m.impl("head_attention", &head_attention_cuda);
+  m.impl("cache_append", &cache_append_cuda);
 }
 
 }  // namespace mtp::cuda

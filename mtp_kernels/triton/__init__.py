@@ -14,6 +14,7 @@ import torch
 import triton
 
 from .. import _checks as C
+from .kernels import attention as A
 from .kernels.argmax import argmax_partials_kernel
 from .kernels.linear import BLOCK_K, BLOCK_M, BLOCK_N, linear_kernel
 from .kernels.verify import accept_prefix_kernel, verify_finish_kernel
@@ -100,7 +101,69 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return y.to(x.dtype).reshape(*x.shape[:-1], N)  # fp32 -> x's dtype rounds like the C++ kernels
 
 
-_OPS = {"verify": verify, "accept_prefix": accept_prefix, "linear": linear}
+def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
+                   k_local: Optional[torch.Tensor] = None, v_local: Optional[torch.Tensor] = None,
+                   scale: Optional[float] = None, causal: bool = False) -> torch.Tensor:
+    """``mtp.head_attention`` in Triton: split-KV over fixed 256-key chunks, partials merged
+    left to right (kernels/attention.py). The caches are read in place, whatever their strides."""
+    lens_host = C.check_attention_inputs("mtp.head_attention", q, k_cache, v_cache, cache_lens, k_local, v_local,
+                                         causal)
+    B, T, Hq, D = q.shape
+    Hkv, L = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty((B, T, Hq, D), dtype=torch.float32, device=q.device)
+    if B == 0 or T == 0 or Hq == 0 or D == 0:
+        return out.to(q.dtype)
+    G = Hq // Hkv
+    S = k_local.shape[2] if k_local is not None else 0
+    scale = D ** -0.5 if scale is None else float(scale)
+    # The grid covers the longest cache (its capacity while a CUDA graph is captured: no sync);
+    # programs past a request's length return at once. It never changes a row's bits.
+    longest = max(lens_host, default=0) if lens_host is not None else L
+    Cc, Cl = triton.cdiv(longest, A.CHUNK), triton.cdiv(S, A.CHUNK)
+    n_rb = triton.cdiv(G * T, A.BLOCK_R)
+    parts = B * Hkv * (Cc + Cl) * n_rb * A.BLOCK_R
+    part_m = torch.empty(parts, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(parts * D, dtype=torch.float32, device=q.device)
+    lens = cache_lens.to(torch.int64).contiguous()
+    block_d = triton.next_power_of_2(D)
+    segments = [(k_cache, v_cache, Cc, 0, False)]
+    if S:
+        segments.append((k_local, v_local, Cl, Cc, True))
+    for k, v, chunks, first, local in segments:
+        if chunks:
+            A.attention_chunk_kernel[(B * Hkv * n_rb, chunks)](
+                q, *q.stride(), k, *k.stride(), v, *v.stride(), lens, part_m, part_l, part_acc, T, Hkv, G, D, L, S,
+                scale, n_rb, Cc + Cl, first, LOCAL=local, CAUSAL=causal, CHUNK=A.CHUNK, BLOCK_R=A.BLOCK_R,
+                BLOCK_N=A.BLOCK_N, BLOCK_D=block_d, num_warps=A.num_warps(block_d))
+    A.attention_merge_kernel[(B * Hkv * n_rb,)](lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L, S, n_rb, Cc + Cl,
+                                               Cc, CAUSAL=causal, CHUNK=A.CHUNK, BLOCK_R=A.BLOCK_R, BLOCK_D=block_d)
+    return out.to(q.dtype)  # fp32 -> q's dtype rounds like the C++ kernels
+
+
+def _raw_bits(t: torch.Tensor) -> torch.Tensor:
+    # Copies move bits, never values: the same view as integers (any strides).
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 cache_lens: torch.Tensor) -> None:
+    """``mtp.cache_append`` in Triton: in place, any strides; raises and writes nothing when a
+    request would pass the capacity."""
+    C.check_append_inputs("mtp.cache_append", k_cache, v_cache, k_new, v_new, cache_lens)
+    B, T, Hkv, D = k_new.shape
+    if B * T * Hkv * D == 0:
+        return
+    lens = cache_lens.to(torch.int64).contiguous()
+    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+        cache, new = _raw_bits(cache), _raw_bits(new)
+        A.cache_append_kernel[(B * Hkv, T)](cache, *cache.stride(), new, *new.stride(), lens, B, T, Hkv, D,
+                                            cache.shape[2], BLOCK_B=triton.next_power_of_2(B),
+                                            BLOCK_D=triton.next_power_of_2(D))
+
+
+_OPS = {"verify": verify, "accept_prefix": accept_prefix, "linear": linear, "head_attention": head_attention,
+        "cache_append": cache_append}
 
 
 def register_cuda_kernels() -> list[str]:

@@ -4,11 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MTP_HOST_DEVICE __host__ __device__
-#else
-#define MTP_HOST_DEVICE
-#endif
+#include "mtp/common.h"
 
 namespace mtp {
 

@@ -22,30 +22,11 @@
 #include <memory>
 #include <vector>
 
+#include "mtp/attention_args.h"
 #include "mtp/common.h"
 #include "mtp/isa.h"
 
 namespace mtp {
-
-constexpr int64_t kAttnChunk = 256;
-
-struct AttentionArgs {
-  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
-  DType dtype = DType::F32;  // of q, the caches, the local segment and out
-  const void* q = nullptr;   // [B, T, Hq, D]
-  int64_t q_stride[4] = {0, 0, 0, 0};
-  const void* k = nullptr;  // [B, Hkv, L, D] views, element strides
-  const void* v = nullptr;
-  int64_t k_stride[4] = {0, 0, 0, 0}, v_stride[4] = {0, 0, 0, 0};
-  const int64_t* cache_lens = nullptr;  // [B]; causal needs cache_lens[b] >= T
-  int64_t S = 0;                        // local segment length (0: none)
-  const void* k_local = nullptr;        // [B, Hkv, S, D]
-  const void* v_local = nullptr;
-  int64_t kl_stride[4] = {0, 0, 0, 0}, vl_stride[4] = {0, 0, 0, 0};
-  float scale = 1.f;
-  bool causal = false;  // query t sees cache keys [0, cache_lens[b] - T + t]
-  void* out = nullptr;  // contiguous [B, T, Hq, D]
-};
 
 // Rows of keys (or values) of one (request, kv head): row j starts at element
 // j * key_stride of base, its element d at d * d_stride.
@@ -65,19 +46,6 @@ inline const void* kv_row_unit(const KvRows& kv, int64_t j, int64_t D, void* tmp
   if (kv.d_stride == 1) return r;
   copy_elems(static_cast<char*>(tmp), 1, static_cast<const char*>(r), kv.d_stride, D, dtype_size(kv.dtype));
   return tmp;
-}
-
-inline int64_t attn_chunks(int64_t n) { return (std::max<int64_t>(n, 0) + kAttnChunk - 1) / kAttnChunk; }
-
-// Cache keys visible to query t of request b.
-inline int64_t visible_cache(const AttentionArgs& a, int64_t b, int64_t t) {
-  return std::max<int64_t>(0, a.causal ? a.cache_lens[b] - a.T + t + 1 : a.cache_lens[b]);
-}
-// Local entries visible to query t (s <= t).
-// The T queries are the last T of the S local positions: query t sees local s <= S - T + t
-// (s <= t when S == T; a single query sees all S, as a recurrent draft step needs).
-inline int64_t visible_local(const AttentionArgs& a, int64_t t) {
-  return std::clamp<int64_t>(a.S - a.T + t + 1, 0, a.S);
 }
 
 // A partial is [m, l, acc[D]]. Folds chunk partial p into the running state st, p
@@ -142,7 +110,7 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
   // Chunk c of (b, hkv) = bh: cache chunks [0, Cc), then the local segment's [Cc, C).
   int64_t lmax = 0;
   for (int64_t b = 0; b < B; ++b) lmax = std::max(lmax, a.cache_lens[b]);
-  const int64_t Cc = attn_chunks(lmax), C = Cc + attn_chunks(std::min(T, a.S));
+  const int64_t Cc = attn_chunks(lmax), C = Cc + attn_chunks(a.S);  // a single query sees all S local entries
   auto chunks_of = [&](int64_t bh, std::vector<int64_t>* out) {
     for (int64_t c = 0; c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) out->push_back(c);
     for (int64_t c = Cc; c < C; ++c) out->push_back(c);

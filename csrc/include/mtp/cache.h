@@ -20,8 +20,9 @@ struct CacheAppendArgs {
   const int64_t* cache_lens = nullptr;  // [B]
 };
 
-// The first request whose append would pass the capacity, or -1 when all fit.
-inline int64_t cache_append_overflow(const CacheAppendArgs& a) {
+// The first request whose append would pass the capacity, or -1 when all fit (on the host,
+// and in every block of the CUDA kernel, which then writes nothing).
+MTP_HOST_DEVICE inline int64_t cache_append_overflow(const CacheAppendArgs& a) {
   for (int64_t b = 0; b < a.B; ++b)
     if (a.cache_lens[b] < 0 || a.cache_lens[b] + a.T > a.L) return b;
   return -1;

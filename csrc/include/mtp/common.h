@@ -6,11 +6,18 @@
 #include <cstring>
 #include <type_traits>
 
+// Functions shared by host code and CUDA kernels.
+#if defined(__CUDACC__)
+#define MTP_HOST_DEVICE __host__ __device__
+#else
+#define MTP_HOST_DEVICE
+#endif
+
 namespace mtp {
 
 enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
 
-inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+MTP_HOST_DEVICE inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 #include "mtp/argmax_rule.h"
+#include "mtp/attention_args.h"
+#include "mtp/cache.h"
 #include "mtp/linear_args.h"
 #include "mtp/verify_args.h"
 
@@ -35,5 +37,26 @@ cudaError_t accept_prefix(int64_t B, int64_t K, IdView<const I> draft, IdView<co
 
 // x and w rows with unit inner stride; y fp32.
 cudaError_t linear(const LinearArgs& a, cudaStream_t stream);
+
+constexpr int kAttnRows = 16;    // query rows (t * G + g) per attention block
+constexpr int kAttnMaxD = 256;   // head dims the attention kernels take
+
+// The split of head_attention (fixed kAttnChunk-key chunks) and its workspace in device
+// memory: attention_work() fills the counts, the caller allocates ml and acc.
+struct AttentionWork {
+  int64_t cache_chunks = 0;  // chunks of the longest cache (its capacity L when lengths are unknown)
+  int64_t chunks = 0;        // + the local segment's
+  int64_t row_blocks = 0;    // ceil(G * T / kAttnRows)
+  int64_t partials = 0;      // partial rows: B * Hkv * chunks * row_blocks * kAttnRows
+  float* ml = nullptr;       // [partials][2]: (max, sum)
+  float* acc = nullptr;      // [partials][D]
+};
+AttentionWork attention_work(const AttentionArgs& a, int64_t longest_cache);
+
+// a.cache_lens: device int64 values in [0, L]; a.D <= kAttnMaxD; a.out contiguous.
+cudaError_t head_attention(const AttentionArgs& a, const AttentionWork& w, cudaStream_t stream);
+
+// a.cache_lens: device int64; nothing is written if a request would pass a.L.
+cudaError_t cache_append(const CacheAppendArgs& a, cudaStream_t stream);
 
 }  // namespace mtp::cuda
