@@ -3,6 +3,7 @@
     mtp generate --prompt "Summarize: ..."            # chat template, streamed text, stats
     mtp generate --prompts-file prompts.jsonl --json  # one JSON object per prompt
     mtp generate --prompt "..." --no-mtp              # plain greedy, same backbone
+    mtp generate --prompt "..." --temperature 0.8 --seed 1   # sampled; same tokens with --no-mtp
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def load_head(path: str | None, backbone, log):
     head.check_fits(backbone.cfg)
     if not head.cfg.trained:
         log("note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
-            "the output is still exactly the backbone's greedy output")
+            "the output is still exactly the backbone's own (greedy, or sampled with the same seed)")
     return head
 
 
@@ -76,7 +77,8 @@ def cmd_generate(args) -> int:
     cfg, weights, tokenizer = checkpoint.load(args.model)
     model = Backbone(cfg, weights, DTYPES[args.dtype])
     head = None if args.no_mtp else load_head(args.head, model, log)
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain greedy' if head is None else f'MTP, K={args.k}'}, "
+    mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain' if head is None else f'MTP, K={args.k}'}, {mode}, "
         f"{args.dtype})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
@@ -88,7 +90,8 @@ def cmd_generate(args) -> int:
                 print(stream.push(new), end="", flush=True)
 
         g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=args.k, eos_token_ids=eos,
-                              on_tokens=on_tokens)[0]
+                              on_tokens=on_tokens, temperature=args.temperature,
+                              seed=args.seed)[0]
         if args.json:
             print(json.dumps({"prompt": prompt, "tokens": g.tokens, "text": tokenizer.decode(g.tokens),
                               "passes": g.passes, "seconds": round(g.seconds, 4),
@@ -113,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--no-mtp", action="store_true", help="plain greedy decoding with the same backbone")
     g.add_argument("--k", type=int, default=3, help="draft tokens per backbone pass (default 3)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument("--model", help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
@@ -128,6 +134,8 @@ def main(argv=None) -> int:
         args_error = "--max-new-tokens must be >= 1"
     elif args.command == "generate" and args.k < 1:
         args_error = "--k must be >= 1"
+    elif args.command == "generate" and not (0 <= args.temperature < float("inf")):
+        args_error = "--temperature must be finite and >= 0"
     else:
         args_error = None
     if args_error:

@@ -5,6 +5,12 @@ token t0; the backbone runs [t0, d1..dK] in one pass (K+1 positions); `mtp.verif
 accepts the longest prefix equal to the backbone's own greedy choices and adds the
 backbone's token at the first mismatch (or the bonus token after a full match). The cache
 keeps t0 and the accepted drafts: its length is set back past the rejected ones.
+
+With temperature > 0 both paths sample through `mtp.verify_sampled`, whose RNG is keyed by
+(request seed, absolute position): plain sampling draws each token as the bonus of a
+zero-draft verify, and speculative sampling accepts a (greedy, one-hot) draft iff it equals
+the token drawn at that position with that key. So for the same seed the two paths give the
+same tokens (the verify pass's logits are bitwise those of one-token steps).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import reference
 from .models.head import MTPHead
 from .models.llama import Backbone, KVCache
 
@@ -33,7 +40,39 @@ class Generation:
         return (len(self.tokens) - 1) / self.passes if self.passes else 0.0
 
 
-def _prefill(model: Backbone, cache: KVCache, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def request_seeds(seed: int, batch: int) -> torch.Tensor:
+    """Request b's RNG seed: mix64(mix64(seed) + b) as int64 (one stream per request)."""
+    mask = (1 << 64) - 1
+    vals = [reference.mix64((reference.mix64(seed & mask) + b) & mask) for b in range(batch)]
+    return torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in vals], dtype=torch.long)
+
+
+class _Sampler:
+    """The token at absolute position `positions[b]` from logits [B, V]: argmax when
+    temperature is 0, else drawn with the counter-based RNG of mtp.verify_sampled."""
+
+    def __init__(self, batch: int, temperature: float, seed: int):
+        if not (temperature >= 0 and temperature != float("inf")):
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        self.greedy = temperature == 0
+        self.temp = torch.full((batch,), float(temperature))
+        self.seeds = request_seeds(seed, batch)
+        self.no_drafts = torch.empty(batch, 0, dtype=torch.long)
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.greedy:
+            return logits.argmax(-1)
+        _, out = torch.ops.mtp.verify_sampled(self.no_drafts, None, logits[:, None], self.temp, self.seeds,
+                                              positions.long())
+        return out[:, 0]
+
+    def verify(self, drafts, logits, num, positions):
+        if self.greedy:
+            return torch.ops.mtp.verify(drafts, logits, num)
+        return torch.ops.mtp.verify_sampled(drafts, None, logits, self.temp, self.seeds, positions.long(), num)
+
+
+def _prefill(model: Backbone, cache: KVCache, prompts: list[list[int]], pick: _Sampler) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs each prompt into its own cache row; returns the last hidden states [B, H] and
     the first generated tokens [B]."""
     hidden = []
@@ -43,7 +82,7 @@ def _prefill(model: Backbone, cache: KVCache, prompts: list[list[int]]) -> tuple
         h = model(torch.tensor([ids]), cache.select(b))
         hidden.append(h[0, -1])
     hidden = torch.stack(hidden)
-    return hidden, model.logits(hidden).argmax(-1)
+    return hidden, pick(model.logits(hidden), cache.lens)  # the new token's index: the prompt length
 
 
 def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: int, extra: int) -> int:
@@ -58,18 +97,21 @@ def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: in
 
 def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, head: Optional[MTPHead] = None,
              k: int = 3, eos_token_ids: tuple[int, ...] = (),
-             on_tokens: Optional[Callable[[int, list[int]], None]] = None) -> list[Generation]:
+             on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
+             seed: int = 0) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given. on_tokens(b, ids) sees each request's newly
-    committed tokens as they come (for streaming)."""
+    committed tokens as they come (for streaming). temperature > 0 samples (lossless
+    rejection sampling with a head), keyed by (seed, request index, position)."""
     if head is not None and k < 1:
         raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
     K = k if head is not None else 0
     B = len(prompts)
+    pick = _Sampler(B, temperature, seed)
     cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, K + 1))
     eos = set(eos_token_ids)
     t0 = time.perf_counter()
-    hidden, token = _prefill(model, cache, prompts)
+    hidden, token = _prefill(model, cache, prompts, pick)
     out = [Generation(tokens=[], drafted=[0] * K, accepted=[0] * K) for _ in range(B)]
     done = [False] * B
 
@@ -96,7 +138,7 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
         if head is None:
             hidden = model(token[:, None], cache)[:, 0]
             cache.lens.copy_(torch.where(active, cache.lens, start))  # finished requests stay put
-            token = model.logits(hidden).argmax(-1)
+            token = pick(model.logits(hidden), start + 1)
             for b in range(B):
                 if not done[b]:
                     commit(b, [int(token[b])])
@@ -105,7 +147,7 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
         # Drafts beyond what a request may still commit are not offered.
         num = torch.tensor([0 if done[b] else min(K, max_new_tokens - len(out[b].tokens) - 1) for b in range(B)])
         h = model(torch.cat([token[:, None], drafts], dim=1), cache)
-        accepted, tokens = torch.ops.mtp.verify(drafts, model.logits(h), num)
+        accepted, tokens = pick.verify(drafts, model.logits(h), num, start + 1)
         # Keep t0 and the accepted drafts; the rejected drafts' K/V are dropped by length.
         cache.lens.copy_(torch.where(active, start + 1 + accepted, start))
         hidden = h[torch.arange(B), accepted]

@@ -29,6 +29,14 @@ def _check_same_device(op, ref_name, ref, **tensors):
                      lambda: f"{op}: {name} must be on {ref_name}'s device {ref.device}, got {t.device}")
 
 
+def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
+                   temperature: torch.Tensor, seeds: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                   num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless chain rejection sampling with a counter-based RNG; see ``reference.verify_sampled``."""
+    return torch.ops.mtp.verify_sampled.default(draft_tokens, draft_probs, target_logits, temperature, seeds, offsets,
+                                                num_drafts, pad_id)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Shape-invariant ``x @ weight.T + bias``; see ``reference.linear``."""
     return torch.ops.mtp.linear.default(x, weight, bias)
@@ -64,6 +72,18 @@ def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
     _check_same_device("mtp.verify", "draft_tokens", draft_tokens, target_logits=target_logits, num_drafts=num_drafts)
     torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify: draft_tokens must be 2-D [B, K]")
     torch._check(target_logits.dim() == 3, lambda: "mtp.verify: target_logits must be 3-D [B, K+1, V]")
+    B, K = draft_tokens.shape
+    return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+
+
+@torch.library.register_fake("mtp::verify_sampled")
+def _verify_sampled_fake(draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None,
+                         pad_id=-1):
+    _check_same_device("mtp.verify_sampled", "draft_tokens", draft_tokens, draft_probs=draft_probs,
+                       target_logits=target_logits, temperature=temperature, seeds=seeds, offsets=offsets,
+                       num_drafts=num_drafts)
+    torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify_sampled: draft_tokens must be 2-D [B, K]")
+    torch._check(target_logits.dim() == 3, lambda: "mtp.verify_sampled: target_logits must be 3-D [B, K+1, V]")
     B, K = draft_tokens.shape
     return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
 

@@ -116,3 +116,102 @@ def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
     for b, n in enumerate(lens):
         k_cache[b, :, n:n + T] = k_new[b].transpose(0, 1)
         v_cache[b, :, n:n + T] = v_new[b].transpose(0, 1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix64(z: int) -> int:
+    """splitmix64's finaliser on a 64-bit unsigned integer (Python int)."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+STREAM_ACCEPT, STREAM_SAMPLE = 0, 1
+
+
+def sample_uniform(seed: int, position: int, stream: int) -> float:
+    """The counter-based RNG of verify_sampled: a uniform in [0, 1) on the 2^-24 grid,
+        h = mix64(mix64(mix64(seed) + position) + stream)   (all mod 2^64; seed, position
+        u = (h >> 40) / 2^24                                  as two's-complement uint64)
+    with mix64 splitmix64's finaliser. No sequential state: a token depends only on its key.
+    """
+    h = mix64((mix64((mix64(seed & _MASK64) + (position & _MASK64)) & _MASK64) + stream) & _MASK64)
+    return (h >> 40) / 16777216.0
+
+
+def _row_weights(logits_row: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, cumsum(w)) in fp64: w_i = exp((x_i - max x) / T); a point mass on torch.argmax's
+    choice when T == 0 or the row has a NaN, +inf or only -inf."""
+    x = logits_row.double()
+    m = x.max()
+    if temperature == 0 or not bool(torch.isfinite(m)):
+        w = torch.zeros_like(x)
+        w[int(logits_row.argmax())] = 1.0
+    else:
+        w = torch.exp((x - m) / temperature)
+    return w, torch.cumsum(w, 0)  # cumsum: a left-to-right sum, as the kernel's
+
+
+def _inverse_cdf(cum: torch.Tensor, u: float) -> int:
+    # The first i whose running sum exceeds u * total (total = the running sum's end).
+    return int(torch.searchsorted(cum, u * float(cum[-1]), right=True).clamp_max(cum.numel() - 1))
+
+
+def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
+                   temperature: torch.Tensor, seeds: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                   num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless chain rejection sampling (Leviathan et al. 2023, Chen et al. 2023).
+
+    draft_tokens [B, K] int32|int64; draft_probs [B, K, V] (q: the distributions the drafts
+    were sampled from) or None (one-hot: greedy drafts); target_logits [B, K+1, V]; temperature
+    [B] fp32, >= 0; seeds, offsets [B] int64 (offsets default 0); num_drafts [B] in [0, K].
+    Request b, row t = 0..n (n = num_drafts[b]), key (seeds[b], position offsets[b] + t):
+      p_t = softmax(target_logits[b, t] / T) as w_i / S, w_i = exp((x_i - max x) / T) in fp64,
+            S their left-to-right sum (a point mass on torch.argmax when T == 0 or the row has
+            a NaN, +inf or only -inf);
+      u_s = sample_uniform(seed, pos, 1), u_a = sample_uniform(seed, pos, 0);
+      inverse_cdf(r, u) = the first i with r_0 + ... + r_i > u * sum(r) (left to right, fp64).
+    One-hot drafts, or T == 0, or t == n: y = inverse_cdf(p_t, u_s); the draft is accepted
+      iff t < n and y == draft (probability p_t(x) = min(1, p/q); given rejection y follows
+      normalize(max(0, p - q)); so the law is rejection sampling's, and y is the token plain
+      sampling draws at that position with the same key; T == 0 is exactly mtp.verify).
+    With draft_probs (T > 0, t < n): accept x iff 0 <= x < V and u_a * q_t(x) < p_t(x); else
+      y = inverse_cdf(max(0, p_t - q_t), u_s) (p_t when that is all zero).
+    At the first rejection (or t == n, the bonus) y is emitted and the request stops.
+    Returns accepted [B] and out_tokens [B, K+1] (accepted drafts, y, then pad_id), both in
+    draft_tokens' dtype. The kernel agrees on token ids except where u * S falls within
+    fp64 rounding (exp's last bit) of a CDF boundary.
+    """
+    B, K = draft_tokens.shape
+    nd = [K] * B if num_drafts is None else num_drafts.long().tolist()
+    offs = [0] * B if offsets is None else offsets.long().tolist()
+    accepted = torch.zeros(B, dtype=torch.long)
+    out = torch.full((B, K + 1), pad_id, dtype=torch.long)
+    for b in range(B):
+        T, seed = float(temperature[b]), int(seeds[b])
+        for t in range(nd[b] + 1):
+            w, cum = _row_weights(target_logits[b, t], T)
+            us = sample_uniform(seed, offs[b] + t, STREAM_SAMPLE)
+            x = int(draft_tokens[b, t]) if t < nd[b] else None
+            if x is None or draft_probs is None or T == 0:
+                y = _inverse_cdf(cum, us)
+                if x is not None and x == y:
+                    out[b, t] = x
+                    continue
+            else:
+                q = draft_probs[b, t].double()
+                S = float(cum[-1])
+                ua = sample_uniform(seed, offs[b] + t, STREAM_ACCEPT)
+                if 0 <= x < w.numel() and ua * float(q[x]) < float(w[x]) / S:
+                    out[b, t] = x
+                    continue
+                r = torch.clamp_min(w / S - q, 0.0)
+                rc = torch.cumsum(r, 0)
+                y = _inverse_cdf(rc, us) if float(rc[-1]) > 0 else _inverse_cdf(cum, us)
+            out[b, t] = y
+            accepted[b] = t
+            break
+    return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)

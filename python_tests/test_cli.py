@@ -35,6 +35,18 @@ def test_generate_json_mtp_equals_no_mtp(tiny, tmp_path):
     assert "UNTRAINED" in mtp("generate", "--model", tiny, "--prompt", "hi", "--max-new-tokens", 2).stderr
 
 
+def test_sampled_generate_mtp_equals_no_mtp_for_the_same_seed(tiny):
+    runs = {}
+    for seed in (1, 2):
+        for flag in ([], ["--no-mtp"]):
+            r = mtp("generate", "--model", tiny, "--prompt", "hello", "--max-new-tokens", 8, "--k", 2, "--json",
+                    "--temperature", 1.0, "--seed", seed, *flag)
+            assert r.returncode == 0, r.stderr
+            runs[seed, bool(flag)] = json.loads(r.stdout)["tokens"]
+    assert runs[1, False] == runs[1, True] and runs[2, False] == runs[2, True]
+    assert runs[1, True] != runs[2, True]
+
+
 def test_generate_streams_text_and_stats(tiny):
     r = mtp("generate", "--model", tiny, "--prompt", "abc", "--max-new-tokens", 4, "--no-mtp")
     assert r.returncode == 0, r.stderr
@@ -46,6 +58,8 @@ def test_generate_streams_text_and_stats(tiny):
     (["--prompt", "a" * 300], "does not fit the model's context of 256 tokens"),
     (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--prompt", "x", "--k", "0"], "--k must be >= 1"),
+    (["--prompt", "x", "--temperature", "-1"], "--temperature must be finite and >= 0"),
+    (["--prompt", "x", "--temperature", "nan"], "--temperature must be finite and >= 0"),
     (["--prompts-file", "/nonexistent.jsonl"], "cannot read --prompts-file"),
 ])
 def test_bad_input_exits_2_with_a_message(tiny, args, message):

@@ -104,6 +104,38 @@ def test_eos_and_max_new_tokens():
     assert out == full[:full.index(stop) + 1]
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_sampled_speculative_equals_sampled_plain_for_the_same_seed(k):
+    """The RNG is keyed by (seed, request, position): a head's drafts change how many
+    passes it takes, never the tokens."""
+    model = tiny_backbone()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 20, (6,), generator=g)]
+    max_new = 20
+    for temperature, seed in [(1.0, 0), (0.6, 123)]:
+        plain = decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids,
+                                  temperature=temperature, seed=seed)
+        want = [r.tokens for r in plain]
+        # An oracle that knows the sampled continuation (corrupting a quarter of its drafts),
+        # and a random head.
+        futures = {b: prompts[b] + want[b] for b in range(len(prompts))}
+        oracle = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k,
+                                   eos_token_ids=TINY.eos_token_ids, temperature=temperature, seed=seed)
+        assert [r.tokens for r in oracle] == want
+        assert sum(r.passes for r in oracle) < sum(r.passes for r in plain)  # drafts were accepted
+        torch.manual_seed(0)
+        head = MTPHead(HeadConfig.for_backbone(TINY))
+        rand = decoding.generate(model, prompts, max_new, head=head, k=k, eos_token_ids=TINY.eos_token_ids,
+                                 temperature=temperature, seed=seed)
+        assert [r.tokens for r in rand] == want
+    # Sampling differs from greedy and between seeds; temperature 0 is greedy.
+    other = [r.tokens for r in decoding.generate(model, prompts, max_new, temperature=1.0, seed=1)]
+    assert other != want
+    assert [r.tokens for r in decoding.generate(model, prompts, max_new, temperature=0.0, seed=5)] == \
+        greedy_reference(model, prompts, max_new) != want
+
+
 def test_bad_generation_input():
     model = tiny_backbone()
     with pytest.raises(ValueError, match="does not fit the model's context of 256 tokens"):
@@ -112,6 +144,8 @@ def test_bad_generation_input():
         decoding.generate(model, [[1], []], 4)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         decoding.generate(model, [[1]], 0)
+    with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+        decoding.generate(model, [[1]], 4, temperature=-0.1)
     with pytest.raises(ValueError, match="k \\(drafts per pass\\) must be >= 1"):
         decoding.generate(model, [[1]], 4, head=OracleHead({0: [1]}, 97), k=0)
     bad = MTPHead(HeadConfig.for_backbone(TINY, kv_layer=5))

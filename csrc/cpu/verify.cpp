@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "mtp/sampling.h"
 #include "mtp/verify.h"
 
 namespace mtp::cpu {
@@ -9,6 +10,7 @@ namespace {
 
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
+constexpr const char* kSampled = "mtp.verify_sampled";
 
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
@@ -55,9 +57,94 @@ at::Tensor accept_prefix_cpu(const at::Tensor& draft_tokens, const at::Tensor& t
   return accepted;
 }
 
+// A [B] fp32 vector of temperatures (values: >= 0 and finite), as doubles.
+std::vector<double> checked_temperatures(const char* op, const at::Tensor& temp, int64_t B) {
+  check_cpu(op, "temperature", temp);
+  check_dtype(op, "temperature", temp, {at::kFloat});
+  check_dim(op, "temperature", temp, 1, "[B]");
+  check_size(op, "temperature", temp, 0, B, "B (draft_tokens.size(0))");
+  std::vector<double> out(B);
+  const float* p = temp.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    out[b] = p[b * temp.stride(0)];
+    TORCH_CHECK(std::isfinite(out[b]) && out[b] >= 0, op, ": temperature must be finite and >= 0, got temperature[",
+                b, "] = ", out[b]);
+  }
+  return out;
+}
+
+// seeds / offsets: int64 [B] (offsets default 0), as values.
+std::vector<int64_t> checked_keys(const char* op, const char* name, const c10::optional<at::Tensor>& t, int64_t B) {
+  if (!t.has_value()) return std::vector<int64_t>(B, 0);
+  check_cpu(op, name, *t);
+  check_dtype(op, name, *t, {at::kLong});
+  check_dim(op, name, *t, 1, "[B]");
+  check_size(op, name, *t, 0, B, "B (draft_tokens.size(0))");
+  std::vector<int64_t> out(B);
+  const int64_t* p = t->data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) out[b] = p[b * t->stride(0)];
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_tokens,
+                                                      const c10::optional<at::Tensor>& draft_probs,
+                                                      const at::Tensor& target_logits, const at::Tensor& temperature,
+                                                      const at::Tensor& seeds, const c10::optional<at::Tensor>& offsets,
+                                                      const c10::optional<at::Tensor>& num_drafts, int64_t pad_id) {
+  check_verify_inputs(kSampled, draft_tokens, target_logits, at::kCPU);
+  const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
+  const std::vector<double> temp = checked_temperatures(kSampled, temperature, B);
+  const std::vector<int64_t> seed = checked_keys(kSampled, "seeds", seeds, B);
+  const std::vector<int64_t> offset = checked_keys(kSampled, "offsets", offsets, B);
+  std::vector<int64_t> nd = checked_num_drafts(kSampled, num_drafts, B, K);
+  VerifyArgs a = verify_args(draft_tokens, target_logits);
+  a.num_drafts = nd.data();
+  const void* q = nullptr;
+  DType qdt = DType::F32;
+  int64_t qs[2] = {0, 0};
+  if (draft_probs.has_value()) {
+    const at::Tensor& dp = *draft_probs;
+    check_cpu(kSampled, "draft_probs", dp);
+    check_dtype(kSampled, "draft_probs", dp, kFloatTypes);
+    check_dim(kSampled, "draft_probs", dp, 3, "[B, K, V]");
+    check_size(kSampled, "draft_probs", dp, 0, B, "B (draft_tokens.size(0))");
+    check_size(kSampled, "draft_probs", dp, 1, K, "K (draft_tokens.size(1))");
+    check_size(kSampled, "draft_probs", dp, 2, a.V, "V (target_logits.size(2))");
+    // A probability: a negative or NaN entry would make the rule meaningless.
+    TORCH_CHECK(dp.numel() == 0 || (dp >= 0).all().item<bool>(), kSampled,
+                ": draft_probs must be probabilities (finite, >= 0), found a negative or NaN entry");
+    TORCH_CHECK(dp.numel() == 0 || dp.isfinite().all().item<bool>(), kSampled,
+                ": draft_probs must be probabilities (finite, >= 0), found an infinite entry");
+    q = dp.data_ptr();
+    qdt = to_dtype(dp.scalar_type());
+    qs[0] = dp.stride(1);
+    qs[1] = dp.stride(2);
+  }
+
+  auto opts = draft_tokens.options();
+  at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
+  const Isa isa = current_isa();
+  AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "verify_sampled", [&] {
+    using I = index_t;
+    IdView<const I> d = ids<const I>(draft_tokens);
+    IdView<I> o = ids<I>(out);
+    I* acc = accepted.data_ptr<I>();
+    const int64_t qb = draft_probs.has_value() ? draft_probs->stride(0) * dtype_size(qdt) : 0;
+    TorchParallelFor{}(B, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const void* qrow = q ? static_cast<const char*>(q) + b * qb : nullptr;
+        acc[b] = I(sample_request<I>(a, b, d.row(b), d.stride[1], qrow, qdt, qs, temp[b], seed[b], offset[b], nd[b],
+                                     pad_id, o.row(b), o.stride[1], isa));
+      }
+    });
+  });
+  return {accepted, out};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(mtp, CPU, m) {
+  m.impl("verify_sampled", &verify_sampled_cpu);
   m.impl("verify", &verify_cpu);
   m.impl("accept_prefix", &accept_prefix_cpu);
 }

@@ -16,6 +16,7 @@
 #include "mtp/argmax.h"
 #include "mtp/mtp.h"
 #include "mtp/parallel.h"
+#include "mtp/sampling.h"
 #include "test_util.h"
 
 namespace {
@@ -476,6 +477,37 @@ void test_isa() {
 
 }  // namespace
 
+// verify_sampled's torch-free rule: the RNG formula (values fixed as in reference.py's
+// test), the inverse CDF on a uniform row, temperature 0 = argmax, one-hot accept/reject.
+static void test_sampling() {
+  EXPECT(mtp::mix64(0) == 0xE220A8397B1DCDAFull, "mix64(0) = %llx", (unsigned long long)mtp::mix64(0));
+  const int64_t V = 4096, K = 2;
+  std::vector<float> logits((K + 1) * V, 0.0f);
+  mtp::VerifyArgs a;
+  a.B = 1; a.K = K; a.V = V; a.logits = logits.data();
+  a.logits_stride[0] = (K + 1) * V; a.logits_stride[1] = V; a.logits_stride[2] = 1;
+  const mtp::Isa isa = mtp::current_isa();
+  for (int64_t seed : {int64_t(0), int64_t(-1), int64_t(12345)}) {
+    // Uniform rows: the drawn token is floor(u * V) at each position.
+    int64_t want[K + 1];
+    for (int64_t t = 0; t <= K; ++t)
+      want[t] = int64_t(mtp::sample_uniform(seed, 40 + t, mtp::kStreamSample) * double(V));
+    int64_t draft[K] = {want[0], V};  // the first matches the draw, the second lies outside V
+    int64_t out[K + 1];
+    int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 1.0, seed, 40, K, -7,
+                                             out, 1, isa);
+    EXPECT(n == 1 && out[0] == want[0] && out[1] == want[1] && out[2] == -7, "seed %lld: n %lld out %lld %lld %lld",
+           (long long)seed, (long long)n, (long long)out[0], (long long)out[1], (long long)out[2]);
+  }
+  // Temperature 0: the argmax (first of a tie), whatever the seed.
+  logits[5] = logits[9] = 3.0f;
+  int64_t draft[K] = {5, 1}, out[K + 1];
+  int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 0.0, 77, 0, K, -1, out,
+                                           1, isa);
+  EXPECT(n == 1 && out[0] == 5 && out[1] == 0 && out[2] == -1, "greedy: n %lld out %lld %lld", (long long)n,
+         (long long)out[0], (long long)out[1]);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|ops_errors [isa]\n", argv[0]);
@@ -500,6 +532,7 @@ int main(int argc, char** argv) {
   else if (which == "accept_prefix") test_accept_prefix();
   else if (which == "errors") test_errors();
   else if (which == "threads") test_threads();
+  else if (which == "sampling") test_sampling();
   else if (which == "isa") test_isa();
   else if (which == "attention") test_attention();
   else if (which == "cache_append") test_cache_append();
