@@ -8,10 +8,16 @@
 
 namespace mtp::x86 {
 
+// Software prefetch this far ahead: the hardware prefetchers stop at 4 KiB page edges.
+constexpr int64_t kArgmaxPrefetchBytes = 4096;
+
 template <class V, DType T>
 inline float block_max(const void* x, int64_t i, bool* has_nan) {
   using F = typename V::F;
   constexpr int W = V::W;
+  constexpr int64_t esize = T == DType::F32 ? 4 : 2;
+  const char* ahead = static_cast<const char*>(x) + i * esize + kArgmaxPrefetchBytes;
+  for (int64_t o = 0; o < generic::kArgmaxBlock * esize; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
   const F zero = V::zero();
   F m[4], z[4];
   for (int u = 0; u < 4; ++u) {
