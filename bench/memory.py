@@ -39,7 +39,7 @@ def main():
     cfg, weights, _ = checkpoint.load()
     dtype = getattr(torch, args.dtype)
     model = Backbone(cfg, weights, dtype)
-    head = load_head(None, model, log=lambda m: None).to(dtype)
+    head = load_head(None, model, log=lambda m: None)  # in the backbone's dtype
     head_bytes = sum(t.numel() * t.element_size() for t in head.state_dict().values())
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
     print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request; head weights: {head_bytes / MB:.2f} MB\n")

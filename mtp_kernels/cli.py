@@ -57,6 +57,7 @@ def load_head(path: str | None, backbone, log):
         torch.manual_seed(0)
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg))
     head.check_fits(backbone.cfg)
+    head.to(backbone.dtype)  # once here: draft() would otherwise cast every weight per call
     if not head.cfg.trained:
         log("note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
             "the output is still exactly the backbone's own (greedy, or sampled with the same seed)")

@@ -131,6 +131,7 @@ class MTPHead(torch.nn.Module):
         kc, vc = cache.k[layer], cache.v[layer]
         local_k = torch.zeros(c.num_blocks, B, c.num_kv_heads, k, c.head_dim, dtype=dt)
         local_v = torch.zeros_like(local_k)
+        # No-ops when the head is already in the backbone's dtype (cli.load_head puts it there).
         weights = [{n: p.to(dt) for n, p in blk.named_parameters()} for blk in self.blocks]
         proj = self.proj.to(dt)
         out_rows = self.draft_logits_weight(backbone)
