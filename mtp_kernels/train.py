@@ -1,0 +1,346 @@
+"""Training the MTP head on the frozen backbone (self-distillation).
+
+1. distill: the frozen backbone answers every training prompt greedily; those answers are
+   the targets (what the head must predict is exactly what verification will accept).
+   Runs through transformers' batched `generate` on the same GGUF weights (fast batched
+   GEMMs); its greedy tokens are the backbone's own up to float rounding.
+2. features: one teacher-forced pass over prompt + answer gives, per position, the
+   backbone's final hidden state and the K/V of the layer the head reads.
+3. train: the head is unrolled over `steps` draft steps exactly as `MTPHead.draft` runs
+   them (step j of anchor p: input = embedding of token p+1+j and the previous step's
+   hidden state, query at position p+1+j, attending to the backbone keys 0..p and to its
+   own keys of steps 0..j), with cross-entropy against the backbone's tokens p+2+j over
+   the draft vocabulary. The backbone is never updated: its weights are buffers and the
+   features are computed under no_grad.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .models.head import HeadConfig, MTPHead
+from .models.llama import Backbone, rms_norm
+
+IGNORE = -100
+
+
+# ---- 1. distillation -------------------------------------------------------------------
+def hf_backbone(gguf_path: str):
+    """transformers' Llama on the same GGUF file, fp32, for batched generation and features."""
+    import transformers
+
+    folder, name = os.path.split(gguf_path)
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def distill(hf_model, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: int, batch: int = 32,
+            log: Callable[[str], None] = print) -> list[list[int]]:
+    """The backbone's greedy answer (ending with EOS when it stopped) to every prompt."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    answers: list[list[int]] = [[] for _ in prompt_ids]
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        width = max(len(prompt_ids[i]) for i in idx)
+        ids = torch.full((len(idx), width), eos_id)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):  # left padding: every answer starts at column `width`
+            ids[r, width - len(prompt_ids[i]):] = torch.tensor(prompt_ids[i])
+            mask[r, width - len(prompt_ids[i]):] = 1
+        out = hf_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                pad_token_id=eos_id, eos_token_id=eos_id)
+        for r, i in enumerate(idx):
+            a = out[r, width:].tolist()
+            answers[i] = a[:a.index(eos_id) + 1] if eos_id in a else a
+        log(f"distill: {min(start + batch, len(order))}/{len(order)} prompts, {time.perf_counter() - t0:.0f} s")
+    return answers
+
+
+# ---- 2. features -----------------------------------------------------------------------
+@dataclasses.dataclass
+class Sequence:
+    tokens: torch.Tensor   # [N] prompt + answer
+    prompt_len: int
+    hidden: torch.Tensor   # [N, H] the backbone's final (normed) hidden states, bf16
+    k: torch.Tensor        # [Hkv, N, D] post-RoPE keys of the head's layer, bf16
+    v: torch.Tensor
+
+
+@torch.no_grad()
+def features(hf_model, seqs: list[tuple[list[int], int]], kv_layer: int, batch: int = 16,
+             log: Callable[[str], None] = print) -> list[Sequence]:
+    """Teacher-forced features of (tokens, prompt_len) pairs (right padding: positions
+    start at 0 for every row, and causal attention never sees the padding)."""
+    out: list[Sequence | None] = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        width = max(len(seqs[i][0]) for i in idx)
+        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, :len(seqs[i][0])] = torch.tensor(seqs[i][0])
+        o = hf_model(input_ids=ids, output_hidden_states=True, use_cache=True)
+        layer = o.past_key_values.layers[kv_layer]
+        for r, i in enumerate(idx):
+            n = len(seqs[i][0])
+            out[i] = Sequence(ids[r, :n].clone(), seqs[i][1], o.hidden_states[-1][r, :n].bfloat16(),
+                              layer.keys[r, :, :n].bfloat16(), layer.values[r, :, :n].bfloat16())
+        log(f"features: {min(start + batch, len(order))}/{len(order)} sequences, {time.perf_counter() - t0:.0f} s")
+    return out  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: int, kv_layer: int) -> Sequence:
+    """The same features from our own backbone (exact, one sequence at a time)."""
+    cache = backbone.new_cache(1, len(tokens))
+    hidden = backbone(torch.tensor([tokens]), cache)[0]
+    layer = kv_layer % backbone.cfg.num_layers
+    n = len(tokens)
+    return Sequence(torch.tensor(tokens), prompt_len, hidden.bfloat16(), cache.k[layer, 0, :, :n].bfloat16(),
+                    cache.v[layer, 0, :, :n].bfloat16())
+
+
+# ---- 3. the head unrolled over all anchors at once --------------------------------------
+def _pad(xs: list[torch.Tensor], dim: int, value=0) -> torch.Tensor:
+    n = max(x.shape[dim] for x in xs)
+    return torch.stack([F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]], value=value) for x in xs])
+
+
+def _rope(x, cos, sin):
+    """x [B, L, H, D]; cos/sin [L, D]."""
+    half = x.shape[-1] // 2
+    return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, None]
+
+
+def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], steps: int,
+                    vocab_rows: torch.Tensor) -> list[torch.Tensor]:
+    """Draft logits [B, L, len(vocab_rows)] of every step j < steps for every anchor p
+    (the position of the backbone's last hidden state), with the sequence's own tokens
+    as the head's inputs (teacher forcing) — the computation of MTPHead.draft, in fp32
+    torch ops so that it has gradients."""
+    c = head.cfg
+    tokens = _pad([s.tokens for s in batch], 0)                   # [B, L]
+    hid = _pad([s.hidden for s in batch], 0).float()              # [B, L, H]
+    kb = _pad([s.k for s in batch], 1).float()                    # [B, Hkv, L, D]
+    vb = _pad([s.v for s in batch], 1).float()
+    B, L = tokens.shape
+    g, scale = c.num_heads // c.num_kv_heads, c.head_dim ** -0.5
+    emb, cos_t, sin_t = backbone.embedding.float(), backbone.rope_cos, backbone.rope_sin
+    causal = torch.ones(L, L, dtype=torch.bool).tril()            # anchor p sees backbone keys s <= p
+    local_k = [[] for _ in head.blocks]
+    local_v = [[] for _ in head.blocks]
+    h, out = hid, []
+    for j in range(steps):
+        nxt = F.pad(tokens[:, 1 + j:], [0, 1 + j])                 # token p+1+j (0 past the end)
+        pos = torch.arange(L) + 1 + j
+        cos, sin = cos_t[pos.clamp(max=cos_t.shape[0] - 1)], sin_t[pos.clamp(max=cos_t.shape[0] - 1)]
+        x = torch.cat([rms_norm(emb[nxt], head.embed_norm, c.rms_norm_eps),
+                       rms_norm(h, head.hidden_norm, c.rms_norm_eps)], dim=-1) @ head.proj.T
+        for i, blk in enumerate(head.blocks):
+            a = rms_norm(x, blk.attn_norm, c.rms_norm_eps)
+            q = _rope((a @ blk.q_proj.T).view(B, L, c.num_kv_heads, g, c.head_dim), cos[:, None], sin[:, None])
+            local_k[i].append(_rope((a @ blk.k_proj.T).view(B, L, c.num_kv_heads, c.head_dim), cos, sin))
+            local_v[i].append((a @ blk.v_proj.T).view(B, L, c.num_kv_heads, c.head_dim))
+            qh = q.permute(0, 2, 3, 1, 4)                               # [B, Hkv, g, L, D]
+            s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale    # [B, Hkv, g, L, L]
+            s_back = s_back.masked_fill(~causal, float("-inf"))
+            s_loc = torch.stack([(q * lk[:, :, :, None]).sum(-1) for lk in local_k[i]], -1) * scale
+            p = torch.softmax(torch.cat([s_back, s_loc.permute(0, 2, 3, 1, 4)], -1), -1)
+            att = p[..., :L] @ vb[:, :, None]                           # [B, Hkv, g, L, D]
+            att = att + torch.einsum("bkgls,sblkd->bkgld", p[..., L:], torch.stack(local_v[i]))
+            x = x + att.permute(0, 3, 1, 2, 4).reshape(B, L, -1) @ blk.o_proj.T
+            m = rms_norm(x, blk.mlp_norm, c.rms_norm_eps)
+            x = x + (F.silu(m @ blk.gate_proj.T) * (m @ blk.up_proj.T)) @ blk.down_proj.T
+        h = x
+        out.append(rms_norm(h, head.out_norm, c.rms_norm_eps) @ vocab_rows.T)
+    return out
+
+
+def unrolled_targets(batch: list[Sequence], steps: int, vocab_index: torch.Tensor) -> list[torch.Tensor]:
+    """Target [B, L] of step j at anchor p: the backbone's token p+2+j, as an index into
+    the draft vocabulary; IGNORE where the anchor's input token p+1 is still the prompt
+    (drafting starts after it), past the end, or where the token is outside the vocabulary."""
+    tokens = _pad([s.tokens for s in batch], 0, value=-1)
+    B, L = tokens.shape
+    first = torch.tensor([s.prompt_len - 1 for s in batch])[:, None]   # first anchor: the last prompt position
+    out = []
+    for j in range(steps):
+        tgt = F.pad(tokens[:, 2 + j:], [0, 2 + j], value=-1)
+        idx = torch.where(tgt >= 0, vocab_index[tgt.clamp(min=0)], IGNORE)
+        out.append(torch.where(torch.arange(L)[None] >= first, idx, IGNORE))
+    return out
+
+
+def draft_vocabulary(answers: list[list[int]], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `size` most frequent answer tokens, most frequent first (so any prefix is the
+    best draft vocabulary of that smaller size), plus the `always` ids (EOS)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for a in answers:
+        counts += torch.bincount(torch.tensor(a, dtype=torch.long), minlength=vocab_size)
+    counts[list(always)] = counts.max() + 1
+    return counts.argsort(descending=True, stable=True)[:size]
+
+
+def init_from_backbone(head: MTPHead, backbone: Backbone) -> None:
+    """Start every block from the weights of the backbone layer whose cache it reads: its
+    queries then already match that layer's keys. The projection starts as the sum of
+    the two normed inputs (the next token's embedding plus the hidden state)."""
+    layer = head.cfg.kv_layer % backbone.cfg.num_layers
+    p = f"model.layers.{layer}."
+    names = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
+             "v_proj": "self_attn.v_proj", "o_proj": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+             "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj"}
+    with torch.no_grad():
+        for blk in head.blocks:
+            for mine, theirs in names.items():
+                getattr(blk, mine).copy_(backbone.w(p + theirs + ".weight").float())
+        eye = torch.eye(head.cfg.hidden_size)
+        head.proj.copy_(torch.cat([eye, eye], dim=1))
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = 4            # unrolled draft steps per anchor
+    batch: int = 8            # sequences per optimiser step
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    max_steps: int = 1000     # optimiser steps; the schedule depends on steps only (reproducible)
+    minutes: float = 60.0     # safety cap on the wall clock: stops early (logged) when reached
+    seed: int = 0
+
+
+def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: list[Sequence], tc: TrainConfig,
+               log: Callable[[str], None] = print) -> dict:
+    """AdamW, warmup then cosine decay over max_steps; returns the validation curve."""
+    torch.manual_seed(tc.seed)
+    rng = random.Random(tc.seed)
+    vocab = head.draft_vocab
+    rows = backbone.lm_head[vocab].float() if vocab.numel() else backbone.lm_head.float()
+    index = torch.full((backbone.cfg.vocab_size,), IGNORE, dtype=torch.long)
+    index[vocab if vocab.numel() else torch.arange(backbone.cfg.vocab_size)] = torch.arange(rows.shape[0])
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
+    order = sorted(range(len(train)), key=lambda i: len(train[i].tokens))
+    batches = [order[i:i + tc.batch] for i in range(0, len(order), tc.batch)]
+    budget, t0, step, curve = tc.minutes * 60, time.perf_counter(), 0, []
+    first_loss = curve_loss = float("nan")
+    while True:
+        rng.shuffle(batches)
+        for bi in batches:
+            elapsed = time.perf_counter() - t0
+            if elapsed >= budget or step == tc.max_steps:
+                if step < tc.max_steps:
+                    log(f"train: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
+                curve.append({"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)})
+                log(f"train: done after {step} steps, {elapsed:.0f} s; {curve[-1]}")
+                return {"curve": curve, "steps": step, "first_loss": first_loss, "last_loss": curve_loss,
+                        "seconds": round(elapsed)}
+            frac = step / tc.max_steps
+            lr = tc.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for grp in opt.param_groups:
+                grp["lr"] = lr
+            batch = [train[i] for i in bi]
+            logits = unrolled_logits(head, backbone, batch, tc.steps, rows)
+            targets = unrolled_targets(batch, tc.steps, index)
+            loss = sum(F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=IGNORE)
+                       for lg, t in zip(logits, targets)) / tc.steps
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            curve_loss = loss.item()
+            if step == 1:
+                first_loss = curve_loss
+            if step % 25 == 0:
+                log(f"train: step {step}, {elapsed:.0f} s, lr {lr:.2e}, loss {curve_loss:.3f}")
+            if step % 200 == 0:
+                curve.append({"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)})
+                log(f"train: validation {curve[-1]}")
+
+
+@torch.no_grad()
+def evaluate(head: MTPHead, backbone: Backbone, val: list[Sequence], steps: int, rows: torch.Tensor,
+             index: torch.Tensor, batch: int = 8) -> dict:
+    """Teacher-forced top-1 accuracy of each draft step, and the expected accepted
+    drafts per anchor (the product of step-wise correctness, summed over steps)."""
+    correct, total, chain = torch.zeros(steps), 0, 0.0
+    for i in range(0, len(val), batch):
+        b = val[i:i + batch]
+        logits = unrolled_logits(head, backbone, b, steps, rows)
+        targets = unrolled_targets(b, steps, index)
+        valid = targets[0] != IGNORE
+        run = valid.clone()
+        for j, (lg, t) in enumerate(zip(logits, targets)):
+            ok = (lg.argmax(-1) == t) & (t != IGNORE)
+            correct[j] += (ok & valid).sum()
+            run &= ok
+            chain += run.sum().item()
+        total += valid.sum().item()
+    return {"acc_by_step": [round(x, 4) for x in (correct / max(total, 1)).tolist()],
+            "accepted_per_anchor": round(chain / max(total, 1), 3)}
+
+
+def save_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+# ---- the whole job (`mtp train`) ---------------------------------------------------------
+def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 16384,
+        kv_layer: int = -1, max_new_tokens: int = 128, num_prompts: int = 0, val_fraction: float = 0.04,
+        log: Callable[[str], None] = print) -> dict:
+    """distill (cached in work_dir) -> features -> train -> save the head to out_dir."""
+    from . import data
+    from .models import checkpoint
+
+    prompts = data.read_jsonl(prompts_path)
+    if num_prompts:
+        prompts = prompts[:num_prompts]
+    if not prompts:
+        raise ValueError(f"{prompts_path}: no prompts")
+    torch.manual_seed(tc.seed)
+    cfg, weights, tok = checkpoint.load(None)
+    backbone = Backbone(cfg, weights, torch.float32)
+    t0 = time.perf_counter()
+    os.makedirs(work_dir, exist_ok=True)
+    cached = os.path.join(work_dir, "distilled.jsonl")
+    ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
+    rows = data.read_jsonl(cached) if os.path.isfile(cached) else []
+    hf = hf_backbone(checkpoint.default_gguf_path())
+    if [r["prompt_ids"] for r in rows] != ids:
+        answers = distill(hf, ids, max_new_tokens, cfg.eos_token_ids[0], log=log)
+        rows = [{"task": p["task"], "prompt_ids": i, "answer_ids": a} for p, i, a in zip(prompts, ids, answers)]
+        data.write_jsonl(cached, rows)
+    else:
+        log(f"distill: reusing {cached}")
+    t_distill = time.perf_counter() - t0
+    seqs = features(hf, [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in rows],
+                    kv_layer % cfg.num_layers, log=log)
+    del hf
+    t_features = time.perf_counter() - t0 - t_distill
+    n_val = max(1, int(len(seqs) * val_fraction))
+    train_seqs, val_seqs = seqs[n_val:], seqs[:n_val]
+    head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
+    head.set_draft_vocab(draft_vocabulary([r["answer_ids"] for r in rows[n_val:]], draft_vocab_size, cfg.vocab_size,
+                                          always=tuple(cfg.eos_token_ids)))
+    init_from_backbone(head, backbone)
+    result = train_head(head, backbone, train_seqs, val_seqs, tc, log=log)
+    head.save(out_dir)
+    result.update(distill_seconds=round(t_distill), feature_seconds=round(t_features), train_config=dataclasses.asdict(tc),
+                  sequences=len(train_seqs), val_sequences=n_val, draft_vocab_size=draft_vocab_size, kv_layer=kv_layer,
+                  head_parameters=sum(p.numel() for p in head.parameters()))
+    save_json(os.path.join(out_dir, "training.json"), result)
+    log(f"train: head saved to {out_dir} ({result['head_parameters']} parameters)")
+    return result
