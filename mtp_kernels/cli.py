@@ -121,6 +121,79 @@ def cmd_train(args) -> int:
     return 0
 
 
+ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "hf_greedy", "hf_prompt_lookup")
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from . import data, evaluate
+    from .models import checkpoint
+    from .models.llama import DTYPES, Backbone
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown or "ours_greedy" not in methods:
+        raise UsageError(f"--methods: expected a comma-separated subset of {','.join(ALL_METHODS)} including "
+                         f"ours_greedy (the reference of every comparison), got {args.methods!r}")
+    try:
+        rows = data.read_jsonl(args.eval_set)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read --eval-set: {e}") from e
+    torch.set_num_threads(args.threads)
+    cfg, weights, tok = checkpoint.load(args.model)
+    model = Backbone(cfg, weights, DTYPES[args.dtype])
+    picked = [r for task in sorted({r["task"] for r in rows}) for r in [x for x in rows if x["task"] == task][:args.per_task]]
+    ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in picked]
+    tasks = [r["task"] for r in picked]
+    eos = tuple(cfg.eos_token_ids)
+    res = {"command": "mtp bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "mtp bench",
+           "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, 1 request at a time, "
+                    f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}",
+           "methods": {}}
+    runs = {}
+    head = load_head(args.head, model, log) if "ours_mtp" in methods else None
+    hf = None
+    if any(m.startswith("hf_") for m in methods):
+        from .train import hf_backbone
+
+        hf = hf_backbone(args.model or checkpoint.default_gguf_path()).to(DTYPES[args.dtype])
+    for m in methods:
+        t = time.perf_counter()
+        if m == "ours_greedy":
+            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos)
+        elif m == "ours_mtp":
+            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k)
+        elif m == "ours_drafter":
+            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos,
+                                        load_drafter(args.drafter_path, model), args.k)
+        else:
+            runs[m] = evaluate.run_transformers(hf, ids, tasks, args.max_new_tokens, eos,
+                                                prompt_lookup=args.prompt_lookup if m == "hf_prompt_lookup" else 0)
+        res["methods"][m] = evaluate.summarize(runs[m], None if m == "ours_greedy" else runs["ours_greedy"])
+        log(f"bench: {m} done in {time.perf_counter() - t:.0f} s: {json.dumps(res['methods'][m])}")
+    for m in ("ours_mtp", "ours_drafter"):
+        if m in runs and any(a.tokens != b.tokens for a, b in zip(runs[m], runs["ours_greedy"])):
+            log(f"bench: ERROR: {m} output differs from plain greedy")
+            res["error"] = f"{m} output differs from plain greedy"
+    if head is not None and args.sweep_per_task:
+        sub = [i for i, r in enumerate(picked) if sum(x["task"] == r["task"] for x in picked[:i]) < args.sweep_per_task]
+        res["sweep"] = evaluate.sweep(model, head, [ids[i] for i in sub], [tasks[i] for i in sub], args.max_new_tokens,
+                                      eos, ks=range(1, 7), vocab_sizes=(1024, 2048, 4096, 8192), k_for_vocab=args.k,
+                                      log=log)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    evaluate.save(res, args.out + ".json")
+    with open(args.out + ".md", "w") as f:
+        f.write(evaluate.markdown(res))
+    if args.plot:
+        evaluate.plot(res, args.out + ".png")
+    print(evaluate.markdown(res))
+    return 1 if "error" in res else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtp", description="Exact speculative decoding with a frozen MTP head.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,10 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the MTP head on the frozen default backbone (self-distillation)")
     t.add_argument("--prompts", default=os.path.join(repo, "data", "train_prompts.jsonl"),
                    help='JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)')
-    t.add_argument("--num-prompts", type=int, default=1200, help="use the first N prompts (0: all)")
+    t.add_argument("--num-prompts", type=int, default=600, help="use the first N prompts (0: all)")
     t.add_argument("--out", default=os.path.join(SHIPPED_HEADS, "smollm2-135m"), help="where the head is saved")
-    t.add_argument("--work-dir", default="runs", help="cache of the backbone's answers (reused when unchanged)")
-    t.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the backbone's answers")
+    t.add_argument("--work-dir", default="runs", help="cache of the backbone's answers (an interrupted run resumes)")
+    t.add_argument("--max-new-tokens", type=int, default=96, help="length cap of the backbone's answers")
     t.add_argument("--max-steps", type=int, default=1000, help="optimiser steps")
     t.add_argument("--minutes", type=float, default=60.0, help="wall-clock cap of the optimisation")
     t.add_argument("--unroll", type=int, default=4, help="draft steps unrolled in the loss")
@@ -158,13 +231,30 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train)
+
+    b = sub.add_parser("bench", help="end-to-end benchmark on the held-out evaluation set (all methods side by side)")
+    b.add_argument("--eval-set", default=os.path.join(repo, "bench", "eval_set.jsonl"))
+    b.add_argument("--per-task", type=int, default=30, help="prompts per task")
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--k", type=int, default=3, help="drafts per pass (head and standalone drafter)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--methods", default=",".join(ALL_METHODS))
+    b.add_argument("--prompt-lookup", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    b.add_argument("--sweep-per-task", type=int, default=0, help="> 0: also sweep K and the draft vocabulary size")
+    b.add_argument("--model")
+    b.add_argument("--head")
+    b.add_argument("--drafter-path")
+    b.add_argument("--out", default=os.path.join("bench", "e2e"), help="writes OUT.json, OUT.md (and OUT.png)")
+    b.add_argument("--plot", action="store_true", help="also draw OUT.png (needs matplotlib)")
+    b.set_defaults(func=cmd_bench)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # Integer options that must be positive (those the command has), then the rest.
-    positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab"]
+    positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab", "per_task", "threads"]
     bad = [f"--{n.replace('_', '-')} must be >= 1" for n in positive if getattr(args, n, 1) < 1]
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
         bad.append("--temperature must be finite and >= 0")

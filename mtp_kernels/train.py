@@ -44,13 +44,16 @@ def hf_backbone(gguf_path: str):
 
 @torch.no_grad()
 def distill(hf_model, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: int, batch: int = 32,
+            done: dict[int, list[int]] | None = None, on_batch: Callable[[dict[int, list[int]]], None] | None = None,
             log: Callable[[str], None] = print) -> list[list[int]]:
-    """The backbone's greedy answer (ending with EOS when it stopped) to every prompt."""
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-    answers: list[list[int]] = [[] for _ in prompt_ids]
+    """The backbone's greedy answer (ending with EOS when it stopped) to every prompt.
+    `done` holds answers already computed (by prompt index); on_batch sees each new batch
+    of answers (to save them, so that an interrupted run resumes)."""
+    answers = dict(done or {})
+    todo = sorted((i for i in range(len(prompt_ids)) if i not in answers), key=lambda i: len(prompt_ids[i]))
     t0 = time.perf_counter()
-    for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
+    for start in range(0, len(todo), batch):
+        idx = todo[start:start + batch]
         width = max(len(prompt_ids[i]) for i in idx)
         ids = torch.full((len(idx), width), eos_id)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
@@ -59,11 +62,15 @@ def distill(hf_model, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: 
             mask[r, width - len(prompt_ids[i]):] = 1
         out = hf_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                 pad_token_id=eos_id, eos_token_id=eos_id)
+        new = {}
         for r, i in enumerate(idx):
             a = out[r, width:].tolist()
-            answers[i] = a[:a.index(eos_id) + 1] if eos_id in a else a
-        log(f"distill: {min(start + batch, len(order))}/{len(order)} prompts, {time.perf_counter() - t0:.0f} s")
-    return answers
+            new[i] = a[:a.index(eos_id) + 1] if eos_id in a else a
+        answers.update(new)
+        if on_batch:
+            on_batch(new)
+        log(f"distill: {len(answers)}/{len(prompt_ids)} prompts, {time.perf_counter() - t0:.0f} s")
+    return [answers[i] for i in range(len(prompt_ids))]
 
 
 # ---- 2. features -----------------------------------------------------------------------
@@ -118,48 +125,62 @@ def _pad(xs: list[torch.Tensor], dim: int, value=0) -> torch.Tensor:
 
 
 def _rope(x, cos, sin):
-    """x [B, L, H, D]; cos/sin [L, D]."""
+    """x [B, A, H, D]; cos/sin [B, A, D]."""
     half = x.shape[-1] // 2
-    return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, None]
+    return x * cos[:, :, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, :, None]
 
 
-def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], steps: int,
+def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | None = None) -> torch.Tensor:
+    """Anchor positions [B, A] (-1 = padding): every p from the last prompt position on
+    whose next-but-one token exists (p + 2 < N); at most `limit` of them, drawn at random."""
+    rows = []
+    for s in batch:
+        ps = list(range(s.prompt_len - 1, len(s.tokens) - 2))
+        if limit and len(ps) > limit:
+            ps = sorted((rng or random).sample(ps, limit))
+        rows.append(torch.tensor(ps, dtype=torch.long))
+    return _pad(rows, 0, value=-1)
+
+
+def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], anchors: torch.Tensor, steps: int,
                     vocab_rows: torch.Tensor) -> list[torch.Tensor]:
-    """Draft logits [B, L, len(vocab_rows)] of every step j < steps for every anchor p
-    (the position of the backbone's last hidden state), with the sequence's own tokens
-    as the head's inputs (teacher forcing) — the computation of MTPHead.draft, in fp32
-    torch ops so that it has gradients."""
+    """Draft logits [B, A, len(vocab_rows)] of every step j < steps at every anchor p
+    (the position of the backbone's last hidden state; anchors [B, A]), with the
+    sequence's own tokens as the head's inputs (teacher forcing): the computation of
+    MTPHead.draft, in fp32 torch ops so that it has gradients."""
     c = head.cfg
     tokens = _pad([s.tokens for s in batch], 0)                   # [B, L]
-    hid = _pad([s.hidden for s in batch], 0).float()              # [B, L, H]
     kb = _pad([s.k for s in batch], 1).float()                    # [B, Hkv, L, D]
     vb = _pad([s.v for s in batch], 1).float()
     B, L = tokens.shape
+    A = anchors.shape[1]
+    p = anchors.clamp(min=0)
     g, scale = c.num_heads // c.num_kv_heads, c.head_dim ** -0.5
     emb, cos_t, sin_t = backbone.embedding.float(), backbone.rope_cos, backbone.rope_sin
-    causal = torch.ones(L, L, dtype=torch.bool).tril()            # anchor p sees backbone keys s <= p
+    visible = (torch.arange(L)[None, None] <= p[:, :, None])[:, None, None]  # backbone keys 0..p: [B,1,1,A,L]
+    h = _pad([s.hidden for s in batch], 0).float().gather(1, p[:, :, None].expand(B, A, c.hidden_size))
     local_k = [[] for _ in head.blocks]
     local_v = [[] for _ in head.blocks]
-    h, out = hid, []
+    out = []
     for j in range(steps):
-        nxt = F.pad(tokens[:, 1 + j:], [0, 1 + j])                 # token p+1+j (0 past the end)
-        pos = torch.arange(L) + 1 + j
-        cos, sin = cos_t[pos.clamp(max=cos_t.shape[0] - 1)], sin_t[pos.clamp(max=cos_t.shape[0] - 1)]
+        nxt = tokens.gather(1, (p + 1 + j).clamp(max=L - 1))      # the input token p+1+j
+        cos, sin = cos_t[p + 1 + j], sin_t[p + 1 + j]              # [B, A, D] at position p+1+j
         x = torch.cat([rms_norm(emb[nxt], head.embed_norm, c.rms_norm_eps),
                        rms_norm(h, head.hidden_norm, c.rms_norm_eps)], dim=-1) @ head.proj.T
         for i, blk in enumerate(head.blocks):
             a = rms_norm(x, blk.attn_norm, c.rms_norm_eps)
-            q = _rope((a @ blk.q_proj.T).view(B, L, c.num_kv_heads, g, c.head_dim), cos[:, None], sin[:, None])
-            local_k[i].append(_rope((a @ blk.k_proj.T).view(B, L, c.num_kv_heads, c.head_dim), cos, sin))
-            local_v[i].append((a @ blk.v_proj.T).view(B, L, c.num_kv_heads, c.head_dim))
-            qh = q.permute(0, 2, 3, 1, 4)                               # [B, Hkv, g, L, D]
-            s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale    # [B, Hkv, g, L, L]
-            s_back = s_back.masked_fill(~causal, float("-inf"))
+            q = _rope((a @ blk.q_proj.T).view(B, A, c.num_kv_heads * g, c.head_dim), cos, sin)
+            q = q.view(B, A, c.num_kv_heads, g, c.head_dim)
+            local_k[i].append(_rope((a @ blk.k_proj.T).view(B, A, c.num_kv_heads, c.head_dim), cos, sin))
+            local_v[i].append((a @ blk.v_proj.T).view(B, A, c.num_kv_heads, c.head_dim))
+            qh = q.permute(0, 2, 3, 1, 4)                               # [B, Hkv, g, A, D]
+            s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale    # [B, Hkv, g, A, L]
+            s_back = s_back.masked_fill(~visible, float("-inf"))
             s_loc = torch.stack([(q * lk[:, :, :, None]).sum(-1) for lk in local_k[i]], -1) * scale
-            p = torch.softmax(torch.cat([s_back, s_loc.permute(0, 2, 3, 1, 4)], -1), -1)
-            att = p[..., :L] @ vb[:, :, None]                           # [B, Hkv, g, L, D]
-            att = att + torch.einsum("bkgls,sblkd->bkgld", p[..., L:], torch.stack(local_v[i]))
-            x = x + att.permute(0, 3, 1, 2, 4).reshape(B, L, -1) @ blk.o_proj.T
+            w = torch.softmax(torch.cat([s_back, s_loc.permute(0, 2, 3, 1, 4)], -1), -1)
+            att = w[..., :L] @ vb[:, :, None]                           # [B, Hkv, g, A, D]
+            att = att + torch.einsum("bkgas,sbakd->bkgad", w[..., L:], torch.stack(local_v[i]))
+            x = x + att.permute(0, 3, 1, 2, 4).reshape(B, A, -1) @ blk.o_proj.T
             m = rms_norm(x, blk.mlp_norm, c.rms_norm_eps)
             x = x + (F.silu(m @ blk.gate_proj.T) * (m @ blk.up_proj.T)) @ blk.down_proj.T
         h = x
@@ -167,18 +188,16 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], st
     return out
 
 
-def unrolled_targets(batch: list[Sequence], steps: int, vocab_index: torch.Tensor) -> list[torch.Tensor]:
-    """Target [B, L] of step j at anchor p: the backbone's token p+2+j, as an index into
-    the draft vocabulary; IGNORE where the anchor's input token p+1 is still the prompt
-    (drafting starts after it), past the end, or where the token is outside the vocabulary."""
+def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_index: torch.Tensor) -> list[torch.Tensor]:
+    """Target [B, A] of step j at anchor p: the backbone's token p+2+j as an index into
+    the draft vocabulary; IGNORE for padding anchors, past the end, or outside the vocabulary."""
     tokens = _pad([s.tokens for s in batch], 0, value=-1)
-    B, L = tokens.shape
-    first = torch.tensor([s.prompt_len - 1 for s in batch])[:, None]   # first anchor: the last prompt position
+    L = tokens.shape[1]
     out = []
     for j in range(steps):
-        tgt = F.pad(tokens[:, 2 + j:], [0, 2 + j], value=-1)
-        idx = torch.where(tgt >= 0, vocab_index[tgt.clamp(min=0)], IGNORE)
-        out.append(torch.where(torch.arange(L)[None] >= first, idx, IGNORE))
+        where = anchors + 2 + j
+        tgt = torch.where((anchors >= 0) & (where < L), tokens.gather(1, where.clamp(0, L - 1)), -1)
+        out.append(torch.where(tgt >= 0, vocab_index[tgt.clamp(min=0)], IGNORE))
     return out
 
 
@@ -215,6 +234,7 @@ class TrainConfig:
     batch: int = 8            # sequences per optimiser step
     lr: float = 1e-3
     weight_decay: float = 0.01
+    anchors: int = 48         # anchors (draft start positions) drawn per sequence and step
     max_steps: int = 1000     # optimiser steps; the schedule depends on steps only (reproducible)
     minutes: float = 60.0     # safety cap on the wall clock: stops early (logged) when reached
     seed: int = 0
@@ -251,8 +271,9 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
             for grp in opt.param_groups:
                 grp["lr"] = lr
             batch = [train[i] for i in bi]
-            logits = unrolled_logits(head, backbone, batch, tc.steps, rows)
-            targets = unrolled_targets(batch, tc.steps, index)
+            anchors = answer_anchors(batch, tc.anchors, rng)
+            logits = unrolled_logits(head, backbone, batch, anchors, tc.steps, rows)
+            targets = unrolled_targets(batch, anchors, tc.steps, index)
             loss = sum(F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=IGNORE)
                        for lg, t in zip(logits, targets)) / tc.steps
             opt.zero_grad(set_to_none=True)
@@ -278,9 +299,10 @@ def evaluate(head: MTPHead, backbone: Backbone, val: list[Sequence], steps: int,
     correct, total, chain = torch.zeros(steps), 0, 0.0
     for i in range(0, len(val), batch):
         b = val[i:i + batch]
-        logits = unrolled_logits(head, backbone, b, steps, rows)
-        targets = unrolled_targets(b, steps, index)
-        valid = targets[0] != IGNORE
+        anchors = answer_anchors(b)
+        logits = unrolled_logits(head, backbone, b, anchors, steps, rows)
+        targets = unrolled_targets(b, anchors, steps, index)
+        valid = anchors >= 0
         run = valid.clone()
         for j, (lg, t) in enumerate(zip(logits, targets)):
             ok = (lg.argmax(-1) == t) & (t != IGNORE)
@@ -299,7 +321,7 @@ def save_json(path: str, obj) -> None:
 
 # ---- the whole job (`mtp train`) ---------------------------------------------------------
 def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 16384,
-        kv_layer: int = -1, max_new_tokens: int = 128, num_prompts: int = 0, val_fraction: float = 0.04,
+        kv_layer: int = -1, max_new_tokens: int = 96, num_prompts: int = 0, val_fraction: float = 0.04,
         log: Callable[[str], None] = print) -> dict:
     """distill (cached in work_dir) -> features -> train -> save the head to out_dir."""
     from . import data
@@ -317,14 +339,21 @@ def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_v
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
     ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
-    rows = data.read_jsonl(cached) if os.path.isfile(cached) else []
+    # Answers already in the cache (same prompt ids, same length cap) are reused.
+    position = {tuple(i): n for n, i in enumerate(ids)}
+    done = {position[tuple(r["prompt_ids"])]: r["answer_ids"] for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
+            if tuple(r["prompt_ids"]) in position and r.get("max_new_tokens") == max_new_tokens}
+    log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
     hf = hf_backbone(checkpoint.default_gguf_path())
-    if [r["prompt_ids"] for r in rows] != ids:
-        answers = distill(hf, ids, max_new_tokens, cfg.eos_token_ids[0], log=log)
-        rows = [{"task": p["task"], "prompt_ids": i, "answer_ids": a} for p, i, a in zip(prompts, ids, answers)]
-        data.write_jsonl(cached, rows)
-    else:
-        log(f"distill: reusing {cached}")
+
+    def append(new: dict[int, list[int]]) -> None:
+        with open(cached, "a", encoding="utf-8") as f:
+            for i, a in new.items():
+                f.write(json.dumps({"task": prompts[i]["task"], "prompt_ids": ids[i], "answer_ids": a,
+                                    "max_new_tokens": max_new_tokens}) + "\n")
+
+    answers = distill(hf, ids, max_new_tokens, cfg.eos_token_ids[0], done=done, on_batch=append, log=log)
+    rows = [{"task": p["task"], "prompt_ids": i, "answer_ids": a} for p, i, a in zip(prompts, ids, answers)]
     t_distill = time.perf_counter() - t0
     seqs = features(hf, [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in rows],
                     kv_layer % cfg.num_layers, log=log)

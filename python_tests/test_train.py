@@ -41,19 +41,28 @@ def test_unrolled_head_reproduces_draft(kw):
         s.hidden, s.k, s.v = (model(torch.tensor([seq]), c := model.new_cache(1, 64))[0],
                               c.k[head.cfg.kv_layer % TINY.num_layers, 0, :, :len(seq)],
                               c.v[head.cfg.kv_layer % TINY.num_layers, 0, :, :len(seq)])
-        logits = train.unrolled_logits(head, model, [s], k, model.lm_head[vocab])
-        picked = [int(vocab[lg[0, len(prompt) - 1].argmax()]) for lg in logits]
+        anchors = train.answer_anchors([s])
+        assert anchors[0, 0] == len(prompt) - 1
+        logits = train.unrolled_logits(head, model, [s], anchors, k, model.lm_head[vocab])
+        picked = [int(vocab[lg[0, 0].argmax()]) for lg in logits]
         assert picked == seq[len(prompt) + 1:]
 
 
-def test_targets_skip_prompt_anchors_and_out_of_vocab_tokens():
-    seq = train.Sequence(torch.tensor([5, 6, 7, 8, 9, 10]), 3, torch.zeros(6, 4), torch.zeros(1, 6, 2), torch.zeros(1, 6, 2))
+def test_anchors_and_targets():
+    seqs = [train.Sequence(torch.tensor([5, 6, 7, 8, 9, 10]), 3, torch.zeros(6, 4), torch.zeros(1, 6, 2),
+                           torch.zeros(1, 6, 2)),
+            train.Sequence(torch.tensor([5, 6, 7, 11]), 1, torch.zeros(4, 4), torch.zeros(1, 4, 2), torch.zeros(1, 4, 2))]
+    anchors = train.answer_anchors(seqs)
+    # From the last prompt position to the last one with a token two further.
+    assert anchors.tolist() == [[2, 3], [0, 1]]
     index = torch.full((20,), train.IGNORE)
-    index[torch.tensor([8, 9, 10])] = torch.tensor([0, 1, 2])
-    t0, t1 = train.unrolled_targets([seq], 2, index)
-    # Anchor p = 2 (last prompt position) predicts token 4 (id 9) at step 0 and id 10 at step 1.
-    assert t0[0].tolist() == [-100, -100, 1, 2, -100, -100]
-    assert t1[0].tolist() == [-100, -100, 2, -100, -100, -100]
+    index[torch.tensor([8, 9, 10, 7])] = torch.tensor([0, 1, 2, 3])
+    t0, t1 = train.unrolled_targets(seqs, anchors, 2, index)
+    # Anchor 2 of sequence 0 predicts token 4 (id 9) at step 0 and id 10 at step 1; 11 is not in the vocabulary.
+    assert t0.tolist() == [[1, 2], [3, -100]]
+    assert t1.tolist() == [[2, -100], [-100, -100]]
+    limited = train.answer_anchors(seqs, limit=1, rng=__import__("random").Random(0))
+    assert limited.shape == (2, 1) and limited[0, 0] in (2, 3)
 
 
 def test_draft_vocabulary_is_by_frequency_and_keeps_eos():

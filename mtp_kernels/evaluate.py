@@ -1,0 +1,171 @@
+"""End-to-end benchmark (`mtp bench`): every method on the held-out evaluation set, one
+request at a time, side by side in one run.
+
+Methods: our plain greedy, our MTP decoding (the shipped head), the standalone drafter
+through the same verify op, transformers' greedy `generate` and its prompt-lookup
+assisted generation on the same GGUF weights. For each task: tau (tokens committed per
+backbone pass, the backbone's own token included), acceptance by draft position,
+tokens/s end to end (prefill included, as transformers measures it) and decode-only, and
+whether every speculative output is identical to plain greedy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from . import decoding
+
+
+@dataclasses.dataclass
+class Run:
+    task: str
+    tokens: list[int]
+    seconds: float          # end to end: prefill + decode
+    decode_seconds: float
+    passes: int = 0         # backbone passes after the prefill (ours only)
+    drafted: list[int] = dataclasses.field(default_factory=list)
+    accepted: list[int] = dataclasses.field(default_factory=list)
+
+
+def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0) -> list[Run]:
+    out = []
+    for ids, task in zip(prompt_ids, tasks):
+        g = decoding.generate(model, [ids], max_new, head=drafter, k=k or 1, eos_token_ids=eos)[0]
+        out.append(Run(task, g.tokens, g.seconds + g.prefill_seconds, g.seconds, g.passes, g.drafted, g.accepted))
+    return out
+
+
+@torch.no_grad()
+def run_transformers(hf_model, prompt_ids, tasks, max_new, eos, prompt_lookup: int = 0) -> list[Run]:
+    out = []
+    extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
+    for ids, task in zip(prompt_ids, tasks):
+        x = torch.tensor([ids])
+        t = time.perf_counter()
+        y = hf_model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                              eos_token_id=list(eos), pad_token_id=eos[0], **extra)
+        dt = time.perf_counter() - t
+        new = y[0, len(ids):].tolist()
+        for i, tok in enumerate(new):
+            if tok in eos:
+                new = new[:i + 1]
+                break
+        out.append(Run(task, new, dt, dt))
+    return out
+
+
+def summarize(runs: list[Run], greedy: list[Run] | None = None) -> dict:
+    """Per-task figures; `greedy` (our plain greedy runs) for the identity check."""
+    by_task: dict[str, dict] = {}
+    for task in sorted({r.task for r in runs}):
+        rs = [(i, r) for i, r in enumerate(runs) if r.task == task]
+        n_tok = sum(len(r.tokens) for _, r in rs)
+        row = {"prompts": len(rs), "tokens": n_tok,
+               "tokens_per_s": n_tok / sum(r.seconds for _, r in rs),
+               "decode_tokens_per_s": sum(len(r.tokens) - 1 for _, r in rs) / max(sum(r.decode_seconds for _, r in rs), 1e-9)}
+        passes = sum(r.passes for _, r in rs)
+        if passes:
+            row["tau"] = sum(len(r.tokens) - 1 for _, r in rs) / passes
+        drafted = [sum(x) for x in zip(*[r.drafted for _, r in rs])]
+        if drafted:
+            accepted = [sum(x) for x in zip(*[r.accepted for _, r in rs])]
+            row["acceptance_by_position"] = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+        if greedy is not None:
+            row["identical_to_greedy"] = sum(r.tokens == greedy[i].tokens for i, r in rs)
+            row["token_agreement"] = statistics.mean(_agreement(r.tokens, greedy[i].tokens) for i, r in rs)
+        by_task[task] = row
+    return by_task
+
+
+def _agreement(a: list[int], b: list[int]) -> float:
+    """Fraction of positions equal before the first difference (1.0 = identical)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n / max(len(a), len(b), 1) if a != b else 1.0
+
+
+def restrict_vocab(head, size: int) -> None:
+    """Use the `size` most frequent tokens of the head's draft vocabulary (0: all of it)."""
+    full = getattr(head, "_full_vocab", None)
+    if full is None:
+        full = head._full_vocab = head.draft_vocab
+    head.draft_vocab = full[:size] if size else full
+    head._draft_rows = None
+
+
+def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_vocab,
+          log: Callable[[str], None]) -> list[dict]:
+    """tau and decode tokens/s for each K (full draft vocabulary) and each draft vocabulary
+    size (at k_for_vocab)."""
+    rows = []
+    for k, vs in [(k, 0) for k in ks] + [(k_for_vocab, v) for v in vocab_sizes]:
+        restrict_vocab(head, vs)
+        rs = run_ours(model, prompt_ids, tasks, max_new, eos, head, k)
+        passes = sum(r.passes for r in rs)
+        rows.append({"k": k, "draft_vocab": vs or int(head.draft_vocab.numel()),
+                     "tau": sum(len(r.tokens) - 1 for r in rs) / passes,
+                     "decode_tokens_per_s": sum(len(r.tokens) - 1 for r in rs) / sum(r.decode_seconds for r in rs)})
+        log(f"sweep: {rows[-1]}")
+    restrict_vocab(head, 0)
+    return rows
+
+
+def markdown(results: dict) -> str:
+    meth = results["methods"]
+    lines = [f"Command: `{results['command']}`  ", f"{results['setup']}", ""]
+    tasks = sorted(next(iter(meth.values())).keys())
+    lines.append("| task | method | tokens/s (end to end) | decode tokens/s | speedup vs our greedy | tau | "
+                 "acceptance by draft position | identical to greedy |")
+    lines.append("|---|---|---:|---:|---:|---:|---|---:|")
+    for task in tasks:
+        base = meth["ours_greedy"][task]["tokens_per_s"]
+        for name, per_task in meth.items():
+            r = per_task[task]
+            acc = ", ".join(f"{a:.2f}" for a in r.get("acceptance_by_position", []))
+            ident = f"{r['identical_to_greedy']}/{r['prompts']}" if "identical_to_greedy" in r else ""
+            lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+                         f"{r['tokens_per_s'] / base:.2f}x | {r.get('tau', float('nan')):.2f} | {acc} | {ident} |")
+    if results.get("sweep"):
+        lines += ["", "Sweep (subset of the evaluation set): K and draft vocabulary size", "",
+                  "| K | draft vocabulary | tau | decode tokens/s |", "|---:|---:|---:|---:|"]
+        lines += [f"| {r['k']} | {r['draft_vocab']} | {r['tau']:.2f} | {r['decode_tokens_per_s']:.1f} |"
+                  for r in results["sweep"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meth = results["methods"]
+    tasks = sorted(next(iter(meth.values())).keys())
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / len(meth)
+    for i, (name, per_task) in enumerate(meth.items()):
+        vals = [per_task[t]["tokens_per_s"] for t in tasks]
+        bars = ax.bar([x + i * width for x in range(len(tasks))], vals, width, label=name)
+        for b, t in zip(bars, tasks):
+            if "tau" in per_task[t] and name != "ours_greedy":
+                ax.annotate(f"τ={per_task[t]['tau']:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                            ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(tasks))], tasks)
+    ax.set_ylabel("tokens/s (prefill included), 1 request")
+    ax.set_title(results.get("title", "SmolLM2-135M on this CPU"))
+    ax.legend(fontsize=8, ncols=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def save(results: dict, json_path: str) -> None:
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=1)
