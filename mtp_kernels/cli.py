@@ -96,11 +96,12 @@ def cmd_generate(args) -> int:
     t = time.perf_counter()
     cfg, weights, tokenizer = checkpoint.load(args.model)
     model = Backbone(cfg, weights, DTYPES[args.dtype])
-    load = load_drafter if args.drafter == "standalone" else load_head
-    head = None if args.no_mtp else load(args.drafter_path if args.drafter == "standalone" else args.head, model, log)
+    standalone = args.drafter == "standalone"
+    head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
+                                     else load_head(args.head, model, log))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain' if head is None else f'{args.drafter} drafter, K={args.k}'}, {mode}, "
-        f"{args.dtype})")
+    how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
     for prompt, prompt_ids in zip(prompts, ids):

@@ -27,7 +27,8 @@ def copy_of_backbone(vocab):
     vocabulary its drafts are exactly the backbone's greedy tokens."""
     cfg = dataclasses.replace(TINY, vocab_size=len(vocab) + 1)
     w = tiny_weights()
-    w["model.embed_tokens.weight"] = torch.cat([w["model.embed_tokens.weight"][vocab], torch.zeros(1, TINY.hidden_size)])
+    emb = w["model.embed_tokens.weight"]
+    w["model.embed_tokens.weight"] = torch.cat([emb[vocab], torch.zeros(1, TINY.hidden_size)])
     return StandaloneDrafter(cfg, vocab, w)
 
 
@@ -65,6 +66,16 @@ def test_speculative_with_the_drafter_equals_greedy(k, batch, kind):
     assert drafter.cache.lens.shape[0] == len(prompts)
 
 
+def test_bfloat16_and_sampled_generation_stay_exact():
+    model = tiny_backbone(torch.bfloat16)
+    drafter = small_drafter().to(torch.bfloat16)
+    got = decoding.generate(model, PROMPTS, 12, head=drafter, k=3)
+    assert [g.tokens for g in got] == greedy(model, PROMPTS, 12)
+    sampled = decoding.generate(model, PROMPTS, 12, head=drafter, k=2, temperature=1.0, seed=4)
+    assert [g.tokens for g in sampled] == [g.tokens for g in decoding.generate(model, PROMPTS, 12, temperature=1.0,
+                                                                                  seed=4)]
+
+
 def test_drafter_rolls_its_cache_back_to_the_committed_prefix():
     model = tiny_backbone()
     drafter = copy_of_backbone(torch.arange(0, TINY.vocab_size, 2))
@@ -80,6 +91,9 @@ def test_drafter_rolls_its_cache_back_to_the_committed_prefix():
     drafter.draft(model, cache, None, torch.tensor([16, 18]), 2)
     assert drafter.cache.lens.tolist() == [8 + 2, 3 + 2]
     assert drafter.seq[1][:4] == [10, 11, 14, 18]
+    cache.lens[1] = 50
+    with pytest.raises(RuntimeError, match="more than this drafter saw"):
+        drafter.draft(model, cache, None, torch.tensor([16, 18]), 2)
 
 
 def test_save_load_and_bad_folders(tmp_path):

@@ -156,6 +156,8 @@ class StandaloneDrafter:
         feed = []
         for b in range(token.shape[0]):
             n = int(cache.lens[b])  # committed tokens: the first n of what this drafter believed
+            if n > len(self.seq[b]):
+                raise RuntimeError(f"request {b}: the backbone has {n} tokens, more than this drafter saw")
             self.seq[b] = self.seq[b][:n] + [int(token[b])]
             self.cache.lens[b] = min(int(self.cache.lens[b]), n)
             feed.append(self.seq[b][int(self.cache.lens[b]):])
