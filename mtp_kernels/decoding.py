@@ -100,8 +100,10 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
              on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
              seed: int = 0) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
-    drafts per pass when a head is given. on_tokens(b, ids) sees each request's newly
-    committed tokens as they come (for streaming). temperature > 0 samples (lossless
+    drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
+    one with `begin(prompts, capacity)` gets it right after the backbone's prefill, timed
+    into prefill_seconds: a standalone drafter's own prefill). on_tokens(b, ids) sees each
+    request's newly committed tokens as they come (for streaming). temperature > 0 samples (lossless
     rejection sampling with a head), keyed by (seed, request index, position)."""
     if head is not None and k < 1:
         raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
@@ -112,6 +114,8 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     eos = set(eos_token_ids)
     t0 = time.perf_counter()
     hidden, token = _prefill(model, cache, prompts, pick)
+    if hasattr(head, "begin"):
+        head.begin(prompts, cache.capacity)
     out = [Generation(tokens=[], drafted=[0] * K, accepted=[0] * K) for _ in range(B)]
     done = [False] * B
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .models.head import HeadConfig, MTPHead
-from .models.llama import Backbone, rms_norm
+from .models.llama import Backbone, apply_rope, rms_norm
 
 IGNORE = -100
 
@@ -119,15 +119,9 @@ def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: in
 
 
 # ---- 3. the head unrolled over all anchors at once --------------------------------------
-def _pad(xs: list[torch.Tensor], dim: int, value=0) -> torch.Tensor:
+def pad_stack(xs: list[torch.Tensor], dim: int, value=0) -> torch.Tensor:
     n = max(x.shape[dim] for x in xs)
     return torch.stack([F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]], value=value) for x in xs])
-
-
-def _rope(x, cos, sin):
-    """x [B, A, H, D]; cos/sin [B, A, D]."""
-    half = x.shape[-1] // 2
-    return x * cos[:, :, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, :, None]
 
 
 def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | None = None) -> torch.Tensor:
@@ -139,7 +133,7 @@ def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | N
         if limit and len(ps) > limit:
             ps = sorted((rng or random).sample(ps, limit))
         rows.append(torch.tensor(ps, dtype=torch.long))
-    return _pad(rows, 0, value=-1)
+    return pad_stack(rows, 0, value=-1)
 
 
 def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], anchors: torch.Tensor, steps: int,
@@ -149,16 +143,16 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
     sequence's own tokens as the head's inputs (teacher forcing): the computation of
     MTPHead.draft, in fp32 torch ops so that it has gradients."""
     c = head.cfg
-    tokens = _pad([s.tokens for s in batch], 0)                   # [B, L]
-    kb = _pad([s.k for s in batch], 1).float()                    # [B, Hkv, L, D]
-    vb = _pad([s.v for s in batch], 1).float()
+    tokens = pad_stack([s.tokens for s in batch], 0)                   # [B, L]
+    kb = pad_stack([s.k for s in batch], 1).float()                    # [B, Hkv, L, D]
+    vb = pad_stack([s.v for s in batch], 1).float()
     B, L = tokens.shape
     A = anchors.shape[1]
     p = anchors.clamp(min=0)
     g, scale = c.num_heads // c.num_kv_heads, c.head_dim ** -0.5
     emb, cos_t, sin_t = backbone.embedding.float(), backbone.rope_cos, backbone.rope_sin
     visible = (torch.arange(L)[None, None] <= p[:, :, None])[:, None, None]  # backbone keys 0..p: [B,1,1,A,L]
-    h = _pad([s.hidden for s in batch], 0).float().gather(1, p[:, :, None].expand(B, A, c.hidden_size))
+    h = pad_stack([s.hidden for s in batch], 0).float().gather(1, p[:, :, None].expand(B, A, c.hidden_size))
     local_k = [[] for _ in head.blocks]
     local_v = [[] for _ in head.blocks]
     out = []
@@ -169,9 +163,9 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
                        rms_norm(h, head.hidden_norm, c.rms_norm_eps)], dim=-1) @ head.proj.T
         for i, blk in enumerate(head.blocks):
             a = rms_norm(x, blk.attn_norm, c.rms_norm_eps)
-            q = _rope((a @ blk.q_proj.T).view(B, A, c.num_kv_heads * g, c.head_dim), cos, sin)
+            q = apply_rope((a @ blk.q_proj.T).view(B, A, c.num_kv_heads * g, c.head_dim), cos, sin)
             q = q.view(B, A, c.num_kv_heads, g, c.head_dim)
-            local_k[i].append(_rope((a @ blk.k_proj.T).view(B, A, c.num_kv_heads, c.head_dim), cos, sin))
+            local_k[i].append(apply_rope((a @ blk.k_proj.T).view(B, A, c.num_kv_heads, c.head_dim), cos, sin))
             local_v[i].append((a @ blk.v_proj.T).view(B, A, c.num_kv_heads, c.head_dim))
             qh = q.permute(0, 2, 3, 1, 4)                               # [B, Hkv, g, A, D]
             s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale    # [B, Hkv, g, A, L]
@@ -191,7 +185,7 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
 def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_index: torch.Tensor) -> list[torch.Tensor]:
     """Target [B, A] of step j at anchor p: the backbone's token p+2+j as an index into
     the draft vocabulary; IGNORE for padding anchors, past the end, or outside the vocabulary."""
-    tokens = _pad([s.tokens for s in batch], 0, value=-1)
+    tokens = pad_stack([s.tokens for s in batch], 0, value=-1)
     L = tokens.shape[1]
     out = []
     for j in range(steps):
@@ -320,56 +314,74 @@ def save_json(path: str, obj) -> None:
 
 
 # ---- the whole job (`mtp train`) ---------------------------------------------------------
-def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 16384,
-        kv_layer: int = -1, max_new_tokens: int = 96, num_prompts: int = 0, val_fraction: float = 0.04,
-        log: Callable[[str], None] = print) -> dict:
-    """distill (cached in work_dir) -> features -> train -> save the head to out_dir."""
+def split(rows: list, val_fraction: float = 0.04) -> tuple[list, list]:
+    """(train, validation): the first rows validate (the same split for head and drafter)."""
+    n_val = max(1, int(len(rows) * val_fraction))
+    return rows[n_val:], rows[:n_val]
+
+
+def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int,
+                   log: Callable[[str], None] = print, model: str | None = None) -> list[dict]:
+    """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all), in
+    the prompts' order; answers cached in work_dir/distilled.jsonl (an interrupted run
+    resumes, a cached answer is reused when its prompt and length cap are the same)."""
     from . import data
     from .models import checkpoint
 
-    prompts = data.read_jsonl(prompts_path)
-    if num_prompts:
-        prompts = prompts[:num_prompts]
-    if not prompts:
-        raise ValueError(f"{prompts_path}: no prompts")
-    torch.manual_seed(tc.seed)
-    cfg, weights, tok = checkpoint.load(None)
-    backbone = Backbone(cfg, weights, torch.float32)
-    t0 = time.perf_counter()
+    try:
+        prompts = data.read_jsonl(prompts_path)[:num_prompts or None]
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the prompts {prompts_path}: {e}") from e
+    if not prompts or not all(isinstance(p, dict) and isinstance(p.get("prompt"), str) for p in prompts):
+        raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt"')
+    cfg, _, tok = checkpoint.load(model)
+    ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
-    ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
-    # Answers already in the cache (same prompt ids, same length cap) are reused.
     position = {tuple(i): n for n, i in enumerate(ids)}
-    done = {position[tuple(r["prompt_ids"])]: r["answer_ids"] for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
+    done = {position[tuple(r["prompt_ids"])]: r["answer_ids"]
+            for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
             if tuple(r["prompt_ids"]) in position and r.get("max_new_tokens") == max_new_tokens}
     log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
-    hf = hf_backbone(checkpoint.default_gguf_path())
+    answers = [done.get(i) for i in range(len(ids))]
+    if len(done) < len(ids):
+        def append(new: dict[int, list[int]]) -> None:
+            with open(cached, "a", encoding="utf-8") as f:
+                for i, a in new.items():
+                    f.write(json.dumps({"task": prompts[i]["task"], "prompt_ids": ids[i], "answer_ids": a,
+                                        "max_new_tokens": max_new_tokens}) + "\n")
 
-    def append(new: dict[int, list[int]]) -> None:
-        with open(cached, "a", encoding="utf-8") as f:
-            for i, a in new.items():
-                f.write(json.dumps({"task": prompts[i]["task"], "prompt_ids": ids[i], "answer_ids": a,
-                                    "max_new_tokens": max_new_tokens}) + "\n")
+        answers = distill(hf_backbone(model or checkpoint.default_gguf_path()), ids, max_new_tokens, cfg.eos_token_ids[0],
+                          done=done, on_batch=append, log=log)
+    return [{"task": p.get("task", ""), "prompt_ids": i, "answer_ids": a} for p, i, a in zip(prompts, ids, answers)]
 
-    answers = distill(hf, ids, max_new_tokens, cfg.eos_token_ids[0], done=done, on_batch=append, log=log)
-    rows = [{"task": p["task"], "prompt_ids": i, "answer_ids": a} for p, i, a in zip(prompts, ids, answers)]
+
+def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 8192,
+        kv_layer: int = -1, max_new_tokens: int = 96, num_prompts: int = 0,
+        log: Callable[[str], None] = print) -> dict:
+    """distill (cached in work_dir) -> features -> train -> save the head to out_dir."""
+    from .models import checkpoint
+
+    torch.manual_seed(tc.seed)
+    t0 = time.perf_counter()
+    rows = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, log)
     t_distill = time.perf_counter() - t0
-    seqs = features(hf, [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in rows],
+    cfg, weights, _ = checkpoint.load(None)
+    backbone = Backbone(cfg, weights, torch.float32)
+    seqs = features(hf_backbone(checkpoint.default_gguf_path()),
+                    [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in rows],
                     kv_layer % cfg.num_layers, log=log)
-    del hf
     t_features = time.perf_counter() - t0 - t_distill
-    n_val = max(1, int(len(seqs) * val_fraction))
-    train_seqs, val_seqs = seqs[n_val:], seqs[:n_val]
+    (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
-    head.set_draft_vocab(draft_vocabulary([r["answer_ids"] for r in rows[n_val:]], draft_vocab_size, cfg.vocab_size,
+    head.set_draft_vocab(draft_vocabulary([r["answer_ids"] for r in train_rows], draft_vocab_size, cfg.vocab_size,
                                           always=tuple(cfg.eos_token_ids)))
     init_from_backbone(head, backbone)
     result = train_head(head, backbone, train_seqs, val_seqs, tc, log=log)
     head.save(out_dir)
     result.update(distill_seconds=round(t_distill), feature_seconds=round(t_features), train_config=dataclasses.asdict(tc),
-                  sequences=len(train_seqs), val_sequences=n_val, draft_vocab_size=draft_vocab_size, kv_layer=kv_layer,
-                  head_parameters=sum(p.numel() for p in head.parameters()))
+                  sequences=len(train_seqs), val_sequences=len(val_seqs), draft_vocab_size=draft_vocab_size,
+                  kv_layer=kv_layer, head_parameters=sum(p.numel() for p in head.parameters()))
     save_json(os.path.join(out_dir, "training.json"), result)
     log(f"train: head saved to {out_dir} ({result['head_parameters']} parameters)")
     return result
