@@ -38,3 +38,8 @@ void test_attention();
 void test_cache_append();
 void test_linear();
 void test_ops_errors();
+
+// test_sampling.cpp
+void test_sampling_capi();
+void test_sampling_errors();
+void test_exp_fixed();
