@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "mtp/lenient.h"
 #include "mtp/sampling.h"
 #include "mtp/verify.h"
 
@@ -11,6 +12,7 @@ namespace {
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kSampled = "mtp.verify_sampled";
+constexpr const char* kLenient = "mtp.verify_lenient";
 
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
@@ -126,10 +128,31 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
   return {accepted, out};
 }
 
+// Not lossless (lenient.h): accepts near-greedy drafts too.
+std::tuple<at::Tensor, at::Tensor> verify_lenient_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                                                      const c10::optional<at::Tensor>& num_drafts, int64_t top_k,
+                                                      double min_ratio, int64_t pad_id) {
+  check_verify_inputs(kLenient, draft_tokens, target_logits, at::kCPU);
+  check_ok(kLenient, lenient_error(top_k, min_ratio));
+  const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
+  std::vector<int64_t> nd = checked_num_drafts(kLenient, num_drafts, B, K);
+  VerifyArgs a = verify_args(draft_tokens, target_logits);
+  a.num_drafts = nd.data();
+  const LenientRule rule{top_k, std::log(min_ratio)};
+  auto opts = draft_tokens.options();
+  at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
+  AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "verify_lenient", [&] {
+    verify_lenient<index_t>(a, ids<const index_t>(draft_tokens), rule, pad_id, accepted.data_ptr<index_t>(), 1,
+                            ids<index_t>(out), TorchParallelFor{});
+  });
+  return {accepted, out};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(mtp, CPU, m) {
   m.impl("verify_sampled", &verify_sampled_cpu);
+  m.impl("verify_lenient", &verify_lenient_cpu);
   m.impl("verify", &verify_cpu);
   m.impl("accept_prefix", &accept_prefix_cpu);
 }
