@@ -576,3 +576,27 @@ def test_verify_sampled_bad_input(override, message):
     for fn in (triton_mod.verify_sampled, torch.ops.mtp.verify_sampled):
         with pytest.raises(RuntimeError, match=r"mtp\.verify_sampled: .*" + re.escape(message)):
             fn(*args.values())
+
+
+import triton  # noqa: E402  (importable: mtp_kernels.triton was)
+import triton.language as tl  # noqa: E402
+
+from mtp_kernels.triton.kernels.sampling import exp_fixed  # noqa: E402
+
+
+@triton.jit
+def _exp_fixed_kernel(y, out, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out + i, exp_fixed(tl.load(y + i)))
+
+
+def test_exp_fixed_bits_equal_reference():
+    """The Triton exp_fixed gives reference.exp_fixed's bits (the C++ one is its mirror)."""
+    y = torch.cat([-torch.rand(4093, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 720,
+                   torch.tensor([0.0, -708.0, float("-inf")], dtype=torch.float64)])
+    out = torch.empty_like(y, device=DEVICE)
+    _exp_fixed_kernel[(1,)](y.to(DEVICE), out, N=4096)
+    want = reference.exp_fixed(y)
+    assert torch.equal(out.cpu().view(torch.int64), want.view(torch.int64))
+    ok = y >= -708  # below: 0 (< 1e-307)
+    assert torch.allclose(want[ok], torch.exp(y[ok]), rtol=4e-16, atol=0) and not want[~ok].any()

@@ -87,7 +87,9 @@ def weights(row, sv, q, sq, lo, V, m, T, point, S, residual, HAS_Q: tl.constexpr
     w = tl.where(point >= 0, tl.where(idx == point, _f64(1.0), _f64(0.0)), exp_fixed(y))
     w = tl.where(inside, w, _f64(0.0))
     if HAS_Q:
-        qv = tl.load(q + idx.to(tl.int64) * sq, mask=inside & residual, other=0.0).to(tl.float32).to(tl.float64)
+        # (where, not `inside & residual`: the interpreter cannot broadcast a scalar bool into &)
+        read = tl.where(residual, inside, False)
+        qv = tl.load(q + idx.to(tl.int64) * sq, mask=read, other=0.0).to(tl.float32).to(tl.float64)
         w = tl.where(residual, tl.maximum(w / S - qv, _f64(0.0)), w)
     return w
 
