@@ -4,6 +4,7 @@
     mtp generate --prompts-file prompts.jsonl --json  # one JSON object per prompt
     mtp generate --prompt "..." --no-mtp              # plain greedy, same backbone
     mtp generate --prompt "..." --temperature 0.8 --seed 1   # sampled; same tokens with --no-mtp
+    mtp generate --prompt "..." --lenient top_k=3,min_ratio=0.3  # NOT lossless: looser verification
 """
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ def load_head(path: str | None, backbone, log):
     return head
 
 
+def parse_lenient(text: str) -> tuple[int, float]:
+    """'top_k=K[,min_ratio=R]' -> (K, R); R defaults to 0 (no ratio test)."""
+    fields = dict(part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
+    if set(fields) - {"top_k", "min_ratio"} or "top_k" not in fields:
+        raise ValueError(f"--lenient expects top_k=K[,min_ratio=R], got '{text}'")
+    try:
+        top_k, ratio = int(fields["top_k"]), float(fields.get("min_ratio", "0"))
+    except (TypeError, ValueError):
+        raise ValueError(f"--lenient expects top_k=K[,min_ratio=R] with an integer K and a number R, got '{text}'")
+    if top_k < 1 or not 0 <= ratio <= 1:
+        raise ValueError(f"--lenient needs top_k >= 1 and min_ratio in [0, 1], got '{text}'")
+    return top_k, ratio
+
+
 def cmd_generate(args) -> int:
     from . import decoding
     from .models import checkpoint
@@ -79,6 +94,8 @@ def cmd_generate(args) -> int:
     model = Backbone(cfg, weights, DTYPES[args.dtype])
     head = None if args.no_mtp else load_head(args.head, model, log)
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
+    if args.lenient and head is not None:
+        mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     log(f"loaded in {time.perf_counter() - t:.1f} s ({'plain' if head is None else f'MTP, K={args.k}'}, {mode}, "
         f"{args.dtype})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
@@ -92,7 +109,7 @@ def cmd_generate(args) -> int:
 
         g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=args.k, eos_token_ids=eos,
                               on_tokens=on_tokens, temperature=args.temperature,
-                              seed=args.seed)[0]
+                              seed=args.seed, lenient=args.lenient)[0]
         if args.json:
             print(json.dumps({"prompt": prompt, "tokens": g.tokens, "text": tokenizer.decode(g.tokens),
                               "passes": g.passes, "seconds": round(g.seconds, 4),
@@ -120,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
+    g.add_argument("--lenient", metavar="top_k=K[,min_ratio=R]",
+                   help="NOT lossless: also accept a draft within the backbone's top K whose probability is >= R "
+                        "times the top one's (R defaults to 0; greedy only; top_k=1 is exact)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument("--model", help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
@@ -137,8 +157,15 @@ def main(argv=None) -> int:
         args_error = "--k must be >= 1"
     elif args.command == "generate" and not (0 <= args.temperature < float("inf")):
         args_error = "--temperature must be finite and >= 0"
+    elif args.command == "generate" and args.lenient is not None and args.temperature != 0:
+        args_error = "--lenient is a greedy mode: it cannot be combined with --temperature > 0"
     else:
         args_error = None
+    if args.command == "generate" and args.lenient is not None and not args_error:
+        try:
+            args.lenient = parse_lenient(args.lenient)
+        except ValueError as e:
+            args_error = str(e)
     if args_error:
         print(f"mtp: error: {args_error}", file=sys.stderr)
         return 2
