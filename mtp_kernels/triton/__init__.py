@@ -38,18 +38,22 @@ def verify_splits(rows: int, V: int, sm_count: int) -> int:
     return max(1, min(want, -(-V // MIN_SLICE)))
 
 
+def _chain_outputs(op, draft_tokens, target_logits, num_drafts):
+    # verify and verify_sampled after their input checks: sizes, checked num_drafts, outputs.
+    B, K = draft_tokens.shape
+    V = target_logits.shape[2]
+    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
+    nd = C.checked_num_drafts(op, num_drafts, B, K)
+    return B, K, V, nd, draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+
+
 def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
            pad_id: int = -1, *, splits: Optional[int] = None, block_v: int = BLOCK_V):
     """``mtp.verify`` in Triton. ``splits`` / ``block_v`` force the vocabulary slicing and tile
     (tests use them to put slice and tile edges where ties and NaN are)."""
     op = "mtp.verify"
     C.check_verify_inputs(op, draft_tokens, target_logits, num_drafts)
-    B, K = draft_tokens.shape
-    V = target_logits.shape[2]
-    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
-    nd = C.checked_num_drafts(op, num_drafts, B, K)
-    accepted = draft_tokens.new_empty((B,))
-    out = draft_tokens.new_empty((B, K + 1))
+    B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
     if B == 0:
         return accepted, out
     rows = B * (K + 1)
@@ -94,12 +98,7 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     the CPU op (kernels/sampling.py mirrors csrc/include/mtp/sampling.h)."""
     op = "mtp.verify_sampled"
     C.check_sampled_inputs(op, draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts)
-    B, K = draft_tokens.shape
-    V = target_logits.shape[2]
-    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
-    nd = C.checked_num_drafts(op, num_drafts, B, K)
-    accepted = draft_tokens.new_empty((B,))
-    out = draft_tokens.new_empty((B, K + 1))
+    B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
     if B == 0:
         return accepted, out
     temp = temperature.contiguous()
