@@ -12,6 +12,8 @@ TORCH_LIBRARY(mtp, m) {
   m.def("verify_sampled(Tensor draft_tokens, Tensor? draft_probs, Tensor target_logits, Tensor temperature,"
         " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1)"
         " -> (Tensor accepted, Tensor out_tokens)");
+  m.def("verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
+        " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"

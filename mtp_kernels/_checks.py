@@ -3,6 +3,7 @@
 backend fails the same way on the same bad input."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -169,3 +170,34 @@ def check_append_inputs(op, k, v, k_new, v_new, lens) -> Optional[list]:
         check(n + T <= L, op, f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} "
               "(k_cache.size(2)); nothing was written")
     return values
+
+
+def _host_values(t: torch.Tensor) -> Optional[list]:
+    # Values on the host (one sync on a GPU); None while a CUDA graph is captured.
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    return t.tolist()
+
+
+def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=None, num_drafts=None):
+    """mtp.verify_sampled's arguments, with csrc/cpu/verify.cpp's messages."""
+    _check_same_device(op, "draft_tokens", draft, draft_probs=probs, target_logits=logits, temperature=temperature,
+                       seeds=seeds, offsets=offsets, num_drafts=num_drafts)
+    check_verify_inputs(op, draft, logits)
+    B, K = draft.shape
+    for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64),
+                           ("offsets", offsets, torch.int64)):
+        if t is not None:
+            check_dtype(op, name, t, (dtype,))
+            check_dim(op, name, t, 1, "[B]")
+            check_size(op, name, t, 0, B, "B (draft_tokens.size(0))")
+    for b, v in enumerate(_host_values(temperature) or []):
+        check(math.isfinite(v) and v >= 0, op, f"temperature must be finite and >= 0, got temperature[{b}] = {v:g}")
+    if probs is not None:
+        check_dtype(op, "draft_probs", probs, FLOAT_TYPES)
+        check_dim(op, "draft_probs", probs, 3, "[B, K, V]")
+        check_size(op, "draft_probs", probs, 0, B, "B (draft_tokens.size(0))")
+        check_size(op, "draft_probs", probs, 1, K, "K (draft_tokens.size(1))")
+        check_size(op, "draft_probs", probs, 2, logits.size(2), "V (target_logits.size(2))")
+        bad = _host_values(((probs < 0) | ~probs.isfinite()).any())
+        check(not bad, op, "draft_probs must be probabilities (finite, >= 0), found a negative, NaN or infinite entry")

@@ -7,6 +7,7 @@
     mtp train                                          # train the head (self-distillation)
     mtp train --drafter standalone                     # the standalone drafter baseline, same data
     mtp generate --prompt "..." --drafter standalone   # draft with it instead of the head
+    mtp generate --prompt "..." --lenient top_k=3,min_ratio=0.3  # NOT lossless: looser verification
 """
 from __future__ import annotations
 
@@ -83,6 +84,20 @@ def load_drafter(path: str | None, backbone, log):
     return drafter
 
 
+def parse_lenient(text: str) -> tuple[int, float]:
+    """'top_k=K[,min_ratio=R]' -> (K, R); R defaults to 0 (no ratio test)."""
+    fields = dict(part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
+    if set(fields) - {"top_k", "min_ratio"} or "top_k" not in fields:
+        raise ValueError(f"--lenient expects top_k=K[,min_ratio=R], got '{text}'")
+    try:
+        top_k, ratio = int(fields["top_k"]), float(fields.get("min_ratio", "0"))
+    except (TypeError, ValueError):
+        raise ValueError(f"--lenient expects top_k=K[,min_ratio=R] with an integer K and a number R, got '{text}'")
+    if top_k < 1 or not 0 <= ratio <= 1:
+        raise ValueError(f"--lenient needs top_k >= 1 and min_ratio in [0, 1], got '{text}'")
+    return top_k, ratio
+
+
 def cmd_generate(args) -> int:
     from . import decoding
     from .models import checkpoint
@@ -101,6 +116,8 @@ def cmd_generate(args) -> int:
                                      else load_head(args.head, model, log))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
+    if args.lenient and head is not None:
+        mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
@@ -113,7 +130,7 @@ def cmd_generate(args) -> int:
 
         g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=args.k, eos_token_ids=eos,
                               on_tokens=on_tokens, temperature=args.temperature,
-                              seed=args.seed)[0]
+                              seed=args.seed, lenient=args.lenient)[0]
         if args.json:
             print(json.dumps({"prompt": prompt, "tokens": g.tokens, "text": tokenizer.decode(g.tokens),
                               "passes": g.passes, "seconds": round(g.seconds, 4),
@@ -236,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
+    g.add_argument("--lenient", metavar="top_k=K[,min_ratio=R]",
+                   help="NOT lossless: also accept a draft within the backbone's top K whose probability is >= R "
+                        "times the top one's (R defaults to 0; greedy only; top_k=1 is exact)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument("--model", help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
@@ -295,6 +315,13 @@ def main(argv=None) -> int:
         bad.append("--temperature must be finite and >= 0")
     if getattr(args, "num_prompts", 0) < 0:
         bad.append("--num-prompts must be >= 0")
+    if getattr(args, "lenient", None) is not None:
+        if args.temperature != 0:
+            bad.append("--lenient is a greedy mode: it cannot be combined with --temperature > 0")
+        try:
+            args.lenient = parse_lenient(args.lenient)
+        except ValueError as e:
+            bad.append(str(e))
     if bad:
         print(f"mtp: error: {bad[0]}", file=sys.stderr)
         return 2

@@ -51,10 +51,13 @@ class _Sampler:
     """The token at absolute position `positions[b]` from logits [B, V]: argmax when
     temperature is 0, else drawn with the counter-based RNG of mtp.verify_sampled."""
 
-    def __init__(self, batch: int, temperature: float, seed: int):
+    def __init__(self, batch: int, temperature: float, seed: int, lenient: Optional[tuple[int, float]] = None):
         if not (temperature >= 0 and temperature != float("inf")):
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        if lenient is not None and temperature != 0:
+            raise ValueError("lenient verification is a greedy mode: it needs temperature 0")
         self.greedy = temperature == 0
+        self.lenient = lenient
         self.temp = torch.full((batch,), float(temperature))
         self.seeds = request_seeds(seed, batch)
         self.no_drafts = torch.empty(batch, 0, dtype=torch.long)
@@ -67,6 +70,8 @@ class _Sampler:
         return out[:, 0]
 
     def verify(self, drafts, logits, num, positions):
+        if self.lenient is not None:
+            return torch.ops.mtp.verify_lenient(drafts, logits, num, *self.lenient)
         if self.greedy:
             return torch.ops.mtp.verify(drafts, logits, num)
         return torch.ops.mtp.verify_sampled(drafts, None, logits, self.temp, self.seeds, positions.long(), num)
@@ -98,18 +103,20 @@ def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: in
 def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, head: Optional[MTPHead] = None,
              k: int = 3, eos_token_ids: tuple[int, ...] = (),
              on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
-             seed: int = 0) -> list[Generation]:
+             seed: int = 0, lenient: Optional[tuple[int, float]] = None) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
     one with `begin(prompts, capacity)` gets it right after the backbone's prefill, timed
     into prefill_seconds: a standalone drafter's own prefill). on_tokens(b, ids) sees each
     request's newly committed tokens as they come (for streaming). temperature > 0 samples (lossless
-    rejection sampling with a head), keyed by (seed, request index, position)."""
+    rejection sampling with a head), keyed by (seed, request index, position).
+    lenient=(top_k, min_ratio) verifies drafts with mtp.verify_lenient (greedy only, with a
+    head): NOT lossless, the output may differ from greedy decoding; (1, x) is exact."""
     if head is not None and k < 1:
         raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
     K = k if head is not None else 0
     B = len(prompts)
-    pick = _Sampler(B, temperature, seed)
+    pick = _Sampler(B, temperature, seed, lenient)
     cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, K + 1))
     eos = set(eos_token_ids)
     t0 = time.perf_counter()

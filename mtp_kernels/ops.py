@@ -37,6 +37,13 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
                                                 num_drafts, pad_id)
 
 
+def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
+                   top_k: int = 1, min_ratio: float = 1.0, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lenient greedy verification, NOT lossless: also accepts a draft within the row's top_k
+    whose probability is >= min_ratio x the top one's; see ``reference.verify_lenient``."""
+    return torch.ops.mtp.verify_lenient.default(draft_tokens, target_logits, num_drafts, top_k, min_ratio, pad_id)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Shape-invariant ``x @ weight.T + bias``; see ``reference.linear``."""
     return torch.ops.mtp.linear.default(x, weight, bias)
@@ -67,25 +74,30 @@ def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
     torch.ops.mtp.cache_append.default(k_cache, v_cache, k_new, v_new, cache_lens)
 
 
-@torch.library.register_fake("mtp::verify")
-def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
-    _check_same_device("mtp.verify", "draft_tokens", draft_tokens, target_logits=target_logits, num_drafts=num_drafts)
-    torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify: draft_tokens must be 2-D [B, K]")
-    torch._check(target_logits.dim() == 3, lambda: "mtp.verify: target_logits must be 3-D [B, K+1, V]")
+def _chain_outputs(op, draft_tokens, target_logits, **others):
+    # verify, verify_sampled, verify_lenient: accepted [B] and out_tokens [B, K+1].
+    _check_same_device(op, "draft_tokens", draft_tokens, target_logits=target_logits, **others)
+    torch._check(draft_tokens.dim() == 2, lambda: f"{op}: draft_tokens must be 2-D [B, K]")
+    torch._check(target_logits.dim() == 3, lambda: f"{op}: target_logits must be 3-D [B, K+1, V]")
     B, K = draft_tokens.shape
     return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+
+
+@torch.library.register_fake("mtp::verify")
+def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
+    return _chain_outputs("mtp.verify", draft_tokens, target_logits, num_drafts=num_drafts)
+
+
+@torch.library.register_fake("mtp::verify_lenient")
+def _verify_lenient_fake(draft_tokens, target_logits, num_drafts=None, top_k=1, min_ratio=1.0, pad_id=-1):
+    return _chain_outputs("mtp.verify_lenient", draft_tokens, target_logits, num_drafts=num_drafts)
 
 
 @torch.library.register_fake("mtp::verify_sampled")
 def _verify_sampled_fake(draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None,
                          pad_id=-1):
-    _check_same_device("mtp.verify_sampled", "draft_tokens", draft_tokens, draft_probs=draft_probs,
-                       target_logits=target_logits, temperature=temperature, seeds=seeds, offsets=offsets,
-                       num_drafts=num_drafts)
-    torch._check(draft_tokens.dim() == 2, lambda: "mtp.verify_sampled: draft_tokens must be 2-D [B, K]")
-    torch._check(target_logits.dim() == 3, lambda: "mtp.verify_sampled: target_logits must be 3-D [B, K+1, V]")
-    B, K = draft_tokens.shape
-    return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+    return _chain_outputs("mtp.verify_sampled", draft_tokens, target_logits, draft_probs=draft_probs,
+                          temperature=temperature, seeds=seeds, offsets=offsets, num_drafts=num_drafts)
 
 
 @torch.library.register_fake("mtp::accept_prefix")

@@ -4,6 +4,7 @@ Slow and simple on purpose; the kernels are tested against these functions.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -142,22 +143,78 @@ def sample_uniform(seed: int, position: int, stream: int) -> float:
     return (h >> 40) / 16777216.0
 
 
-def _row_weights(logits_row: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w, cumsum(w)) in fp64: w_i = exp((x_i - max x) / T); a point mass on torch.argmax's
-    choice when T == 0 or the row has a NaN, +inf or only -inf."""
+# exp_fixed's constants (sampling.h): Cody-Waite ln2 split, Taylor terms to r^13.
+_LN2_HI, _LN2_LO, _INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
+_EXP_TERMS = 13
+SAMPLE_BLOCK = 256  # kSampleBlock: the fixed summation order's block
+
+
+def exp_fixed(y: torch.Tensor) -> torch.Tensor:
+    """exp(y) for fp64 y <= 0 in sampling.h's exact steps (every backend gets the same bits):
+    k = floor(y / ln2 + 0.5), r = (y - k ln2_hi) - k ln2_lo, Horner over 1/n! (n = 13..0,
+    each coefficient 1.0 / n!), times 2^k; 0 below -708."""
+    yc = torch.clamp_min(y, -708.0)
+    k = torch.floor(yc * _INV_LN2 + 0.5)
+    r = (yc - k * _LN2_HI) - k * _LN2_LO
+    p = torch.full_like(r, 1.0 / math.factorial(_EXP_TERMS))
+    for n in range(_EXP_TERMS - 1, -1, -1):
+        p = p * r + 1.0 / math.factorial(n)
+    two_k = ((k.long() + 1023) << 52).view(torch.float64)  # 2^k by its bits: exact
+    return torch.where(y >= -708.0, p * two_k, 0.0)
+
+
+def _row_weights(logits_row: torch.Tensor, temperature: float) -> torch.Tensor:
+    """w in fp64: w_i = exp_fixed((x_i - max x) / T); a point mass on torch.argmax's choice
+    when T == 0 or the row has a NaN, +inf or only -inf."""
     x = logits_row.double()
     m = x.max()
     if temperature == 0 or not bool(torch.isfinite(m)):
         w = torch.zeros_like(x)
         w[int(logits_row.argmax())] = 1.0
-    else:
-        w = torch.exp((x - m) / temperature)
-    return w, torch.cumsum(w, 0)  # cumsum: a left-to-right sum, as the kernel's
+        return w
+    return exp_fixed((x - m) / temperature)
 
 
-def _inverse_cdf(cum: torch.Tensor, u: float) -> int:
-    # The first i whose running sum exceeds u * total (total = the running sum's end).
-    return int(torch.searchsorted(cum, u * float(cum[-1]), right=True).clamp_max(cum.numel() - 1))
+def _block_trees(w: torch.Tensor) -> list[torch.Tensor]:
+    """The pairwise trees of w's SAMPLE_BLOCK-wide blocks (zeros past the end): levels[0] the
+    leaves [nb, 256], levels[l + 1][:, j] = levels[l][:, 2j] + levels[l][:, 2j + 1]."""
+    nb = -(-w.numel() // SAMPLE_BLOCK)
+    level = torch.cat([w, w.new_zeros(nb * SAMPLE_BLOCK - w.numel())]).view(nb, SAMPLE_BLOCK)
+    levels = [level]
+    while level.shape[1] > 1:
+        level = level[:, 0::2] + level[:, 1::2]
+        levels.append(level)
+    return levels
+
+
+def _ordered_sum(w: torch.Tensor) -> float:
+    """The fixed order: block trees' roots added left to right."""
+    s = 0.0
+    for b in _block_trees(w)[-1][:, 0].tolist():
+        s += b
+    return s
+
+
+def _inverse_cdf(w: torch.Tensor, total: float, u: float) -> int:
+    """The first block whose running sum passes u * total, then down its tree: left unless
+    the left subtree's sum is passed (or the right one is empty). total = _ordered_sum(w)."""
+    target = u * total
+    levels = _block_trees(w)
+    acc = 0.0
+    for c, s in enumerate(levels[-1][:, 0].tolist()):
+        if not (s > 0 and acc + s > target):
+            acc += s
+            continue
+        n = 0
+        for level in reversed(levels[:-1]):
+            left, right = float(level[c, 2 * n]), float(level[c, 2 * n + 1])
+            if right == 0 or acc + left > target:
+                n = 2 * n
+            else:
+                acc += left
+                n = 2 * n + 1
+        return c * SAMPLE_BLOCK + n
+    return 0  # unreachable: target < total
 
 
 def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
@@ -169,11 +226,12 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     were sampled from) or None (one-hot: greedy drafts); target_logits [B, K+1, V]; temperature
     [B] fp32, >= 0; seeds, offsets [B] int64 (offsets default 0); num_drafts [B] in [0, K].
     Request b, row t = 0..n (n = num_drafts[b]), key (seeds[b], position offsets[b] + t):
-      p_t = softmax(target_logits[b, t] / T) as w_i / S, w_i = exp((x_i - max x) / T) in fp64,
-            S their left-to-right sum (a point mass on torch.argmax when T == 0 or the row has
-            a NaN, +inf or only -inf);
+      p_t = softmax(target_logits[b, t] / T) as w_i / S, w_i = exp_fixed((x_i - max x) / T)
+            in fp64, S their _ordered_sum (a point mass on torch.argmax when T == 0 or the row
+            has a NaN, +inf or only -inf);
       u_s = sample_uniform(seed, pos, 1), u_a = sample_uniform(seed, pos, 0);
-      inverse_cdf(r, u) = the first i with r_0 + ... + r_i > u * sum(r) (left to right, fp64).
+      inverse_cdf(r, u) = _inverse_cdf(r, _ordered_sum(r), u): ~ the first i with
+            r_0 + ... + r_i > u * sum(r), in a fixed order of fp64 additions.
     One-hot drafts, or T == 0, or t == n: y = inverse_cdf(p_t, u_s); the draft is accepted
       iff t < n and y == draft (probability p_t(x) = min(1, p/q); given rejection y follows
       normalize(max(0, p - q)); so the law is rejection sampling's, and y is the token plain
@@ -182,8 +240,8 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
       y = inverse_cdf(max(0, p_t - q_t), u_s) (p_t when that is all zero).
     At the first rejection (or t == n, the bonus) y is emitted and the request stops.
     Returns accepted [B] and out_tokens [B, K+1] (accepted drafts, y, then pad_id), both in
-    draft_tokens' dtype. The kernel agrees on token ids except where u * S falls within
-    fp64 rounding (exp's last bit) of a CDF boundary.
+    draft_tokens' dtype. Every float step is an exact IEEE operation in a fixed order, so
+    this reference, the CPU kernel and the Triton kernel agree bit for bit.
     """
     B, K = draft_tokens.shape
     nd = [K] * B if num_drafts is None else num_drafts.long().tolist()
@@ -193,25 +251,65 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     for b in range(B):
         T, seed = float(temperature[b]), int(seeds[b])
         for t in range(nd[b] + 1):
-            w, cum = _row_weights(target_logits[b, t], T)
+            w = _row_weights(target_logits[b, t], T)
+            S = _ordered_sum(w)
             us = sample_uniform(seed, offs[b] + t, STREAM_SAMPLE)
             x = int(draft_tokens[b, t]) if t < nd[b] else None
             if x is None or draft_probs is None or T == 0:
-                y = _inverse_cdf(cum, us)
+                y = _inverse_cdf(w, S, us)
                 if x is not None and x == y:
                     out[b, t] = x
                     continue
             else:
                 q = draft_probs[b, t].double()
-                S = float(cum[-1])
                 ua = sample_uniform(seed, offs[b] + t, STREAM_ACCEPT)
                 if 0 <= x < w.numel() and ua * float(q[x]) < float(w[x]) / S:
                     out[b, t] = x
                     continue
                 r = torch.clamp_min(w / S - q, 0.0)
-                rc = torch.cumsum(r, 0)
-                y = _inverse_cdf(rc, us) if float(rc[-1]) > 0 else _inverse_cdf(cum, us)
+                R = _ordered_sum(r)
+                y = _inverse_cdf(r, R, us) if R > 0 else _inverse_cdf(w, S, us)
             out[b, t] = y
+            accepted[b] = t
+            break
+    return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
+
+
+def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
+                   top_k: int = 1, min_ratio: float = 1.0, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lenient greedy verification. NOT lossless: the output drifts from greedy decoding.
+
+    Arguments and outputs as ``verify``, plus top_k >= 1 and min_ratio in [0, 1]. Request b
+    accepts draft x at row t < num_drafts[b] when 0 <= x < V and either x is the row's
+    torch.argmax, or the row has no NaN, fewer than top_k entries rank above x (a larger
+    logit, or an equal one at a lower index) and logit_x - max >= log(min_ratio) in fp64
+    (p(x) / p(argmax) >= min_ratio under the softmax at temperature 1). At the first rejected
+    row (or row num_drafts[b]) the argmax is emitted, then pad_id. top_k = 1 is ``verify``.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if not 0 <= min_ratio <= 1:
+        raise ValueError(f"min_ratio must lie in [0, 1], got {min_ratio}")
+    B, K = draft_tokens.shape
+    V = target_logits.shape[2]
+    nd = [K] * B if num_drafts is None else num_drafts.long().tolist()
+    log_ratio = math.log(min_ratio) if min_ratio > 0 else -math.inf
+    accepted = torch.zeros(B, dtype=torch.long)
+    out = torch.full((B, K + 1), pad_id, dtype=torch.long)
+    for b in range(B):
+        for t in range(nd[b] + 1):
+            row = target_logits[b, t].float()
+            top = int(row.argmax())
+            x = int(draft_tokens[b, t]) if t < nd[b] else -1
+            take = 0 <= x < V and x == top
+            if 0 <= x < V and not take and not bool(row.isnan().any()):
+                vx = row[x]
+                above = int(((row > vx) | ((row == vx) & (torch.arange(V) < x))).sum())
+                take = above < top_k and float(vx) - float(row[top]) >= log_ratio
+            if take:
+                out[b, t] = x
+                continue
+            out[b, t] = top
             accepted[b] = t
             break
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)

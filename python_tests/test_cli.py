@@ -61,6 +61,12 @@ def test_generate_streams_text_and_stats(tiny):
     (["--prompt", "x", "--temperature", "-1"], "--temperature must be finite and >= 0"),
     (["--prompt", "x", "--temperature", "nan"], "--temperature must be finite and >= 0"),
     (["--prompts-file", "/nonexistent.jsonl"], "cannot read --prompts-file"),
+    (["--prompt", "x", "--lenient", "3"], "--lenient expects top_k=K[,min_ratio=R], got '3'"),
+    (["--prompt", "x", "--lenient", "top_k=2,ratio=0.5"], "--lenient expects top_k=K[,min_ratio=R]"),
+    (["--prompt", "x", "--lenient", "top_k=two"], "with an integer K and a number R, got 'top_k=two'"),
+    (["--prompt", "x", "--lenient", "top_k=0"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
+    (["--prompt", "x", "--lenient", "top_k=2,min_ratio=1.5"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
+    (["--prompt", "x", "--lenient", "top_k=2", "--temperature", "1"], "--lenient is a greedy mode"),
 ])
 def test_bad_input_exits_2_with_a_message(tiny, args, message):
     if "--model" not in args:
@@ -68,6 +74,21 @@ def test_bad_input_exits_2_with_a_message(tiny, args, message):
     r = mtp("generate", *args)
     assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr
+    if "--lenient" in args:  # rejected before anything loads: the one line
+        assert r.stderr.strip().splitlines() == [f"mtp: error: {r.stderr.split('mtp: error: ')[1].strip()}"]
+
+
+def test_lenient_generate(tiny):
+    """top_k=1 is exactly greedy; a looser setting runs and says it is not lossless."""
+    runs = {}
+    for flag in ([], ["--lenient", "top_k=1"], ["--lenient", "top_k=5,min_ratio=0.1"]):
+        r = mtp("generate", "--model", tiny, "--prompt", "hello", "--max-new-tokens", 8, "--k", 2, "--json", *flag)
+        assert r.returncode == 0, r.stderr
+        runs[tuple(flag)] = json.loads(r.stdout)["tokens"]
+    assert runs[()] == runs[("--lenient", "top_k=1")]
+    assert 1 <= len(runs[("--lenient", "top_k=5,min_ratio=0.1")]) <= 8
+    r = mtp("generate", "--model", tiny, "--prompt", "hi", "--max-new-tokens", 2, "--lenient", "top_k=2")
+    assert "not lossless" in r.stderr
 
 
 def test_bad_prompts_files(tiny, tmp_path):

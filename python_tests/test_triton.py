@@ -488,3 +488,115 @@ def test_cuda_attention_opcheck_and_graph_capture():
     k_before = k.clone()
     graph.replay()
     assert torch.equal(k, k_before)
+
+
+# ---------------------------------------------------------------- verify_sampled
+# The Triton kernel mirrors sampling.h step for step: its tokens must equal the CPU op's
+# (torch.equal), not merely follow the same distribution.
+
+def sampled_case(gen, B, K, V, dtype, id_dtype, with_q, q_dtype=None):
+    drafts, logits = make_case(gen, B, K, V, dtype, id_dtype, match_rate=0.6)
+    drafts[:, ::3] = torch.randint(-1, V + 1, drafts[:, ::3].shape, generator=gen, dtype=drafts.dtype)
+    q = None
+    if with_q:
+        q = torch.softmax(torch.randn(B, K, V, generator=gen) * 2, -1).to(q_dtype or dtype)
+    temp = torch.rand(B, generator=gen) * 2
+    temp[::3] = 0.0
+    seeds = torch.randint(-2**62, 2**62, (B,), generator=gen)
+    offsets = torch.randint(0, 10**6, (B,), generator=gen)
+    nd = torch.randint(0, K + 1, (B,), generator=gen)
+    return drafts, q, logits, temp, seeds, offsets, nd
+
+
+def check_sampled(backend, *args, pad_id=-1):
+    impl, device = backend
+    fn = triton_mod.verify_sampled if impl == "triton" else torch.ops.mtp.verify_sampled
+    want = torch.ops.mtp.verify_sampled(*args, pad_id)  # the CPU op
+    got = fn(*[None if a is None else a.to(device) for a in args], pad_id)
+    for g, w in zip(got, want):
+        assert g.device.type == device and g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.cpu(), w), (g, w)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("with_q", [False, True], ids=["onehot", "draft_probs"])
+def test_verify_sampled_equals_cpu_op(backend, gen, dtype, with_q):
+    for B, K, V, id_dtype in [(0, 2, 5, torch.int64), (3, 0, 40, torch.int32), (4, 1, 300, torch.int64),
+                              (5, 4, 700, torch.int32), (2, 2, 1, torch.int64)]:
+        drafts, q, logits, temp, seeds, offsets, nd = sampled_case(gen, B, K, V, dtype, id_dtype, with_q)
+        check_sampled(backend, drafts, q, logits, temp, seeds, offsets, nd, pad_id=7)
+        check_sampled(backend, drafts, q, logits, temp, seeds, None, None)
+
+
+def test_verify_sampled_mixed_dtypes_strides_and_special_rows(backend, gen):
+    """bf16 logits with fp16 draft_probs; strided views; rows with NaN, +inf, all -inf, ties;
+    high temperatures (flat rows: every block matters) and near-greedy ones."""
+    B, K, V = 6, 3, 600
+    big = torch.randn(B, 2 * (K + 1), V + 5, generator=gen).bfloat16()
+    logits = big[:, ::2, 3:3 + V]
+    logits[0, 1, 17] = float("nan")
+    logits[1, 0, 599] = float("inf")
+    logits[2, 2] = float("-inf")
+    logits[3, 0, :] = 1.0
+    q = torch.softmax(torch.randn(V, K, B, generator=gen), 0).permute(2, 1, 0).half()
+    drafts = torch.randint(0, V, (K, B), generator=gen).t()
+    temp = torch.tensor([1.0, 0.7, 50.0, 1e-3, 3.0, 0.0])
+    seeds, offsets = torch.arange(B) * 977, torch.arange(B) + 5
+    for probs in (None, q):
+        check_sampled(backend, drafts, probs, logits, temp, seeds, offsets, None)
+
+
+def test_verify_sampled_temperature_zero_is_verify(backend, gen):
+    drafts, _, logits, _, seeds, _, nd = sampled_case(gen, 5, 3, 300, torch.float32, torch.int64, False)
+    impl, device = backend
+    fn = triton_mod.verify_sampled if impl == "triton" else torch.ops.mtp.verify_sampled
+    got = fn(drafts.to(device), None, logits.to(device), torch.zeros(5, device=device), seeds.to(device), None,
+             nd.to(device), 9)
+    want = reference.verify(drafts, logits, nd, 9)
+    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
+
+
+BAD_SAMPLED = [
+    (dict(temperature=torch.tensor([1.0, -0.5])), "temperature must be finite and >= 0, got temperature[1] = -0.5"),
+    (dict(temperature=torch.ones(3)), "temperature.size(0) must equal B"),
+    (dict(seeds=torch.zeros(2, dtype=torch.int32)), "seeds must be Long"),
+    (dict(offsets=torch.zeros(1, dtype=torch.long)), "offsets.size(0) must equal B"),
+    (dict(num_drafts=torch.tensor([0, 4])), "num_drafts must lie in [0, K] = [0, 3], got num_drafts[1] = 4"),
+    (dict(draft_probs=torch.zeros(2, 3, 9)), "draft_probs.size(2) must equal V"),
+    (dict(draft_probs=torch.full((2, 3, 10), float("nan"))), "draft_probs must be probabilities"),
+    (dict(target_logits=torch.zeros(2, 3, 10)), "target_logits.size(1) must equal K+1"),
+]
+
+
+@pytest.mark.parametrize("override,message", BAD_SAMPLED, ids=[m for _, m in BAD_SAMPLED])
+def test_verify_sampled_bad_input(override, message):
+    args = dict(draft_tokens=torch.zeros(2, 3, dtype=torch.long), draft_probs=None, target_logits=torch.zeros(2, 4, 10),
+                temperature=torch.ones(2), seeds=torch.zeros(2, dtype=torch.long), offsets=None, num_drafts=None)
+    args.update(override)
+    for fn in (triton_mod.verify_sampled, torch.ops.mtp.verify_sampled):
+        with pytest.raises(RuntimeError, match=r"mtp\.verify_sampled: .*" + re.escape(message)):
+            fn(*args.values())
+
+
+import triton  # noqa: E402  (importable: mtp_kernels.triton was)
+import triton.language as tl  # noqa: E402
+
+from mtp_kernels.triton.kernels.sampling import exp_fixed  # noqa: E402
+
+
+@triton.jit
+def _exp_fixed_kernel(y, out, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out + i, exp_fixed(tl.load(y + i)))
+
+
+def test_exp_fixed_bits_equal_reference():
+    """The Triton exp_fixed gives reference.exp_fixed's bits (the C++ one is its mirror)."""
+    y = torch.cat([-torch.rand(4093, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 720,
+                   torch.tensor([0.0, -708.0, float("-inf")], dtype=torch.float64)])
+    out = torch.empty_like(y, device=DEVICE)
+    _exp_fixed_kernel[(1,)](y.to(DEVICE), out, N=4096)
+    want = reference.exp_fixed(y)
+    assert torch.equal(out.cpu().view(torch.int64), want.view(torch.int64))
+    ok = y >= -708  # below: 0 (< 1e-307)
+    assert torch.allclose(want[ok], torch.exp(y[ok]), rtol=4e-16, atol=0) and not want[~ok].any()

@@ -8,6 +8,7 @@
 #include "mtp/mtp.h"
 #include "mtp/op_args.h"
 #include "mtp/parallel.h"
+#include "mtp/sampling.h"
 #include "mtp/verify.h"
 
 static_assert(int(MTP_FLOAT32) == int(mtp::DType::F32) && int(MTP_BFLOAT16) == int(mtp::DType::BF16) &&
@@ -71,6 +72,42 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
                    src + ((i * n[1] + j) * n[2] + k) * n[3] * es, 1, n[3], es);
 }
 
+// A [B] view whose dtype (among ok) stores T, checked, as values.
+template <class T>
+bool vector_of(Checker& c, const char* name, const mtp_tensor* t, int64_t B, std::initializer_list<mtp_dtype> ok,
+               std::vector<T>* out) {
+  if (!c.tensor(name, t, 1, "[B]", ok) || !c.size(name, t, 0, B, "B (draft_tokens.sizes[0])")) return false;
+  out->resize(size_t(B));
+  for (int64_t b = 0; b < B; ++b) (*out)[size_t(b)] = static_cast<const T*>(t->data)[b * t->strides[0]];
+  return true;
+}
+
+// The arguments mtp_verify and mtp_verify_sampled share, checked, as VerifyArgs (its
+// num_drafts left to the caller: the values are in *nd).
+bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* target_logits,
+                  const mtp_tensor* num_drafts, const mtp_tensor* accepted, const mtp_tensor* out_tokens,
+                  int32_t num_threads, VerifyArgs* a, std::vector<int64_t>* nd, int* threads) {
+  if (!c.tensor("draft_tokens", draft_tokens, 2, "[B, K]", kIdTypes)) return false;
+  const int64_t B = draft_tokens->sizes[0], K = draft_tokens->sizes[1];
+  if (!c.tensor("target_logits", target_logits, 3, "[B, K+1, V]", kFloatTypes) ||
+      !c.size("target_logits", target_logits, 0, B, "B (draft_tokens.sizes[0])") ||
+      !c.size("target_logits", target_logits, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)"))
+    return false;
+  const int64_t V = target_logits->sizes[2];
+  if (V < 1) return c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
+  if (!c.num_drafts(num_drafts, B, K, nd) || !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_tokens)) ||
+      !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])") ||
+      !c.tensor("out_tokens", out_tokens, 2, "[B, K+1]", same_as(draft_tokens)) ||
+      !c.size("out_tokens", out_tokens, 0, B, "B (draft_tokens.sizes[0])") ||
+      !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") || !c.threads(num_threads, threads))
+    return false;
+  a->B = B; a->K = K; a->V = V;
+  a->logits = target_logits->data;
+  a->logits_dtype = float_dtype(target_logits->dtype);
+  for (int d = 0; d < 3; ++d) a->logits_stride[d] = target_logits->strides[d];
+  return true;
+}
+
 }  // namespace
 }  // namespace mtp::capi
 
@@ -83,31 +120,11 @@ mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* target_l
                       int64_t pad_id, const mtp_tensor* accepted, const mtp_tensor* out_tokens, int32_t num_threads) {
   return guarded("mtp_verify", [&](Checker& c) {
     int threads = 1;
-    if (!c.tensor("draft_tokens", draft_tokens, 2, "[B, K]", kIdTypes)) return c.status;
-    const int64_t B = draft_tokens->sizes[0], K = draft_tokens->sizes[1];
-    std::vector<int64_t> nd;
-    if (!c.tensor("target_logits", target_logits, 3, "[B, K+1, V]", kFloatTypes) ||
-        !c.size("target_logits", target_logits, 0, B, "B (draft_tokens.sizes[0])") ||
-        !c.size("target_logits", target_logits, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)"))
-      return c.status;
-    const int64_t V = target_logits->sizes[2];
-    if (V < 1) {
-      c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
-      return c.status;
-    }
-    if (!c.num_drafts(num_drafts, B, K, &nd) ||
-        !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_tokens)) ||
-        !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])") ||
-        !c.tensor("out_tokens", out_tokens, 2, "[B, K+1]", same_as(draft_tokens)) ||
-        !c.size("out_tokens", out_tokens, 0, B, "B (draft_tokens.sizes[0])") ||
-        !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") || !c.threads(num_threads, &threads))
-      return c.status;
-
     VerifyArgs a;
-    a.B = B; a.K = K; a.V = V;
-    a.logits = target_logits->data;
-    a.logits_dtype = float_dtype(target_logits->dtype);
-    for (int d = 0; d < 3; ++d) a.logits_stride[d] = target_logits->strides[d];
+    std::vector<int64_t> nd;
+    if (!verify_front(c, draft_tokens, target_logits, num_drafts, accepted, out_tokens, num_threads, &a, &nd, &threads))
+      return c.status;
+    const int64_t B = a.B, K = a.K;
     a.num_drafts = nd.data();
     std::vector<int64_t> target(size_t(B * (K + 1)), 0);
     greedy_targets(a, target.data(), threads, current_isa(), ThreadParallelFor{threads});
@@ -115,6 +132,52 @@ mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* target_l
       using I = decltype(id);
       accept_and_emit<I, int64_t>(B, K, ids<const I>(draft_tokens), {target.data(), {K + 1, 1}}, nd.data(), pad_id,
                                   static_cast<I*>(accepted->data), accepted->strides[0], ids<I>(out_tokens));
+    });
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* draft_probs,
+                              const mtp_tensor* target_logits, const mtp_tensor* temperature, const mtp_tensor* seeds,
+                              const mtp_tensor* offsets, const mtp_tensor* num_drafts, int64_t pad_id,
+                              const mtp_tensor* accepted, const mtp_tensor* out_tokens, int32_t num_threads) {
+  return guarded("mtp_verify_sampled", [&](Checker& c) {
+    int threads = 1;
+    SampledArgs a;
+    std::vector<int64_t> nd;
+    if (!verify_front(c, draft_tokens, target_logits, num_drafts, accepted, out_tokens, num_threads, &a.v, &nd, &threads))
+      return c.status;
+    const int64_t B = a.v.B, K = a.v.K;
+    static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i64 = {MTP_INT64};
+    std::vector<float> tf;
+    std::vector<int64_t> seed, offset(size_t(B), 0);
+    if (!vector_of(c, "temperature", temperature, B, f32, &tf) || !vector_of(c, "seeds", seeds, B, i64, &seed) ||
+        (offsets && !vector_of(c, "offsets", offsets, B, i64, &offset)))
+      return c.status;
+    std::vector<double> temp(tf.begin(), tf.end());
+    for (int64_t b = 0; b < B; ++b)
+      if (!c.ok(temperature_error(b, temp[size_t(b)]))) return c.status;
+    if (draft_probs) {
+      if (!c.tensor("draft_probs", draft_probs, 3, "[B, K, V]", kFloatTypes) ||
+          !c.size("draft_probs", draft_probs, 0, B, "B (draft_tokens.sizes[0])") ||
+          !c.size("draft_probs", draft_probs, 1, K, "K (draft_tokens.sizes[1])") ||
+          !c.size("draft_probs", draft_probs, 2, a.v.V, "V (target_logits.sizes[2])") ||
+          !c.ok(draft_probs_error(draft_probs->data, float_dtype(draft_probs->dtype), draft_probs->sizes,
+                                  draft_probs->strides)))
+        return c.status;
+      a.q = draft_probs->data;
+      a.q_dtype = float_dtype(draft_probs->dtype);
+      std::copy_n(draft_probs->strides, 3, a.q_stride);
+    }
+    a.v.num_drafts = nd.data();
+    a.temperature = temp.data();
+    a.seed = seed.data();
+    a.offset = offset.data();
+    a.pad = pad_id;
+    with_id_type(draft_tokens, [&](auto id) {
+      using I = decltype(id);
+      verify_sampled<I>(a, ids<const I>(draft_tokens), static_cast<I*>(accepted->data), accepted->strides[0],
+                        ids<I>(out_tokens), current_isa(), ThreadParallelFor{threads});
     });
     return MTP_OK;
   });

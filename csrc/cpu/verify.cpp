@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "mtp/lenient.h"
 #include "mtp/sampling.h"
 #include "mtp/verify.h"
 
@@ -11,6 +12,7 @@ namespace {
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kSampled = "mtp.verify_sampled";
+constexpr const char* kLenient = "mtp.verify_lenient";
 
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
@@ -67,8 +69,7 @@ std::vector<double> checked_temperatures(const char* op, const at::Tensor& temp,
   const float* p = temp.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
     out[b] = p[b * temp.stride(0)];
-    TORCH_CHECK(std::isfinite(out[b]) && out[b] >= 0, op, ": temperature must be finite and >= 0, got temperature[",
-                b, "] = ", out[b]);
+    check_ok(op, temperature_error(b, out[b]));
   }
   return out;
 }
@@ -97,11 +98,13 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
   const std::vector<int64_t> seed = checked_keys(kSampled, "seeds", seeds, B);
   const std::vector<int64_t> offset = checked_keys(kSampled, "offsets", offsets, B);
   std::vector<int64_t> nd = checked_num_drafts(kSampled, num_drafts, B, K);
-  VerifyArgs a = verify_args(draft_tokens, target_logits);
-  a.num_drafts = nd.data();
-  const void* q = nullptr;
-  DType qdt = DType::F32;
-  int64_t qs[2] = {0, 0};
+  SampledArgs a;
+  a.v = verify_args(draft_tokens, target_logits);
+  a.v.num_drafts = nd.data();
+  a.temperature = temp.data();
+  a.seed = seed.data();
+  a.offset = offset.data();
+  a.pad = pad_id;
   if (draft_probs.has_value()) {
     const at::Tensor& dp = *draft_probs;
     check_cpu(kSampled, "draft_probs", dp);
@@ -109,34 +112,38 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
     check_dim(kSampled, "draft_probs", dp, 3, "[B, K, V]");
     check_size(kSampled, "draft_probs", dp, 0, B, "B (draft_tokens.size(0))");
     check_size(kSampled, "draft_probs", dp, 1, K, "K (draft_tokens.size(1))");
-    check_size(kSampled, "draft_probs", dp, 2, a.V, "V (target_logits.size(2))");
-    // A probability: a negative or NaN entry would make the rule meaningless.
-    TORCH_CHECK(dp.numel() == 0 || (dp >= 0).all().item<bool>(), kSampled,
-                ": draft_probs must be probabilities (finite, >= 0), found a negative or NaN entry");
-    TORCH_CHECK(dp.numel() == 0 || dp.isfinite().all().item<bool>(), kSampled,
-                ": draft_probs must be probabilities (finite, >= 0), found an infinite entry");
-    q = dp.data_ptr();
-    qdt = to_dtype(dp.scalar_type());
-    qs[0] = dp.stride(1);
-    qs[1] = dp.stride(2);
+    check_size(kSampled, "draft_probs", dp, 2, a.v.V, "V (target_logits.size(2))");
+    a.q = dp.data_ptr();
+    a.q_dtype = to_dtype(dp.scalar_type());
+    for (int d = 0; d < 3; ++d) a.q_stride[d] = dp.stride(d);
+    check_ok(kSampled, draft_probs_error(a.q, a.q_dtype, dp.sizes().data(), a.q_stride));
   }
 
   auto opts = draft_tokens.options();
   at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
-  const Isa isa = current_isa();
   AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "verify_sampled", [&] {
-    using I = index_t;
-    IdView<const I> d = ids<const I>(draft_tokens);
-    IdView<I> o = ids<I>(out);
-    I* acc = accepted.data_ptr<I>();
-    const int64_t qb = draft_probs.has_value() ? draft_probs->stride(0) * dtype_size(qdt) : 0;
-    TorchParallelFor{}(B, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        const void* qrow = q ? static_cast<const char*>(q) + b * qb : nullptr;
-        acc[b] = I(sample_request<I>(a, b, d.row(b), d.stride[1], qrow, qdt, qs, temp[b], seed[b], offset[b], nd[b],
-                                     pad_id, o.row(b), o.stride[1], isa));
-      }
-    });
+    verify_sampled<index_t>(a, ids<const index_t>(draft_tokens), accepted.data_ptr<index_t>(), 1, ids<index_t>(out),
+                            current_isa(), TorchParallelFor{});
+  });
+  return {accepted, out};
+}
+
+// Not lossless (lenient.h): accepts near-greedy drafts too.
+std::tuple<at::Tensor, at::Tensor> verify_lenient_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
+                                                      const c10::optional<at::Tensor>& num_drafts, int64_t top_k,
+                                                      double min_ratio, int64_t pad_id) {
+  check_verify_inputs(kLenient, draft_tokens, target_logits, at::kCPU);
+  check_ok(kLenient, lenient_error(top_k, min_ratio));
+  const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
+  std::vector<int64_t> nd = checked_num_drafts(kLenient, num_drafts, B, K);
+  VerifyArgs a = verify_args(draft_tokens, target_logits);
+  a.num_drafts = nd.data();
+  const LenientRule rule{top_k, std::log(min_ratio)};
+  auto opts = draft_tokens.options();
+  at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
+  AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "verify_lenient", [&] {
+    verify_lenient<index_t>(a, ids<const index_t>(draft_tokens), rule, pad_id, accepted.data_ptr<index_t>(), 1,
+                            ids<index_t>(out), TorchParallelFor{});
   });
   return {accepted, out};
 }
@@ -145,6 +152,7 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
 
 TORCH_LIBRARY_IMPL(mtp, CPU, m) {
   m.impl("verify_sampled", &verify_sampled_cpu);
+  m.impl("verify_lenient", &verify_lenient_cpu);
   m.impl("verify", &verify_cpu);
   m.impl("accept_prefix", &accept_prefix_cpu);
 }

@@ -510,7 +510,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|ops_errors [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|ops_errors|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -533,6 +533,9 @@ int main(int argc, char** argv) {
   else if (which == "errors") test_errors();
   else if (which == "threads") test_threads();
   else if (which == "sampling") test_sampling();
+  else if (which == "sampling_capi") test_sampling_capi();
+  else if (which == "sampling_errors") test_sampling_errors();
+  else if (which == "exp_fixed") test_exp_fixed();
   else if (which == "isa") test_isa();
   else if (which == "attention") test_attention();
   else if (which == "cache_append") test_cache_append();

@@ -352,13 +352,6 @@ namespace {
 
 // Runs a Call (a valid call of one function) broken by `mutation`: it fails with `status` and a
 // message containing `needle`, and its outputs stay untouched.
-#define BAD_CALL(Call, mutation, status, needle)                        \
-  do {                                                                  \
-    Call c;                                                             \
-    mutation;                                                           \
-    expect_error(c.run(), status, needle, #mutation);                   \
-    EXPECT(c.untouched(), "%s: output written on failure", #mutation);  \
-  } while (0)
 
 // A valid head_attention call (B=2, T=2, Hq=4, Hkv=2, D=8, L=6, S=3) each check below breaks
 // in one way; the output must stay untouched.

@@ -33,8 +33,23 @@ inline void expect_error(mtp_status got, mtp_status want, const char* needle, co
   EXPECT(std::strstr(mtp_last_error(), needle) != nullptr, "%s: message '%s' lacks '%s'", what, mtp_last_error(), needle);
 }
 
+// A call struct's `run()` after one mutation of a valid call: fails with `status` and a
+// message containing `needle`, and writes nothing.
+#define BAD_CALL(Call, mutation, status, needle)                        \
+  do {                                                                  \
+    Call c;                                                             \
+    mutation;                                                           \
+    expect_error(c.run(), status, needle, #mutation);                   \
+    EXPECT(c.untouched(), "%s: output written on failure", #mutation);  \
+  } while (0)
+
 // test_ops.cpp
 void test_attention();
 void test_cache_append();
 void test_linear();
 void test_ops_errors();
+
+// test_sampling.cpp
+void test_sampling_capi();
+void test_sampling_errors();
+void test_exp_fixed();

@@ -17,6 +17,7 @@ from .. import _checks as C
 from .kernels import attention as A
 from .kernels.argmax import argmax_partials_kernel
 from .kernels.linear import BLOCK_K, BLOCK_M, BLOCK_N, linear_kernel
+from .kernels.sampling import verify_sampled_kernel
 from .kernels.verify import accept_prefix_kernel, verify_finish_kernel
 
 # Vocabulary tile of the argmax, and the smallest slice worth a program of its own.
@@ -37,18 +38,22 @@ def verify_splits(rows: int, V: int, sm_count: int) -> int:
     return max(1, min(want, -(-V // MIN_SLICE)))
 
 
+def _chain_outputs(op, draft_tokens, target_logits, num_drafts):
+    # verify and verify_sampled after their input checks: sizes, checked num_drafts, outputs.
+    B, K = draft_tokens.shape
+    V = target_logits.shape[2]
+    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
+    nd = C.checked_num_drafts(op, num_drafts, B, K)
+    return B, K, V, nd, draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+
+
 def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
            pad_id: int = -1, *, splits: Optional[int] = None, block_v: int = BLOCK_V):
     """``mtp.verify`` in Triton. ``splits`` / ``block_v`` force the vocabulary slicing and tile
     (tests use them to put slice and tile edges where ties and NaN are)."""
     op = "mtp.verify"
     C.check_verify_inputs(op, draft_tokens, target_logits, num_drafts)
-    B, K = draft_tokens.shape
-    V = target_logits.shape[2]
-    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
-    nd = C.checked_num_drafts(op, num_drafts, B, K)
-    accepted = draft_tokens.new_empty((B,))
-    out = draft_tokens.new_empty((B, K + 1))
+    B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
     if B == 0:
         return accepted, out
     rows = B * (K + 1)
@@ -84,6 +89,32 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
                                nd if nd is not None else accepted, K, accepted, HAS_ND=nd is not None,
                                BLOCK_T=triton.next_power_of_2(K + 1))
     return accepted
+
+
+def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
+                   temperature: torch.Tensor, seeds: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                   num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1):
+    """``mtp.verify_sampled`` in Triton: one program per request, the tokens bitwise those of
+    the CPU op (kernels/sampling.py mirrors csrc/include/mtp/sampling.h)."""
+    op = "mtp.verify_sampled"
+    C.check_sampled_inputs(op, draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts)
+    B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
+    if B == 0:
+        return accepted, out
+    temp = temperature.contiguous()
+    seeds = seeds.contiguous()
+    offs = offsets.contiguous() if offsets is not None else seeds  # never read without HAS_OFFSETS
+    q = draft_probs if draft_probs is not None else target_logits  # never read without HAS_Q
+    q_strides = draft_probs.stride() if draft_probs is not None else (0, 0, 0)
+    # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
+    # never fuses, and rejects the option).
+    opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
+    verify_sampled_kernel[(B,)](draft_tokens, *draft_tokens.stride(), q, *q_strides, target_logits,
+                                *target_logits.stride(), temp, seeds, offs, nd if nd is not None else seeds, K, V,
+                                pad_id, accepted, out, *out.stride(), HAS_Q=draft_probs is not None,
+                                HAS_OFFSETS=offsets is not None, HAS_ND=nd is not None,
+                                BLOCK_T=triton.next_power_of_2(K + 1), BLOCK_V=BLOCK_V, **opts)
+    return accepted, out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -162,7 +193,7 @@ def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
                                             BLOCK_D=triton.next_power_of_2(D))
 
 
-_OPS = {"verify": verify, "accept_prefix": accept_prefix, "linear": linear, "head_attention": head_attention,
+_OPS = {"verify": verify, "verify_sampled": verify_sampled, "accept_prefix": accept_prefix, "linear": linear, "head_attention": head_attention,
         "cache_append": cache_append}
 
 

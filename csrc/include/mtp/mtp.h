@@ -86,6 +86,23 @@ MTP_API mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* 
                               const mtp_tensor* num_drafts, int64_t pad_id, const mtp_tensor* accepted,
                               const mtp_tensor* out_tokens, int32_t num_threads);
 
+/* Lossless chain rejection sampling (torch.ops.mtp.verify_sampled): the emitted tokens follow
+ * the target distribution softmax(logits / T) whatever the drafts are.
+ *   draft_tokens  [B, K]      int32 | int64
+ *   draft_probs   [B, K, V]   float32 | bfloat16 | float16, finite and >= 0: the distributions the
+ *                             drafts were sampled from; NULL: one-hot (greedy) drafts
+ *   target_logits [B, K+1, V] float32 | bfloat16 | float16, V >= 1, any strides
+ *   temperature   [B]         float32, finite and >= 0 (0: greedy, the same result as mtp_verify)
+ *   seeds         [B]         int64;  offsets [B] int64 or NULL (all 0)
+ *   num_drafts, pad_id, accepted, out_tokens, num_threads: as mtp_verify
+ * Randomness is keyed by (seeds[b], offsets[b] + position) only, so a request's tokens do not
+ * depend on the batch, the thread count or the backend (torch CPU op, Triton). */
+MTP_API mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* draft_probs,
+                                      const mtp_tensor* target_logits, const mtp_tensor* temperature,
+                                      const mtp_tensor* seeds, const mtp_tensor* offsets, const mtp_tensor* num_drafts,
+                                      int64_t pad_id, const mtp_tensor* accepted, const mtp_tensor* out_tokens,
+                                      int32_t num_threads);
+
 /* accepted[b] = longest n <= num_drafts[b] with draft_tokens[b, t] == target_tokens[b, t] for
  * t < n (torch.ops.mtp.accept_prefix).
  *   draft_tokens [B, K] int32 | int64;  target_tokens [B, K+1] or [B, K] int32 | int64

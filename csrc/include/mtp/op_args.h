@@ -1,4 +1,4 @@
-// What both front doors of head_attention, cache_append and linear share (the torch bindings
+// What both front doors of head_attention, cache_append, linear and verify_sampled share (the torch bindings
 // in csrc/cpu and the C API in csrc/core): the checks on values rather than on the tensor
 // representation, with one wording, and the filling of the kernels' argument structs from
 // data pointers and element strides. Torch-free. Each *_error returns "" when the
@@ -13,6 +13,7 @@
 #include "mtp/attention.h"
 #include "mtp/cache.h"
 #include "mtp/linear.h"
+#include "mtp/sampling.h"
 
 namespace mtp {
 
@@ -91,6 +92,26 @@ inline std::string weight_rows_error(int64_t K, int64_t stride0, int64_t stride1
   if (stride1 == 1 || K <= 1) return "";
   return message("weight rows must be contiguous (stride 1 along K), got strides [", stride0, ", ", stride1,
                  "]; it is read in place, make it contiguous once when loading");
+}
+
+// ---- verify_sampled
+
+inline std::string temperature_error(int64_t b, double t) {
+  if (std::isfinite(t) && t >= 0) return "";
+  return message("temperature must be finite and >= 0, got temperature[", b, "] = ", t);
+}
+
+// draft_probs [B, K, V] (element strides): every entry finite and >= 0.
+inline std::string draft_probs_error(const void* q, DType dt, const int64_t* sizes, const int64_t* strides) {
+  for (int64_t b = 0; b < sizes[0]; ++b)
+    for (int64_t t = 0; t < sizes[1]; ++t)
+      for (int64_t i = 0; i < sizes[2]; ++i) {
+        const float v = load_f32(q, dt, b * strides[0] + t * strides[1] + i * strides[2]);
+        if (!(v >= 0) || std::isinf(v))
+          return message("draft_probs must be probabilities (finite, >= 0), got draft_probs[", b, ", ", t, ", ", i,
+                         "] = ", v);
+      }
+  return "";
 }
 
 }  // namespace mtp

@@ -28,8 +28,96 @@ MTP_HOST_DEVICE inline double sample_uniform(int64_t seed, int64_t position, uin
   return double(h >> 40) * (1.0 / 16777216.0);
 }
 
-// The target distribution of one logits row: p_i = w_i / S with w_i = exp((x_i - m) / T),
-// m = max x, S the left-to-right sum of w in fp64. Temperature 0, or a row whose softmax is
+// exp(y) for y <= 0 from IEEE-exact steps only (+, -, *, floor, scaling by 2^k), in this
+// order, so the Triton mirror gets the same bits: std::exp, numpy and libdevice differ in
+// the last place, and one ulp can move a sampled token. Cody-Waite reduction y = k ln2 + r,
+// |r| <= ln2/2, then Taylor to r^13 (relative error ~1e-16); 0 below -708 (< 1e-307).
+inline constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 21 trailing zero bits: k*hi exact
+inline constexpr double kLn2Lo = 1.90821492927058770002e-10;
+inline constexpr double kInvLn2 = 1.44269504088896338700e+00;
+inline constexpr int kExpTerms = 13;
+
+// a * b, never fused into a following add (GCC contracts across statements on aarch64;
+// the mirror rounds every product).
+MTP_HOST_DEVICE inline double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  double p = a * b;
+#if defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(p));
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(p));
+#endif
+  return p;
+#endif
+}
+
+MTP_HOST_DEVICE inline double exp_fixed(double y) {
+  if (!(y >= -708.0)) return 0.0;
+  const double k = std::floor(mul_rn(y, kInvLn2) + 0.5);
+  const double r = (y - mul_rn(k, kLn2Hi)) - mul_rn(k, kLn2Lo);
+  double f = 1.0;  // 1/n! for n = kExpTerms down to 0, each a correctly rounded division
+  for (int n = 2; n <= kExpTerms; ++n) f = f * double(n);
+  double p = 1.0 / f;
+  for (int n = kExpTerms - 1; n >= 0; --n) {
+    f = f / double(n + 1);
+    p = mul_rn(p, r) + 1.0 / f;
+  }
+  return std::ldexp(p, int(k));  // exact: the result stays normal above -708
+}
+
+// The fixed summation order of verify_sampled (mirrored by the Triton kernel): the
+// vocabulary in blocks of kSampleBlock, each block summed as a pairwise tree (leaves
+// 2j, 2j+1 first), the block sums added left to right.
+inline constexpr int kSampleBlock = 256;
+
+// Fills tree[kSampleBlock + j] = weight(lo + j) (0 past V) and tree[n] = tree[2n] + tree[2n+1];
+// returns the block's sum tree[1].
+template <class Weight>
+inline double block_tree(int64_t lo, int64_t V, Weight& weight, double* tree) {
+  for (int j = 0; j < kSampleBlock; ++j) tree[kSampleBlock + j] = lo + j < V ? weight(lo + j) : 0.0;
+  for (int n = kSampleBlock - 1; n >= 1; --n) tree[n] = tree[2 * n] + tree[2 * n + 1];
+  return tree[1];
+}
+
+template <class Weight>
+inline double ordered_sum(int64_t V, Weight weight) {
+  double tree[2 * kSampleBlock], s = 0;
+  for (int64_t lo = 0; lo < V; lo += kSampleBlock) s += block_tree(lo, V, weight, tree);
+  return s;
+}
+
+// The inverse CDF at u of the weights (total: ordered_sum of the same weights). The first
+// block whose running sum passes u * total, then down its tree: left unless the left
+// subtree's sum is passed (or the right one is empty). Never picks a zero weight.
+template <class Weight>
+inline int64_t inverse_cdf(int64_t V, double total, double u, Weight weight) {
+  const double target = u * total;
+  double tree[2 * kSampleBlock], acc = 0;
+  for (int64_t lo = 0; lo < V; lo += kSampleBlock) {
+    const double s = block_tree(lo, V, weight, tree);
+    if (!(s > 0 && acc + s > target)) {
+      acc += s;
+      continue;
+    }
+    int n = 1;
+    while (n < kSampleBlock) {
+      const double left = tree[2 * n], right = tree[2 * n + 1];
+      if (right == 0 || acc + left > target) {
+        n = 2 * n;
+      } else {
+        acc += left;
+        n = 2 * n + 1;
+      }
+    }
+    return lo + (n - kSampleBlock);
+  }
+  return 0;  // unreachable: target < total, the same sum
+}
+
+// The target distribution of one logits row: p_i = w_i / S with w_i = exp_fixed((x_i - m) / T)
+// in fp64, m = max x, S = ordered_sum(w). Temperature 0, or a row whose softmax is
 // undefined (a NaN, +inf, or all -inf), is the point mass on torch.argmax's choice.
 struct RowDist {
   const void* x;
@@ -46,31 +134,13 @@ struct RowDist {
       point = best.idx;
       return;
     }
-    S = 0;
-    for (int64_t i = 0; i < V; ++i) S += w(i);
+    S = ordered_sum(V, [&](int64_t i) { return w(i); });
   }
   double w(int64_t i) const {
     if (point >= 0) return i == point ? 1.0 : 0.0;
-    return std::exp((double(load_f32(x, dt, i * stride)) - m) / T);
+    return exp_fixed((double(load_f32(x, dt, i * stride)) - m) / T);
   }
 };
-
-// The first i whose running sum of weight(i) over i = 0.. exceeds u * total (the inverse
-// CDF); total is the same left-to-right sum, so some i with weight > 0 is always found.
-template <class Weight>
-inline int64_t inverse_cdf(int64_t V, double total, double u, Weight weight) {
-  const double target = u * total;
-  double acc = 0;
-  int64_t last = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    const double wi = weight(i);
-    if (wi <= 0) continue;
-    acc += wi;
-    last = i;
-    if (acc > target) return i;
-  }
-  return last;  // unreachable unless total was not this sum
-}
 
 // Request b of verify_sampled. draft [K] (stride ds); q: draft_probs rows [K, V] with
 // element strides qs (nullptr: one-hot drafts). Rows t = 0..nd are read only up to the
@@ -106,8 +176,7 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
         continue;
       }
       const auto r = [&](int64_t i) { return std::fmax(0.0, p.w(i) / p.S - qv(i)); };
-      double R = 0;
-      for (int64_t i = 0; i < a.V; ++i) R += r(i);
+      const double R = ordered_sum(a.V, r);
       y = R > 0 ? inverse_cdf(a.V, R, us, r) : inverse_cdf(a.V, p.S, us, pw);
     }
     out[t * os] = I(y);
@@ -115,6 +184,35 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
     return t;
   }
   return nd;  // not reached: t == nd always emits
+}
+
+// The inputs of verify_sampled beyond verify's: per-request values already read and checked
+// (temperature finite >= 0, num_drafts in [0, K]), draft_probs as a strided [B, K, V] view.
+struct SampledArgs {
+  VerifyArgs v;                     // v.num_drafts must be set
+  const void* q = nullptr;          // draft_probs, nullptr: one-hot drafts
+  DType q_dtype = DType::F32;
+  int64_t q_stride[3] = {0, 0, 0};
+  const double* temperature = nullptr;
+  const int64_t* seed = nullptr;
+  const int64_t* offset = nullptr;
+  int64_t pad = -1;
+};
+
+// Every request, parallel over b (both front doors run this: the torch binding, the C API).
+template <class I, class ParallelFor>
+void verify_sampled(const SampledArgs& a, IdView<const I> draft, I* accepted, int64_t acc_stride, IdView<I> out,
+                    Isa isa, ParallelFor&& parallel_for) {
+  const int64_t qb = a.q_stride[0] * dtype_size(a.q_dtype);
+  parallel_for(a.v.B, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const void* qrow = a.q ? static_cast<const char*>(a.q) + b * qb : nullptr;
+      accepted[b * acc_stride] =
+          I(sample_request<I>(a.v, b, draft.row(b), draft.stride[1], qrow, a.q_dtype, a.q_stride + 1,
+                              a.temperature[b], a.seed[b], a.offset[b], a.v.num_drafts[b], a.pad, out.row(b),
+                              out.stride[1], isa));
+    }
+  });
 }
 
 }  // namespace mtp

@@ -1,0 +1,175 @@
+// mtp_verify_sampled through the C API: results equal to the scalar kernel (sample_request,
+// request by request) for every dtype, layout, thread count, with and without draft_probs;
+// bad arguments rejected with a message naming the argument, outputs untouched.
+// Also the accuracy of exp_fixed, the exp every backend evaluates the same way.
+#include <cmath>
+#include <vector>
+
+#include "mtp/common.h"
+#include "mtp/isa.h"
+#include "mtp/sampling.h"
+#include "test_util.h"
+
+namespace {
+
+// Floats stored in a dtype's element type (bf16/fp16 rounded by the core's store).
+struct Floats {
+  mtp_dtype t;
+  std::vector<char> bytes;
+  Floats(mtp_dtype t, size_t n) : t(t), bytes(std::max<size_t>(n, 1) * (t == MTP_FLOAT32 ? 4 : 2), 0) {}
+  void set(int64_t i, float v) { mtp::store_f32(bytes.data(), mtp::DType(int(t)), i, v); }
+  void* data() { return bytes.data(); }
+};
+
+template <class I>
+void run_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype qt, bool with_q, int threads, int seed_base) {
+  std::normal_distribution<float> normal(0.f, 3.f);
+  // Logits [B, K+1, V] with padded rows; draft_probs [B, K, V] permuted (strides {1, B, B*K}).
+  const int64_t s1 = V + 3, s0 = (K + 1) * s1 + 1;
+  Floats logits(lt, size_t(B * s0)), q(qt, size_t(B * K * V));
+  for (int64_t i = 0; i < B * s0; ++i) logits.set(i, normal(rng));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < K; ++t) {
+      std::vector<float> row(static_cast<size_t>(V));
+      float sum = 0;
+      for (auto& v : row) sum += (v = std::exp(normal(rng) / 2));
+      for (int64_t i = 0; i < V; ++i) q.set(b + t * B + i * B * K, row[size_t(i)] / sum);
+    }
+  std::vector<I> draft(size_t(std::max<int64_t>(B * K, 1)));
+  for (auto& d : draft) d = I(uniform(-1, V));  // V and -1: outside the vocabulary
+  std::vector<float> temp(size_t(std::max<int64_t>(B, 1)));
+  std::vector<int64_t> seeds(temp.size()), offsets(temp.size()), nd(temp.size());
+  for (int64_t b = 0; b < B; ++b) {
+    temp[size_t(b)] = b % 3 == 0 ? 0.f : float(uniform(1, 200)) / 100.f;
+    seeds[size_t(b)] = seed_base * 1000 + b - 500;
+    offsets[size_t(b)] = uniform(0, 1 << 20);
+    nd[size_t(b)] = uniform(0, K);
+  }
+  const mtp_dtype it = sizeof(I) == 4 ? MTP_INT32 : MTP_INT64;
+  auto view = [](void* p, mtp_dtype t, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides) {
+    mtp_tensor v{};
+    v.data = p; v.dtype = t; v.ndim = int32_t(sizes.size());
+    int d = 0;
+    for (int64_t s : sizes) v.sizes[d++] = s;
+    d = 0;
+    for (int64_t s : strides) v.strides[d++] = s;
+    return v;
+  };
+  mtp_tensor dv = view(draft.data(), it, {B, K}, {K, 1}), lv = view(logits.data(), lt, {B, K + 1, V}, {s0, s1, 1}),
+             qv = view(q.data(), qt, {B, K, V}, {1, B, B * K}), tv = view(temp.data(), MTP_FLOAT32, {B}, {1}),
+             sv = view(seeds.data(), MTP_INT64, {B}, {1}), ov = view(offsets.data(), MTP_INT64, {B}, {1}),
+             nv = view(nd.data(), MTP_INT64, {B}, {1});
+  std::vector<I> acc(size_t(std::max<int64_t>(B, 1)), I(-99)), out(size_t(std::max<int64_t>(B * (K + 1), 1)), I(-99));
+  mtp_tensor av = view(acc.data(), it, {B}, {1}), outv = view(out.data(), it, {B, K + 1}, {K + 1, 1});
+  mtp_status st = mtp_verify_sampled(&dv, with_q ? &qv : nullptr, &lv, &tv, &sv, &ov, &nv, -7, &av, &outv, threads);
+  EXPECT(st == MTP_OK, "mtp_verify_sampled failed: %s", mtp_last_error());
+
+  // The scalar kernel, one request at a time.
+  mtp::VerifyArgs a;
+  a.B = B; a.K = K; a.V = V; a.logits = logits.data(); a.logits_dtype = mtp::DType(int(lt));
+  a.logits_stride[0] = s0; a.logits_stride[1] = s1; a.logits_stride[2] = 1;
+  const int64_t qs[2] = {B, B * K};
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<I> want(size_t(K + 1));
+    const void* qrow = with_q ? static_cast<const char*>(q.data()) + b * (qt == MTP_FLOAT32 ? 4 : 2) : nullptr;
+    const int64_t n = mtp::sample_request<I>(a, b, draft.data() + b * K, 1, qrow, mtp::DType(int(qt)), qs,
+                                             temp[size_t(b)], seeds[size_t(b)], offsets[size_t(b)], nd[size_t(b)], -7,
+                                             want.data(), 1, mtp::current_isa());
+    EXPECT(int64_t(acc[size_t(b)]) == n, "%s B=%lld K=%lld V=%lld q=%d b=%lld: accepted %lld want %lld", name_of(lt),
+           (long long)B, (long long)K, (long long)V, int(with_q), (long long)b, (long long)acc[size_t(b)], (long long)n);
+    for (int64_t t = 0; t <= K; ++t)
+      EXPECT(out[size_t(b * (K + 1) + t)] == want[size_t(t)], "%s V=%lld b=%lld t=%lld: %lld want %lld", name_of(lt),
+             (long long)V, (long long)b, (long long)t, (long long)out[size_t(b * (K + 1) + t)],
+             (long long)want[size_t(t)]);
+  }
+}
+
+// A valid call (B=2, K=3, V=5) that each check below breaks in one way.
+struct SampledCall {
+  std::vector<int64_t> draft = {1, 2, 3, 4, 0, 1}, seeds = {1, 2}, offsets = {0, 0}, acc = {-99, -99},
+                       out = std::vector<int64_t>(8, -99);
+  std::vector<float> logits = std::vector<float>(2 * 4 * 5, 0.f), q = std::vector<float>(2 * 3 * 5, 0.2f),
+                     temp = {1.f, 0.f};
+  mtp_tensor d, l, qv, tv, sv, ov, a, o;
+  mtp_tensor *qp = &qv, *op = &ov, *tp = &tv, *sp = &sv;
+  int32_t threads = 1;
+  SampledCall() {
+    int64_t ds[2] = {2, 3}, ls[3] = {2, 4, 5}, qs[3] = {2, 3, 5}, bs[1] = {2}, os[2] = {2, 4};
+    d = mtp_contiguous(draft.data(), MTP_INT64, 2, ds);
+    l = mtp_contiguous(logits.data(), MTP_FLOAT32, 3, ls);
+    qv = mtp_contiguous(q.data(), MTP_FLOAT32, 3, qs);
+    tv = mtp_contiguous(temp.data(), MTP_FLOAT32, 1, bs);
+    sv = mtp_contiguous(seeds.data(), MTP_INT64, 1, bs);
+    ov = mtp_contiguous(offsets.data(), MTP_INT64, 1, bs);
+    a = mtp_contiguous(acc.data(), MTP_INT64, 1, bs);
+    o = mtp_contiguous(out.data(), MTP_INT64, 2, os);
+  }
+  mtp_status run() { return mtp_verify_sampled(&d, qp, &l, tp, sp, op, nullptr, -1, &a, &o, threads); }
+  bool untouched() const {
+    for (int64_t v : acc) if (v != -99) return false;
+    for (int64_t v : out) if (v != -99) return false;
+    return true;
+  }
+};
+
+#define BAD_SAMPLED(mutation, status, needle) BAD_CALL(SampledCall, mutation, status, needle)
+
+}  // namespace
+
+void test_sampling_capi() {
+  int cases = 0;
+  for (mtp_dtype lt : kFloatTypes)
+    for (bool with_q : {false, true})
+      for (int64_t K : {0, 1, 4})
+        for (int64_t V : {1, 7, 300, 1100}) {
+          const mtp_dtype qt = kFloatTypes[cases % 3];
+          if (cases % 2) run_case<int32_t>(5, K, V, lt, qt, with_q, 1 + cases % 3, cases);
+          else run_case<int64_t>(4, K, V, lt, qt, with_q, cases % 3, cases);
+          ++cases;
+        }
+  run_case<int64_t>(0, 2, 5, MTP_FLOAT32, MTP_FLOAT32, true, 1, cases++);
+  run_case<int32_t>(9, 3, 20011, MTP_BFLOAT16, MTP_FLOAT16, true, 3, cases++);
+  std::printf("sampling_capi: %d cases\n", cases);
+}
+
+void test_sampling_errors() {
+  {
+    SampledCall c;
+    EXPECT(c.run() == MTP_OK, "baseline: %s", mtp_last_error());
+    SampledCall n;
+    n.qp = nullptr;
+    n.op = nullptr;
+    EXPECT(n.run() == MTP_OK, "no draft_probs, no offsets: %s", mtp_last_error());
+  }
+  BAD_SAMPLED(c.tp = nullptr, MTP_ERROR_NULL_POINTER, "mtp_verify_sampled: temperature is NULL");
+  BAD_SAMPLED(c.sp = nullptr, MTP_ERROR_NULL_POINTER, "mtp_verify_sampled: seeds is NULL");
+  BAD_SAMPLED(c.temp[1] = -0.5f, MTP_ERROR_INVALID_ARGUMENT,
+              "mtp_verify_sampled: temperature must be finite and >= 0, got temperature[1] = -0.5");
+  BAD_SAMPLED(c.temp[0] = NAN, MTP_ERROR_INVALID_ARGUMENT, "got temperature[0] = nan");
+  BAD_SAMPLED(c.temp[0] = INFINITY, MTP_ERROR_INVALID_ARGUMENT, "temperature must be finite");
+  BAD_SAMPLED(c.tv.dtype = MTP_FLOAT16, MTP_ERROR_UNSUPPORTED_DTYPE, "temperature must be float32, got float16");
+  BAD_SAMPLED(c.sv.dtype = MTP_INT32, MTP_ERROR_UNSUPPORTED_DTYPE, "seeds must be int64, got int32");
+  BAD_SAMPLED(c.ov.sizes[0] = 3, MTP_ERROR_INVALID_ARGUMENT, "offsets.sizes[0] must equal B");
+  BAD_SAMPLED(c.tv.ndim = 2, MTP_ERROR_INVALID_ARGUMENT, "temperature must be 1-D");
+  BAD_SAMPLED(c.q[7] = -0.1f, MTP_ERROR_INVALID_ARGUMENT,
+              "draft_probs must be probabilities (finite, >= 0), got draft_probs[0, 1, 2] = -0.1");
+  BAD_SAMPLED(c.q[29] = NAN, MTP_ERROR_INVALID_ARGUMENT, "got draft_probs[1, 2, 4] = nan");
+  BAD_SAMPLED(c.q[0] = INFINITY, MTP_ERROR_INVALID_ARGUMENT, "got draft_probs[0, 0, 0] = inf");
+  BAD_SAMPLED(c.qv.sizes[2] = 4, MTP_ERROR_INVALID_ARGUMENT, "draft_probs.sizes[2] must equal V");
+  BAD_SAMPLED(c.qv.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "draft_probs must be float32 or bfloat16");
+  BAD_SAMPLED(c.l.sizes[1] = 3, MTP_ERROR_INVALID_ARGUMENT, "target_logits.sizes[1] must equal K+1");
+  BAD_SAMPLED(c.o.dtype = MTP_INT32, MTP_ERROR_UNSUPPORTED_DTYPE, "out_tokens must be int64, got int32");
+  BAD_SAMPLED(c.threads = -1, MTP_ERROR_INVALID_ARGUMENT, "num_threads");
+}
+
+// exp_fixed against std::exp: relative error below 4e-16 on [-708, 0], 0 below, exact at 0.
+void test_exp_fixed() {
+  EXPECT(mtp::exp_fixed(0.0) == 1.0, "exp_fixed(0) = %.17g", mtp::exp_fixed(0.0));
+  EXPECT(mtp::exp_fixed(-709.0) == 0.0 && mtp::exp_fixed(-INFINITY) == 0.0, "exp_fixed below -708 is not 0");
+  double worst = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const double y = -708.0 * i / 200000.0;
+    worst = std::max(worst, std::fabs(mtp::exp_fixed(y) / std::exp(y) - 1));
+  }
+  EXPECT(worst < 4e-16, "exp_fixed relative error %.3g", worst);
+}
