@@ -1,18 +1,21 @@
-"""Extra memory of the MTP head path at several context lengths.
+"""Extra memory of the MTP head path against the standalone drafter's, at several
+context lengths.
 
-The head reads the backbone's KV cache in place, so what it adds is its weights plus a
-scratch (its local K/V of K draft positions and a row of activations) that must not grow
-with the context. Scratch = the peak of live bytes allocated by torch during one K-step
-draft (torch.profiler memory events in time order), next to the backbone's own cache.
+The head reads the backbone's KV cache in place, so what it adds is its weights (plus the
+gathered LM-head rows of its draft vocabulary) and a scratch (its local K/V of K draft
+positions and a row of activations) that must not grow with the context. The drafter adds
+its weights and its own KV cache, which grows with every context token, plus its scratch.
+Scratch = the peak of live bytes allocated by torch during one K-step draft
+(torch.profiler memory events in time order).
 
-    python bench/memory.py [--contexts 1024 4096 8192] [--k 4] [--dtype float32]
+    python bench/memory.py [--contexts 1024 4096 8192] [--k 3] [--dtype bfloat16]
 """
 import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mtp_kernels.cli import load_head
+from mtp_kernels.cli import load_drafter, load_head
 from mtp_kernels.models import checkpoint
 from mtp_kernels.models.llama import Backbone
 
@@ -30,27 +33,48 @@ def peak_live_bytes(fn) -> int:
     return peak
 
 
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8000])
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     args = p.parse_args()
     cfg, weights, _ = checkpoint.load()
     dtype = getattr(torch, args.dtype)
     model = Backbone(cfg, weights, dtype)
     head = load_head(None, model, log=lambda m: None)  # in the backbone's dtype
-    head_bytes = sum(t.numel() * t.element_size() for t in head.state_dict().values())
+    drafter = load_drafter(None, model, log=lambda m: None)
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
-    print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request; head weights: {head_bytes / MB:.2f} MB\n")
-    print("| context | backbone KV cache (MB) | head weights (MB) | head scratch, peak during a K-step draft (MB) |")
-    print("|---:|---:|---:|---:|")
+    rows = head.draft_logits_weight(model)  # the draft vocabulary's LM-head rows (gathered once)
+    head_fixed = nbytes(head.state_dict().values()) + (rows.nbytes if rows is not model.lm_head else 0)
+    drafter_weights = nbytes(drafter.model.buffers())
+    print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
+          f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
+          f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n")
+    print("| context | backbone KV cache (MB) | head: weights + draft rows (MB) | head scratch (MB) | head total (MB) "
+          "| drafter weights (MB) | drafter KV cache (MB) | drafter scratch (MB) | drafter total (MB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    totals = []
     for ctx in args.contexts:
         cache = model.new_cache(1, ctx + args.k + 1)
         cache.lens.fill_(ctx)  # a filled context: the head only reads it
         head.draft(model, cache, hidden, token, args.k)  # warm-up
-        scratch = peak_live_bytes(lambda: head.draft(model, cache, hidden, token, args.k))
-        print(f"| {ctx} | {cache.nbytes() / MB:.1f} | {head_bytes / MB:.2f} | {scratch / MB:.3f} |")
+        h_scratch = peak_live_bytes(lambda: head.draft(model, cache, hidden, token, args.k))
+        # The drafter holds the same context in its own cache (prefilled by begin()).
+        drafter.begin([[42] * ctx], ctx + args.k + 1)
+        d_scratch = peak_live_bytes(lambda: drafter.draft(model, cache, hidden, token, args.k))
+        d_cache = drafter.cache.nbytes()
+        h_total, d_total = head_fixed + h_scratch, drafter_weights + d_cache + d_scratch
+        totals.append((ctx, h_total, d_total))
+        print(f"| {ctx} | {cache.nbytes() / MB:.1f} | {head_fixed / MB:.2f} | {h_scratch / MB:.3f} | {h_total / MB:.2f} "
+              f"| {drafter_weights / MB:.2f} | {d_cache / MB:.2f} | {d_scratch / MB:.3f} | {d_total / MB:.2f} |")
+    (c0, h0, d0), (c1, h1, d1) = totals[0], totals[-1]
+    print(f"\nGrowth per context token between {c0} and {c1}: head {(h1 - h0) / (c1 - c0):.1f} bytes, "
+          f"drafter {(d1 - d0) / (c1 - c0):.1f} bytes")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ class Run:
     accepted: list[int] = dataclasses.field(default_factory=list)
 
 
-def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0) -> list[Run]:
+def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0, lenient=None) -> list[Run]:
     out = []
     for ids, task in zip(prompt_ids, tasks):
-        g = decoding.generate(model, [ids], max_new, head=drafter, k=k or 1, eos_token_ids=eos)[0]
+        g = decoding.generate(model, [ids], max_new, head=drafter, k=k or 1, eos_token_ids=eos, lenient=lenient)[0]
         out.append(Run(task, g.tokens, g.seconds + g.prefill_seconds, g.seconds, g.passes, g.drafted, g.accepted))
     return out
 
@@ -123,16 +123,18 @@ def markdown(results: dict) -> str:
     lines = [f"Command: `{results['command']}`  ", f"{results['setup']}", ""]
     tasks = sorted(next(iter(meth.values())).keys())
     lines.append("| task | method | tokens/s (end to end) | decode tokens/s | speedup vs our greedy | tau | "
-                 "acceptance by draft position | identical to greedy |")
-    lines.append("|---|---|---:|---:|---:|---:|---|---:|")
+                 "acceptance by draft position | identical to our greedy | token agreement |")
+    lines.append("|---|---|---:|---:|---:|---:|---|---:|---:|")
     for task in tasks:
         base = meth["ours_greedy"][task]["tokens_per_s"]
         for name, per_task in meth.items():
             r = per_task[task]
             acc = ", ".join(f"{a:.2f}" for a in r.get("acceptance_by_position", []))
             ident = f"{r['identical_to_greedy']}/{r['prompts']}" if "identical_to_greedy" in r else ""
+            agree = f"{r['token_agreement']:.3f}" if "token_agreement" in r else ""
+            tau = f"{r['tau']:.2f}" if "tau" in r else ""
             lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-                         f"{r['tokens_per_s'] / base:.2f}x | {r.get('tau', float('nan')):.2f} | {acc} | {ident} |")
+                         f"{r['tokens_per_s'] / base:.2f}x | {tau} | {acc} | {ident} | {agree} |")
     if results.get("sweep"):
         lines += ["", "Sweep (subset of the evaluation set): K and draft vocabulary size", "",
                   "| K | draft vocabulary | tau | decode tokens/s |", "|---:|---:|---:|---:|"]
