@@ -234,7 +234,7 @@ def cmd_bench(args) -> int:
     if head is not None and args.sweep_per_task:
         sub = [i for i, r in enumerate(picked) if sum(x["task"] == r["task"] for x in picked[:i]) < args.sweep_per_task]
         res["sweep"] = evaluate.sweep(model, head, [ids[i] for i in sub], [tasks[i] for i in sub], args.max_new_tokens,
-                                      eos, ks=range(1, 7), vocab_sizes=(1024, 2048, 4096, 8192), k_for_vocab=args.k,
+                                      eos, ks=range(1, 6), vocab_sizes=(1024, 2048, 4096), k_for_vocab=args.k,
                                       log=log)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     evaluate.save(res, args.out + ".json")

@@ -6,6 +6,7 @@ import torch
 
 from mtp_kernels import cli, evaluate
 from mtp_kernels.models.head import HeadConfig, MTPHead
+from test_drafter import copy_of_backbone
 from tiny_model import TINY, OracleHead, tiny_backbone, write_tiny_folder
 
 
@@ -46,16 +47,21 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     write_tiny_folder(tmp_path / "tiny")
     torch.manual_seed(0)
     MTPHead(HeadConfig.for_backbone(TINY, trained=True)).save(tmp_path / "head")
+    copy_of_backbone(torch.arange(TINY.vocab_size)).save(tmp_path / "drafter")  # drafts = greedy
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"task": t, "prompt": p}) + "\n" for t, p in
                                                  [("x", "abc"), ("x", "hello"), ("y", "zzz")]))
     out = tmp_path / "e2e"
     args = ["bench", "--model", str(tmp_path / "tiny"), "--head", str(tmp_path / "head"), "--eval-set",
-            str(tmp_path / "eval.jsonl"), "--max-new-tokens", "6", "--methods", "ours_greedy,ours_mtp",
-            "--lenient", "top_k=2", "--out", str(out), "--dtype", "float32"]
+            str(tmp_path / "eval.jsonl"), "--max-new-tokens", "6", "--methods", "ours_greedy,ours_mtp,ours_drafter",
+            "--drafter-path", str(tmp_path / "drafter"), "--lenient", "top_k=2", "--out", str(out),
+            "--dtype", "float32", "--sweep-per-task", "1", "--plot"]
     assert cli.main(args) == 0
     res = json.loads((tmp_path / "e2e.json").read_text())
-    assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
+    assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_drafter", "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
     assert res["methods"]["ours_mtp"]["x"]["identical_to_greedy"] == 2
+    drafter = res["methods"]["ours_drafter"]["x"]
+    assert drafter["identical_to_greedy"] == 2 and drafter["tau"] > 1  # a perfect drafter is accepted
+    assert len(res["sweep"]) == 5 + 3 and (tmp_path / "e2e.png").stat().st_size > 1000
     assert "| y | ours_mtp |" in (tmp_path / "e2e.md").read_text()
 
 

@@ -71,13 +71,14 @@ class MTPHead(torch.nn.Module):
         self.draft_vocab = ids.to(torch.int64).contiguous()
 
     # ---- save / load: config.json + head.safetensors -----------------------------------
-    def save(self, folder: str) -> None:
+    def save(self, folder: str, dtype: torch.dtype = torch.float32) -> None:
+        """dtype: of the stored weights (bf16 halves a shipped head; loading casts back)."""
         from safetensors.torch import save_file
 
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(self.cfg), f, indent=2)
-        save_file({k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
+        save_file({k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
                    for k, v in self.state_dict().items()}, os.path.join(folder, "head.safetensors"))
 
     @classmethod
