@@ -51,7 +51,8 @@ def main():
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
     rows = head.draft_logits_weight(model)  # the draft vocabulary's LM-head rows (gathered once)
     head_fixed = nbytes(head.state_dict().values()) + (rows.nbytes if rows is not model.lm_head else 0)
-    drafter_weights = nbytes(drafter.model.buffers())
+    # Its weights; not its RoPE tables, which it could share with the backbone.
+    drafter_weights = nbytes(b for n, b in drafter.model.named_buffers() if not n.startswith("rope_"))
     print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
           f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
           f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n")

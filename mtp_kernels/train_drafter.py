@@ -84,6 +84,9 @@ def train_drafter(drafter: StandaloneDrafter, train_seqs: list, val_seqs: list, 
     order = sorted(range(len(train_seqs)), key=lambda i: len(train_seqs[i].tokens))
     batches = [order[i:i + tc.batch] for i in range(0, len(order), tc.batch)]
     t0, step, losses = time.perf_counter(), 0, []
+    # Early stopping: it overfits the distilled answers within a few epochs (3.7M parameters
+    # with their own embedding), so the weights of the best validation loss are kept.
+    best = (float("inf"), None, 0)
     while step < tc.max_steps and time.perf_counter() - t0 < tc.minutes * 60:
         rng.shuffle(batches)
         for bi in batches:
@@ -101,14 +104,24 @@ def train_drafter(drafter: StandaloneDrafter, train_seqs: list, val_seqs: list, 
             losses.append(loss.item())
             if step % 25 == 0:
                 log(f"train drafter: step {step}, {time.perf_counter() - t0:.0f} s, lr {lr:.2e}, loss {losses[-1]:.3f}")
+            if step % 250 == 0 or step == tc.max_steps:
+                with torch.no_grad():
+                    val = evaluate(drafter, val_seqs)
+                log(f"train drafter: validation at step {step}: {val}")
+                if val["val_loss"] < best[0]:
+                    best = (val["val_loss"], {n: w.detach().clone() for n, w in drafter.weights.items()}, step)
     for w in params:
         w.requires_grad_(False)
+    if best[1] is not None:
+        with torch.no_grad():
+            for n, w in drafter.weights.items():
+                w.copy_(best[1][n])
     elapsed = round(time.perf_counter() - t0)
     if step < tc.max_steps:
         log(f"train drafter: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
     drafter.trained = True
     drafter.to(drafter.model.dtype if drafter.model is not None else torch.float32)
-    result = {"steps": step, "seconds": elapsed, "first_loss": losses[0] if losses else float("nan"),
+    result = {"steps": step, "seconds": elapsed, "kept_step": best[2], "first_loss": losses[0] if losses else float("nan"),
               "last_loss": losses[-1] if losses else float("nan"), **evaluate(drafter, val_seqs)}
     log(f"train drafter: done after {step} steps, {elapsed} s; {result}")
     return result
