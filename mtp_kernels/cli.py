@@ -46,15 +46,16 @@ def _read_prompts(args) -> list[str]:
     return prompts
 
 
-def load_head(path: str | None, backbone, log):
-    """The head to draft with: --head PATH, else the one shipped for the default model,
-    else an untrained (random, seeded) head, clearly labelled."""
+def load_head(path: str | None, backbone, log, default_model: bool = True):
+    """The head to draft with: --head PATH, else the one shipped for the default model
+    (when the backbone is that model), else an untrained (random, seeded) head, labelled."""
     import torch
 
     from .models.head import HeadConfig, MTPHead
 
     shipped = os.path.join(SHIPPED_HEADS, "smollm2-135m")
-    folder = path or (shipped if os.path.isfile(os.path.join(shipped, "config.json")) else None)
+    has_shipped = default_model and os.path.isfile(os.path.join(shipped, "config.json"))
+    folder = path or (shipped if has_shipped else None)
     if folder:
         head = MTPHead.load(folder)
     else:
@@ -113,7 +114,7 @@ def cmd_generate(args) -> int:
     model = Backbone(cfg, weights, DTYPES[args.dtype])
     standalone = args.drafter == "standalone"
     head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
-                                     else load_head(args.head, model, log))
+                                     else load_head(args.head, model, log, args.model is None))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.lenient and head is not None:
@@ -202,7 +203,7 @@ def cmd_bench(args) -> int:
                     f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}",
            "methods": {}}
     runs = {}
-    head = load_head(args.head, model, log) if "ours_mtp" in methods or lenient else None
+    head = load_head(args.head, model, log, args.model is None) if "ours_mtp" in methods or lenient else None
     hf = None
     if any(m.startswith("hf_") for m in methods):
         from .train import hf_backbone
