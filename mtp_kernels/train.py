@@ -234,6 +234,11 @@ class TrainConfig:
     seed: int = 0
 
 
+def learning_rate(tc: TrainConfig, step: int) -> float:
+    """50 warmup steps, then cosine decay to 10% of tc.lr at tc.max_steps (steps only: reproducible)."""
+    return tc.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / tc.max_steps)))
+
+
 def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: list[Sequence], tc: TrainConfig,
                log: Callable[[str], None] = print) -> dict:
     """AdamW, warmup then cosine decay over max_steps; returns the validation curve."""
@@ -260,8 +265,7 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
                 log(f"train: done after {step} steps, {elapsed:.0f} s; {curve[-1]}")
                 return {"curve": curve, "steps": step, "first_loss": first_loss, "last_loss": curve_loss,
                         "seconds": round(elapsed)}
-            frac = step / tc.max_steps
-            lr = tc.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            lr = learning_rate(tc, step)
             for grp in opt.param_groups:
                 grp["lr"] = lr
             batch = [train[i] for i in bi]
@@ -320,11 +324,12 @@ def split(rows: list, val_fraction: float = 0.04) -> tuple[list, list]:
     return rows[n_val:], rows[:n_val]
 
 
-def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int,
+def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int, cfg, tok,
                    log: Callable[[str], None] = print, model: str | None = None) -> list[dict]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all), in
     the prompts' order; answers cached in work_dir/distilled.jsonl (an interrupted run
-    resumes, a cached answer is reused when its prompt and length cap are the same)."""
+    resumes, a cached answer is reused when its prompt and length cap are the same).
+    cfg, tok: the config and tokenizer of `model` (None: the default model), already loaded."""
     from . import data
     from .models import checkpoint
 
@@ -334,7 +339,6 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         raise ValueError(f"cannot read the prompts {prompts_path}: {e}") from e
     if not prompts or not all(isinstance(p, dict) and isinstance(p.get("prompt"), str) for p in prompts):
         raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt"')
-    cfg, _, tok = checkpoint.load(model)
     ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
@@ -364,9 +368,9 @@ def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_v
 
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    rows = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, log)
+    cfg, weights, tok = checkpoint.load(None)
+    rows = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, tok, log)
     t_distill = time.perf_counter() - t0
-    cfg, weights, _ = checkpoint.load(None)
     backbone = Backbone(cfg, weights, torch.float32)
     seqs = features(hf_backbone(checkpoint.default_gguf_path()),
                     [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in rows],

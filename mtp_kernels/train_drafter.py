@@ -8,7 +8,6 @@ mtp ops) and train.train_head's schedule and budget.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import random
 import time
@@ -92,7 +91,7 @@ def train_drafter(drafter: StandaloneDrafter, train_seqs: list, val_seqs: list, 
         for bi in batches:
             if step == tc.max_steps or time.perf_counter() - t0 >= tc.minutes * 60:
                 break
-            lr = tc.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / tc.max_steps)))
+            lr = train.learning_rate(tc, step)
             for grp in opt.param_groups:
                 grp["lr"] = lr
             loss, _ = batch_loss(drafter, [train_seqs[i] for i in bi])
@@ -134,8 +133,8 @@ def run_drafter(prompts_path: str, out_dir: str, work_dir: str, tc: train.TrainC
     -> a default-size drafter over the most frequent answer tokens -> out_dir."""
     from .models import checkpoint
 
-    rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, log, model)
-    cfg = checkpoint.load(model)[0]
+    cfg, _, tok = checkpoint.load(model)
+    rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, tok, log, model)
     seqs = [train.Sequence(torch.tensor(r["prompt_ids"] + r["answer_ids"]), len(r["prompt_ids"]),
                            *[torch.empty(0)] * 3) for r in rows]
     (train_rows, _), (train_seqs, val_seqs) = train.split(rows), train.split(seqs)
