@@ -52,7 +52,7 @@ static PyObject* supported_isas(PyObject*, PyObject*) {
 
 static PyMethodDef kMethods[] = {
     {"get_isa", get_isa, METH_NOARGS, "The instruction set the CPU kernels use now."},
-    {"set_isa", set_isa, METH_O, "Select the CPU kernels' instruction set (generic, avx2, avx512, neon, neon_fp16)."},
+    {"set_isa", set_isa, METH_O, "Select the CPU kernels' instruction set (generic, avx2, avx512, avx512_bf16, neon, neon_fp16)."},
     {"supported_isas", supported_isas, METH_NOARGS, "Instruction sets this CPU supports."},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -472,6 +472,7 @@ void test_isa() {
   }
 #elif defined(MTP_X86)
   EXPECT(!mtp_isa_supported("neon") && !mtp_isa_supported("neon_fp16"), "x86 claims neon");
+  EXPECT(!mtp_isa_supported("avx512_bf16") || mtp_isa_supported("avx512"), "avx512_bf16 without avx512");
 #endif
 }
 

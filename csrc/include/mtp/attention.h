@@ -206,7 +206,7 @@ namespace mtp {
 
 // True when `isa` has a vector path for this head dim (else the generic path runs).
 inline bool attention_vectorised(Isa isa, int64_t D) {
-  return (isa == Isa::Avx512 || isa == Isa::Avx2 || isa == Isa::Neon || isa == Isa::NeonFp16) && (D == 64 || D == 128);
+  return (is_avx512(isa) || isa == Isa::Avx2 || isa == Isa::Neon || isa == Isa::NeonFp16) && (D == 64 || D == 128);
 }
 
 // One vector family V<dtype, D> over the three dtypes and D in {64, 128}.
@@ -226,7 +226,7 @@ template <class ParallelFor>
 void attention(const AttentionArgs& a, int threads, Isa isa, ParallelFor&& pf) {
 #if defined(MTP_X86)
   if (attention_vectorised(isa, a.D))
-    return isa == Isa::Avx512 ? attention_vector<x86::Avx512Attention>(a, threads, pf)
+    return is_avx512(isa) ? attention_vector<x86::Avx512Attention>(a, threads, pf)
                              : attention_vector<x86::Avx2Attention>(a, threads, pf);
 #elif defined(MTP_ARM64)
   if (attention_vectorised(isa, a.D)) return attention_vector<neon::NeonAttention>(a, threads, pf);  // NeonFp16 too

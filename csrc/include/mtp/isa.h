@@ -1,6 +1,7 @@
 // Run-time instruction-set selection. The best set the CPU supports is used unless
 // MTP_ISA (generic|avx2|avx512|neon|neon_fp16) asks for a lower one, or set_isa() does
 // (tests run every path on one machine that way). Never compiled for the build machine's CPU.
+// Avx512Bf16 is Avx512 plus AVX512_BF16 (VDPBF16PS); only the linear layer uses it.
 #pragma once
 #include <atomic>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #define MTP_X86 1
 #define MTP_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MTP_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define MTP_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")))
 #endif
 #if defined(__aarch64__)
 #define MTP_ARM64 1
@@ -45,6 +47,7 @@ inline const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Avx512Bf16: return "avx512_bf16";
     case Isa::Neon: return "neon";
     case Isa::NeonFp16: return "neon_fp16";
     default: return "generic";
@@ -61,6 +64,7 @@ inline bool isa_supported(Isa isa) {
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case Isa::Avx512Bf16: return isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
 #endif
 #if defined(MTP_ARM64)
     case Isa::Neon: return true;
@@ -73,10 +77,13 @@ inline bool isa_supported(Isa isa) {
 }
 
 // Every value, in enum order (lists, parsing, tests).
-constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::NeonFp16};
+constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Neon, Isa::NeonFp16};
+
+// Avx512Bf16 runs every kernel but the linear layer's bf16 path as Avx512.
+inline bool is_avx512(Isa isa) { return isa == Isa::Avx512 || isa == Isa::Avx512Bf16; }
 
 inline Isa best_isa() {
-  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon})
+  for (Isa isa : {Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon})
     if (isa_supported(isa)) return isa;
   return Isa::Generic;
 }

@@ -28,6 +28,7 @@ inline int64_t linear_work_items(const LinearArgs& a) { return (a.N + kLinearBlo
 inline void linear_items(const LinearArgs& a, int64_t begin, int64_t end, Isa isa) {
   const int64_t n0 = begin * kLinearBlockN, n1 = std::min(a.N, end * kLinearBlockN);
 #if defined(MTP_X86)
+  if (isa == Isa::Avx512Bf16) return x86::linear_avx512_bf16(a, n0, n1);
   if (isa == Isa::Avx512) return x86::linear_avx512(a, n0, n1);
   if (isa == Isa::Avx2) return x86::linear_avx2(a, n0, n1);
 #elif defined(MTP_ARM64)

@@ -154,7 +154,7 @@ MTP_API const char* mtp_last_error(void);
 /* "MTP_OK", "MTP_ERROR_NULL_POINTER", ... ("unknown status" otherwise). */
 MTP_API const char* mtp_status_name(mtp_status status);
 
-/* Instruction sets: "generic", "avx2", "avx512", "neon", "neon_fp16". The best one the CPU
+/* Instruction sets: "generic", "avx2", "avx512", "avx512_bf16", "neon", "neon_fp16". The best one the CPU
  * supports is chosen at load time unless the environment variable MTP_ISA names another. */
 MTP_API const char* mtp_get_isa(void);
 MTP_API int mtp_isa_supported(const char* name); /* 1 or 0 (0 for an unknown name) */

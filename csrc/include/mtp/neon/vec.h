@@ -24,13 +24,14 @@ inline float32x4_t load4(const void* x, int64_t i) {
   }
 }
 
-// 4 lanes; acc tiles of 4 rows x 16 columns (16 of the 32 vector registers).
+// 4 lanes; acc tiles of 4 rows x 16 columns (16 of the 32 vector registers); linear tiles of
+// 4 rows x 4 columns.
 // NEON has no masked loads: a tail mask is the lane count, and partial vectors go
 // through a small buffer (never reading or writing past the given lanes).
 struct V128 {
   using F = float32x4_t;
   using Mask = int;
-  static constexpr int W = 4, kAccRows = 4;
+  static constexpr int W = 4, kAccRows = 4, kLinearRows = 4, kLinearCols = 4;
   static void prefetch(const char* p) { __builtin_prefetch(p, 0, 3); }  // PRFM PLDL1KEEP
   static F zero() { return vdupq_n_f32(0.f); }
   static F set1(float x) { return vdupq_n_f32(x); }

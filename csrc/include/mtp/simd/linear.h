@@ -1,58 +1,108 @@
-// Vector linear, written once over a vector-traits class V (x86: V512 / V256; aarch64: V128).
-// For one weight row and up to R = 4 activation rows at once (the weight chunk is loaded once
-// for all of them), each output element keeps four accumulators of W lanes, fed chunk c of
-// the reduction into accumulator c % 4, reduced as ((a0 + a1) + (a2 + a3)) then across lanes
-// (V::hsum), then a scalar tail: the same sequence whatever R, M or the thread split is.
-// The lane count W and V::hsum's tree differ between traits: each instruction set is
-// shape-invariant on its own and agrees with the others to rounding.
+// Vector linear, written once over a vector-traits class V (x86: V512 / V256; aarch64: V128)
+// and a dot-product step D (how one chunk of the reduction enters an accumulator).
+//
+// Each output element y[m, n] has ONE accumulator vector: chunk c of the reduction (D::kChunk
+// elements) enters it by D::step, chunks in order; the W lanes are then summed by the tree of
+// V::sum_each, the K % kChunk leftover elements are added one by one, then the bias. That
+// sequence is the same whatever M, the row or column grouping or the thread split, so every
+// row has the bits of a one-row call. Speed comes from register tiles of kRows x kCols
+// elements: one weight chunk feeds kRows activation rows, one activation chunk kCols weight
+// rows, and kRows * kCols independent FMA chains hide the FMA latency. Each instruction set
+// (and each D) is shape-invariant on its own and agrees with the others to rounding.
 #pragma once
 
 namespace mtp::simd {
 
-// Scalar tail of one output element, then the bias.
-template <DType XT, DType WT>
-inline float finish_dot(float acc, const void* xm, const void* wn, int64_t k0, int64_t K, const float* bias, int64_t n) {
-  for (int64_t k = k0; k < K; ++k) acc += load_f32(xm, XT, k) * load_f32(wn, WT, k);
-  return bias ? acc + bias[n] : acc;
-}
-
+// The plain step: kChunk = W elements widened to fp32 lanes, one FMA (lane l takes k + l).
+// A step type D names: Col (what locates weight row n: D::col(args, n)), X and Wt (a loaded
+// chunk of activations / weights), kChunk, step(acc, X, Wt), and leftover(sum, x row, col,
+// k0, K): the elements past the last whole chunk added one by one.
 template <class V, DType XT, DType WT>
+struct LaneDot {
+  using F = typename V::F;
+  using Col = const char*;
+  using X = F;
+  using Wt = F;
+  static constexpr int kChunk = V::W;
+  static Col col(const LinearArgs& a, int64_t n) {
+    return static_cast<const char*>(a.w) + n * a.w_stride * dtype_size(WT);
+  }
+  static X load_x(const void* x, int64_t k) { return V::template load<XT>(x, k); }
+  static Wt load_w(Col w, int64_t k) { return V::template load<WT>(w, k); }
+  static F step(F acc, const X& x, const Wt& w) { return V::fmadd(x, w, acc); }
+  static float leftover(float acc, const void* x, Col w, int64_t k0, int64_t K) {
+    for (int64_t k = k0; k < K; ++k) acc += load_f32(x, XT, k) * load_f32(w, WT, k);
+    return acc;
+  }
+};
+
+template <class V, class D, DType XT, DType WT>
 struct VecLinear {
   using F = typename V::F;
-  static constexpr int W = V::W;
+  static constexpr int W = V::W, kRows = V::kLinearRows, kCols = V::kLinearCols;
+  // Rows handled per pass over a column group (bounds the accumulators kept on the stack).
+  static constexpr int kRowBlock = 16;
+  static_assert(W % kCols == 0 && kRowBlock % kRows == 0, "tiles must divide the groups");
 
+  using Col = typename D::Col;
+
+  // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..kCols) over [0, kv).
   template <int R>
-  static void dot_rows(const LinearArgs& a, int64_t m0, int64_t n) {
-    const void* wn = static_cast<const char*>(a.w) + n * a.w_stride * dtype_size(WT);
-    const void* xr[R];
-    for (int r = 0; r < R; ++r) xr[r] = static_cast<const char*>(a.x) + (m0 + r) * a.x_stride * dtype_size(XT);
-    F acc[R][4];
+  static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0) {
+    F t[R][kCols];
     for (int r = 0; r < R; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = V::zero();
-    const int64_t kv = a.K / W * W;
-    int64_t k = 0;
-    for (; k + 4 * W <= kv; k += 4 * W)
-      for (int j = 0; j < 4; ++j) {
-        const F w = V::template load<WT>(wn, k + W * j);
-        for (int r = 0; r < R; ++r) acc[r][j] = V::fmadd(V::template load<XT>(xr[r], k + W * j), w, acc[r][j]);
+      for (int c = 0; c < kCols; ++c) t[r][c] = V::zero();
+    for (int64_t k = 0; k < kv; k += D::kChunk) {
+      typename D::X xs[R];
+      for (int r = 0; r < R; ++r) xs[r] = D::load_x(x[r], k);
+      for (int c = 0; c < kCols; ++c) {
+        const typename D::Wt wc = D::load_w(w[c], k);
+        for (int r = 0; r < R; ++r) t[r][c] = D::step(t[r][c], xs[r], wc);
       }
-    for (int j = 0; k < kv; k += W, ++j) {
-      const F w = V::template load<WT>(wn, k);
-      for (int r = 0; r < R; ++r) acc[r][j] = V::fmadd(V::template load<XT>(xr[r], k), w, acc[r][j]);
     }
-    for (int r = 0; r < R; ++r) {
-      const F s = V::add(V::add(acc[r][0], acc[r][1]), V::add(acc[r][2], acc[r][3]));
-      a.y[(m0 + r) * a.y_stride + n] = finish_dot<XT, WT>(V::hsum(s), xr[r], wn, kv, a.K, a.bias, n);
-    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kCols; ++c) acc[r][c0 + c] = t[r][c];
   }
 
-  // Rows in groups of 4 (then 2, then 1) for every output column of [n0, n1).
+  template <int R>
+  static void tile_rows(int rows, const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0) {
+    if constexpr (R > 1) {
+      if (rows < R) return tile_rows<R - 1>(rows, x, w, kv, acc, c0);
+    }
+    tile<R>(x, w, kv, acc, c0);
+  }
+
+  // Columns [n0, n1) of every row: row blocks of kRowBlock, column groups of W (one
+  // sum_each per row and group), register tiles of kRows x kCols inside.
   static void run(const LinearArgs& a, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      int64_t m = 0;
-      for (; m + 4 <= a.M; m += 4) dot_rows<4>(a, m, n);
-      for (; m + 2 <= a.M; m += 2) dot_rows<2>(a, m, n);
-      for (; m < a.M; ++m) dot_rows<1>(a, m, n);
+    const int64_t kv = a.K / D::kChunk * D::kChunk;
+    const int64_t xb = a.x_stride * dtype_size(XT);
+    const char* x0 = static_cast<const char*>(a.x);
+    F acc[kRowBlock][W];
+    alignas(64) float sums[W];
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
+      const int rows = int(std::min<int64_t>(kRowBlock, a.M - m0));
+      const char* xr[kRowBlock];
+      for (int r = 0; r < rows; ++r) xr[r] = x0 + (m0 + r) * xb;
+      for (int64_t g = n0; g < n1; g += W) {
+        const int cols = int(std::min<int64_t>(W, n1 - g));
+        if (cols < W)  // the lanes past the end get zeros, not stale values
+          for (int r = 0; r < rows; ++r)
+            for (int c = (cols + kCols - 1) / kCols * kCols; c < W; ++c) acc[r][c] = V::zero();
+        for (int c0 = 0; c0 < cols; c0 += kCols) {
+          Col wc[kCols];  // columns past the group's end repeat its last one (discarded)
+          for (int c = 0; c < kCols; ++c) wc[c] = D::col(a, g + std::min(c0 + c, cols - 1));
+          for (int r = 0; r < rows; r += kRows) tile_rows<kRows>(rows - r, xr + r, wc, kv, acc + r, c0);
+        }
+        for (int r = 0; r < rows; ++r) {
+          V::storeu(sums, V::sum_each(acc[r]));
+          float* y = a.y + (m0 + r) * a.y_stride + g;
+          for (int c = 0; c < cols; ++c) {
+            const float v = D::leftover(sums[c], xr[r], D::col(a, g + c), kv, a.K);
+            y[c] = a.bias ? v + a.bias[g + c] : v;
+          }
+        }
+      }
     }
   }
 };
@@ -61,13 +111,15 @@ struct VecLinear {
 
 // Defines NAME(args, n0, n1): activations and weights fp32, bf16 or fp16 each, every
 // combination one flatten function of the target (TARGET may be empty: the baseline set).
-#define MTP_LINEAR_ENTRY_POINT(TARGET, V, NAME)                                                           \
+// DOT(V, XT, WT) names the step type of a combination.
+#define MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, DOT)                                                 \
   template <DType XT, DType WT>                                                                           \
   TARGET __attribute__((flatten)) inline void NAME##_typed(const LinearArgs& a, int64_t n0, int64_t n1) { \
-    simd::VecLinear<V, XT, WT>::run(a, n0, n1);                                                           \
+    simd::VecLinear<V, DOT<V, XT, WT>, XT, WT>::run(a, n0, n1);                                          \
   }                                                                                                       \
   inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) {                                         \
     with_dtype(a.x_dtype, [&](auto xt) {                                                                  \
       with_dtype(a.w_dtype, [&](auto wt) { NAME##_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); }); \
     });                                                                                                   \
   }
+#define MTP_LINEAR_ENTRY_POINT(TARGET, V, NAME) MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, simd::LaneDot)

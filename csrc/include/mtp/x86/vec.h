@@ -50,11 +50,11 @@ MTP_TARGET_AVX2 inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// ---- AVX-512: 16 lanes; acc tiles of 4 rows x 64 columns.
+// ---- AVX-512: 16 lanes; acc tiles of 4 rows x 64 columns; linear tiles of 4 rows x 4 columns.
 struct V512 {
   using F = __m512;
   using Mask = __mmask16;
-  static constexpr int W = 16, kAccRows = 4;
+  static constexpr int W = 16, kAccRows = 4, kLinearRows = 4, kLinearCols = 4;
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
   MTP_TARGET_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
@@ -98,11 +98,12 @@ struct V512 {
   }
 };
 
-// ---- AVX2 + FMA + F16C: 8 lanes; acc tiles of 2 rows x 32 columns (16 registers).
+// ---- AVX2 + FMA + F16C: 8 lanes; acc tiles of 2 rows x 32 columns (16 registers); linear
+// tiles of 2 rows x 4 columns.
 struct V256 {
   using F = __m256;
   using Mask = __m256i;
-  static constexpr int W = 8, kAccRows = 2;
+  static constexpr int W = 8, kAccRows = 2, kLinearRows = 2, kLinearCols = 4;
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX2 static F zero() { return _mm256_setzero_ps(); }
   MTP_TARGET_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
