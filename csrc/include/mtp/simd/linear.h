@@ -14,7 +14,8 @@
 namespace mtp::simd {
 
 // The plain step: kChunk = W elements widened to fp32 lanes, one FMA (lane l takes k + l).
-// A step type D names: Col (what locates weight row n: D::col(args, n)), X and Wt (a loaded
+// A step type D names: Col (what locates weight row n: D::col(args, n); D::address(col, k) its
+// byte address of element k, D::row_bytes(args) the distance between rows), X and Wt (a loaded
 // chunk of activations / weights), kChunk, step(acc, X, Wt), and leftover(sum, x row, col,
 // k0, K): the elements past the last whole chunk added one by one.
 template <class V, DType XT, DType WT>
@@ -24,9 +25,9 @@ struct LaneDot {
   using X = F;
   using Wt = F;
   static constexpr int kChunk = V::W;
-  static Col col(const LinearArgs& a, int64_t n) {
-    return static_cast<const char*>(a.w) + n * a.w_stride * dtype_size(WT);
-  }
+  static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
+  static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + n * row_bytes(a); }
+  static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
   static X load_x(const void* x, int64_t k) { return V::template load<XT>(x, k); }
   static Wt load_w(Col w, int64_t k) { return V::template load<WT>(w, k); }
   static F step(F acc, const X& x, const Wt& w) { return V::fmadd(x, w, acc); }
@@ -47,8 +48,10 @@ struct VecLinear {
   using Col = typename D::Col;
 
   // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..kCols) over [0, kv).
+  // prefetch_ahead (bytes, 0 = none): the weights that far past each chunk are prefetched
+  // (the next tile's rows): the hardware prefetchers alone leave a core's stream half idle.
   template <int R>
-  static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0) {
+  static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead) {
     F t[R][kCols];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) t[r][c] = V::zero();
@@ -56,6 +59,7 @@ struct VecLinear {
       typename D::X xs[R];
       for (int r = 0; r < R; ++r) xs[r] = D::load_x(x[r], k);
       for (int c = 0; c < kCols; ++c) {
+        if (prefetch_ahead) V::prefetch(D::address(w[c], k) + prefetch_ahead);
         const typename D::Wt wc = D::load_w(w[c], k);
         for (int r = 0; r < R; ++r) t[r][c] = D::step(t[r][c], xs[r], wc);
       }
@@ -65,11 +69,11 @@ struct VecLinear {
   }
 
   template <int R>
-  static void tile_rows(int rows, const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0) {
+  static void tile_rows(int rows, const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t ahead) {
     if constexpr (R > 1) {
-      if (rows < R) return tile_rows<R - 1>(rows, x, w, kv, acc, c0);
+      if (rows < R) return tile_rows<R - 1>(rows, x, w, kv, acc, c0, ahead);
     }
-    tile<R>(x, w, kv, acc, c0);
+    tile<R>(x, w, kv, acc, c0, ahead);
   }
 
   // Columns [n0, n1) of every row: row blocks of kRowBlock, column groups of W (one
@@ -92,7 +96,8 @@ struct VecLinear {
         for (int c0 = 0; c0 < cols; c0 += kCols) {
           Col wc[kCols];  // columns past the group's end repeat its last one (discarded)
           for (int c = 0; c < kCols; ++c) wc[c] = D::col(a, g + std::min(c0 + c, cols - 1));
-          for (int r = 0; r < rows; r += kRows) tile_rows<kRows>(rows - r, xr + r, wc, kv, acc + r, c0);
+          for (int r = 0; r < rows; r += kRows)  // the first row group brings the weights in
+            tile_rows<kRows>(rows - r, xr + r, wc, kv, acc + r, c0, r == 0 ? 4 * kCols * D::row_bytes(a) : 0);
         }
         for (int r = 0; r < rows; ++r) {
           V::storeu(sums, V::sum_each(acc[r]));
