@@ -1,6 +1,8 @@
 """Markdown table from a pytest-benchmark JSON file: per group, ours ("mtp") against the
 torch implementation, with GB/s of the bytes each case declares next to the bandwidth
-measured in the same run (bench_bandwidth.py).
+measured in the same run (bench_bandwidth.py); and the backbone passes of
+bench_backbone.py: ms per pass, ours against transformers, and the cost of a verify pass
+relative to a one-token step.
 
     python bench/report.py results.json
 """
@@ -42,9 +44,36 @@ def table(groups):
     return "\n".join(lines)
 
 
+def backbone_table(groups):
+    """The groups of bench_backbone.py (extra_info backbone_tokens): ms per pass of each
+    implementation, the speedup, and each pass's cost relative to the same implementation's
+    one-token step (T=1)."""
+    rows = {}
+    for group in [g for g, impls in groups.items() if "backbone_tokens" in next(iter(impls.values()))["extra_info"]]:
+        impls = groups.pop(group)
+        rows[next(iter(impls.values()))["extra_info"]["backbone_tokens"]] = (group, impls)
+    if not rows:
+        return ""
+    step = {impl: b["stats"]["median"] for impl, b in rows[min(rows)][1].items()}
+    lines = ["| case | ours (ms) | transformers (ms) | speedup | ours: pass / its T=1 step "
+             "| transformers: pass / its T=1 step |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for _, (group, impls) in sorted(rows.items()):
+        med = {impl: b["stats"]["median"] for impl, b in impls.items()}
+        ms = [f"{med[i] * 1e3:.2f}" if i in med else "n/a" for i in ("ours", "transformers")]
+        speedup = f"{med['transformers'] / med['ours']:.2f}x" if len(med) == 2 else "n/a"
+        rel = [f"{med[i] / step[i]:.2f}x" if i in med and i in step else "n/a" for i in ("ours", "transformers")]
+        lines.append(f"| {group} | {ms[0]} | {ms[1]} | {speedup} | {rel[0]} | {rel[1]} |")
+    return "\n".join(lines)
+
+
 def main(argv):
     _, groups = load(argv[1])
-    print(table(groups))
+    backbone = backbone_table(groups)
+    if groups:
+        print(table(groups))
+    if backbone:
+        print(("\n" if groups else "") + backbone)
 
 
 if __name__ == "__main__":

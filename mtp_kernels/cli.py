@@ -168,7 +168,30 @@ def cmd_train(args) -> int:
     return 0
 
 
-ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "hf_greedy", "hf_prompt_lookup")
+ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "hf_greedy", "hf_prompt_lookup", "llamacpp_greedy")
+
+
+def select_methods(text: str | None, model: str | None, log) -> list[str]:
+    """The methods of `mtp bench --methods` (None: all). llamacpp_greedy needs the optional
+    llama-cpp-python and a .gguf model: asked for by name, its absence is a usage error;
+    only in the default list, it is skipped with a note."""
+    methods = (",".join(ALL_METHODS) if text is None else text).split(",")
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown or "ours_greedy" not in methods:
+        raise UsageError(f"--methods: expected a comma-separated subset of {','.join(ALL_METHODS)} including "
+                         f"ours_greedy (the reference of every comparison), got {text!r}")
+    if "llamacpp_greedy" in methods:
+        from . import evaluate
+
+        why = (evaluate.LLAMACPP_MISSING if not evaluate.llamacpp_available() else
+               None if model is None or model.endswith(".gguf") else
+               f"llamacpp_greedy needs a .gguf model, got --model {model}")
+        if why and text is not None:
+            raise UsageError(why)
+        if why:
+            log(f"note: skipping {why}")
+            methods.remove("llamacpp_greedy")
+    return methods
 
 
 def cmd_bench(args) -> int:
@@ -181,16 +204,12 @@ def cmd_bench(args) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    methods = args.methods.split(",")
     lenient = [parse_lenient(x) for x in args.lenient]
-    unknown = [m for m in methods if m not in ALL_METHODS]
-    if unknown or "ours_greedy" not in methods:
-        raise UsageError(f"--methods: expected a comma-separated subset of {','.join(ALL_METHODS)} including "
-                         f"ours_greedy (the reference of every comparison), got {args.methods!r}")
     try:
         rows = data.read_jsonl(args.eval_set)
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read --eval-set: {e}") from e
+    methods = select_methods(args.methods, args.model, log)
     torch.set_num_threads(args.threads)
     cfg, weights, tok = checkpoint.load(args.model)
     model = Backbone(cfg, weights, DTYPES[args.dtype])
@@ -202,6 +221,11 @@ def cmd_bench(args) -> int:
            "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, 1 request at a time, "
                     f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}",
            "methods": {}}
+    if "llamacpp_greedy" in methods:
+        import llama_cpp
+
+        res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
+                         "GGUF, its quantized weights run natively (ours are dequantized), same threads")
     runs = {}
     head = load_head(args.head, model, log, args.model is None) if "ours_mtp" in methods or lenient else None
     hf = None
@@ -218,6 +242,10 @@ def cmd_bench(args) -> int:
         elif m == "ours_drafter":
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos,
                                         load_drafter(args.drafter_path, model, log), args.k)
+        elif m == "llamacpp_greedy":
+            llm = evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
+                                         max(map(len, ids)) + args.max_new_tokens + 1)
+            runs[m] = evaluate.run_llamacpp(llm, ids, tasks, args.max_new_tokens, eos)
         else:
             runs[m] = evaluate.run_transformers(hf, ids, tasks, args.max_new_tokens, eos,
                                                 prompt_lookup=args.prompt_lookup if m == "hf_prompt_lookup" else 0)
@@ -300,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", type=int, default=3, help="drafts per pass (head and standalone drafter)")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     b.add_argument("--threads", type=int, default=2)
-    b.add_argument("--methods", default=",".join(ALL_METHODS))
+    b.add_argument("--methods", help=f"comma-separated, including ours_greedy (default: {','.join(ALL_METHODS)}; "
+                                     "llamacpp_greedy is skipped when llama-cpp-python is not installed)")
     b.add_argument("--prompt-lookup", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     b.add_argument("--lenient", action="append", default=[], metavar="top_k=K[,min_ratio=R]",
                    help="also run the head with this NOT lossless verification (repeatable); reports its "

@@ -3,10 +3,13 @@ request at a time, side by side in one run.
 
 Methods: our plain greedy, our MTP decoding (the shipped head), the standalone drafter
 through the same verify op, transformers' greedy `generate` and its prompt-lookup
-assisted generation on the same GGUF weights. For each task: tau (tokens committed per
-backbone pass, the backbone's own token included), acceptance by draft position,
-tokens/s end to end (prefill included, as transformers measures it) and decode-only, and
-whether every speculative output is identical to plain greedy.
+assisted generation on the same GGUF weights, and llama.cpp's plain greedy decode of the
+same GGUF file (through llama-cpp-python, an optional dependency; it runs the Q4_1 weights
+natively where we dequantize them, so its tokens may differ: its token agreement is
+reported, not checked). For each task: tau (tokens committed per backbone pass, the
+backbone's own token included), acceptance by draft position, tokens/s end to end (prefill
+included, as transformers measures it) and decode-only, and whether every speculative
+output is identical to plain greedy.
 """
 from __future__ import annotations
 
@@ -50,12 +53,57 @@ def run_transformers(hf_model, prompt_ids, tasks, max_new, eos, prompt_lookup: i
         y = hf_model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
                               eos_token_id=list(eos), pad_token_id=eos[0], **extra)
         dt = time.perf_counter() - t
-        new = y[0, len(ids):].tolist()
-        for i, tok in enumerate(new):
-            if tok in eos:
-                new = new[:i + 1]
+        out.append(Run(task, cut_at_eos(y[0, len(ids):].tolist(), eos), dt, dt))
+    return out
+
+
+def cut_at_eos(tokens: list[int], eos) -> list[int]:
+    """The tokens up to and including the first EOS."""
+    for i, tok in enumerate(tokens):
+        if tok in eos:
+            return tokens[:i + 1]
+    return tokens
+
+
+LLAMACPP_MISSING = ("llamacpp_greedy needs llama-cpp-python, which is not installed: `pip install llama-cpp-python` "
+                    "(it builds llama.cpp from source: several minutes)")
+
+
+def llamacpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError):  # OSError: the package is there but its shared library does not load
+        return False
+    return True
+
+
+def load_llamacpp(gguf_path: str, threads: int, n_ctx: int):
+    """llama.cpp (llama-cpp-python) on the GGUF file, CPU only, `threads` threads for
+    prefill and decode; the weights are read into memory now (no mmap), as ours are, so
+    that no page faults land in the timed runs."""
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=gguf_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                           n_gpu_layers=0, use_mmap=False, seed=0, verbose=False)
+
+
+def run_llamacpp(llm, prompt_ids, tasks, max_new, eos) -> list[Run]:
+    """llama.cpp's plain greedy decode of the same prompt token ids (temperature 0: argmax
+    sampling, no repetition penalty), each prompt from an empty cache (no prefix reuse).
+    decode_seconds starts when the first token is out, as ours does."""
+    out = []
+    for ids, task in zip(prompt_ids, tasks):
+        llm.reset()  # forget the previous prompt: generate() would reuse a shared prefix's cache
+        t = time.perf_counter()
+        new, first = [], t
+        for tok in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            if not new:
+                first = time.perf_counter()
+            new.append(int(tok))
+            if tok in eos or len(new) >= max_new:
                 break
-        out.append(Run(task, new, dt, dt))
+        end = time.perf_counter()
+        out.append(Run(task, new, end - t, end - first))
     return out
 
 
@@ -122,9 +170,11 @@ def markdown(results: dict) -> str:
     meth = results["methods"]
     lines = [f"Command: `{results['command']}`  ", f"{results['setup']}", ""]
     tasks = sorted(next(iter(meth.values())).keys())
-    lines.append("| task | method | tokens/s (end to end) | decode tokens/s | speedup vs our greedy | tau | "
-                 "acceptance by draft position | identical to our greedy | token agreement |")
-    lines.append("|---|---|---:|---:|---:|---:|---|---:|---:|")
+    llama = meth.get("llamacpp_greedy")  # the ratio column against llama.cpp's plain decode, when it ran
+    lines.append("| task | method | tokens/s (end to end) | decode tokens/s | speedup vs our greedy | "
+                 + ("x llama.cpp (end to end / decode) | " if llama else "")
+                 + "tau | acceptance by draft position | identical to our greedy | token agreement |")
+    lines.append("|---|---|---:|---:|---:|" + ("---:|" if llama else "") + "---:|---|---:|---:|")
     for task in tasks:
         base = meth["ours_greedy"][task]["tokens_per_s"]
         for name, per_task in meth.items():
@@ -133,14 +183,20 @@ def markdown(results: dict) -> str:
             ident = f"{r['identical_to_greedy']}/{r['prompts']}" if "identical_to_greedy" in r else ""
             agree = f"{r['token_agreement']:.3f}" if "token_agreement" in r else ""
             tau = f"{r['tau']:.2f}" if "tau" in r else ""
+            vs = (f"{_ratio(r, llama[task], 'tokens_per_s')} / {_ratio(r, llama[task], 'decode_tokens_per_s')} | "
+                  if llama else "")
             lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-                         f"{r['tokens_per_s'] / base:.2f}x | {tau} | {acc} | {ident} | {agree} |")
+                         f"{r['tokens_per_s'] / base:.2f}x | {vs}{tau} | {acc} | {ident} | {agree} |")
     if results.get("sweep"):
         lines += ["", "Sweep (subset of the evaluation set): K and draft vocabulary size", "",
                   "| K | draft vocabulary | tau | decode tokens/s |", "|---:|---:|---:|---:|"]
         lines += [f"| {r['k']} | {r['draft_vocab']} | {r['tau']:.2f} | {r['decode_tokens_per_s']:.1f} |"
                   for r in results["sweep"]]
     return "\n".join(lines) + "\n"
+
+
+def _ratio(row: dict, base: dict, key: str) -> str:
+    return f"{row[key] / base[key]:.2f}x" if base[key] else "n/a"
 
 
 def plot(results: dict, path: str) -> None:

@@ -1,7 +1,9 @@
 """`mtp bench` (mtp_kernels/evaluate.py): per-task figures, the identity check against greedy,
 its outputs, and bad input."""
 import json
+import sys
 
+import pytest
 import torch
 
 from mtp_kernels import cli, evaluate
@@ -74,3 +76,73 @@ def test_cli_bench_bad_input(tmp_path, capsys):
         assert cli.main(["bench"] + extra) == 2
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_method_selection(monkeypatch):
+    notes = []
+    monkeypatch.setattr(evaluate, "llamacpp_available", lambda: False)
+    # Not installed: skipped with a note from the default list, a usage error when asked for.
+    assert cli.select_methods(None, None, notes.append) == [m for m in cli.ALL_METHODS if m != "llamacpp_greedy"]
+    assert len(notes) == 1 and "pip install llama-cpp-python" in notes[0]
+    with pytest.raises(cli.UsageError, match="pip install llama-cpp-python"):
+        cli.select_methods("ours_greedy,llamacpp_greedy", None, notes.append)
+    assert cli.select_methods("ours_greedy,hf_greedy", None, notes.append) == ["ours_greedy", "hf_greedy"]
+    # Installed: it runs on a GGUF model (the default one is), never on a safetensors folder.
+    monkeypatch.setattr(evaluate, "llamacpp_available", lambda: True)
+    assert cli.select_methods(None, None, notes.append) == list(cli.ALL_METHODS)
+    assert cli.select_methods("ours_greedy,llamacpp_greedy", "m.gguf", notes.append) == ["ours_greedy", "llamacpp_greedy"]
+    assert "llamacpp_greedy" not in cli.select_methods(None, "folder", notes.append)
+    assert len(notes) == 2 and "needs a .gguf model" in notes[1]
+    with pytest.raises(cli.UsageError, match="needs a .gguf model"):
+        cli.select_methods("ours_greedy,llamacpp_greedy", "folder", notes.append)
+    for bad in ["", "ours_mtp", "ours_greedy,nope"]:
+        with pytest.raises(cli.UsageError, match="expected a comma-separated subset"):
+            cli.select_methods(bad, None, notes.append)
+
+
+def test_cli_bench_llamacpp_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    assert not evaluate.llamacpp_available()
+    assert cli.main(["bench", "--methods", "ours_greedy,llamacpp_greedy"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "pip install llama-cpp-python" in err, err
+
+
+def test_markdown_ratio_column_against_llamacpp():
+    row = {"prompts": 1, "tokens": 9, "tokens_per_s": 30.0, "decode_tokens_per_s": 40.0}
+    slow = dict(row, tokens_per_s=15.0, decode_tokens_per_s=0.0)
+    md = evaluate.markdown({"command": "c", "setup": "s", "methods": {"ours_greedy": {"a": row},
+                                                                       "llamacpp_greedy": {"a": slow}}})
+    assert "x llama.cpp (end to end / decode)" in md
+    assert "| a | ours_greedy | 30.0 | 40.0 | 1.00x | 2.00x / n/a |" in md
+    assert "| a | llamacpp_greedy | 15.0 | 0.0 | 0.50x | 1.00x / n/a |" in md
+    plain = evaluate.markdown({"command": "c", "setup": "s", "methods": {"ours_greedy": {"a": row}}})
+    assert "llama.cpp" not in plain and "| a | ours_greedy | 30.0 | 40.0 | 1.00x |  |  |  |  |" in plain
+
+
+@pytest.mark.skipif(not evaluate.llamacpp_available(), reason="llama-cpp-python (optional) is not installed")
+def test_llamacpp_greedy_on_the_default_model(tmp_path):
+    from mtp_kernels.models import checkpoint
+
+    try:
+        gguf = checkpoint.default_gguf_path()
+    except checkpoint.CheckpointError as e:
+        pytest.skip(str(e))
+    llm = evaluate.load_llamacpp(gguf, threads=1, n_ctx=64)
+    prompts = [llm.tokenize(f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n".encode(), add_bos=False,
+                            special=True) for p in ("Hi!", "Name a color.")]
+    runs = evaluate.run_llamacpp(llm, prompts, ["x", "y"], 4, (2,))
+    for r in runs:
+        assert 1 <= len(r.tokens) <= 4 and all(0 <= t < 49152 for t in r.tokens)
+        assert r.seconds > 0 and 0 <= r.decode_seconds <= r.seconds
+    assert evaluate.run_llamacpp(llm, prompts[:1], ["x"], 4, (2,))[0].tokens == runs[0].tokens  # greedy: repeatable
+    # Through `mtp bench`: two prompts, 4 tokens, beside our greedy.
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"task": t, "prompt": p}) + "\n"
+                                                 for t, p in [("x", "Hi!"), ("y", "Name a color.")]))
+    out = tmp_path / "e2e"
+    assert cli.main(["bench", "--eval-set", str(tmp_path / "eval.jsonl"), "--per-task", "1", "--max-new-tokens", "4",
+                     "--threads", "1", "--methods", "ours_greedy,llamacpp_greedy", "--out", str(out)]) == 0
+    res = json.loads((tmp_path / "e2e.json").read_text())
+    for row in res["methods"]["llamacpp_greedy"].values():
+        assert row["tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and 0 <= row["token_agreement"] <= 1
+    assert "x llama.cpp" in (tmp_path / "e2e.md").read_text() and "llama.cpp through llama-cpp-python" in res["setup"]
