@@ -25,13 +25,14 @@ inline float32x4_t load4(const void* x, int64_t i) {
 }
 
 // 4 lanes; acc tiles of 4 rows x 16 columns (16 of the 32 vector registers); linear tiles of
-// 4 rows x 4 columns.
+// up to 8 rows x linear_cols(rows) columns (4 to 16 accumulators).
 // NEON has no masked loads: a tail mask is the lane count, and partial vectors go
 // through a small buffer (never reading or writing past the given lanes).
 struct V128 {
   using F = float32x4_t;
   using Mask = int;
-  static constexpr int W = 4, kAccRows = 4, kLinearRows = 4, kLinearCols = 4;
+  static constexpr int W = 4, kAccRows = 4, kLinearRows = 8;
+  static constexpr int linear_cols(int rows) { return rows <= 4 ? 4 : 2; }
   static void prefetch(const char* p) { __builtin_prefetch(p, 0, 3); }  // PRFM PLDL1KEEP
   static F zero() { return vdupq_n_f32(0.f); }
   static F set1(float x) { return vdupq_n_f32(x); }

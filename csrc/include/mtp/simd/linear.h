@@ -40,44 +40,60 @@ struct LaneDot {
 template <class V, class D, DType XT, DType WT>
 struct VecLinear {
   using F = typename V::F;
-  static constexpr int W = V::W, kRows = V::kLinearRows, kCols = V::kLinearCols;
+  using Col = typename D::Col;
+  static constexpr int W = V::W, kRows = V::kLinearRows;
   // Rows handled per pass over a column group (bounds the accumulators kept on the stack).
   static constexpr int kRowBlock = 16;
-  static_assert(W % kCols == 0 && kRowBlock % kRows == 0, "tiles must divide the groups");
+  static_assert(kRowBlock % kRows == 0, "row groups must divide the row block");
 
-  using Col = typename D::Col;
-
-  // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..kCols) over [0, kv).
+  // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..C) over [0, kv).
   // prefetch_ahead (bytes, 0 = none): the weights that far past each chunk are prefetched
-  // (the next tile's rows): the hardware prefetchers alone leave a core's stream half idle.
-  template <int R>
+  // (the tiles ahead): the hardware prefetchers alone leave a core's stream half idle.
+  template <int R, int C>
   static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead) {
-    F t[R][kCols];
+    F t[R][C];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < kCols; ++c) t[r][c] = V::zero();
+      for (int c = 0; c < C; ++c) t[r][c] = V::zero();
     for (int64_t k = 0; k < kv; k += D::kChunk) {
       typename D::X xs[R];
       for (int r = 0; r < R; ++r) xs[r] = D::load_x(x[r], k);
-      for (int c = 0; c < kCols; ++c) {
+      for (int c = 0; c < C; ++c) {
         if (prefetch_ahead) V::prefetch(D::address(w[c], k) + prefetch_ahead);
         const typename D::Wt wc = D::load_w(w[c], k);
         for (int r = 0; r < R; ++r) t[r][c] = D::step(t[r][c], xs[r], wc);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < kCols; ++c) acc[r][c0 + c] = t[r][c];
+      for (int c = 0; c < C; ++c) acc[r][c0 + c] = t[r][c];
+  }
+
+  // R rows x the `cols` columns from g: tiles of R x V::linear_cols(R) (about as many
+  // independent chains whatever R). `first`: this group brings the weights in (prefetches).
+  template <int R>
+  static void row_group(const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv, F (*acc)[W],
+                        bool first) {
+    constexpr int C = V::linear_cols(R);
+    static_assert(W % C == 0, "tiles must divide the column group");
+    const int64_t ahead = first ? 2 * C * D::row_bytes(a) : 0;
+    for (int c0 = 0; c0 < cols; c0 += C) {
+      Col wc[C];  // columns past the group's end repeat its last one (discarded)
+      for (int c = 0; c < C; ++c) wc[c] = D::col(a, g + std::min(c0 + c, cols - 1));
+      tile<R, C>(x, wc, kv, acc, c0, ahead);
+    }
   }
 
   template <int R>
-  static void tile_rows(int rows, const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t ahead) {
+  static void row_group_of(int rows, const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv,
+                           F (*acc)[W], bool first) {
     if constexpr (R > 1) {
-      if (rows < R) return tile_rows<R - 1>(rows, x, w, kv, acc, c0, ahead);
+      if (rows < R) return row_group_of<R - 1>(rows, a, x, g, cols, kv, acc, first);
     }
-    tile<R>(x, w, kv, acc, c0, ahead);
+    row_group<R>(a, x, g, cols, kv, acc, first);
   }
 
   // Columns [n0, n1) of every row: row blocks of kRowBlock, column groups of W (one
-  // sum_each per row and group), register tiles of kRows x kCols inside.
+  // sum_each per row and group), rows in equal groups of at most kRows inside (9 = 5 + 4,
+  // not 8 + 1: a thin group has too few FMA chains to hide their latency).
   static void run(const LinearArgs& a, int64_t n0, int64_t n1) {
     const int64_t kv = a.K / D::kChunk * D::kChunk;
     const int64_t xb = a.x_stride * dtype_size(XT);
@@ -86,18 +102,18 @@ struct VecLinear {
     alignas(64) float sums[W];
     for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
       const int rows = int(std::min<int64_t>(kRowBlock, a.M - m0));
+      const int groups = (rows + kRows - 1) / kRows;
       const char* xr[kRowBlock];
       for (int r = 0; r < rows; ++r) xr[r] = x0 + (m0 + r) * xb;
       for (int64_t g = n0; g < n1; g += W) {
         const int cols = int(std::min<int64_t>(W, n1 - g));
-        if (cols < W)  // the lanes past the end get zeros, not stale values
+        if (cols < W)  // lanes past the end: zeros, not stale values
           for (int r = 0; r < rows; ++r)
-            for (int c = (cols + kCols - 1) / kCols * kCols; c < W; ++c) acc[r][c] = V::zero();
-        for (int c0 = 0; c0 < cols; c0 += kCols) {
-          Col wc[kCols];  // columns past the group's end repeat its last one (discarded)
-          for (int c = 0; c < kCols; ++c) wc[c] = D::col(a, g + std::min(c0 + c, cols - 1));
-          for (int r = 0; r < rows; r += kRows)  // the first row group brings the weights in
-            tile_rows<kRows>(rows - r, xr + r, wc, kv, acc + r, c0, r == 0 ? 4 * kCols * D::row_bytes(a) : 0);
+            for (int c = cols; c < W; ++c) acc[r][c] = V::zero();
+        for (int i = 0, r = 0; i < groups; ++i) {
+          const int n = (rows - r) / (groups - i);
+          row_group_of<kRows>(n, a, xr + r, g, cols, kv, acc + r, i == 0);
+          r += n;
         }
         for (int r = 0; r < rows; ++r) {
           V::storeu(sums, V::sum_each(acc[r]));

@@ -50,11 +50,13 @@ MTP_TARGET_AVX2 inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// ---- AVX-512: 16 lanes; acc tiles of 4 rows x 64 columns; linear tiles of 4 rows x 4 columns.
+// ---- AVX-512: 16 lanes; acc tiles of 4 rows x 64 columns; linear tiles of up to 8 rows x
+// linear_cols(rows) columns (8 to 16 accumulators).
 struct V512 {
   using F = __m512;
   using Mask = __mmask16;
-  static constexpr int W = 16, kAccRows = 4, kLinearRows = 4, kLinearCols = 4;
+  static constexpr int W = 16, kAccRows = 4, kLinearRows = 8;
+  static constexpr int linear_cols(int rows) { return rows <= 2 ? 8 : rows <= 4 ? 4 : 2; }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
   MTP_TARGET_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
@@ -99,11 +101,12 @@ struct V512 {
 };
 
 // ---- AVX2 + FMA + F16C: 8 lanes; acc tiles of 2 rows x 32 columns (16 registers); linear
-// tiles of 2 rows x 4 columns.
+// tiles of up to 4 rows x linear_cols(rows) columns (8 accumulators).
 struct V256 {
   using F = __m256;
   using Mask = __m256i;
-  static constexpr int W = 8, kAccRows = 2, kLinearRows = 2, kLinearCols = 4;
+  static constexpr int W = 8, kAccRows = 2, kLinearRows = 4;
+  static constexpr int linear_cols(int rows) { return rows <= 1 ? 8 : rows <= 2 ? 4 : 2; }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX2 static F zero() { return _mm256_setzero_ps(); }
   MTP_TARGET_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
