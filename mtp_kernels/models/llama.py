@@ -17,6 +17,8 @@ import torch
 from .config import LlamaConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Fused projection -> its parts, in row order.
+FUSED = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "gate_up": ("mlp.gate_proj", "mlp.up_proj")}
 
 
 class KVCache:
@@ -70,14 +72,36 @@ class Backbone(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
+        weights = dict(weights)
+        # Projections that read the same input are one weight matrix (one mtp.linear call, its
+        # weights streamed once); the named per-projection weights are row views into it. Each
+        # output element is reduced the same way whatever its column: the bits do not change.
+        for i in range(cfg.num_layers):
+            for fused, parts in FUSED.items():
+                names = [f"model.layers.{i}.{part}.weight" for part in parts]
+                whole = torch.cat([weights.pop(n).to(dtype) for n in names]).contiguous()
+                self.register_buffer(self._key(f"model.layers.{i}.{fused}"), whole, persistent=False)
+                for n, view in zip(names, whole.split([self.cfg_rows(part) for part in parts])):
+                    self.register_buffer(self._key(n), view, persistent=False)
         for name, w in weights.items():
-            self.register_buffer(name.replace(".", "__"), w.to(dtype).contiguous(), persistent=False)
+            self.register_buffer(self._key(name), w.to(dtype).contiguous(), persistent=False)
         cos, sin = rope_tables(cfg, cfg.max_position)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    @staticmethod
+    def _key(name: str) -> str:
+        return name.replace(".", "__")
+
+    def cfg_rows(self, part: str) -> int:
+        """Output rows of one projection."""
+        cfg = self.cfg
+        return {"self_attn.q_proj": cfg.num_heads * cfg.head_dim, "self_attn.k_proj": cfg.num_kv_heads * cfg.head_dim,
+                "self_attn.v_proj": cfg.num_kv_heads * cfg.head_dim, "mlp.gate_proj": cfg.intermediate_size,
+                "mlp.up_proj": cfg.intermediate_size}[part]
+
     def w(self, name: str) -> torch.Tensor:
-        return getattr(self, name.replace(".", "__"))
+        return getattr(self, self._key(name))
 
     @property
     def embedding(self) -> torch.Tensor:
@@ -111,18 +135,18 @@ class Backbone(torch.nn.Module):
         new_lens = cache.lens + T
         x = self.embedding[tokens]
         linear = torch.ops.mtp.linear
+        Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             h = rms_norm(x, self.w(p + "input_layernorm.weight"), cfg.rms_norm_eps)
-            q = apply_rope(linear(h, self.w(p + "self_attn.q_proj.weight")).view(B, T, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(linear(h, self.w(p + "self_attn.k_proj.weight")).view(B, T, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = linear(h, self.w(p + "self_attn.v_proj.weight")).view(B, T, cfg.num_kv_heads, cfg.head_dim)
+            qkv = linear(h, self.w(p + "qkv")).view(B, T, Hq + 2 * Hkv, D)
+            qk = apply_rope(qkv[:, :, :Hq + Hkv], cos, sin)  # q and k heads rotated in one pass
+            q, k, v = qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:]
             torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
             a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], new_lens, causal=True)
             x = x + linear(a.reshape(B, T, cfg.hidden_size), self.w(p + "self_attn.o_proj.weight"))
             h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
-            gate = linear(h, self.w(p + "mlp.gate_proj.weight"))
-            up = linear(h, self.w(p + "mlp.up_proj.weight"))
+            gate, up = linear(h, self.w(p + "gate_up")).split(cfg.intermediate_size, dim=-1)
             x = x + linear(torch.nn.functional.silu(gate) * up, self.w(p + "mlp.down_proj.weight"))
         cache.lens.copy_(new_lens)
         return rms_norm(x, self.w("model.norm.weight"), cfg.rms_norm_eps)
