@@ -12,8 +12,9 @@ import torch  # noqa: F401  (must be loaded before the extension that links agai
 from . import _C  # noqa: F401  (registers the ops)
 from . import ops, reference  # noqa: F401
 from .ops import accept_prefix, cache_append, head_attention, linear, verify, verify_lenient, verify_sampled
+from .quant import dequantize_q8, quantize_q8
 
-__all__ = ["verify", "verify_sampled", "verify_lenient", "accept_prefix", "head_attention", "cache_append", "linear", "ops", "reference", "get_isa",
+__all__ = ["verify", "verify_sampled", "verify_lenient", "accept_prefix", "head_attention", "cache_append", "linear", "quantize_q8", "dequantize_q8", "ops", "reference", "get_isa",
            "set_isa", "supported_isas"]
 
 get_isa = _C.get_isa

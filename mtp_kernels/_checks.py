@@ -92,10 +92,14 @@ def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -
     return num_drafts.to(torch.int64).contiguous()
 
 
-def check_linear_inputs(op, x, weight, bias=None):
-    _check_same_device(op, "x", x, weight=weight, bias=bias)
+INT8_CPU_ONLY = ("int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or "
+                 "dequantize (mtp_kernels.dequantize_q8) for the GPU")
+
+
+def check_linear_inputs(op, x, weight, bias=None, weight_scale=None):
+    _check_same_device(op, "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     check_dtype(op, "x", x, LINEAR_TYPES)
-    check_dtype(op, "weight", weight, LINEAR_TYPES)
+    check_dtype(op, "weight", weight, LINEAR_TYPES + (torch.int8,))
     check(x.dim() >= 1, op, "x must have at least 1 dimension [..., K], got a scalar")
     check_dim(op, "weight", weight, 2, "[N, K]")
     K, N = x.shape[-1], weight.shape[0]
@@ -103,9 +107,28 @@ def check_linear_inputs(op, x, weight, bias=None):
     check(weight.stride(1) == 1 or K <= 1, op,
           f"weight rows must be contiguous (stride(1) == 1), got strides {list(weight.stride())}; "
           "it is read in place, call .contiguous() once when loading")
+    _check_weight_scale(op, weight, weight_scale)
     if bias is not None:
         check_dim(op, "bias", bias, 1, "[N]")
         check_size(op, "bias", bias, 0, N, "N (weight.size(0))")
+
+
+def _check_weight_scale(op, weight, scale):
+    # checks.h's check_weight_scale: an int8 weight takes fp32 [N, ceil(K/32)] scales, a float one none.
+    N, K = weight.shape
+    blocks = -(-K // 32)
+    if weight.dtype != torch.int8:
+        check(scale is None, op, f"weight_scale goes with an int8 weight only (Q8 blocks), got a {_name(weight.dtype)} weight")
+        return
+    check(scale is not None, op, f"an int8 weight needs weight_scale, Float [N, ceil(K/32)] = [{N}, {blocks}] "
+          "(one scale per block of 32 along K), got None")
+    check_dtype(op, "weight_scale", scale, (torch.float32,))
+    check_dim(op, "weight_scale", scale, 2, "[N, ceil(K/32)]")
+    check_size(op, "weight_scale", scale, 0, N, "N (weight.size(0))")
+    check_size(op, "weight_scale", scale, 1, blocks, "ceil(K/32) (blocks of 32 along K)")
+    check(scale.stride(1) == 1 or blocks <= 1, op,
+          f"weight_scale rows must be contiguous (stride 1 along the blocks), got strides {list(scale.stride())}; "
+          "it is read in place, make it contiguous once when loading")
 
 
 def _check_caches(op, k, v, ref_name, ref):

@@ -44,16 +44,21 @@ def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_
     return torch.ops.mtp.verify_lenient.default(draft_tokens, target_logits, num_drafts, top_k, min_ratio, pad_id)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Shape-invariant ``x @ weight.T + bias``; see ``reference.linear``."""
-    return torch.ops.mtp.linear.default(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Shape-invariant ``x @ weight.T + bias``; an int8 weight takes ``weight_scale`` (Q8 blocks
+    of 32 along K, ``mtp_kernels.quantize_q8``). See ``reference.linear``."""
+    return torch.ops.mtp.linear.default(x, weight, bias, weight_scale)
 
 
 @torch.library.register_fake("mtp::linear")
-def _linear_fake(x, weight, bias=None):
-    _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias)
+def _linear_fake(x, weight, bias=None, weight_scale=None):
+    _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     torch._check(weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
                  lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
+    torch._check((weight.dtype == torch.int8) == (weight_scale is not None),
+                 lambda: "mtp.linear: an int8 weight needs weight_scale and a float weight takes none, got "
+                         f"weight {weight.dtype} and weight_scale {None if weight_scale is None else weight_scale.dtype}")
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

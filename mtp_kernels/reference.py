@@ -49,14 +49,23 @@ def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias), x [..., K] fp32|bf16, weight [N, K] fp32|bf16, bias [N];
     products summed in fp32 (here: fp64, then rounded), result in x's dtype.
+
+    Weight-only int8 ("Q8", mtp_kernels.quant): weight [N, K] int8 with weight_scale
+    [N, ceil(K/32)] fp32, one scale per block of 32 along K (the last block may be partial);
+    the weight is weight[n, k] * weight_scale[n, k // 32] (dequantised here in fp64). The
+    kernel sums each block's products in fp32, then adds scale * block sum.
 
     The kernel's promise beyond this value: each output row has the same bits whatever
     the number of rows in the call (shape invariance), which torch's fp32 F.linear lacks.
     """
-    y = x.double() @ weight.double().T
+    w = weight.double()
+    if weight_scale is not None:
+        w = w * weight_scale.double().repeat_interleave(32, dim=1)[:, :weight.shape[1]]
+    y = x.double() @ w.T
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)

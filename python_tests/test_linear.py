@@ -86,7 +86,7 @@ BAD_LINEAR = [
     ((torch.randn(2, 3), torch.randn(4, 5)), "weight.size(1) must equal K (x.size(-1)) = 3, got 5"),
     ((torch.randn(2, 3), torch.randn(4, 3, 1)), "weight must be 2-D [N, K]"),
     ((torch.randn(2, 3).double(), torch.randn(4, 3)), "x must be Float or BFloat16, got Double"),
-    ((torch.randn(2, 3), torch.randn(4, 3).half()), "weight must be Float or BFloat16, got Half"),
+    ((torch.randn(2, 3), torch.randn(4, 3).half()), "weight must be Float or BFloat16 or Char, got Half"),
     ((torch.randn(2, 3), torch.randn(4, 3), torch.randn(5)), "bias.size(0) must equal N (weight.size(0)) = 4, got 5"),
     ((torch.tensor(1.0), torch.randn(4, 3)), "x must have at least 1 dimension"),
 ]

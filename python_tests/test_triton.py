@@ -20,6 +20,7 @@ import mtp_kernels
 from mtp_kernels import reference
 from test_attention import BAD_APPEND, BAD_ATTENTION, _bad, close, inputs, make_cache
 from test_linear import BAD_LINEAR
+from test_linear_q8 import BAD_Q8
 from test_verify import BAD_VERIFY, FLOATS, IDS, accept_cases, make_case
 
 triton_mod = pytest.importorskip("mtp_kernels.triton")
@@ -223,6 +224,24 @@ def test_linear_layout_and_degenerate(gen):
 def test_linear_bad_input(args, message):
     with pytest.raises(RuntimeError, match="mtp.linear: .*" + re.escape(message)):
         triton_mod.linear(*args)
+
+
+@pytest.mark.parametrize("args,message", BAD_Q8)
+def test_linear_q8_bad_input(args, message):
+    """The C++ op's checks and messages for weight_scale, in the Triton launcher."""
+    with pytest.raises(RuntimeError, match="mtp.linear: " + re.escape(message)):
+        triton_mod.linear(*args)
+
+
+@pytest.mark.parametrize("backend", [("triton", DEVICE), pytest.param(("op", "cuda"), marks=ON_GPU, id="op-cuda")],
+                         ids=lambda b: "-".join(b))
+def test_linear_int8_is_cpu_only(backend, gen):
+    """No GPU kernel for int8 weights: a valid Q8 call is refused with one clear line."""
+    impl, device = backend
+    q, s = mtp_kernels.quantize_q8(torch.randn(8, 40, generator=gen))
+    x = torch.randn(2, 40, generator=gen)
+    with pytest.raises(RuntimeError, match=re.escape("mtp.linear: int8 weights run on the CPU only")):
+        ops_of(impl)[2](x.to(device), q.to(device), None, s.to(device))
 
 
 def test_register_cuda_kernels_fills_only_missing_keys():

@@ -16,6 +16,7 @@ const char* dtype_name(int32_t dtype) {
     case MTP_FLOAT16: return "float16";
     case MTP_INT32: return "int32";
     case MTP_INT64: return "int64";
+    case MTP_INT8: return "int8";
     default: return "unknown";
   }
 }

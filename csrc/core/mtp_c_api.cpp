@@ -14,6 +14,7 @@
 static_assert(int(MTP_FLOAT32) == int(mtp::DType::F32) && int(MTP_BFLOAT16) == int(mtp::DType::BF16) &&
                   int(MTP_FLOAT16) == int(mtp::DType::F16),
               "mtp_dtype float values must equal mtp::DType");
+static_assert(int(MTP_INT8) == int(mtp::DType::I8), "MTP_INT8 must equal mtp::DType::I8");
 
 namespace mtp::capi {
 namespace {
@@ -106,6 +107,85 @@ bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* 
   a->logits_dtype = float_dtype(target_logits->dtype);
   for (int d = 0; d < 3; ++d) a->logits_stride[d] = target_logits->strides[d];
   return true;
+}
+
+// mtp_linear (q8 false: a float weight) and mtp_linear_q8 (q8: an int8 weight and its
+// scales): checked, then the kernel.
+mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tensor* weight,
+                       const mtp_tensor* weight_scale, const mtp_tensor* bias, const mtp_tensor* y,
+                       int32_t num_threads) {
+  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i8 = {MTP_INT8};
+  int threads = 1;
+  if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) || !c.tensor("weight", weight, 2, "[N, K]", q8 ? i8 : kFloatTypes) ||
+      !c.size("weight", weight, 1, x->sizes[1], "K (x.sizes[1])"))
+    return c.status;
+  const int64_t M = x->sizes[0], K = x->sizes[1], N = weight->sizes[0];
+  if (!c.ok(weight_rows_error(K, weight->strides[0], weight->strides[1])))
+    return c.status;
+  if (q8 && (!c.tensor("weight_scale", weight_scale, 2, kWeightScaleShape, f32) ||
+             !c.size("weight_scale", weight_scale, 0, N, "N (weight.sizes[0])") ||
+             !c.size("weight_scale", weight_scale, 1, q8_blocks(K), kWeightScaleBlocks) ||
+             !c.ok(weight_scale_rows_error(q8_blocks(K), weight_scale->strides[0], weight_scale->strides[1]))))
+    return c.status;
+  if (bias && (!c.tensor("bias", bias, 1, "[N]", kFloatTypes) || !c.size("bias", bias, 0, N, "N (weight.sizes[0])")))
+    return c.status;
+  const bool y_f32 = y && y->dtype == MTP_FLOAT32;
+  if (!c.tensor("y", y, 2, "[M, N]", y_f32 ? f32 : same_as(x)) || !c.size("y", y, 0, M, "M (x.sizes[0])") ||
+      !c.size("y", y, 1, N, "N (weight.sizes[0])") || !c.threads(num_threads, &threads))
+    return c.status;
+  if (M == 0 || N == 0) return MTP_OK;
+
+  LinearArgs a;
+  a.M = M; a.N = N; a.K = K;
+  a.x_dtype = float_dtype(x->dtype);
+  const int64_t xes = dtype_size(a.x_dtype);
+  std::vector<char> xpack;
+  static const float kNothing = 0.f;  // K = 0: no element is read, but the pointers must be valid
+  if (K == 0) {
+    a.x = &kNothing;
+  } else if (x->strides[1] == 1) {
+    a.x = x->data;
+    a.x_stride = x->strides[0];
+  } else {  // the kernel wants unit-stride rows; activations are small, pack them
+    xpack.resize(size_t(M * K * xes));
+    for (int64_t m = 0; m < M; ++m)
+      copy_elems(xpack.data() + m * K * xes, 1, bytes(x) + m * x->strides[0] * xes, x->strides[1], K, xes);
+    a.x = xpack.data();
+    a.x_stride = K;
+  }
+  if (K == 0 && q8) {
+    set_q8_weight(a, &kNothing, 0, &kNothing, 0);
+  } else if (q8) {
+    set_q8_weight(a, weight->data, weight->strides[0], static_cast<const float*>(weight_scale->data),
+                  weight_scale->strides[0]);
+  } else {
+    a.w = K ? weight->data : &kNothing;
+    a.w_dtype = float_dtype(weight->dtype);
+    a.w_stride = K ? weight->strides[0] : 0;
+  }
+  std::vector<float> b;
+  if (bias) {
+    b.resize(size_t(N));
+    for (int64_t n = 0; n < N; ++n) b[size_t(n)] = load_f32(bias->data, float_dtype(bias->dtype), n * bias->strides[0]);
+    a.bias = b.data();
+  }
+  // The kernel writes fp32 rows with unit column stride: in place when y is such, else via
+  // a copy (rounded to y's dtype as the torch op's .to(x.dtype) does).
+  std::vector<float> ytmp;
+  if (y_f32 && (y->strides[1] == 1 || N == 1)) {
+    a.y = static_cast<float*>(y->data);
+    a.y_stride = y->strides[0];
+  } else {
+    ytmp.resize(size_t(M * N));
+    a.y = ytmp.data();
+    a.y_stride = N;
+  }
+  linear(a, current_isa(), ThreadParallelFor{threads});
+  if (!ytmp.empty())
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        store_f32(y->data, float_dtype(y->dtype), m * y->strides[0] + n * y->strides[1], ytmp[size_t(m * N + n)]);
+  return MTP_OK;
 }
 
 }  // namespace
@@ -303,68 +383,18 @@ mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache
 mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias, const mtp_tensor* y,
                       int32_t num_threads) {
   return guarded("mtp_linear", [&](Checker& c) {
-    int threads = 1;
-    if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) || !c.tensor("weight", weight, 2, "[N, K]", kFloatTypes) ||
-        !c.size("weight", weight, 1, x->sizes[1], "K (x.sizes[1])"))
+    if (weight && weight->dtype == MTP_INT8) {
+      c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, "weight is int8: call mtp_linear_q8 with its weight_scale");
       return c.status;
-    const int64_t M = x->sizes[0], K = x->sizes[1], N = weight->sizes[0];
-    if (!c.ok(weight_rows_error(K, weight->strides[0], weight->strides[1])) ||
-        (bias && (!c.tensor("bias", bias, 1, "[N]", kFloatTypes) || !c.size("bias", bias, 0, N, "N (weight.sizes[0])"))))
-      return c.status;
-    static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
-    const bool y_f32 = y && y->dtype == MTP_FLOAT32;
-    if (!c.tensor("y", y, 2, "[M, N]", y_f32 ? f32 : same_as(x)) || !c.size("y", y, 0, M, "M (x.sizes[0])") ||
-        !c.size("y", y, 1, N, "N (weight.sizes[0])") || !c.threads(num_threads, &threads))
-      return c.status;
-    if (M == 0 || N == 0) return MTP_OK;
-
-    LinearArgs a;
-    a.M = M; a.N = N; a.K = K;
-    a.x_dtype = float_dtype(x->dtype);
-    a.w_dtype = float_dtype(weight->dtype);
-    const int64_t xes = dtype_size(a.x_dtype);
-    std::vector<char> xpack;
-    static const float kNothing = 0.f;  // K = 0: no element is read, but the pointers must be valid
-    if (K == 0) {
-      a.x = a.w = &kNothing;
-    } else if (x->strides[1] == 1) {
-      a.x = x->data;
-      a.x_stride = x->strides[0];
-      a.w = weight->data;
-      a.w_stride = weight->strides[0];
-    } else {  // the kernel wants unit-stride rows; activations are small, pack them
-      xpack.resize(size_t(M * K * xes));
-      for (int64_t m = 0; m < M; ++m)
-        copy_elems(xpack.data() + m * K * xes, 1, bytes(x) + m * x->strides[0] * xes, x->strides[1], K, xes);
-      a.x = xpack.data();
-      a.x_stride = K;
-      a.w = weight->data;
-      a.w_stride = weight->strides[0];
     }
-    std::vector<float> b;
-    if (bias) {
-      b.resize(size_t(N));
-      for (int64_t n = 0; n < N; ++n) b[size_t(n)] = load_f32(bias->data, float_dtype(bias->dtype), n * bias->strides[0]);
-      a.bias = b.data();
-    }
-    // The kernel writes fp32 rows with unit column stride: in place when y is such, else via
-    // a copy (rounded to y's dtype as the torch op's .to(x.dtype) does).
-    std::vector<float> ytmp;
-    if (y_f32 && (y->strides[1] == 1 || N == 1)) {
-      a.y = static_cast<float*>(y->data);
-      a.y_stride = y->strides[0];
-    } else {
-      ytmp.resize(size_t(M * N));
-      a.y = ytmp.data();
-      a.y_stride = N;
-    }
-    linear(a, current_isa(), ThreadParallelFor{threads});
-    if (!ytmp.empty())
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n)
-          store_f32(y->data, float_dtype(y->dtype), m * y->strides[0] + n * y->strides[1], ytmp[size_t(m * N + n)]);
-    return MTP_OK;
+    return linear_call(c, false, x, weight, nullptr, bias, y, num_threads);
   });
+}
+
+mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
+                         const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads) {
+  return guarded("mtp_linear_q8",
+                 [&](Checker& c) { return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads); });
 }
 
 const char* mtp_last_error(void) { return last_error().c_str(); }

@@ -156,17 +156,40 @@ struct LinearCall {
   at::Tensor result() const { return y.to(out_dtype).reshape(out_shape); }
 };
 
+// An int8 weight [N, K] takes weight_scale, fp32 [N, ceil(K/32)] with unit-stride rows (both
+// read in place); a float weight takes none.
+inline void check_weight_scale(const char* op, const at::Tensor& weight, const c10::optional<at::Tensor>& weight_scale,
+                               const at::Device& device) {
+  const int64_t N = weight.size(0), K = weight.size(1), blocks = q8_blocks(K);
+  if (weight.scalar_type() != at::kChar) {
+    TORCH_CHECK(!weight_scale.has_value(), op, ": weight_scale goes with an int8 weight only (Q8 blocks), got a ",
+                weight.scalar_type(), " weight");
+    return;
+  }
+  TORCH_CHECK(weight_scale.has_value(), op, ": an int8 weight needs weight_scale, Float ", kWeightScaleShape, " = [",
+              N, ", ", blocks, "] (one scale per block of 32 along K), got None");
+  const at::Tensor& s = *weight_scale;
+  check_device(op, "weight_scale", s, device);
+  check_dtype(op, "weight_scale", s, {at::kFloat});
+  check_dim(op, "weight_scale", s, 2, kWeightScaleShape);
+  check_size(op, "weight_scale", s, 0, N, "N (weight.size(0))");
+  check_size(op, "weight_scale", s, 1, blocks, kWeightScaleBlocks);
+  check_ok(op, weight_scale_rows_error(blocks, s.stride(0), s.stride(1)));
+}
+
 inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
-                                 const c10::optional<at::Tensor>& bias) {
+                                 const c10::optional<at::Tensor>& bias,
+                                 const c10::optional<at::Tensor>& weight_scale) {
   const at::Device device = x.device();
   check_device(op, "weight", weight, device);
   check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
-  check_dtype(op, "weight", weight, {at::kFloat, at::kBFloat16});
+  check_dtype(op, "weight", weight, {at::kFloat, at::kBFloat16, at::kChar});
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a scalar");
   check_dim(op, "weight", weight, 2, "[N, K]");
   const int64_t K = x.size(-1), N = weight.size(0);
   check_size(op, "weight", weight, 1, K, "K (x.size(-1))");
   check_ok(op, weight_rows_error(K, weight.stride(0), weight.stride(1)));
+  check_weight_scale(op, weight, weight_scale, device);
   LinearCall c;
   if (bias.has_value()) {
     check_device(op, "bias", *bias, device);
@@ -183,7 +206,11 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   LinearArgs& a = c.args;
   a.M = M; a.N = N; a.K = K;
   a.x = c.x2.data_ptr(); a.x_dtype = to_dtype(x.scalar_type()); a.x_stride = K;
-  a.w = weight.data_ptr(); a.w_dtype = to_dtype(weight.scalar_type()); a.w_stride = weight.stride(0);
+  if (weight_scale.has_value())
+    set_q8_weight(a, weight.data_ptr(), weight.stride(0), weight_scale->data_ptr<float>(), weight_scale->stride(0));
+  else {
+    a.w = weight.data_ptr(); a.w_dtype = to_dtype(weight.scalar_type()); a.w_stride = weight.stride(0);
+  }
   a.bias = c.bias.defined() ? c.bias.data_ptr<float>() : nullptr;
   a.y = c.y.data_ptr<float>(); a.y_stride = N;
   return c;

@@ -1,4 +1,4 @@
-// CPU binding of mtp.linear: the shape-invariant small-M linear layer.
+// CPU binding of mtp.linear: the shape-invariant small-M linear layer (float or int8 Q8 weights).
 #include <torch/library.h>
 
 #include "checks.h"
@@ -9,9 +9,10 @@ namespace {
 
 constexpr const char* kLinear = "mtp.linear";
 
-at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& weight_scale) {
   check_cpu(kLinear, "x", x);
-  LinearCall c = prepare_linear(kLinear, x, weight, bias);
+  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale);
   if (c.args.M > 0 && c.args.N > 0) linear(c.args, current_isa(), TorchParallelFor{});
   return c.result();
 }

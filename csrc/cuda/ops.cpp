@@ -21,6 +21,10 @@ using namespace mtp::cpu;  // the shared checks
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kLinear = "mtp.linear";
+// The same words as the Triton launcher's (mtp_kernels/_checks.py).
+constexpr const char* kInt8CpuOnly =
+    "int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or dequantize "
+    "(mtp_kernels.dequantize_q8) for the GPU";
 
 // A [B] count vector on the device: its shape checked, and its values (in [0, hi]) on the
 // host, which costs one sync; not while a CUDA graph is being captured (no sync is allowed
@@ -101,10 +105,12 @@ at::Tensor accept_prefix_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
   return accepted;
 }
 
-at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& weight_scale) {
   TORCH_CHECK(x.is_cuda(), kLinear, ": x must be on a CUDA device like the other arguments, got ", x.device());
   const c10::cuda::CUDAGuard guard(x.device());
-  LinearCall c = prepare_linear(kLinear, x, weight, bias);
+  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale);
+  TORCH_CHECK(c.args.w_dtype != DType::I8, kLinear, ": ", kInt8CpuOnly, ", got weight on ", weight.device());
   C10_CUDA_CHECK(linear(c.args, c10::cuda::getCurrentCUDAStream()));
   return c.result();
 }

@@ -511,7 +511,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|ops_errors|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|ops_errors|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -541,6 +541,7 @@ int main(int argc, char** argv) {
   else if (which == "attention") test_attention();
   else if (which == "cache_append") test_cache_append();
   else if (which == "linear") test_linear();
+  else if (which == "linear_q8") test_linear_q8();
   else if (which == "ops_errors") test_ops_errors();
   else {
     std::fprintf(stderr, "unknown test case '%s'\n", which.c_str());

@@ -1,7 +1,8 @@
 // Tests of head_attention, cache_append and linear through the C API, against oracles written
 // here in double precision (tolerance: a different summation order), and of shape
 // invariance (bitwise: a row's bits never depend on T, B, M, strides or threads).
-// Called from test_core.cpp's main: mtp_core_tests attention|cache_append|linear|ops_errors [isa]
+// Called from test_core.cpp's main: mtp_core_tests attention|cache_append|linear|linear_q8|ops_errors [isa]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -347,6 +348,139 @@ void test_linear() {
   std::printf("linear: %d cases on %s\n", cases, mtp_get_isa());
 }
 
+// ---------------------------------------------------------------- linear with int8 (Q8) weights
+namespace {
+
+// The documented order of one output element, in scalar code: lanes of W (16 avx512, 8 avx2,
+// 4 neon; 0: the generic path) take each whole block of 32 as t = x*q, then fma over the next
+// W elements, then acc = fma(t, scale, acc); the lanes are summed by the ISA's tree; a partial
+// last block is summed in order and added as sum + scale * t; then the bias. The generic path
+// sums every block in order and adds scale * t.
+float q8_emulate(int W, bool neon_tree, const std::vector<float>& x, const int8_t* q, const float* s, int64_t K,
+                 const float* bias) {
+  const int64_t kv = W ? K / 32 * 32 : 0;
+  float sum = 0.f;
+  if (W) {
+    float acc[16] = {};
+    for (int64_t k0 = 0; k0 < kv; k0 += 32)
+      for (int l = 0; l < W; ++l) {
+        float t = x[size_t(k0 + l)] * float(q[k0 + l]);
+        for (int i = 1; i < 32 / W; ++i) t = std::fma(x[size_t(k0 + i * W + l)], float(q[k0 + i * W + l]), t);
+        acc[l] = std::fma(t, s[k0 / 32], acc[l]);
+      }
+    if (neon_tree) {
+      sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    } else {
+      for (int h = W / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
+      sum = acc[0];
+    }
+  }
+  for (int64_t k0 = kv; k0 < K; k0 += 32) {
+    float t = 0.f;
+    for (int64_t k = k0; k < std::min<int64_t>(K, k0 + 32); ++k) t += x[size_t(k)] * float(q[k]);
+    sum = sum + s[k0 / 32] * t;
+  }
+  return bias ? sum + *bias : sum;
+}
+
+int lanes_of(const char* isa, bool* neon_tree) {
+  *neon_tree = std::strncmp(isa, "neon", 4) == 0;
+  if (*neon_tree) return 4;
+  if (std::strncmp(isa, "avx512", 6) == 0) return 16;
+  if (std::strcmp(isa, "avx2") == 0) return 8;
+  return 0;
+}
+
+void run_linear_q8_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias, bool strided_x, int threads) {
+  const int64_t xc = strided_x ? 2 : 1, nb = (K + 31) / 32, ws = K + 5, ss = nb + 2;  // padded rows
+  Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1)));
+  x.randomize(-1, 1);
+  bv.randomize(-2, 2);
+  std::vector<int8_t> w(size_t(std::max<int64_t>(N * ws, 1)));
+  for (auto& q : w) q = int8_t(uniform(-128, 127));
+  std::vector<float> sc(size_t(std::max<int64_t>(N * ss, 1)));
+  for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
+  if (N > 1 && nb > 0) sc[size_t(ss)] = 0.f;  // a zero block
+  mtp_tensor xv{}, wv{}, sv{}, bt{};
+  xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
+  wv.data = w.data(); wv.dtype = MTP_INT8; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = ws; wv.strides[1] = 1;
+  sv.data = sc.data(); sv.dtype = MTP_FLOAT32; sv.ndim = 2; sv.sizes[0] = N; sv.sizes[1] = nb; sv.strides[0] = ss; sv.strides[1] = 1;
+  bt = mtp_contiguous(bv.data(), MTP_FLOAT32, 1, &N);
+  std::vector<float> y(size_t(std::max<int64_t>(M * N, 1)), -7.f);
+  const int64_t ysz[2] = {M, N};
+  mtp_tensor yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
+  char what[160];
+  std::snprintf(what, sizeof what, "q8 x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt), (long long)M,
+                (long long)N, (long long)K, int(bias), int(strided_x), threads);
+  EXPECT(mtp_linear_q8(&xv, &wv, &sv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  bool neon_tree;
+  const int W = lanes_of(mtp_get_isa(), &neon_tree);
+  std::vector<float> xr(static_cast<size_t>(K));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(x.get(size_t(m * K * xc + k * xc)));
+    for (int64_t n = 0; n < N; ++n) {
+      const int8_t* q = w.data() + n * ws;
+      const float* s = sc.data() + n * ss;
+      double want = bias ? bv.get(size_t(n)) : 0.0, l1 = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(xr[size_t(k)]) * q[k] * s[k / 32];
+        want += p;
+        l1 += std::fabs(p);
+      }
+      const float got = y[size_t(m * N + n)];
+      EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30, "%s: y[%lld,%lld] = %.9g, oracle %.9g",
+             what, (long long)m, (long long)n, double(got), want);
+      const float b = bias ? bv.f[size_t(n)] : 0.f;
+      const float emu = q8_emulate(W, neon_tree, xr, q, s, K, bias ? &b : nullptr);
+      EXPECT(std::memcmp(&got, &emu, 4) == 0, "%s: y[%lld,%lld] = %.9g, the documented order on %s gives %.9g", what,
+             (long long)m, (long long)n, double(got), mtp_get_isa(), double(emu));
+    }
+  }
+  // Shape invariance: each row alone (M = 1), one thread: the same bits.
+  std::vector<float> y1(size_t(std::max<int64_t>(N, 1)));
+  for (int64_t m = 0; m < M; ++m) {
+    mtp_tensor x1 = xv;
+    x1.data = static_cast<char*>(x.data()) + m * K * xc * (xt == MTP_FLOAT32 ? 4 : 2);
+    x1.sizes[0] = 1;
+    const int64_t s1[2] = {1, N};
+    mtp_tensor y1v = mtp_contiguous(y1.data(), MTP_FLOAT32, 2, s1);
+    EXPECT(mtp_linear_q8(&x1, &wv, &sv, bias ? &bt : nullptr, &y1v, 1) == MTP_OK, "%s: %s", what, mtp_last_error());
+    EXPECT(std::memcmp(y1.data(), y.data() + m * N, size_t(N) * 4) == 0, "%s: row %lld differs from the M = 1 call", what,
+           (long long)m);
+  }
+  // y in x's dtype: the fp32 result rounded to nearest even.
+  if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
+    Arr yl(xt, size_t(M * N));
+    mtp_tensor ylv = mtp_contiguous(yl.data(), xt, 2, ysz);
+    EXPECT(mtp_linear_q8(&xv, &wv, &sv, bias ? &bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+    Arr r(xt, 1);
+    for (int64_t i = 0; i < M * N; ++i) {
+      r.set(0, y[size_t(i)]);
+      EXPECT(yl.bits(size_t(i)) == r.bits(0), "%s: %s y[%lld] is not the rounded fp32 result", what, name_of(xt),
+             (long long)i);
+    }
+  }
+}
+
+}  // namespace
+
+void test_linear_q8() {
+  int cases = 0;
+  for (mtp_dtype xt : {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16})
+    for (int64_t K : {1, 7, 31, 32, 33, 64, 100, 515}) {
+      run_linear_q8_case(7, 37, K, xt, cases % 2, cases % 3 == 0, 1 + cases % 3);
+      ++cases;
+    }
+  for (int64_t M : {1, 2, 5, 9, 17, 20})  // every row grouping (9 = 5 + 4, 17 > the row block)
+    run_linear_q8_case(M, 45, 96 + 13, MTP_FLOAT32, true, false, 2), ++cases;
+  run_linear_q8_case(5, 300, 576, MTP_BFLOAT16, true, false, 4), ++cases;  // many column blocks
+  run_linear_q8_case(4, 1, 70, MTP_FLOAT32, false, false, 1), ++cases;     // N = 1
+  run_linear_q8_case(3, 4, 0, MTP_FLOAT32, true, false, 1), ++cases;       // K = 0: y = bias
+  run_linear_q8_case(0, 4, 8, MTP_BFLOAT16, false, false, 1), ++cases;     // M = 0
+  std::printf("linear_q8: %d cases on %s\n", cases, mtp_get_isa());
+}
+
 // ---------------------------------------------------------------- bad arguments
 namespace {
 
@@ -438,6 +572,31 @@ struct LinearCall {
 
 #define BAD_LINEAR(mutation, status, needle) BAD_CALL(LinearCall, mutation, status, needle)
 
+// A valid linear_q8 (M=3, N=4, K=40: a whole block and a partial one, bias); y must stay untouched.
+struct LinearQ8Call {
+  std::vector<float> x = std::vector<float>(120, 1.f), s = std::vector<float>(8, 0.5f), b = std::vector<float>(4, 0.5f),
+                     y = std::vector<float>(12, -99.f);
+  std::vector<int8_t> w = std::vector<int8_t>(160, 2);
+  mtp_tensor xv, wv, sv, bv, yv;
+  int32_t threads = 1;
+  bool no_scale = false;
+  LinearQ8Call() {
+    int64_t xs[2] = {3, 40}, ws[2] = {4, 40}, ss[2] = {4, 2}, bs[1] = {4}, ys[2] = {3, 4};
+    xv = mtp_contiguous(x.data(), MTP_FLOAT32, 2, xs);
+    wv = mtp_contiguous(w.data(), MTP_INT8, 2, ws);
+    sv = mtp_contiguous(s.data(), MTP_FLOAT32, 2, ss);
+    bv = mtp_contiguous(b.data(), MTP_FLOAT32, 1, bs);
+    yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ys);
+  }
+  mtp_status run() { return mtp_linear_q8(&xv, &wv, no_scale ? nullptr : &sv, &bv, &yv, threads); }
+  bool untouched() const {
+    for (float v : y) if (v != -99.f) return false;
+    return true;
+  }
+};
+
+#define BAD_Q8(mutation, status, needle) BAD_CALL(LinearQ8Call, mutation, status, needle)
+
 }  // namespace
 
 void test_ops_errors() {
@@ -515,5 +674,27 @@ void test_ops_errors() {
   BAD_LINEAR(c.yv.sizes[0] = 2, ARG, "y.sizes[0] must equal M (x.sizes[0]) = 3, got 2");
   BAD_LINEAR(c.yv.sizes[1] = 5, ARG, "y.sizes[1] must equal N (weight.sizes[0]) = 4, got 5");
   BAD_LINEAR(c.threads = -3, ARG, "num_threads must be >= 0");
+  BAD_LINEAR(c.wv.dtype = MTP_INT8, DT, "mtp_linear: weight is int8: call mtp_linear_q8 with its weight_scale");
+
+  {
+    LinearQ8Call q;
+    EXPECT(q.run() == MTP_OK && q.y[0] == 40.5f && q.y[11] == 40.5f, "linear_q8 baseline: %s (y[0] = %g)",
+           mtp_last_error(), double(q.y[0]));
+  }
+  BAD_Q8(c.no_scale = true, NUL, "mtp_linear_q8: weight_scale is NULL");
+  BAD_Q8(c.wv.dtype = MTP_FLOAT32, DT, "weight must be int8, got float32");
+  BAD_Q8(c.sv.dtype = MTP_BFLOAT16, DT, "weight_scale must be float32, got bfloat16");
+  BAD_Q8(c.sv.ndim = 1, ARG, "weight_scale must be 2-D [N, ceil(K/32)], got ndim = 1");
+  BAD_Q8(c.sv.sizes[0] = 3, ARG, "weight_scale.sizes[0] must equal N (weight.sizes[0]) = 4, got 3");
+  BAD_Q8(c.sv.sizes[1] = 1, ARG, "weight_scale.sizes[1] must equal ceil(K/32) (blocks of 32 along K) = 2, got 1");
+  BAD_Q8((c.sv.strides[0] = 1, c.sv.strides[1] = 4), ARG,
+         "weight_scale rows must be contiguous (stride 1 along the blocks), got strides [1, 4]");
+  BAD_Q8(c.sv.data = nullptr, NUL, "weight_scale.data is NULL");
+  BAD_Q8((c.wv.strides[0] = 1, c.wv.strides[1] = 4), ARG, "weight rows must be contiguous (stride 1 along K), got strides [1, 4]");
+  BAD_Q8(c.wv.sizes[1] = 41, ARG, "weight.sizes[1] must equal K (x.sizes[1]) = 40, got 41");
+  BAD_Q8(c.xv.dtype = MTP_INT8, DT, "x must be float32 or bfloat16 or float16, got int8");
+  BAD_Q8(c.yv.sizes[1] = 3, ARG, "y.sizes[1] must equal N (weight.sizes[0]) = 4, got 3");
+  BAD_Q8(c.bv.sizes[0] = 5, ARG, "bias.sizes[0] must equal N (weight.sizes[0]) = 4, got 5");
+  BAD_Q8(c.threads = -1, ARG, "num_threads must be >= 0");
   std::printf("ops_errors: checked\n");
 }

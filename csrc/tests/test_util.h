@@ -47,6 +47,7 @@ inline void expect_error(mtp_status got, mtp_status want, const char* needle, co
 void test_attention();
 void test_cache_append();
 void test_linear();
+void test_linear_q8();
 void test_ops_errors();
 
 // test_sampling.cpp

@@ -117,9 +117,12 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     return accepted, out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``mtp.linear`` in Triton: fp32 accumulation, each row's bits independent of M."""
-    C.check_linear_inputs("mtp.linear", x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``mtp.linear`` in Triton: fp32 accumulation, each row's bits independent of M. Float
+    weights only: an int8 weight (with weight_scale) is checked, then refused (CPU only)."""
+    C.check_linear_inputs("mtp.linear", x, weight, bias, weight_scale)
+    C.check(weight.dtype != torch.int8, "mtp.linear", f"{C.INT8_CPU_ONLY}, got weight on {weight.device}")
     K, N = x.shape[-1], weight.shape[0]
     M = x.numel() // K if K else x.shape[:-1].numel()
     x2 = x.reshape(M, K)

@@ -15,9 +15,11 @@
 
 namespace mtp {
 
-enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+// I8: int8, the weights of the linear layer only (Q8 blocks, see linear_args.h); with_dtype and
+// load_f32 cover the three float types, which every other kernel takes.
+enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2, I8 = 5 };
 
-MTP_HOST_DEVICE inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+MTP_HOST_DEVICE inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : t == DType::I8 ? 1 : 2; }
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

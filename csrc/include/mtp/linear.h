@@ -2,7 +2,8 @@
 // verification. Shape-invariant: every output element is reduced in one fixed order that
 // depends on neither M, the row grouping nor the thread split, so a verify pass over K+1
 // rows gives each row the bits of a one-row decode step. Weights are streamed once per
-// call for all rows (the cost of a decode step is reading them).
+// call for all rows (the cost of a decode step is reading them). Weights fp32, bf16, fp16 or
+// int8 with fp32 scales per block of 32 along K (Q8, see linear_args.h).
 #pragma once
 #include <algorithm>
 

@@ -39,7 +39,8 @@ typedef enum mtp_dtype {
   MTP_BFLOAT16 = 1,
   MTP_FLOAT16 = 2,
   MTP_INT32 = 3,
-  MTP_INT64 = 4
+  MTP_INT64 = 4,
+  MTP_INT8 = 5 /* int8 weights of mtp_linear_q8 */
 } mtp_dtype;
 
 #define MTP_MAX_DIMS 6
@@ -141,11 +142,23 @@ MTP_API mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor*
 /* y[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) (torch.ops.mtp.linear on 2-D x), fp32
  * accumulation in a fixed order per element: row m's bits never depend on M or num_threads.
  *   x      [M, K] float32 | bfloat16 | float16, any strides
- *   weight [N, K] float32 | bfloat16 | float16, rows unit-stride (read in place)
+ *   weight [N, K] float32 | bfloat16 | float16, rows unit-stride (read in place); int8: mtp_linear_q8
  *   bias   [N]    float32 | bfloat16 | float16, or NULL
  *   y      [M, N] output, float32 or x's dtype (rounded to nearest even), any strides */
 MTP_API mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias,
                               const mtp_tensor* y, int32_t num_threads);
+
+/* mtp_linear with weight-only int8 weights in blocks of 32 along K ("Q8", like ggml's Q8_0;
+ * torch.ops.mtp.linear with weight_scale): weight element (n, k) = weight[n, k] *
+ * weight_scale[n, k / 32]. Per element, each whole block's 32 products are summed in fp32, then
+ * scaled and accumulated; a partial last block (K % 32) likewise. Row m's bits never depend on
+ * M or num_threads.
+ *   x            [M, K]            float32 | bfloat16 | float16, any strides
+ *   weight       [N, K]            int8, rows unit-stride (read in place)
+ *   weight_scale [N, ceil(K / 32)] float32, rows unit-stride (read in place)
+ *   bias, y, num_threads: as mtp_linear */
+MTP_API mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
+                                 const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads);
 
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */

@@ -94,6 +94,25 @@ inline std::string weight_rows_error(int64_t K, int64_t stride0, int64_t stride1
                  "]; it is read in place, make it contiguous once when loading");
 }
 
+// int8 (Q8) weights: weight_scale [N, ceil(K/32)] is read in place too, row by row.
+constexpr const char* kWeightScaleShape = "[N, ceil(K/32)]";
+constexpr const char* kWeightScaleBlocks = "ceil(K/32) (blocks of 32 along K)";
+
+inline std::string weight_scale_rows_error(int64_t blocks, int64_t stride0, int64_t stride1) {
+  if (stride1 == 1 || blocks <= 1) return "";
+  return message("weight_scale rows must be contiguous (stride 1 along the blocks), got strides [", stride0, ", ",
+                 stride1, "]; it is read in place, make it contiguous once when loading");
+}
+
+// Points the kernel's arguments at an int8 weight and its scales (element strides).
+inline void set_q8_weight(LinearArgs& a, const void* w, int64_t w_stride, const float* scale, int64_t scale_stride) {
+  a.w = w;
+  a.w_dtype = DType::I8;
+  a.w_stride = w_stride;
+  a.w_scale = scale;
+  a.w_scale_stride = scale_stride;
+}
+
 // ---- verify_sampled
 
 inline std::string temperature_error(int64_t b, double t) {

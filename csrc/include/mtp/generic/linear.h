@@ -1,9 +1,29 @@
-// Scalar linear: one sequential fp32 sum per output element.
+// Scalar linear: one sequential fp32 sum per output element; int8 (Q8) weights block by
+// block: each block's products summed in fp32 in order, then acc += scale * block sum.
 #pragma once
 
 namespace mtp::generic {
 
+inline void linear_q8(const LinearArgs& a, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* wn = static_cast<const int8_t*>(a.w) + n * a.w_stride;
+    const float* sn = a.w_scale + n * a.w_scale_stride;
+    for (int64_t m = 0; m < a.M; ++m) {
+      const char* xm = static_cast<const char*>(a.x) + m * a.x_stride * dtype_size(a.x_dtype);
+      float acc = 0.f;
+      for (int64_t k0 = 0; k0 < a.K; k0 += kQ8Block) {
+        const int64_t k1 = std::min(a.K, k0 + kQ8Block);
+        float t = 0.f;
+        for (int64_t k = k0; k < k1; ++k) t += load_f32(xm, a.x_dtype, k) * float(wn[k]);
+        acc += sn[k0 / kQ8Block] * t;
+      }
+      a.y[m * a.y_stride + n] = a.bias ? acc + a.bias[n] : acc;
+    }
+  }
+}
+
 inline void linear(const LinearArgs& a, int64_t n0, int64_t n1) {
+  if (a.w_dtype == DType::I8) return linear_q8(a, n0, n1);
   for (int64_t n = n0; n < n1; ++n) {
     const char* wn = static_cast<const char*>(a.w) + n * a.w_stride * dtype_size(a.w_dtype);
     for (int64_t m = 0; m < a.M; ++m) {

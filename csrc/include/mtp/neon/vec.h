@@ -70,6 +70,13 @@ struct V128 {
   // Lane i = the sum of a[i]'s 4 lanes by the tree (l0 + l1) + (l2 + l3), whatever the
   // other vectors hold (pairwise adds).
   static F sum_each(const F* a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
+  // 4 int8 at p widened to fp32 lanes (exact): SXTL twice, then SCVTF.
+  static F load_i8(const int8_t* p) {
+    int32_t u;
+    std::memcpy(&u, p, 4);
+    const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(u)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+  }
 };
 
 }  // namespace mtp::neon

@@ -37,6 +37,57 @@ struct LaneDot {
   }
 };
 
+// The Q8 step (int8 weights, fp32 scales per block of kQ8Block = 32 along K): kChunk = one
+// block. Its 32 products are summed into a fresh vector t (lane l: x[l] * q[l], then fma with
+// the elements l + W, l + 2W, ...; int8 widened to fp32 exactly by V::load_i8), then the block
+// enters the accumulator as acc = fma(t, scale, acc). A partial last block (K % 32 elements)
+// is the leftover: its products summed one by one in fp32, then acc + scale * sum.
+template <class V, DType XT>
+struct Q8Dot {
+  using F = typename V::F;
+  static constexpr int kChunk = int(kQ8Block), kVecs = kChunk / V::W;
+  static_assert(kChunk % V::W == 0, "a Q8 block is whole vectors");
+  struct Col {
+    const int8_t* q;  // weight row n
+    const float* s;   // its scales
+  };
+  struct X { F v[kVecs]; };
+  struct Wt { F v[kVecs]; F scale; };
+  static int64_t row_bytes(const LinearArgs& a) { return a.w_stride; }
+  static Col col(const LinearArgs& a, int64_t n) {
+    return {static_cast<const int8_t*>(a.w) + n * a.w_stride, a.w_scale + n * a.w_scale_stride};
+  }
+  static const char* address(Col w, int64_t k) { return reinterpret_cast<const char*>(w.q + k); }
+  static X load_x(const void* x, int64_t k) {
+    X r;
+    for (int i = 0; i < kVecs; ++i) r.v[i] = V::template load<XT>(x, k + i * V::W);
+    return r;
+  }
+  static Wt load_w(Col w, int64_t k) {
+    Wt r;
+    for (int i = 0; i < kVecs; ++i) r.v[i] = V::load_i8(w.q + k + i * V::W);
+    r.scale = V::set1(w.s[k / kChunk]);
+    return r;
+  }
+  static F step(F acc, const X& x, const Wt& w) {
+    F t = V::mul(x.v[0], w.v[0]);
+    for (int i = 1; i < kVecs; ++i) t = V::fmadd(x.v[i], w.v[i], t);
+    return V::fmadd(t, w.scale, acc);
+  }
+  static float leftover(float acc, const void* x, Col w, int64_t k0, int64_t K) {
+    if (k0 >= K) return acc;
+    float t = 0.f;
+    for (int64_t k = k0; k < K; ++k) t += load_f32(x, XT, k) * float(w.q[k]);
+    return acc + w.s[k0 / kChunk] * t;
+  }
+};
+
+// The step of a (activation, weight) dtype pair: DOT's for float weights, Q8Dot for int8.
+template <template <class, DType, DType> class DOT, class V, DType XT, DType WT>
+struct StepOf { using type = DOT<V, XT, WT>; };
+template <template <class, DType, DType> class DOT, class V, DType XT>
+struct StepOf<DOT, V, XT, DType::I8> { using type = Q8Dot<V, XT>; };
+
 template <class V, class D, DType XT, DType WT>
 struct VecLinear {
   using F = typename V::F;
@@ -130,17 +181,18 @@ struct VecLinear {
 
 }  // namespace mtp::simd
 
-// Defines NAME(args, n0, n1): activations and weights fp32, bf16 or fp16 each, every
-// combination one flatten function of the target (TARGET may be empty: the baseline set).
-// DOT(V, XT, WT) names the step type of a combination.
+// Defines NAME(args, n0, n1): activations fp32, bf16 or fp16, weights those or int8 (Q8
+// blocks), every combination one flatten function of the target (TARGET may be empty: the
+// baseline set). DOT(V, XT, WT) names the step type of a float combination.
 #define MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, DOT)                                                 \
   template <DType XT, DType WT>                                                                           \
   TARGET __attribute__((flatten)) inline void NAME##_typed(const LinearArgs& a, int64_t n0, int64_t n1) { \
-    simd::VecLinear<V, DOT<V, XT, WT>, XT, WT>::run(a, n0, n1);                                          \
+    simd::VecLinear<V, typename simd::StepOf<DOT, V, XT, WT>::type, XT, WT>::run(a, n0, n1);             \
   }                                                                                                       \
   inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) {                                         \
     with_dtype(a.x_dtype, [&](auto xt) {                                                                  \
-      with_dtype(a.w_dtype, [&](auto wt) { NAME##_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); }); \
+      with_weight_dtype(a.w_dtype,                                                                        \
+                        [&](auto wt) { NAME##_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); }); \
     });                                                                                                   \
   }
 #define MTP_LINEAR_ENTRY_POINT(TARGET, V, NAME) MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, simd::LaneDot)

@@ -98,6 +98,10 @@ struct V512 {
     // z[4b + l] = vector 4l + b
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
   }
+  // 16 int8 at p widened to fp32 lanes (exact).
+  MTP_TARGET_AVX512 static F load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
 };
 
 // ---- AVX2 + FMA + F16C: 8 lanes; acc tiles of 2 rows x 32 columns (16 registers); linear
@@ -147,6 +151,10 @@ struct V256 {
     const F z = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x88), _mm256_shuffle_ps(u[0], u[1], 0xdd));
     // z = vectors 0, 2, 4, 6, 1, 3, 5, 7
     return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+  // 8 int8 at p widened to fp32 lanes (exact).
+  MTP_TARGET_AVX2 static F load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
 };
 
