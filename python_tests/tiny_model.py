@@ -20,8 +20,8 @@ def tiny_weights(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY) -> Backbone:
-    return Backbone(cfg, tiny_weights(cfg), dtype)
+def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY, quantize: bool = False) -> Backbone:
+    return Backbone(cfg, tiny_weights(cfg), dtype, quantize=quantize)
 
 
 class OracleHead:

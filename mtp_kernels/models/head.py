@@ -112,13 +112,14 @@ class MTPHead(torch.nn.Module):
     # ---- drafting ----------------------------------------------------------------------
     def draft_logits_weight(self, backbone: Backbone) -> torch.Tensor:
         """The LM head rows the draft chooses from (cached: the draft vocabulary's rows)."""
-        if self.draft_vocab.numel() == 0:
+        if self.draft_vocab.numel() == 0 and not backbone.quantized:
             return backbone.lm_head
-        cached = getattr(self, "_draft_rows", None)
-        if cached is None or cached.dtype != backbone.dtype or cached.shape[0] != self.draft_vocab.numel():
-            cached = backbone.lm_head[self.draft_vocab].contiguous()
-            self._draft_rows = cached
-        return cached
+        owner, rows = getattr(self, "_draft_rows", (None, None))  # per backbone: a Q8 one has other rows
+        n = self.draft_vocab.numel() or backbone.cfg.vocab_size
+        if owner is not backbone or rows.dtype != backbone.dtype or rows.shape[0] != n:
+            rows = backbone.lm_head_rows(self.draft_vocab if self.draft_vocab.numel() else None).contiguous()
+            self._draft_rows = (backbone, rows)
+        return rows
 
     @torch.no_grad()
     def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> torch.Tensor:
@@ -141,7 +142,7 @@ class MTPHead(torch.nn.Module):
         for j in range(k):
             positions = (cache.lens + j)[:, None]
             cos, sin = backbone.rope_cos[positions], backbone.rope_sin[positions]
-            e = backbone.embedding[token]
+            e = backbone.embed(token)
             x = linear(torch.cat([rms_norm(e, self.embed_norm, c.rms_norm_eps),
                                   rms_norm(h, self.hidden_norm, c.rms_norm_eps)], dim=-1), proj)[:, None]
             for i, w in enumerate(weights):

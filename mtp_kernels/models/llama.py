@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..quant import dequantize_q8, quantize_q8
 from .config import LlamaConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -67,24 +68,36 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Backbone(torch.nn.Module):
-    """The frozen backbone. Weights are buffers (never trained), in `dtype`."""
+    """The frozen backbone. Weights are buffers (never trained), in `dtype`; with
+    quantize=True every weight matrix (projections, embedding = LM head) is kept in the Q8
+    format of `mtp_kernels.quant` (int8, one fp32 scale per 32 weights: ~1.1 bytes per weight)
+    and activations, norms and the KV cache stay in `dtype`."""
 
-    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                 quantize: bool = False):
         super().__init__()
-        self.cfg, self.dtype = cfg, dtype
+        self.cfg, self.dtype, self.quantized = cfg, dtype, quantize
         weights = dict(weights)
         # Projections that read the same input are one weight matrix (one mtp.linear call, its
         # weights streamed once); the named per-projection weights are row views into it. Each
         # output element is reduced the same way whatever its column: the bits do not change.
+        parts_of = {}
         for i in range(cfg.num_layers):
             for fused, parts in FUSED.items():
                 names = [f"model.layers.{i}.{part}.weight" for part in parts]
-                whole = torch.cat([weights.pop(n).to(dtype) for n in names]).contiguous()
-                self.register_buffer(self._key(f"model.layers.{i}.{fused}"), whole, persistent=False)
-                for n, view in zip(names, whole.split([self.cfg_rows(part) for part in parts])):
-                    self.register_buffer(self._key(n), view, persistent=False)
+                weights[f"model.layers.{i}.{fused}"] = torch.cat([weights.pop(n) for n in names])
+                parts_of[f"model.layers.{i}.{fused}"] = (names, [self.rows_of(part) for part in parts])
         for name, w in weights.items():
-            self.register_buffer(self._key(name), w.to(dtype).contiguous(), persistent=False)
+            if quantize and w.dim() == 2:
+                q, scale = quantize_q8(w.float())
+                stored = {"": q, "__scale": scale}
+            else:
+                stored = {"": w.to(dtype).contiguous()}
+            parts, rows = parts_of.get(name, ((), ()))
+            for suffix, t in stored.items():
+                self.register_buffer(self._key(name) + suffix, t, persistent=False)
+                for part, view in zip(parts, t.split(rows) if parts else ()):
+                    self.register_buffer(self._key(part) + suffix, view, persistent=False)
         cos, sin = rope_tables(cfg, cfg.max_position)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -93,7 +106,7 @@ class Backbone(torch.nn.Module):
     def _key(name: str) -> str:
         return name.replace(".", "__")
 
-    def cfg_rows(self, part: str) -> int:
+    def rows_of(self, part: str) -> int:
         """Output rows of one projection."""
         cfg = self.cfg
         return {"self_attn.q_proj": cfg.num_heads * cfg.head_dim, "self_attn.k_proj": cfg.num_kv_heads * cfg.head_dim,
@@ -101,7 +114,20 @@ class Backbone(torch.nn.Module):
                 "mlp.up_proj": cfg.intermediate_size}[part]
 
     def w(self, name: str) -> torch.Tensor:
+        """A weight as stored (int8 for a matrix of a quantized backbone: see `scale`)."""
         return getattr(self, self._key(name))
+
+    def scale(self, name: str) -> torch.Tensor | None:
+        """The Q8 scales of a quantized matrix, else None."""
+        return getattr(self, self._key(name) + "__scale", None)
+
+    def matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x @ W.T through the shape-invariant mtp.linear, W stored plain or Q8."""
+        return torch.ops.mtp.linear(x, self.w(name), None, self.scale(name))
+
+    @property
+    def lm_head_name(self) -> str:
+        return "model.embed_tokens.weight" if self.cfg.tie_embeddings else "lm_head.weight"
 
     @property
     def embedding(self) -> torch.Tensor:
@@ -109,7 +135,24 @@ class Backbone(torch.nn.Module):
 
     @property
     def lm_head(self) -> torch.Tensor:
-        return self.embedding if self.cfg.tie_embeddings else self.w("lm_head.weight")
+        return self.w(self.lm_head_name)
+
+    def _rows(self, name: str, index) -> torch.Tensor:
+        w, scale = self.w(name), self.scale(name)
+        if scale is None:
+            return w if index is None else w[index]
+        if index is not None:
+            w, scale = w[index], scale[index]
+        rows = dequantize_q8(w.reshape(-1, w.shape[-1]), scale.reshape(-1, scale.shape[-1]))
+        return rows.view(w.shape).to(self.dtype)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embeddings of tokens [...] -> [..., hidden] in `dtype`."""
+        return self._rows("model.embed_tokens.weight", tokens)
+
+    def lm_head_rows(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """LM head rows (all when index is None) in `dtype`, dequantized if need be."""
+        return self._rows(self.lm_head_name, index)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         if max_len > self.cfg.max_position:
@@ -117,7 +160,7 @@ class Backbone(torch.nn.Module):
         return KVCache(self.cfg, batch, max_len, self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mtp.linear(hidden, self.lm_head)
+        return self.matmul(hidden, self.lm_head_name)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -133,20 +176,19 @@ class Backbone(torch.nn.Module):
         positions = cache.lens[:, None] + torch.arange(T)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         new_lens = cache.lens + T
-        x = self.embedding[tokens]
-        linear = torch.ops.mtp.linear
+        x = self.embed(tokens)
         Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             h = rms_norm(x, self.w(p + "input_layernorm.weight"), cfg.rms_norm_eps)
-            qkv = linear(h, self.w(p + "qkv")).view(B, T, Hq + 2 * Hkv, D)
+            qkv = self.matmul(h, p + "qkv").view(B, T, Hq + 2 * Hkv, D)
             qk = apply_rope(qkv[:, :, :Hq + Hkv], cos, sin)  # q and k heads rotated in one pass
             q, k, v = qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:]
             torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
             a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], new_lens, causal=True)
-            x = x + linear(a.reshape(B, T, cfg.hidden_size), self.w(p + "self_attn.o_proj.weight"))
+            x = x + self.matmul(a.reshape(B, T, cfg.hidden_size), p + "self_attn.o_proj.weight")
             h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
-            gate, up = linear(h, self.w(p + "gate_up")).split(cfg.intermediate_size, dim=-1)
-            x = x + linear(torch.nn.functional.silu(gate) * up, self.w(p + "mlp.down_proj.weight"))
+            gate, up = self.matmul(h, p + "gate_up").split(cfg.intermediate_size, dim=-1)
+            x = x + self.matmul(torch.nn.functional.silu(gate) * up, p + "mlp.down_proj.weight")
         cache.lens.copy_(new_lens)
         return rms_norm(x, self.w("model.norm.weight"), cfg.rms_norm_eps)
