@@ -16,8 +16,11 @@ namespace mtp::simd {
 // The plain step: kChunk = W elements widened to fp32 lanes, one FMA (lane l takes k + l).
 // A step type D names: Col (what locates weight row n: D::col(args, n); D::address(col, k) its
 // byte address of element k, D::row_bytes(args) the distance between rows), X and Wt (a loaded
-// chunk of activations / weights), kChunk, step(acc, X, Wt), and leftover(sum, x row, col,
-// k0, K): the elements past the last whole chunk added one by one.
+// chunk of activations / weights: load_x(X&, ...), load_w(Wt&, ...)), kChunk, step(acc&, X, Wt),
+// and leftover(sum, x row, col, k0, K): the elements past the last whole chunk one by one.
+// Vectors travel by reference: these functions have no target attribute of their own (they
+// are inlined into the flatten entry points), and returning a vector by value would change
+// the ABI between targets (-Wpsabi).
 template <class V, DType XT, DType WT>
 struct LaneDot {
   using F = typename V::F;
@@ -28,9 +31,9 @@ struct LaneDot {
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
   static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + n * row_bytes(a); }
   static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
-  static X load_x(const void* x, int64_t k) { return V::template load<XT>(x, k); }
-  static Wt load_w(Col w, int64_t k) { return V::template load<WT>(w, k); }
-  static F step(F acc, const X& x, const Wt& w) { return V::fmadd(x, w, acc); }
+  static void load_x(X& out, const void* x, int64_t k) { out = V::template load<XT>(x, k); }
+  static void load_w(Wt& out, Col w, int64_t k) { out = V::template load<WT>(w, k); }
+  static void step(F& acc, const X& x, const Wt& w) { acc = V::fmadd(x, w, acc); }
   static float leftover(float acc, const void* x, Col w, int64_t k0, int64_t K) {
     for (int64_t k = k0; k < K; ++k) acc += load_f32(x, XT, k) * load_f32(w, WT, k);
     return acc;
@@ -58,21 +61,17 @@ struct Q8Dot {
     return {static_cast<const int8_t*>(a.w) + n * a.w_stride, a.w_scale + n * a.w_scale_stride};
   }
   static const char* address(Col w, int64_t k) { return reinterpret_cast<const char*>(w.q + k); }
-  static X load_x(const void* x, int64_t k) {
-    X r;
-    for (int i = 0; i < kVecs; ++i) r.v[i] = V::template load<XT>(x, k + i * V::W);
-    return r;
+  static void load_x(X& out, const void* x, int64_t k) {
+    for (int i = 0; i < kVecs; ++i) out.v[i] = V::template load<XT>(x, k + i * V::W);
   }
-  static Wt load_w(Col w, int64_t k) {
-    Wt r;
-    for (int i = 0; i < kVecs; ++i) r.v[i] = V::load_i8(w.q + k + i * V::W);
-    r.scale = V::set1(w.s[k / kChunk]);
-    return r;
+  static void load_w(Wt& out, Col w, int64_t k) {
+    for (int i = 0; i < kVecs; ++i) out.v[i] = V::load_i8(w.q + k + i * V::W);
+    out.scale = V::set1(w.s[k / kChunk]);
   }
-  static F step(F acc, const X& x, const Wt& w) {
+  static void step(F& acc, const X& x, const Wt& w) {
     F t = V::mul(x.v[0], w.v[0]);
     for (int i = 1; i < kVecs; ++i) t = V::fmadd(x.v[i], w.v[i], t);
-    return V::fmadd(t, w.scale, acc);
+    acc = V::fmadd(t, w.scale, acc);
   }
   static float leftover(float acc, const void* x, Col w, int64_t k0, int64_t K) {
     if (k0 >= K) return acc;
@@ -107,11 +106,12 @@ struct VecLinear {
       for (int c = 0; c < C; ++c) t[r][c] = V::zero();
     for (int64_t k = 0; k < kv; k += D::kChunk) {
       typename D::X xs[R];
-      for (int r = 0; r < R; ++r) xs[r] = D::load_x(x[r], k);
+      for (int r = 0; r < R; ++r) D::load_x(xs[r], x[r], k);
       for (int c = 0; c < C; ++c) {
         if (prefetch_ahead) V::prefetch(D::address(w[c], k) + prefetch_ahead);
-        const typename D::Wt wc = D::load_w(w[c], k);
-        for (int r = 0; r < R; ++r) t[r][c] = D::step(t[r][c], xs[r], wc);
+        typename D::Wt wc;
+        D::load_w(wc, w[c], k);
+        for (int r = 0; r < R; ++r) D::step(t[r][c], xs[r], wc);
       }
     }
     for (int r = 0; r < R; ++r)

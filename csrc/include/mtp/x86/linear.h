@@ -19,15 +19,15 @@ struct PairDot512 : Bf16Lanes {
   using X = Pairs;
   using Wt = Pairs;
   static constexpr int kChunk = 32;
-  MTP_TARGET_AVX512 static Pairs load(const void* p, int64_t k) {
+  MTP_TARGET_AVX512 static void load(Pairs& out, const void* p, int64_t k) {
     const __m512i v = _mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
-    return {_mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u)))),
-            _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))};
+    out.odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
+    out.even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
   }
-  MTP_TARGET_AVX512 static Pairs load_x(const void* x, int64_t k) { return load(x, k); }
-  MTP_TARGET_AVX512 static Pairs load_w(const void* w, int64_t k) { return load(w, k); }
-  MTP_TARGET_AVX512 static __m512 step(__m512 acc, const Pairs& x, const Pairs& w) {
-    return _mm512_fmadd_ps(x.even, w.even, _mm512_fmadd_ps(x.odd, w.odd, acc));
+  MTP_TARGET_AVX512 static void load_x(Pairs& out, const void* x, int64_t k) { load(out, x, k); }
+  MTP_TARGET_AVX512 static void load_w(Pairs& out, const void* w, int64_t k) { load(out, w, k); }
+  MTP_TARGET_AVX512 static void step(__m512& acc, const Pairs& x, const Pairs& w) {
+    acc = _mm512_fmadd_ps(x.even, w.even, _mm512_fmadd_ps(x.odd, w.odd, acc));
   }
 };
 
@@ -35,12 +35,14 @@ struct Bf16Dot512 : Bf16Lanes {
   using X = __m512bh;
   using Wt = __m512bh;
   static constexpr int kChunk = 32;
-  MTP_TARGET_AVX512_BF16 static __m512bh load(const void* p, int64_t k) {
-    return (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
+  MTP_TARGET_AVX512_BF16 static void load(__m512bh& out, const void* p, int64_t k) {
+    out = (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
   }
-  MTP_TARGET_AVX512_BF16 static __m512bh load_x(const void* x, int64_t k) { return load(x, k); }
-  MTP_TARGET_AVX512_BF16 static __m512bh load_w(const void* w, int64_t k) { return load(w, k); }
-  MTP_TARGET_AVX512_BF16 static __m512 step(__m512 acc, __m512bh x, __m512bh w) { return _mm512_dpbf16_ps(acc, x, w); }
+  MTP_TARGET_AVX512_BF16 static void load_x(__m512bh& out, const void* x, int64_t k) { load(out, x, k); }
+  MTP_TARGET_AVX512_BF16 static void load_w(__m512bh& out, const void* w, int64_t k) { load(out, w, k); }
+  MTP_TARGET_AVX512_BF16 static void step(__m512& acc, const __m512bh& x, const __m512bh& w) {
+    acc = _mm512_dpbf16_ps(acc, x, w);
+  }
 };
 
 // The step of each (activation, weight) dtype pair: pairs for bf16 x bf16, lanes otherwise.
