@@ -1,7 +1,8 @@
 // Run-time instruction-set selection. The best set the CPU supports is used unless
 // MTP_ISA (generic|avx2|avx512|neon|neon_fp16) asks for a lower one, or set_isa() does
 // (tests run every path on one machine that way). Never compiled for the build machine's CPU.
-// Avx512Bf16 is Avx512 plus AVX512_BF16 (VDPBF16PS); only the linear layer uses it.
+// Avx512Bf16 is Avx512 plus AVX512_BF16 (VDPBF16PS); only the linear layer uses it, and it
+// is chosen only on request (see best_isa).
 #pragma once
 #include <atomic>
 #include <cstdlib>
@@ -83,7 +84,10 @@ constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf1
 inline bool is_avx512(Isa isa) { return isa == Isa::Avx512 || isa == Isa::Avx512Bf16; }
 
 inline Isa best_isa() {
-  for (Isa isa : {Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon})
+  // Avx512Bf16 is not preferred: on the Xeon we measured (bench/RESULTS.md "linear"), VDPBF16PS
+  // (32 products per instruction at half the FMA rate) was no faster than two FMAs per 32
+  // products, and slower from 5 rows on. MTP_ISA=avx512_bf16 selects it.
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon})
     if (isa_supported(isa)) return isa;
   return Isa::Generic;
 }
