@@ -1,22 +1,31 @@
 """mtp.linear (shape-invariant) against torch's F.linear for SmolLM2's shapes and the few
-rows of decoding (M=1) and verification (M=K+1). Bytes = the weights read once."""
+rows of decoding (M=1) and verification (M=K+1). Bytes = the weights read once.
+"int8" cases: bf16 activations with Q8 weights (int8 + one fp32 scale per 32) for mtp, against
+torch's F.linear on the same weights dequantized to bf16 (torch has no such int8 kernel)."""
 import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import mtp_kernels
+
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
-CASES = list(itertools.product(SHAPES, [1, 2, 5, 9, 17], [torch.float32, torch.bfloat16]))
+CASES = list(itertools.product(SHAPES, [1, 2, 5, 9, 17], ["float32", "bfloat16", "int8"]))
 
 
 @pytest.mark.parametrize("impl", ["mtp", "torch"])
-@pytest.mark.parametrize("shape,M,dtype", CASES, ids=lambda v: str(v).replace("torch.", "").replace(" ", ""))
+@pytest.mark.parametrize("shape,M,dtype", CASES, ids=lambda v: str(v).replace(" ", ""))
 def test_linear(benchmark, impl, shape, M, dtype):
     N, K = shape
-    w = (torch.randn(N, K) / K ** 0.5).to(dtype)
-    x = torch.randn(M, K).to(dtype)
-    fn = torch.ops.mtp.linear if impl == "mtp" else F.linear
-    benchmark.group = f"linear {N}x{K} M={M} {str(dtype).replace('torch.', '')}"
-    benchmark.extra_info["bytes"] = w.numel() * w.element_size()
-    benchmark(fn, x, w)
+    act = torch.float32 if dtype == "float32" else torch.bfloat16
+    w = (torch.randn(N, K) / K ** 0.5).to(act)
+    x = torch.randn(M, K).to(act)
+    args, nbytes = (w,), w.numel() * w.element_size()
+    if dtype == "int8":
+        q, scale = mtp_kernels.quantize_q8(w)
+        w = mtp_kernels.dequantize_q8(q, scale).to(act)
+        args, nbytes = ((q, None, scale) if impl == "mtp" else (w,)), q.numel() + scale.numel() * 4
+    benchmark.group = f"linear {N}x{K} M={M} {dtype}"
+    benchmark.extra_info["bytes"] = nbytes
+    benchmark(torch.ops.mtp.linear if impl == "mtp" else F.linear, x, *args)

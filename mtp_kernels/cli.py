@@ -183,6 +183,8 @@ def select_methods(text: str | None, model: str | None, log) -> list[str]:
     if unknown or "ours_greedy" not in methods:
         raise UsageError(f"--methods: expected a comma-separated subset of {','.join(ALL_METHODS)} including "
                          f"ours_greedy (the reference of every comparison), got {text!r}")
+    if "ours_mtp_int8" in methods and "ours_greedy_int8" not in methods:
+        raise UsageError("--methods: ours_mtp_int8 is checked against ours_greedy_int8: list both")
     if "llamacpp_greedy" in methods:
         from . import evaluate
 
@@ -229,8 +231,6 @@ def cmd_bench(args) -> int:
 
         res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
                          "GGUF, its quantized weights run natively (ours are dequantized), same threads")
-    if "ours_mtp_int8" in methods and "ours_greedy_int8" not in methods:
-        raise UsageError("--methods: ours_mtp_int8 is checked against ours_greedy_int8: list both")
     runs = {}
     head = load_head(args.head, model, log, args.model is None) if "ours_mtp" in methods or lenient else None
     # The same backbone with Q8 weights (int8 + a scale per 32): its greedy output against the
@@ -262,7 +262,10 @@ def cmd_bench(args) -> int:
         else:
             runs[m] = evaluate.run_transformers(hf, ids, tasks, args.max_new_tokens, eos,
                                                 prompt_lookup=args.prompt_lookup if m == "hf_prompt_lookup" else 0)
-        res["methods"][m] = evaluate.summarize(runs[m], None if m == "ours_greedy" else runs["ours_greedy"])
+        # The identity / agreement columns: a speculative method against the greedy it must equal
+        # (its own backbone's), any other against our bf16/fp32 greedy.
+        res["methods"][m] = evaluate.summarize(runs[m], None if m == "ours_greedy" else
+                                               runs[EXACT_AGAINST.get(m, "ours_greedy")])
         log(f"bench: {m} done in {time.perf_counter() - t:.0f} s: {json.dumps(res['methods'][m])}")
     for top_k, ratio in lenient:  # NOT lossless: measured drift from greedy, never an error
         m = f"ours_mtp_lenient(top_k={top_k},min_ratio={ratio})"

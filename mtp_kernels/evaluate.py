@@ -187,6 +187,10 @@ def markdown(results: dict) -> str:
                   if llama else "")
             lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                          f"{r['tokens_per_s'] / base:.2f}x | {vs}{tau} | {acc} | {ident} | {agree} |")
+    if "ours_mtp_int8" in meth:
+        lines += ["", "ours_mtp_int8 is compared with ours_greedy_int8 (the same Q8 backbone: identical is the "
+                      "exactness check); ours_greedy_int8 with the unquantized ours_greedy (its token agreement "
+                      "is the accuracy of Q8 weights)."]
     if results.get("sweep"):
         lines += ["", "Sweep (subset of the evaluation set): K and draft vocabulary size", "",
                   "| K | draft vocabulary | tau | decode tokens/s |", "|---:|---:|---:|---:|"]

@@ -271,6 +271,23 @@ void test_cache_append() {
 // ---------------------------------------------------------------- linear
 namespace {
 
+// Shape invariance: each row of the activations xv [M, K] run alone (M = 1, one thread) by
+// `call` gives the bits of row m of the full result y [M, N].
+template <class Call>
+void expect_rows_alone(const char* what, const mtp_tensor& xv, const float* y, int64_t M, int64_t N, Call&& call) {
+  std::vector<float> y1(size_t(std::max<int64_t>(N, 1)));
+  for (int64_t m = 0; m < M; ++m) {
+    mtp_tensor x1 = xv;
+    x1.data = static_cast<char*>(xv.data) + m * xv.strides[0] * (xv.dtype == MTP_FLOAT32 ? 4 : 2);
+    x1.sizes[0] = 1;
+    const int64_t s1[2] = {1, N};
+    mtp_tensor y1v = mtp_contiguous(y1.data(), MTP_FLOAT32, 2, s1);
+    EXPECT(call(&x1, &y1v) == MTP_OK, "%s: %s", what, mtp_last_error());
+    EXPECT(std::memcmp(y1.data(), y + m * N, size_t(N) * 4) == 0, "%s: row %lld differs from the M = 1 call", what,
+           (long long)m);
+  }
+}
+
 void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt, bool bias, bool strided_x, int threads) {
   // x [M, K]: contiguous, or column stride 2 (packed by the C API).
   const int64_t xc = strided_x ? 2 : 1;
@@ -303,18 +320,9 @@ void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt
       EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30, "%s: y[%lld,%lld] = %.9g, oracle %.9g",
              what, (long long)m, (long long)n, got, want);
     }
-  // Shape invariance: each row alone (M = 1), one thread: the same bits.
-  std::vector<float> y1(size_t(std::max<int64_t>(N, 1)));
-  for (int64_t m = 0; m < M; ++m) {
-    mtp_tensor x1 = xv;
-    x1.data = static_cast<char*>(x.data()) + m * K * xc * (xt == MTP_FLOAT32 ? 4 : 2);
-    x1.sizes[0] = 1;
-    const int64_t s1[2] = {1, N};
-    mtp_tensor y1v = mtp_contiguous(y1.data(), MTP_FLOAT32, 2, s1);
-    EXPECT(mtp_linear(&x1, &wv, bias ? &bt : nullptr, &y1v, 1) == MTP_OK, "%s: %s", what, mtp_last_error());
-    EXPECT(std::memcmp(y1.data(), y.data() + m * N, size_t(N) * 4) == 0, "%s: row %lld differs from the M = 1 call", what,
-           (long long)m);
-  }
+  expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
+    return mtp_linear(x1, &wv, bias ? &bt : nullptr, y1, 1);
+  });
   // y in x's dtype (strided): the fp32 result rounded to nearest even, as the torch op does.
   if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
     Arr yl(xt, size_t(M * N * 2));
@@ -437,18 +445,9 @@ void run_linear_q8_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias
              (long long)m, (long long)n, double(got), mtp_get_isa(), double(emu));
     }
   }
-  // Shape invariance: each row alone (M = 1), one thread: the same bits.
-  std::vector<float> y1(size_t(std::max<int64_t>(N, 1)));
-  for (int64_t m = 0; m < M; ++m) {
-    mtp_tensor x1 = xv;
-    x1.data = static_cast<char*>(x.data()) + m * K * xc * (xt == MTP_FLOAT32 ? 4 : 2);
-    x1.sizes[0] = 1;
-    const int64_t s1[2] = {1, N};
-    mtp_tensor y1v = mtp_contiguous(y1.data(), MTP_FLOAT32, 2, s1);
-    EXPECT(mtp_linear_q8(&x1, &wv, &sv, bias ? &bt : nullptr, &y1v, 1) == MTP_OK, "%s: %s", what, mtp_last_error());
-    EXPECT(std::memcmp(y1.data(), y.data() + m * N, size_t(N) * 4) == 0, "%s: row %lld differs from the M = 1 call", what,
-           (long long)m);
-  }
+  expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
+    return mtp_linear_q8(x1, &wv, &sv, bias ? &bt : nullptr, y1, 1);
+  });
   // y in x's dtype: the fp32 result rounded to nearest even.
   if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
     Arr yl(xt, size_t(M * N));
