@@ -5,10 +5,11 @@
 // elements) enters it by D::step, chunks in order; the W lanes are then summed by the tree of
 // V::sum_each, the K % kChunk leftover elements are added one by one, then the bias. That
 // sequence is the same whatever M, the row or column grouping or the thread split, so every
-// row has the bits of a one-row call. Speed comes from register tiles of kRows x kCols
-// elements: one weight chunk feeds kRows activation rows, one activation chunk kCols weight
-// rows, and kRows * kCols independent FMA chains hide the FMA latency. Each instruction set
-// (and each D) is shape-invariant on its own and agrees with the others to rounding.
+// row has the bits of a one-row call. Speed comes from register tiles of R rows x C weight
+// rows (R <= V::kLinearRows, C = V::linear_cols(R)): one weight chunk feeds R activation rows,
+// one activation chunk C weight rows, and R * C independent FMA chains hide the FMA latency.
+// Each instruction set (and each D) is shape-invariant on its own and agrees with the others
+// to rounding.
 #pragma once
 
 namespace mtp::simd {
@@ -143,7 +144,7 @@ struct VecLinear {
   }
 
   // Columns [n0, n1) of every row: row blocks of kRowBlock, column groups of W (one
-  // sum_each per row and group), rows in equal groups of at most kRows inside (9 = 5 + 4,
+  // sum_each per row and group), rows in equal groups of at most kRows inside (9 = 4 + 5,
   // not 8 + 1: a thin group has too few FMA chains to hide their latency).
   static void run(const LinearArgs& a, int64_t n0, int64_t n1) {
     const int64_t kv = a.K / D::kChunk * D::kChunk;
