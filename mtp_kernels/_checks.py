@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .ops import _check_same_device
+from .quant import q8_blocks
 
 # c10's names of the scalar types, as TORCH_CHECK prints them.
 _C10_NAMES = {torch.int32: "Int", torch.int64: "Long", torch.float32: "Float", torch.bfloat16: "BFloat16",
@@ -116,7 +117,7 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None):
 def _check_weight_scale(op, weight, scale):
     # checks.h's check_weight_scale: an int8 weight takes fp32 [N, ceil(K/32)] scales, a float one none.
     N, K = weight.shape
-    blocks = -(-K // 32)
+    blocks = q8_blocks(K)
     if weight.dtype != torch.int8:
         check(scale is None, op, f"weight_scale goes with an int8 weight only (Q8 blocks), got a {_name(weight.dtype)} weight")
         return

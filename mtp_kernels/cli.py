@@ -232,7 +232,10 @@ def cmd_bench(args) -> int:
         res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
                          "GGUF, its quantized weights run natively (ours are dequantized), same threads")
     runs = {}
-    head = load_head(args.head, model, log, args.model is None) if "ours_mtp" in methods or lenient else None
+    # One head drafts for both backbones (same config and dtype; it keeps draft rows per backbone).
+    head_on_plain = "ours_mtp" in methods or bool(lenient)
+    head = (load_head(args.head, model, log, args.model is None)
+            if head_on_plain or "ours_mtp_int8" in methods else None)
     # The same backbone with Q8 weights (int8 + a scale per 32): its greedy output against the
     # bf16 model's is the accuracy of quantization; MTP on it must equal its own greedy.
     quantized = Backbone(cfg, weights, DTYPES[args.dtype], quantize=True) if any(m.endswith("_int8") for m in methods) else None
@@ -253,8 +256,7 @@ def cmd_bench(args) -> int:
         elif m == "ours_greedy_int8":
             runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos)
         elif m == "ours_mtp_int8":
-            runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos,
-                                        load_head(args.head, quantized, log, args.model is None), args.k)
+            runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos, head, args.k)
         elif m == "llamacpp_greedy":
             llm = evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
                                          max(map(len, ids)) + args.max_new_tokens + 1)
@@ -276,7 +278,7 @@ def cmd_bench(args) -> int:
         if m in runs and any(a.tokens != b.tokens for a, b in zip(runs[m], runs[plain])):
             log(f"bench: ERROR: {m} output differs from {plain}")
             res["error"] = f"{m} output differs from {plain}"
-    if head is not None and args.sweep_per_task:
+    if head_on_plain and args.sweep_per_task:
         sub = [i for i, r in enumerate(picked) if sum(x["task"] == r["task"] for x in picked[:i]) < args.sweep_per_task]
         res["sweep"] = evaluate.sweep(model, head, [ids[i] for i in sub], [tasks[i] for i in sub], args.max_new_tokens,
                                       eos, ks=range(1, 6), vocab_sizes=(1024, 2048, 4096), k_for_vocab=args.k,

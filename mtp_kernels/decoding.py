@@ -25,6 +25,14 @@ from .models.head import MTPHead
 from .models.llama import Backbone, KVCache
 
 
+def cut_at_eos(tokens: list[int], eos) -> list[int]:
+    """The tokens up to and including the first EOS."""
+    for i, tok in enumerate(tokens):
+        if tok in eos:
+            return tokens[:i + 1]
+    return tokens
+
+
 @dataclasses.dataclass
 class Generation:
     tokens: list[int]          # generated ids (ending with EOS when one was produced)
@@ -127,12 +135,7 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     done = [False] * B
 
     def commit(b: int, ids: list[int]) -> None:
-        room = max_new_tokens - len(out[b].tokens)
-        ids = ids[:room]
-        for i, t in enumerate(ids):
-            if t in eos:
-                ids = ids[:i + 1]
-                break
+        ids = cut_at_eos(ids[:max_new_tokens - len(out[b].tokens)], eos)
         out[b].tokens.extend(ids)
         done[b] = len(out[b].tokens) >= max_new_tokens or (bool(ids) and ids[-1] in eos)
         if on_tokens and ids:

@@ -53,16 +53,8 @@ def run_transformers(hf_model, prompt_ids, tasks, max_new, eos, prompt_lookup: i
         y = hf_model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
                               eos_token_id=list(eos), pad_token_id=eos[0], **extra)
         dt = time.perf_counter() - t
-        out.append(Run(task, cut_at_eos(y[0, len(ids):].tolist(), eos), dt, dt))
+        out.append(Run(task, decoding.cut_at_eos(y[0, len(ids):].tolist(), eos), dt, dt))
     return out
-
-
-def cut_at_eos(tokens: list[int], eos) -> list[int]:
-    """The tokens up to and including the first EOS."""
-    for i, tok in enumerate(tokens):
-        if tok in eos:
-            return tokens[:i + 1]
-    return tokens
 
 
 LLAMACPP_MISSING = ("llamacpp_greedy needs llama-cpp-python, which is not installed: `pip install llama-cpp-python` "

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .decoding import cut_at_eos
 from .models.head import HeadConfig, MTPHead
 from .models.llama import Backbone, apply_rope, rms_norm
 
@@ -64,8 +65,7 @@ def distill(hf_model, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: 
                                 pad_token_id=eos_id, eos_token_id=eos_id)
         new = {}
         for r, i in enumerate(idx):
-            a = out[r, width:].tolist()
-            new[i] = a[:a.index(eos_id) + 1] if eos_id in a else a
+            new[i] = cut_at_eos(out[r, width:].tolist(), (eos_id,))
         answers.update(new)
         if on_batch:
             on_batch(new)

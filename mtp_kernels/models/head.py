@@ -112,11 +112,11 @@ class MTPHead(torch.nn.Module):
     # ---- drafting ----------------------------------------------------------------------
     def draft_logits_weight(self, backbone: Backbone) -> torch.Tensor:
         """The LM head rows the draft chooses from (cached: the draft vocabulary's rows)."""
-        if self.draft_vocab.numel() == 0 and not backbone.quantized:
-            return backbone.lm_head
-        owner, rows = getattr(self, "_draft_rows", (None, None))  # per backbone: a Q8 one has other rows
+        # Per backbone (a Q8 one has other rows); the whole vocabulary of a plain backbone is
+        # its LM head itself, not a copy.
+        owner, rows = getattr(self, "_draft_rows", (None, None))
         n = self.draft_vocab.numel() or backbone.cfg.vocab_size
-        if owner is not backbone or rows.dtype != backbone.dtype or rows.shape[0] != n:
+        if owner is not backbone or rows.shape[0] != n:
             rows = backbone.lm_head_rows(self.draft_vocab if self.draft_vocab.numel() else None).contiguous()
             self._draft_rows = (backbone, rows)
         return rows

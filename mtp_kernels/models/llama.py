@@ -85,8 +85,8 @@ class Backbone(torch.nn.Module):
         for i in range(cfg.num_layers):
             for fused, parts in FUSED.items():
                 names = [f"model.layers.{i}.{part}.weight" for part in parts]
+                parts_of[f"model.layers.{i}.{fused}"] = (names, [weights[n].shape[0] for n in names])
                 weights[f"model.layers.{i}.{fused}"] = torch.cat([weights.pop(n) for n in names])
-                parts_of[f"model.layers.{i}.{fused}"] = (names, [self.rows_of(part) for part in parts])
         for name, w in weights.items():
             if quantize and w.dim() == 2:
                 q, scale = quantize_q8(w.float())
@@ -105,13 +105,6 @@ class Backbone(torch.nn.Module):
     @staticmethod
     def _key(name: str) -> str:
         return name.replace(".", "__")
-
-    def rows_of(self, part: str) -> int:
-        """Output rows of one projection."""
-        cfg = self.cfg
-        return {"self_attn.q_proj": cfg.num_heads * cfg.head_dim, "self_attn.k_proj": cfg.num_kv_heads * cfg.head_dim,
-                "self_attn.v_proj": cfg.num_kv_heads * cfg.head_dim, "mlp.gate_proj": cfg.intermediate_size,
-                "mlp.up_proj": cfg.intermediate_size}[part]
 
     def w(self, name: str) -> torch.Tensor:
         """A weight as stored (int8 for a matrix of a quantized backbone: see `scale`)."""

@@ -1,5 +1,5 @@
 // Run-time instruction-set selection. The best set the CPU supports is used unless
-// MTP_ISA (generic|avx2|avx512|neon|neon_fp16) asks for a lower one, or set_isa() does
+// MTP_ISA (generic|avx2|avx512|avx512_bf16|neon|neon_fp16) asks for another, or set_isa() does
 // (tests run every path on one machine that way). Never compiled for the build machine's CPU.
 // Avx512Bf16 is Avx512 plus AVX512_BF16 (VDPBF16PS); only the linear layer uses it, and it
 // is chosen only on request (see best_isa).
