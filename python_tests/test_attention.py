@@ -17,30 +17,30 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 
-def make_cache(B, Hkv, L, D, dtype, layout, gen):
-    """[B, Hkv, L, D] views in the layouts a caller hands over, filled with N(0, 1)."""
+def make_cache(B, Hkv, L, D, dtype, layout, gen, device="cpu"):
+    """[B, Hkv, L, D] views in the layouts a caller hands over, filled with N(0, 1). The buffer
+    is moved to `device` before the view is taken (.to() of a view would make it contiguous)."""
+    def buffer(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
     if layout == "contiguous":
-        buf = torch.randn(B, Hkv, L, D, generator=gen)
-        view = buf
+        view = buffer(B, Hkv, L, D)
     elif layout == "layer":  # layer 1 of a [layers, B, Hkv, Lmax, D] buffer, Lmax > L
-        buf = torch.randn(3, B, Hkv, L + 5, D, generator=gen)
-        view = buf.to(dtype)[1, :, :, :L]
-        return view
+        return buffer(3, B, Hkv, L + 5, D).to(dtype)[1, :, :, :L]
     elif layout == "permuted":  # a [B, Lmax, Hkv, D] buffer seen as [B, Hkv, Lmax, D]
-        view = torch.randn(B, L, Hkv, D, generator=gen).permute(0, 2, 1, 3)
+        view = buffer(B, L, Hkv, D).permute(0, 2, 1, 3)
     elif layout == "d_strided":  # element stride 2 along D (the packing path)
-        view = torch.randn(B, Hkv, L, 2 * D, generator=gen)[..., ::2]
+        view = buffer(B, Hkv, L, 2 * D)[..., ::2]
     else:
         raise ValueError(layout)
     return view.to(dtype) if dtype != torch.float32 else view
 
 
 def inputs(B=2, T=3, Hq=6, Hkv=2, L=300, D=64, dtype=torch.float32, layout="contiguous", S=0, seed=0,
-           lens=None):
+           lens=None, cache_device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
-    k = make_cache(B, Hkv, L, D, dtype, layout, gen)
-    v = make_cache(B, Hkv, L, D, dtype, layout, gen)
+    k = make_cache(B, Hkv, L, D, dtype, layout, gen, cache_device)
+    v = make_cache(B, Hkv, L, D, dtype, layout, gen, cache_device)
     if lens is None:
         lens = torch.randint(T, L + 1, (B,), generator=gen)
     lens = torch.as_tensor(lens)

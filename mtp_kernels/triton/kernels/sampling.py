@@ -13,8 +13,8 @@ import triton.language as tl
 
 from .argmax import argmax_combine, argmax_reduce, clamped_num_drafts
 
-SAMPLE_BLOCK = 256  # sampling.h kSampleBlock
-LOG2_BLOCK = 8
+SAMPLE_BLOCK = tl.constexpr(256)  # sampling.h kSampleBlock (read inside the kernels: constexpr on a GPU)
+LOG2_BLOCK = tl.constexpr(8)
 
 
 @triton.jit
