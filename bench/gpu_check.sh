@@ -52,12 +52,15 @@ fi
 #    the Triton launchers on the GPU, against the reference and each other): this decides the
 #    exit status. Then the rest of the suite (in parallel when pytest-xdist is there), reported:
 #    tests of the runtime need packages (gguf, the model wheel) that an offline GPU image may lack.
-timeout "$(cap 150)" "$PY" -m pytest -q -p no:cacheprovider python_tests/test_triton.py -rs > "$RES/tests.log" 2>&1
+#    -v and faulthandler: a crash ends pytest before its summary, so the log names each test as it runs.
+timeout "$(cap 150)" "$PY" -X faulthandler -m pytest -v -p no:cacheprovider python_tests/test_triton.py -rfEs --tb=short \
+  > "$RES/tests.log" 2>&1
 test_rc=$?
 summary "test_triton.py: $(tail -n 1 "$RES/tests.log") (rc $test_rc)"
+grep -E "^(FAILED|ERROR)|Fatal Python error" "$RES/tests.log" | head -n 20 | tee -a "$RES/summary.txt"
 XDIST=""
 "$PY" -c "import xdist" 2>/dev/null && XDIST="-n 8"
-timeout "$(cap 80)" "$PY" -m pytest -q -p no:cacheprovider $XDIST python_tests --ignore=python_tests/test_triton.py -rs \
+timeout "$(cap 80)" "$PY" -X faulthandler -m pytest -q -p no:cacheprovider $XDIST python_tests --ignore=python_tests/test_triton.py -rfEs \
   > "$RES/suite.log" 2>&1
 suite_rc=$?
 summary "rest of the suite: $(tail -n 1 "$RES/suite.log") (rc $suite_rc)"
