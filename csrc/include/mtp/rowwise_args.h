@@ -1,5 +1,5 @@
 // The arguments of the row-local layer ops (mtp/rowwise.h): RMSNorm with the residual add
-// fused, RoPE, SiLU-gated product.
+// fused, RoPE, SiLU-gated product. Outputs never overlap inputs (rope rotates x in place).
 #pragma once
 #include <cstdint>
 

@@ -1,10 +1,10 @@
 // The row-local ops of a decoder layer (RMSNorm with the residual add fused, RoPE, SiLU-gated
-// product) as plain loops: every compiler vectorises them for the target of the function they are inlined into (x86/rowwise.h), and
-// since the source fixes every operation (no fma contraction, no reassociation), the scalar
-// code, SSE2, AVX2, AVX-512 and NEON give the same bits. Each row is computed alone by the
+// product) as plain loops, which the compiler vectorises for the target of the function they
+// are inlined into (x86/rowwise.h; aarch64's baseline NEON). The source fixes every operation
+// (no fma contraction, no reassociation: -ffp-contract=off and no fast-math), so scalar code,
+// SSE2, AVX2, AVX-512 and NEON compute the same values. Each row is computed alone by the
 // same code whatever the number of rows.
 #pragma once
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,9 +15,9 @@
 namespace mtp {
 
 // exp(y) for y <= 0 from +, -, * and bit operations only (no fma, no library call), so loops
-// of it vectorise (selects, no branches; -ftrapping-math keeps the compiler from
-// speculating a floating-point operation out of a branch) and give the same bits on every instruction set: Cody-Waite reduction by
-// ln2, Cephes expf's polynomial (about 1 ulp), times 2^n; 0 below -87.3 (and for NaN).
+// of it vectorise (its selects become blends: -fno-trapping-math, see CMakeLists.txt) and give
+// the same bits on every instruction set: Cody-Waite reduction by ln2, Cephes expf's
+// polynomial (about 1 ulp), times 2^n; 0 below -87.3 (no subnormal results) and for NaN.
 inline float exp_nonpositive(float y) {
   constexpr float lo = -87.3f;
   const float yc = y >= lo ? y : lo;  // NaN -> lo: the integer part below stays defined
@@ -35,17 +35,14 @@ inline float exp_nonpositive(float y) {
   const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;  // 2^n, n in [-126, 0]
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  const float e = p * scale;  // computed on every path: a select, not a branch, vectorises
-  return y >= lo ? e : 0.f;
+  return y >= lo ? p * scale : 0.f;
 }
 
 // silu(g) * u in fp32: silu(g) = g / (1 + e^-g) = g e^g / (1 + e^g), written with
 // t = e^-|g| <= 1 so the exponential never overflows.
 inline float silu_mul_value(float g, float u) {
   const float t = exp_nonpositive(-std::fabs(g));
-  const float gt = g * t;
-  const float num = g >= 0.f ? g : gt;
-  return num / (1.f + t) * u;
+  return (g >= 0.f ? g : g * t) / (1.f + t) * u;
 }
 
 namespace generic {
@@ -54,7 +51,7 @@ namespace generic {
 // row (sum or x) in fp32. The sum of squares is fixed: element k's square (rounded to fp32)
 // adds into lane k % 16 in order, then the lanes are added by the tree (l, l+8), (l, l+4),
 // (l, l+2), (l, l+1); inv_rms = 1 / sqrt(ss / H + eps), each step one IEEE operation.
-// Plain loops over __restrict__ rows: they vectorise (local chunk arrays would not).
+// __restrict__: outputs never overlap inputs, so the loops vectorise without alias checks.
 template <DType T, DType WT>
 inline void rms_norm_row(const void* __restrict__ x, const void* __restrict__ res, void* __restrict__ sum,
                          void* __restrict__ out, const void* __restrict__ w, int64_t H, float eps) {
