@@ -2,9 +2,10 @@
 ``silu_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
 checks of the CPU binding (same messages). There is no C++ or Triton kernel for them; this
 keeps a model on a GPU working through the same ops. Exact like the CPU kernels: every step of
-rms_norm, add_rms_norm and rope_ is one IEEE operation in a fixed order, so they give the CPU
-kernels' bits (each row alone); silu_mul uses torch's exp (within a few ulp of the CPU
-kernel's polynomial). Not fast: the norm is a loop over the H / 16 lane chunks.
+rms_norm, add_rms_norm and rope_ is one IEEE operation in the kernels' order, so they should
+give the CPU kernels' bits, each row alone (test_rowwise.py checks it on a GPU; not run on one
+yet); silu_mul uses torch's exp (within a few ulp of the CPU kernel's polynomial). Not fast:
+the norm is a loop over the H / 16 lane chunks.
 
 Registered for the CUDA dispatch key on import (``register_cuda_kernels``); the functions are
 plain Python and run on any device (the tests run them on CPU tensors).
