@@ -19,6 +19,12 @@ TORCH_LIBRARY(mtp, m) {
   m.def("head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
         " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
   m.def("cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor cache_lens) -> ()");
+  // The row-local layer ops between the projections (rowwise.h): each row alone, the same
+  // bits on every instruction set.
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor sum, Tensor normed)");
+  m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

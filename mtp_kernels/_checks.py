@@ -225,3 +225,38 @@ def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=N
         check_size(op, "draft_probs", probs, 2, logits.size(2), "V (target_logits.size(2))")
         bad = _host_values(((probs < 0) | ~probs.isfinite()).any())
         check(not bad, op, "draft_probs must be probabilities (finite, >= 0), found a negative, NaN or infinite entry")
+
+
+# ---- the row-local layer ops (csrc/cpu/rowwise.cpp's checks) ------------------------------
+def check_norm_inputs(op, x, weight, eps, residual=None):
+    _check_same_device(op, "x", x, weight=weight, residual=residual)
+    check_dtype(op, "x", x, FLOAT_TYPES)
+    check(x.dim() >= 1, op, "x must have at least 1 dimension [..., H], got a scalar")
+    check_dtype(op, "weight", weight, FLOAT_TYPES)
+    check_dim(op, "weight", weight, 1, "[H]")
+    check_size(op, "weight", weight, 0, x.size(-1), "H (x.size(-1))")
+    check(math.isfinite(eps) and eps >= 0, op, f"eps must be a finite number >= 0, got {eps:g}")
+    if residual is not None:
+        check(residual.dtype == x.dtype, op, f"residual must have x's dtype {_name(x.dtype)}, got {_name(residual.dtype)}")
+        check(residual.shape == x.shape, op, f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
+
+
+def check_rope_inputs(op, x, cos, sin):
+    _check_same_device(op, "x", x, cos=cos, sin=sin)
+    check_dtype(op, "x", x, FLOAT_TYPES)
+    check_dim(op, "x", x, 4, "[B, T, H, D]")
+    check(x.size(3) % 2 == 0, op, f"x.size(3) (the head dim D, rotated as two halves) must be even, got {x.size(3)}")
+    check(torch._debug_has_internal_overlap(x) != 1, op,
+          f"x must not have overlapping elements (it is rotated in place), got strides {list(x.stride())}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_dtype(op, name, t, (torch.float32,))
+        check_dim(op, name, t, 3, "[B, T, D]")
+        check_size(op, name, t, 0, x.size(0), "B (x.size(0))")
+        check_size(op, name, t, 1, x.size(1), "T (x.size(1))")
+        check_size(op, name, t, 2, x.size(3), "D (x.size(3))")
+
+
+def check_silu_mul_input(op, gate_up):
+    check_dtype(op, "gate_up", gate_up, FLOAT_TYPES)
+    check(gate_up.dim() >= 1, op, "gate_up must have at least 1 dimension [..., 2I], got a scalar")
+    check(gate_up.size(-1) % 2 == 0, op, f"gate_up.size(-1) must be even [..., 2I] (gate, then up), got {gate_up.size(-1)}")

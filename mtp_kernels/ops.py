@@ -79,6 +79,60 @@ def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
     torch.ops.mtp.cache_append.default(k_cache, v_cache, k_new, v_new, cache_lens)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-row RMSNorm of x [..., H] in fp32, in x's dtype; see ``reference.rms_norm``."""
+    return torch.ops.mtp.rms_norm.default(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, RMSNorm of it) in one pass per row; see ``reference.add_rms_norm``."""
+    return torch.ops.mtp.add_rms_norm.default(x, residual, weight, eps)
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotates x [B, T, H, D] (any strides, e.g. the q/k heads of a fused projection's output)
+    in place by cos, sin [B, T, D] fp32; see ``reference.rope``."""
+    torch.ops.mtp.rope_.default(x, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2I] (gate, then up) -> [..., I]; see ``reference.silu_mul``."""
+    return torch.ops.mtp.silu_mul.default(gate_up)
+
+
+def _norm_fake(op, x, weight, **others):
+    _check_same_device(op, "x", x, weight=weight, **others)
+    torch._check(x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+                 lambda: f"{op}: x [..., H] and weight [H] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("mtp::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    return _norm_fake("mtp.rms_norm", x, weight)
+
+
+@torch.library.register_fake("mtp::add_rms_norm")
+def _add_rms_norm_fake(x, residual, weight, eps):
+    torch._check(residual.shape == x.shape, lambda: "mtp.add_rms_norm: residual must have x's shape")
+    return x.new_empty(x.shape), _norm_fake("mtp.add_rms_norm", x, weight, residual=residual)
+
+
+@torch.library.register_fake("mtp::rope_")
+def _rope_fake(x, cos, sin):
+    _check_same_device("mtp.rope_", "x", x, cos=cos, sin=sin)
+    torch._check(x.dim() == 4, lambda: "mtp.rope_: x must be 4-D [B, T, H, D]")
+    return None
+
+
+@torch.library.register_fake("mtp::silu_mul")
+def _silu_mul_fake(gate_up):
+    torch._check(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0,
+                 lambda: "mtp.silu_mul: gate_up must be [..., 2I]")
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
 def _chain_outputs(op, draft_tokens, target_logits, **others):
     # verify, verify_sampled, verify_lenient: accepted [B] and out_tokens [B, K+1].
     _check_same_device(op, "draft_tokens", draft_tokens, target_logits=target_logits, **others)

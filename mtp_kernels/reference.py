@@ -322,3 +322,70 @@ def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_
             accepted[b] = t
             break
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
+
+
+# ---- the row-local layer ops (rms_norm, add_rms_norm, rope_, silu_mul) --------------------
+NORM_LANES = 16  # kNormLanes: the lanes of the RMSNorm sum of squares
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of x [..., H] (fp32|bf16|fp16) with weight [H] (fp32|bf16|fp16),
+    result in x's dtype. fp32 arithmetic in this exact order, which the kernel follows on
+    every instruction set (this function gives its bits):
+        ss  = sum of the squares x_k * x_k: square k adds into lane k % 16 in k order, then the
+              16 lanes are added by the tree (l, l+8), (l, l+4), (l, l+2), (l, l+1)
+        inv = 1 / sqrt(ss / H + eps)      (eps rounded to fp32; each step one IEEE rounding)
+        out = (x * inv) * weight, rounded to x's dtype
+    A row's bits depend on that row only, never on how many rows share the call.
+    Differentiable (plain torch): the training code uses it as the runtime's norm.
+    """
+    xf = x.float()
+    H = x.shape[-1]
+    sq = torch.nn.functional.pad(xf * xf, (0, -H % NORM_LANES))  # zeros past H add nothing
+    chunks = sq.unflatten(-1, (-1, NORM_LANES))
+    acc = torch.zeros_like(chunks[..., 0, :])
+    for c in range(chunks.shape[-2]):
+        acc = acc + chunks[..., c, :]
+    w = NORM_LANES
+    while w > 1:
+        w //= 2
+        acc = acc[..., :w] + acc[..., w:2 * w]
+    # Each step one IEEE operation on every device: divide by a tensor (CUDA multiplies by the
+    # reciprocal of a host scalar); sqrt in fp64 rounded to fp32 is the correctly rounded fp32
+    # sqrt (torch's fp32 sqrt is not correctly rounded on the CPU, nor rsqrt on CUDA).
+    v = acc / acc.new_full((), H) + acc.new_full((), eps)
+    inv = torch.reciprocal(torch.sqrt(v.double()).float())
+    return (xf * inv * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add fused with the norm that follows it: sum = x + residual (in fp32,
+    rounded to x's dtype, as torch adds two bf16 tensors), normed = rms_norm(sum, weight, eps).
+    residual has x's shape and dtype. Returns (sum, normed)."""
+    s = (x.float() + residual.float()).to(x.dtype)
+    return s, rms_norm(s, weight, eps)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding in the half-split layout (Llama's rotate_half): x [B, T, H, D]
+    (fp32|bf16|fp16, D even), cos and sin [B, T, D] fp32 at each token's position (shared by
+    the H heads). With lo = x[..., :D/2] and hi = x[..., D/2:] in fp32:
+        lo' = lo * cos[:D/2] - hi * sin[:D/2],   hi' = hi * cos[D/2:] + lo * sin[D/2:]
+    each product rounded to fp32, the result rounded to x's dtype (the kernel's bits). This
+    returns a new tensor; ``mtp.rope_`` writes the same values into x in place.
+    Differentiable (plain torch)."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    lo, hi = xf[..., :half], xf[..., half:]
+    c, s = cos[:, :, None].float(), sin[:, :, None].float()
+    return torch.cat([lo * c[..., :half] - hi * s[..., :half], hi * c[..., half:] + lo * s[..., half:]], dim=-1).to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """The gated MLP activation: gate_up [..., 2I] (fp32|bf16|fp16) holds gate then up;
+    returns silu(gate) * up [..., I] computed in fp32 and rounded once to gate_up's dtype
+    (torch's bf16 silu(gate) * up rounds twice). The kernel's exp is a polynomial: its fp32
+    values are within a few ulp of this function's, the same bits on every instruction set."""
+    g, u = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)

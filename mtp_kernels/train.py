@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from .decoding import cut_at_eos
 from .models.head import HeadConfig, MTPHead
-from .models.llama import Backbone, apply_rope, rms_norm
+from .models.llama import Backbone
+from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
 
 IGNORE = -100
 
@@ -163,9 +164,9 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
                        rms_norm(h, head.hidden_norm, c.rms_norm_eps)], dim=-1) @ head.proj.T
         for i, blk in enumerate(head.blocks):
             a = rms_norm(x, blk.attn_norm, c.rms_norm_eps)
-            q = apply_rope((a @ blk.q_proj.T).view(B, A, c.num_kv_heads * g, c.head_dim), cos, sin)
+            q = rope((a @ blk.q_proj.T).view(B, A, c.num_kv_heads * g, c.head_dim), cos, sin)
             q = q.view(B, A, c.num_kv_heads, g, c.head_dim)
-            local_k[i].append(apply_rope((a @ blk.k_proj.T).view(B, A, c.num_kv_heads, c.head_dim), cos, sin))
+            local_k[i].append(rope((a @ blk.k_proj.T).view(B, A, c.num_kv_heads, c.head_dim), cos, sin))
             local_v[i].append((a @ blk.v_proj.T).view(B, A, c.num_kv_heads, c.head_dim))
             qh = q.permute(0, 2, 3, 1, 4)                               # [B, Hkv, g, A, D]
             s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale    # [B, Hkv, g, A, L]

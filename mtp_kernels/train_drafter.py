@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from . import train
 from .models.config import LlamaConfig
 from .models.drafter import StandaloneDrafter, default_config
-from .models.llama import apply_rope, rms_norm, rope_tables
+from .models.llama import rope_tables
+from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
 
 IGNORE = train.IGNORE
 
@@ -34,8 +35,8 @@ def forward_hidden(cfg: LlamaConfig, w: dict[str, torch.Tensor], tokens: torch.T
         p = f"model.layers.{i}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
         q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
-        q = apply_rope(q.view(B, L, cfg.num_heads, cfg.head_dim), cos[None], sin[None])
-        k = apply_rope(k.view(B, L, cfg.num_kv_heads, cfg.head_dim), cos[None], sin[None])
+        q = rope(q.view(B, L, cfg.num_heads, cfg.head_dim), cos[None], sin[None])
+        k = rope(k.view(B, L, cfg.num_kv_heads, cfg.head_dim), cos[None], sin[None])
         v = v.view(B, L, cfg.num_kv_heads, cfg.head_dim)
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                            enable_gqa=True)

@@ -511,7 +511,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|ops_errors|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|ops_errors|rowwise|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -543,6 +543,7 @@ int main(int argc, char** argv) {
   else if (which == "linear") test_linear();
   else if (which == "linear_q8") test_linear_q8();
   else if (which == "ops_errors") test_ops_errors();
+  else if (which == "rowwise") test_rowwise();
   else {
     std::fprintf(stderr, "unknown test case '%s'\n", which.c_str());
     return 2;

@@ -50,6 +50,9 @@ void test_linear();
 void test_linear_q8();
 void test_ops_errors();
 
+// test_rowwise.cpp
+void test_rowwise();
+
 // test_sampling.cpp
 void test_sampling_capi();
 void test_sampling_errors();

@@ -17,7 +17,7 @@ import os
 import torch
 
 from .config import LlamaConfig
-from .llama import Backbone, KVCache, apply_rope, rms_norm
+from .llama import Backbone, KVCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +128,7 @@ class MTPHead(torch.nn.Module):
         cache.lens - 1. Reads the cache in place and changes nothing in it."""
         c, dt = self.cfg, backbone.dtype
         B = token.shape[0]
-        linear = torch.ops.mtp.linear
+        linear, rms_norm, eps = torch.ops.mtp.linear, torch.ops.mtp.rms_norm, c.rms_norm_eps
         layer = c.kv_layer % backbone.cfg.num_layers
         kc, vc = cache.k[layer], cache.v[layer]
         local_k = torch.zeros(c.num_blocks, B, c.num_kv_heads, k, c.head_dim, dtype=dt)
@@ -143,22 +143,23 @@ class MTPHead(torch.nn.Module):
             positions = (cache.lens + j)[:, None]
             cos, sin = backbone.rope_cos[positions], backbone.rope_sin[positions]
             e = backbone.embed(token)
-            x = linear(torch.cat([rms_norm(e, self.embed_norm, c.rms_norm_eps),
-                                  rms_norm(h, self.hidden_norm, c.rms_norm_eps)], dim=-1), proj)[:, None]
+            x = linear(torch.cat([rms_norm(e, self.embed_norm, eps), rms_norm(h, self.hidden_norm, eps)], dim=-1),
+                       proj)[:, None]
             for i, w in enumerate(weights):
-                a = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-                q = apply_rope(linear(a, w["q_proj"]).view(B, 1, c.num_heads, c.head_dim), cos, sin)
-                local_k[i, :, :, j] = apply_rope(linear(a, w["k_proj"]).view(B, 1, c.num_kv_heads, c.head_dim),
-                                                 cos, sin)[:, 0]
+                a = rms_norm(x, w["attn_norm"], eps)
+                q = linear(a, w["q_proj"]).view(B, 1, c.num_heads, c.head_dim)
+                k = linear(a, w["k_proj"]).view(B, 1, c.num_kv_heads, c.head_dim)
+                torch.ops.mtp.rope_(q, cos, sin)
+                torch.ops.mtp.rope_(k, cos, sin)
+                local_k[i, :, :, j] = k[:, 0]
                 local_v[i, :, :, j] = linear(a, w["v_proj"]).view(B, c.num_kv_heads, c.head_dim)
                 att = torch.ops.mtp.head_attention(q, kc, vc, cache.lens, local_k[i, :, :, :j + 1],
                                                    local_v[i, :, :, :j + 1])
-                x = x + linear(att.reshape(B, 1, -1), w["o_proj"])
-                m = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+                x, m = torch.ops.mtp.add_rms_norm(x, linear(att.reshape(B, 1, -1), w["o_proj"]), w["mlp_norm"], eps)
                 x = x + linear(torch.nn.functional.silu(linear(m, w["gate_proj"])) * linear(m, w["up_proj"]),
                                w["down_proj"])
             h = x[:, 0]
-            best = linear(rms_norm(h, self.out_norm, c.rms_norm_eps), out_rows).argmax(-1)
+            best = linear(rms_norm(h, self.out_norm, eps), out_rows).argmax(-1)
             token = self.draft_vocab[best] if self.draft_vocab.numel() else best
             drafts[:, j] = token
         return drafts

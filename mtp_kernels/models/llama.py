@@ -2,9 +2,10 @@
 
 Every step that mixes values across a row goes through a shape-invariant kernel
 (`mtp.linear` for all projections and the LM head, `mtp.head_attention` for attention,
-a per-row fp32 RMSNorm), and everything else is elementwise. So the logits of a verify pass
-over K+1 positions are bitwise those of K+1 one-token steps: speculative decoding gives
-exactly the tokens of plain greedy decoding.
+`mtp.add_rms_norm` for the residual adds and norms), and the rest (`mtp.rope_`,
+`mtp.silu_mul`) is elementwise. So the logits of a verify pass over K+1 positions are
+bitwise those of K+1 one-token steps: speculative decoding gives exactly the tokens of plain
+greedy decoding.
 
 The KV cache is static and preallocated, [layers, B, Hkv, Lmax, D], with a length per
 request; rejected draft positions are dropped by lowering that length (no data moves).
@@ -45,26 +46,12 @@ class KVCache:
         return view
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Per-row RMSNorm in fp32 (rows are reduced independently: shape-invariant)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
-
-
 def rope_tables(cfg: LlamaConfig, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [max_len, head_dim] in fp32 (computed in fp64), half-split layout."""
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
     angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D]; cos/sin [B, T, D] gathered at each token's position."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos[:, :, None] + rotated * sin[:, :, None]).to(x.dtype)
 
 
 class Backbone(torch.nn.Module):
@@ -169,19 +156,23 @@ class Backbone(torch.nn.Module):
         positions = cache.lens[:, None] + torch.arange(T)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         new_lens = cache.lens + T
+        Hq, Hkv, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        norms = [self.w(f"model.layers.{i}.input_layernorm.weight") for i in range(cfg.num_layers)]
+        norms.append(self.w("model.norm.weight"))
+        # Per layer: x is the residual stream, h its norm. Each residual add is fused with the
+        # norm after it (the next layer's input norm, or the final norm after the last MLP).
         x = self.embed(tokens)
-        Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h = torch.ops.mtp.rms_norm(x, norms[0], eps)
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            h = rms_norm(x, self.w(p + "input_layernorm.weight"), cfg.rms_norm_eps)
             qkv = self.matmul(h, p + "qkv").view(B, T, Hq + 2 * Hkv, D)
-            qk = apply_rope(qkv[:, :, :Hq + Hkv], cos, sin)  # q and k heads rotated in one pass
-            q, k, v = qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:]
+            torch.ops.mtp.rope_(qkv[:, :, :Hq + Hkv], cos, sin)  # q and k heads rotated in place
+            q, k, v = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv], qkv[:, :, Hq + Hkv:]
             torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
             a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], new_lens, causal=True)
-            x = x + self.matmul(a.reshape(B, T, cfg.hidden_size), p + "self_attn.o_proj.weight")
-            h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
-            gate, up = self.matmul(h, p + "gate_up").split(cfg.intermediate_size, dim=-1)
-            x = x + self.matmul(torch.nn.functional.silu(gate) * up, p + "mlp.down_proj.weight")
+            o = self.matmul(a.reshape(B, T, cfg.hidden_size), p + "self_attn.o_proj.weight")
+            x, h = torch.ops.mtp.add_rms_norm(x, o, self.w(p + "post_attention_layernorm.weight"), eps)
+            mlp = self.matmul(torch.ops.mtp.silu_mul(self.matmul(h, p + "gate_up")), p + "mlp.down_proj.weight")
+            x, h = torch.ops.mtp.add_rms_norm(x, mlp, norms[i + 1], eps)
         cache.lens.copy_(new_lens)
-        return rms_norm(x, self.w("model.norm.weight"), cfg.rms_norm_eps)
+        return h

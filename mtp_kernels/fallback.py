@@ -1,0 +1,49 @@
+"""The CUDA kernels of the row-local layer ops (``rms_norm``, ``add_rms_norm``, ``rope_``,
+``silu_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
+checks of the CPU binding (same messages). There is no C++ or Triton kernel for them; this
+keeps a model on a GPU working through the same ops. Exact like the CPU kernels: every step of
+rms_norm, add_rms_norm and rope_ is one IEEE operation in the kernels' order, so they should
+give the CPU kernels' bits, each row alone (test_rowwise.py checks it on a GPU; not run on one
+yet); silu_mul uses torch's exp (within a few ulp of the CPU kernel's polynomial). Not fast:
+the norm is a loop over the H / 16 lane chunks.
+
+Registered for the CUDA dispatch key on import (``register_cuda_kernels``); the functions are
+plain Python and run on any device (the tests run them on CPU tensors).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _checks as C
+from . import reference
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    C.check_norm_inputs("mtp.rms_norm", x, weight, eps)
+    return reference.rms_norm(x, weight, eps).contiguous()
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    C.check_norm_inputs("mtp.add_rms_norm", x, weight, eps, residual)
+    s, n = reference.add_rms_norm(x, residual, weight, eps)
+    return s.contiguous(), n.contiguous()
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    C.check_rope_inputs("mtp.rope_", x, cos, sin)
+    x.copy_(reference.rope(x, cos, sin))
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    C.check_silu_mul_input("mtp.silu_mul", gate_up)
+    return reference.silu_mul(gate_up).contiguous()
+
+
+FALLBACKS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_": rope_, "silu_mul": silu_mul}
+
+
+def register_cuda_kernels() -> None:
+    """Registers the functions above as the ops' CUDA kernels (no GPU needed to register)."""
+    for name, fn in FALLBACKS.items():
+        torch.library.register_kernel(f"mtp::{name}", "cuda", fn)
