@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompts-file", help='JSON lines, one {"prompt": ...} per line')
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--no-mtp", action="store_true", help="plain greedy decoding with the same backbone")
-    g.add_argument("--k", type=int, default=1, help="draft tokens per backbone pass (default 1: the fastest in bench/RESULTS.md)")
+    g.add_argument("--k", type=int, default=2, help="draft tokens per backbone pass (default 2: the fastest in bench/RESULTS.md)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
