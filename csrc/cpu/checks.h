@@ -148,6 +148,9 @@ IdView<I> ids(const at::Tensor& t) {
 
 // mtp.linear's tensors, checked, as kernel arguments: x viewed as [M, K] (copied only if
 // its rows are strided), bias as fp32, y an fp32 [M, N] buffer; `result()` is the output.
+// The number of rows of t [..., n]: the product of its leading sizes.
+inline int64_t leading_rows(const at::Tensor& t) { return c10::multiply_integers(t.sizes().slice(0, t.dim() - 1)); }
+
 struct LinearCall {
   at::Tensor x2, bias, y;
   std::vector<int64_t> out_shape;
@@ -197,7 +200,7 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
     check_size(op, "bias", *bias, 0, N, "N (weight.size(0))");
     c.bias = bias->to(at::kFloat).contiguous();
   }
-  const int64_t M = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
+  const int64_t M = leading_rows(x);
   c.x2 = x.reshape({M, K}).contiguous();  // activations are small: a copy only if strided
   c.y = at::empty({M, N}, x.options().dtype(at::kFloat));
   c.out_shape = x.sizes().vec();

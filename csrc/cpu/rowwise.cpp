@@ -16,8 +16,6 @@ constexpr const char* kAddRmsNorm = "mtp.add_rms_norm";
 constexpr const char* kRope = "mtp.rope_";
 constexpr const char* kSiluMul = "mtp.silu_mul";
 
-int64_t leading_rows(const at::Tensor& t) { return c10::multiply_integers(t.sizes().slice(0, t.dim() - 1)); }
-
 // t [..., n] as [M, n] rows with a unit element stride: a view when its layout allows, else
 // a copy (activations are small).
 at::Tensor as_rows(const at::Tensor& t, int64_t n) {
@@ -97,7 +95,7 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
   if (x.numel() == 0) return;
   a.dtype = to_dtype(x.scalar_type());
   a.x = x.data_ptr();
-  for (int d = 0; d < 4; ++d) a.x_stride[d] = x.stride(d);
+  strides_of(x, a.x_stride);
   a.cos = cos.data_ptr<float>();
   a.sin = sin.data_ptr<float>();
   for (int d = 0; d < 3; ++d) {
