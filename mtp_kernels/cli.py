@@ -153,7 +153,7 @@ def cmd_train(args) -> int:
         print(m, file=sys.stderr, flush=True)
 
     tc = train.TrainConfig(steps=args.unroll, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
-                           minutes=args.minutes, seed=args.seed)
+                           minutes=args.minutes, seed=args.seed, prompt_anchors=args.prompt_anchors)
     if not os.path.isfile(args.prompts):
         raise UsageError(f"--prompts {args.prompts}: no such file")
     common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log)
@@ -336,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--minutes", type=float, default=60.0, help="wall-clock cap of the optimisation")
     t.add_argument("--unroll", type=int, default=4, help="draft steps unrolled in the loss")
     t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
+    t.add_argument("--prompt-anchors", type=int, default=0,
+                   help="head only: also draft from this many prompt positions per sequence and step, "
+                        "against the backbone's greedy tokens there")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--draft-vocab", type=int, help="draft vocabulary size, most frequent tokens (default 8192)")
     t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
@@ -373,8 +376,11 @@ def main(argv=None) -> int:
     bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
         bad.append("--temperature must be finite and >= 0")
-    if getattr(args, "num_prompts", 0) < 0:
-        bad.append("--num-prompts must be >= 0")
+    for n in ("num_prompts", "prompt_anchors"):
+        if getattr(args, n, 0) < 0:
+            bad.append(f"--{n.replace('_', '-')} must be >= 0")
+    if getattr(args, "prompt_anchors", 0) and args.drafter == "standalone":
+        bad.append("--prompt-anchors trains the head; the standalone drafter learns from every answer token")
     if args.command == "generate" and args.lenient is not None:
         if args.temperature != 0:
             bad.append("--lenient is a greedy mode: it cannot be combined with --temperature > 0")

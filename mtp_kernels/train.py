@@ -82,6 +82,9 @@ class Sequence:
     hidden: torch.Tensor   # [N, H] the backbone's final (normed) hidden states, bf16
     k: torch.Tensor        # [Hkv, N, D] post-RoPE keys of the head's layer, bf16
     v: torch.Tensor
+    # [N] the backbone's argmax after each position (its greedy next token given the
+    # sequence so far): the targets at prompt positions, where the next token is the user's.
+    greedy: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -103,7 +106,8 @@ def features(hf_model, seqs: list[tuple[list[int], int]], kv_layer: int, batch: 
         for r, i in enumerate(idx):
             n = len(seqs[i][0])
             out[i] = Sequence(ids[r, :n].clone(), seqs[i][1], o.hidden_states[-1][r, :n].bfloat16(),
-                              layer.keys[r, :, :n].bfloat16(), layer.values[r, :, :n].bfloat16())
+                              layer.keys[r, :, :n].bfloat16(), layer.values[r, :, :n].bfloat16(),
+                              o.logits[r, :n].argmax(-1))
         log(f"features: {min(start + batch, len(order))}/{len(order)} sequences, {time.perf_counter() - t0:.0f} s")
     return out  # type: ignore[return-value]
 
@@ -116,7 +120,7 @@ def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: in
     layer = kv_layer % backbone.cfg.num_layers
     n = len(tokens)
     return Sequence(torch.tensor(tokens), prompt_len, hidden.bfloat16(), cache.k[layer, 0, :, :n].bfloat16(),
-                    cache.v[layer, 0, :, :n].bfloat16())
+                    cache.v[layer, 0, :, :n].bfloat16(), backbone.logits(hidden).argmax(-1))
 
 
 # ---- 3. the head unrolled over all anchors at once --------------------------------------
@@ -125,14 +129,21 @@ def pad_stack(xs: list[torch.Tensor], dim: int, value=0) -> torch.Tensor:
     return torch.stack([F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]], value=value) for x in xs])
 
 
-def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | None = None) -> torch.Tensor:
+def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | None = None,
+                   prompt_limit: int = 0) -> torch.Tensor:
     """Anchor positions [B, A] (-1 = padding): every p from the last prompt position on
-    whose next-but-one token exists (p + 2 < N); at most `limit` of them, drawn at random."""
+    whose next-but-one token exists (p + 2 < N); at most `limit` of them, drawn at random.
+    prompt_limit > 0: also up to that many positions p < prompt_len - 1 inside the prompt
+    (their targets are the backbone's greedy tokens there: see unrolled_targets)."""
+    rng = rng or random
     rows = []
     for s in batch:
         ps = list(range(s.prompt_len - 1, len(s.tokens) - 2))
         if limit and len(ps) > limit:
-            ps = sorted((rng or random).sample(ps, limit))
+            ps = sorted(rng.sample(ps, limit))
+        if prompt_limit:
+            inside = list(range(0, min(s.prompt_len - 1, len(s.tokens) - 2)))
+            ps = sorted(rng.sample(inside, min(prompt_limit, len(inside)))) + ps
         rows.append(torch.tensor(ps, dtype=torch.long))
     return pad_stack(rows, 0, value=-1)
 
@@ -184,14 +195,26 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
 
 
 def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_index: torch.Tensor) -> list[torch.Tensor]:
-    """Target [B, A] of step j at anchor p: the backbone's token p+2+j as an index into
-    the draft vocabulary; IGNORE for padding anchors, past the end, or outside the vocabulary."""
+    """Target [B, A] of step j at anchor p: what greedy decoding gives after the tokens up to
+    p+1+j, as an index into the draft vocabulary: in the answer the sequence's own token p+2+j,
+    inside the prompt the backbone's argmax at p+1+j (Sequence.greedy); IGNORE for padding
+    anchors, past the end, or outside the vocabulary."""
     tokens = pad_stack([s.tokens for s in batch], 0, value=-1)
     L = tokens.shape[1]
+    # inputs[j] = p+1+j, the position of step j's input token; before the prompt's last token
+    # the next token is the user's, not the backbone's.
+    inputs = [anchors + 1 + j for j in range(steps)]
+    in_prompt = [(anchors >= 0) & (i < torch.tensor([[s.prompt_len - 1] for s in batch])) for i in inputs]
+    greedy = None
+    if any(bool(m.any()) for m in in_prompt):
+        if any(s.greedy is None for s in batch):
+            raise ValueError("anchors inside the prompt need the backbone's greedy tokens (Sequence.greedy)")
+        greedy = pad_stack([s.greedy for s in batch], 0, value=-1)
     out = []
-    for j in range(steps):
-        where = anchors + 2 + j
-        tgt = torch.where((anchors >= 0) & (where < L), tokens.gather(1, where.clamp(0, L - 1)), -1)
+    for i, inside in zip(inputs, in_prompt):
+        tgt = torch.where((anchors >= 0) & (i + 1 < L), tokens.gather(1, (i + 1).clamp(0, L - 1)), -1)
+        if greedy is not None:
+            tgt = torch.where(inside, greedy.gather(1, i.clamp(0, L - 1)), tgt)
         out.append(torch.where(tgt >= 0, vocab_index[tgt.clamp(min=0)], IGNORE))
     return out
 
@@ -230,6 +253,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     anchors: int = 48         # anchors (draft start positions) drawn per sequence and step
+    prompt_anchors: int = 0   # more anchors inside the prompt (greedy targets), per sequence and step
     max_steps: int = 1000     # optimiser steps; the schedule depends on steps only (reproducible)
     minutes: float = 60.0     # safety cap on the wall clock: stops early (logged) when reached
     seed: int = 0
@@ -270,7 +294,7 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
             for grp in opt.param_groups:
                 grp["lr"] = lr
             batch = [train[i] for i in bi]
-            anchors = answer_anchors(batch, tc.anchors, rng)
+            anchors = answer_anchors(batch, tc.anchors, rng, tc.prompt_anchors)
             logits = unrolled_logits(head, backbone, batch, anchors, tc.steps, rows)
             targets = unrolled_targets(batch, anchors, tc.steps, index)
             loss = sum(F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=IGNORE)

@@ -78,6 +78,16 @@ def test_bad_input_exits_2_with_a_message(tiny, args, message):
         assert r.stderr.strip().splitlines() == [f"mtp: error: {r.stderr.split('mtp: error: ')[1].strip()}"]
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-anchors", "-1"], "--prompt-anchors must be >= 0"),
+    (["--prompt-anchors", "4", "--drafter", "standalone"], "--prompt-anchors trains the head"),
+    (["--max-steps", "0"], "--max-steps must be >= 1"),
+])
+def test_bad_train_options_exit_2(args, message):
+    r = mtp("train", *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+
+
 def test_lenient_generate(tiny):
     """top_k=1 is exactly greedy; a looser setting runs and says it is not lossless."""
     runs = {}

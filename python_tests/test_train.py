@@ -65,6 +65,40 @@ def test_anchors_and_targets():
     assert limited.shape == (2, 1) and limited[0, 0] in (2, 3)
 
 
+def test_prompt_anchors_target_the_backbones_greedy_tokens():
+    """Inside the prompt the next token is the user's: the target of step j at anchor p is
+    the backbone's argmax after token p+1+j (Sequence.greedy) until that input reaches the
+    prompt's last token; from there on it is the answer's own token, as for answer anchors."""
+    tokens = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])  # prompt 1..5, answer 6, 7, 8
+    greedy = torch.tensor([11, 12, 13, 14, 6, 7, 8, 9])  # argmax after each position (6 follows the prompt)
+    s = train.Sequence(tokens, 5, torch.zeros(8, 4), torch.zeros(1, 8, 2), torch.zeros(1, 8, 2), greedy)
+    anchors = train.answer_anchors([s], limit=0, rng=__import__("random").Random(0), prompt_limit=10)
+    assert anchors.tolist() == [[0, 1, 2, 3, 4, 5]]  # every prompt position before the last one, then the answer's
+    index = torch.arange(20)
+    t0, t1, t2 = train.unrolled_targets([s], anchors, 3, index)
+    assert t0.tolist() == [[12, 13, 14, 6, 7, 8]]
+    assert t1.tolist() == [[13, 14, 6, 7, 8, -100]]
+    assert t2.tolist() == [[14, 6, 7, 8, -100, -100]]
+    # Without prompt anchors the targets are what they always were; without greedy tokens a
+    # prompt anchor is an error, not a silent wrong target.
+    plain = train.answer_anchors([s])
+    assert [t.tolist() for t in train.unrolled_targets([s], plain, 3, index)] == [[[7, 8]], [[8, -100]], [[-100, -100]]]
+    s.greedy = None
+    with pytest.raises(ValueError, match="need the backbone's greedy tokens"):
+        train.unrolled_targets([s], anchors, 1, index)
+    # At most prompt_limit prompt anchors, drawn at random (seeded).
+    few = train.answer_anchors([s], rng=__import__("random").Random(0), prompt_limit=2)
+    assert few.shape == (1, 4) and few[0, 2:].tolist() == [4, 5] and set(few[0, :2].tolist()) <= {0, 1, 2, 3}
+
+
+def test_sequence_greedy_is_the_backbones_argmax():
+    model = tiny_backbone()
+    seq = [5, 9, 3, 7, 11, 2]
+    s = train.sequence_from_backbone(model, seq, 3, -1)
+    cache = model.new_cache(1, 16)
+    assert torch.equal(s.greedy, model.logits(model(torch.tensor([seq]), cache)[0]).argmax(-1))
+
+
 def test_draft_vocabulary_is_by_frequency_and_keeps_eos():
     v = train.draft_vocabulary([[5, 5, 5, 7, 7, 9], [7, 5]], 3, 12, always=(3,))
     assert v.tolist() == [3, 5, 7]
