@@ -100,8 +100,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     quantize_x=True (int8 weights only): x is quantized too (``quantize_rows_q8``, bitwise the
     kernel's), every block is an exact integer dot product (``q8_block_sums``), and
     y = sum_b (sx_b * sw_b) * isum_b (+ bias), here in fp64. The kernel combines the blocks in
-    fp32 in a fixed order of its instruction set: within (nb + 8) * 2^-24 * sum_b |sx_b * sw_b *
-    isum_b| of this value (nb = ceil(K/32); python_tests/test_linear_q8dot.py).
+    fp32 in a fixed order of its instruction set: within (nb + 8) * 2^-24 * sum_b |sx_b * sw_b| *
+    sum_{k in b} |xq_k * wq_k| + 2^-23 |y| of this value (nb = ceil(K/32); 2^-8 |y| for a bf16 result;
+    python_tests/test_linear_q8dot.py).
 
     The kernel's promise beyond this value: each output row has the same bits whatever
     the number of rows in the call (shape invariance), which torch's fp32 F.linear lacks.
