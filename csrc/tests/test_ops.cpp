@@ -514,8 +514,8 @@ void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool b
   std::snprintf(what, sizeof what, "q8dot x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt),
                 (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads);
   EXPECT(mtp_linear_q8dot(&xv, &wv, &sv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
-  std::vector<float> xr(size_t(K)), xs(size_t(nb));
-  std::vector<int8_t> xq(size_t(K));
+  std::vector<float> xr(static_cast<size_t>(K)), xs(static_cast<size_t>(nb));
+  std::vector<int8_t> xq(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(x.get(size_t(m * K * xc + k * xc)));
     for (int64_t b = 0; b < nb; ++b)
