@@ -1,7 +1,8 @@
 """One backbone pass of the default model (SmolLM2-135M-Instruct, bf16) at a cache of CACHE
 positions, LM head (logits of every position) included: a decode step (T=1) and the verify
 passes of K=4 and K=8 drafts (T=5, T=9). Ours (`Backbone`: static cache, mtp.linear,
-mtp.head_attention; also with Q8 int8 weights) against transformers' LlamaForCausalLM on the
+mtp.head_attention; also with Q8 int8 weights, and with int8 activations too: integer dot
+products) against transformers' LlamaForCausalLM on the
 same GGUF with its DynamicCache. Each round starts from the same CACHE positions (ours: the cache length is
 set back; transformers: the cache is cropped back), so every round does the same work.
 
@@ -31,12 +32,12 @@ def gguf_path():
         pytest.skip(str(e))
 
 
-def our_backbone(gguf_path, prompt, quantize):
+def our_backbone(gguf_path, prompt, quantize, int8_dot=False):
     from mtp_kernels.models import checkpoint
     from mtp_kernels.models.llama import Backbone
 
     cfg, weights, _ = checkpoint.load(gguf_path)
-    model = Backbone(cfg, weights, torch.bfloat16, quantize=quantize)
+    model = Backbone(cfg, weights, torch.bfloat16, quantize=quantize, int8_dot=int8_dot)
     cache = model.new_cache(1, CACHE + 16)
     model(prompt[:, :CACHE], cache)
     return model, cache
@@ -54,6 +55,12 @@ def ours_int8(gguf_path, prompt):
 
 
 @pytest.fixture(scope="module")
+def ours_int8dot(gguf_path, prompt):
+    """Q8 weights and the activations entering them quantized per row (quantize_x)."""
+    return our_backbone(gguf_path, prompt, quantize=True, int8_dot=True)
+
+
+@pytest.fixture(scope="module")
 def theirs(gguf_path, prompt):
     pytest.importorskip("transformers")
     from transformers import DynamicCache
@@ -67,7 +74,7 @@ def theirs(gguf_path, prompt):
     return model, cache
 
 
-@pytest.mark.parametrize("impl", ["ours", "ours_int8", "transformers"])
+@pytest.mark.parametrize("impl", ["ours", "ours_int8", "ours_int8dot", "transformers"])
 @pytest.mark.parametrize("T", [1, 5, 9])
 def test_backbone_pass(benchmark, request, prompt, impl, T):
     tokens = prompt[:, CACHE:CACHE + T]

@@ -1,7 +1,10 @@
 """mtp.linear (shape-invariant) against torch's F.linear for SmolLM2's shapes and the few
 rows of decoding (M=1) and verification (M=K+1). Bytes = the weights read once.
 "int8" cases: bf16 activations with Q8 weights (int8 + one fp32 scale per 32) for mtp, against
-torch's F.linear on the same weights dequantized to bf16 (torch has no such int8 kernel)."""
+torch's F.linear on the same weights dequantized to bf16 (torch has no such int8 kernel).
+"int8dot" cases: the same with quantize_x=True (x quantized row by row to int8 blocks,
+integer dot products; VNNI where the CPU has it)."""
+import functools
 import itertools
 
 import pytest
@@ -11,7 +14,7 @@ import torch.nn.functional as F
 import mtp_kernels
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
-CASES = list(itertools.product(SHAPES, [1, 2, 5, 9, 17], ["float32", "bfloat16", "int8"]))
+CASES = list(itertools.product(SHAPES, [1, 2, 5, 9, 17], ["float32", "bfloat16", "int8", "int8dot"]))
 
 
 @pytest.mark.parametrize("impl", ["mtp", "torch"])
@@ -22,10 +25,11 @@ def test_linear(benchmark, impl, shape, M, dtype):
     w = (torch.randn(N, K) / K ** 0.5).to(act)
     x = torch.randn(M, K).to(act)
     args, nbytes = (w,), w.numel() * w.element_size()
-    if dtype == "int8":
+    if dtype.startswith("int8"):
         q, scale = mtp_kernels.quantize_q8(w)
         w = mtp_kernels.dequantize_q8(q, scale).to(act)
         args, nbytes = ((q, None, scale) if impl == "mtp" else (w,)), q.numel() + scale.numel() * 4
     benchmark.group = f"linear {N}x{K} M={M} {dtype}"
     benchmark.extra_info["bytes"] = nbytes
-    benchmark(torch.ops.mtp.linear if impl == "mtp" else F.linear, x, *args)
+    op = functools.partial(torch.ops.mtp.linear, quantize_x=dtype == "int8dot")
+    benchmark(op if impl == "mtp" else F.linear, x, *args)

@@ -55,7 +55,7 @@ def backbone_table(groups):
     if not rows:
         return ""
     step = {impl: b["stats"]["median"] for impl, b in rows[min(rows)][1].items()}
-    impls = [i for i in ("ours", "ours_int8", "transformers") if i in step]
+    impls = [i for i in ("ours", "ours_int8", "ours_int8dot", "transformers") if i in step]
     lines = ["| case | " + " | ".join(f"{i} (ms)" for i in impls) + " | transformers / ours | "
              + " | ".join(f"{i}: pass / its T=1 step" for i in impls) + " |",
              "|---|" + "---:|" * (2 * len(impls) + 1)]

@@ -15,7 +15,7 @@ TORCH_LIBRARY(mtp, m) {
   m.def("verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
         " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? weight_scale=None) -> Tensor");
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? weight_scale=None, *, bool quantize_x=False) -> Tensor");
   m.def("head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
         " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
   m.def("cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor cache_lens) -> ()");

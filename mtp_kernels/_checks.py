@@ -97,7 +97,7 @@ INT8_CPU_ONLY = ("int8 weights run on the CPU only (no GPU kernel for Q8 blocks 
                  "dequantize (mtp_kernels.dequantize_q8) for the GPU")
 
 
-def check_linear_inputs(op, x, weight, bias=None, weight_scale=None):
+def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=False):
     _check_same_device(op, "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     check_dtype(op, "x", x, LINEAR_TYPES)
     check_dtype(op, "weight", weight, LINEAR_TYPES + (torch.int8,))
@@ -109,6 +109,9 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None):
           f"weight rows must be contiguous (stride(1) == 1), got strides {list(weight.stride())}; "
           "it is read in place, call .contiguous() once when loading")
     _check_weight_scale(op, weight, weight_scale)
+    # checks.h's check_quantize_x
+    check(not quantize_x or weight.dtype == torch.int8, op,
+          f"quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), got a {_name(weight.dtype)} weight")
     if bias is not None:
         check_dim(op, "bias", bias, 1, "[N]")
         check_size(op, "bias", bias, 0, N, "N (weight.size(0))")

@@ -179,6 +179,10 @@ def markdown(results: dict) -> str:
                   if llama else "")
             lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                          f"{r['tokens_per_s'] / base:.2f}x | {vs}{tau} | {acc} | {ident} | {agree} |")
+    if "ours_mtp_int8dot" in meth:
+        lines += ["", "ours_mtp_int8dot is compared with ours_greedy_int8dot (the same Q8 backbone with quantized "
+                      "activations: identical is the exactness check); ours_greedy_int8dot with the unquantized "
+                      "ours_greedy."]
     if "ours_mtp_int8" in meth:
         lines += ["", "ours_mtp_int8 is compared with ours_greedy_int8 (the same Q8 backbone: identical is the "
                       "exactness check); ours_greedy_int8 with the unquantized ours_greedy (its token agreement "

@@ -45,20 +45,24 @@ def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False) -> torch.Tensor:
     """Shape-invariant ``x @ weight.T + bias``; an int8 weight takes ``weight_scale`` (Q8 blocks
-    of 32 along K, ``mtp_kernels.quantize_q8``). See ``reference.linear``."""
-    return torch.ops.mtp.linear.default(x, weight, bias, weight_scale)
+    of 32 along K, ``mtp_kernels.quantize_q8``), and with ``quantize_x=True`` the activations
+    are quantized the same way (row by row) for integer dot products. See ``reference.linear``."""
+    return torch.ops.mtp.linear.default(x, weight, bias, weight_scale, quantize_x=quantize_x)
 
 
 @torch.library.register_fake("mtp::linear")
-def _linear_fake(x, weight, bias=None, weight_scale=None):
+def _linear_fake(x, weight, bias=None, weight_scale=None, *, quantize_x=False):
     _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     torch._check(weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
                  lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
     torch._check((weight.dtype == torch.int8) == (weight_scale is not None),
                  lambda: "mtp.linear: an int8 weight needs weight_scale and a float weight takes none, got "
                          f"weight {weight.dtype} and weight_scale {None if weight_scale is None else weight_scale.dtype}")
+    torch._check(not quantize_x or weight.dtype == torch.int8,
+                 lambda: "mtp.linear: quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), "
+                         f"got a {weight.dtype} weight")
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

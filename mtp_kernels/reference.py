@@ -49,8 +49,46 @@ def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
 
 
+def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activation quantization of ``linear(..., quantize_x=True)``, bit for bit.
+
+    x [..., K] fp32|bf16 (converted to fp32 exactly) -> (xq [..., K] int8, sx [..., ceil(K/32)]
+    fp32). Row-local: each row in blocks of 32 along K (the last block may be partial), per
+    block ``sx = fp32(amax|x| / 127)`` and ``xq = clamp(round_half_even(fp32(x / sx)), -127,
+    127)``, both divisions in fp32; ``sx == 0`` (an all-zero block, or one so tiny that
+    amax / 127 underflows) gives ``xq = 0``. A block holding a NaN or an infinity gets
+    ``sx = NaN`` and ``xq = 0``: every output of its row is then NaN (NaN * 0 is NaN).
+    """
+    xf = x.float()
+    K = xf.shape[-1]
+    nb = -(-K // 32)
+    lead = xf.shape[:-1]
+    blocks = torch.zeros(*lead, nb * 32, dtype=torch.float32)
+    blocks[..., :K] = xf
+    blocks = blocks.view(*lead, nb, 32)
+    finite = torch.isfinite(blocks).all(dim=-1, keepdim=True)
+    amax = torch.where(torch.isfinite(blocks), blocks, 0.0).abs().amax(dim=-1, keepdim=True)
+    sx = amax / 127  # fp32 / fp32: one rounding
+    use = finite & (sx > 0)
+    q = torch.round(blocks / torch.where(use, sx, torch.ones_like(sx))).clamp(-127, 127)  # half to even
+    q = torch.where(use, q, torch.zeros_like(q))
+    sx = torch.where(finite, sx, torch.full_like(sx, float("nan")))
+    return q.to(torch.int8).view(*lead, nb * 32)[..., :K].contiguous(), sx.view(*lead, nb).contiguous()
+
+
+def q8_block_sums(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
+    """The exact integer dot products of ``quantize_x``: xq [M, K], wq [N, K] int8 ->
+    [M, N, ceil(K/32)] int64, block b = sum over its elements of xq * wq (they fit in int32)."""
+    M, K = xq.shape
+    nb = -(-K // 32)
+    xp = torch.zeros(M, nb * 32, dtype=torch.int64)
+    wp = torch.zeros(wq.shape[0], nb * 32, dtype=torch.int64)
+    xp[:, :K], wp[:, :K] = xq.long(), wq.long()
+    return torch.einsum("mbk,nbk->mnb", xp.view(M, nb, 32), wp.view(wq.shape[0], nb, 32))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False) -> torch.Tensor:
     """y = x @ weight.T (+ bias), x [..., K] fp32|bf16, weight [N, K] fp32|bf16, bias [N];
     products summed in fp32 (here: fp64, then rounded), result in x's dtype.
 
@@ -59,9 +97,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     the weight is weight[n, k] * weight_scale[n, k // 32] (dequantised here in fp64). The
     kernel sums each block's products in fp32, then adds scale * block sum.
 
+    quantize_x=True (int8 weights only): x is quantized too (``quantize_rows_q8``, bitwise the
+    kernel's), every block is an exact integer dot product (``q8_block_sums``), and
+    y = sum_b (sx_b * sw_b) * isum_b (+ bias), here in fp64. The kernel combines the blocks in
+    fp32 in a fixed order of its instruction set: within (nb + 8) * 2^-24 * sum_b |sx_b * sw_b| *
+    sum_{k in b} |xq_k * wq_k| + 2^-23 |y| of this value (nb = ceil(K/32); 2^-8 |y| for a bf16 result;
+    python_tests/test_linear_q8dot.py).
+
     The kernel's promise beyond this value: each output row has the same bits whatever
     the number of rows in the call (shape invariance), which torch's fp32 F.linear lacks.
     """
+    if quantize_x:
+        if weight.dtype != torch.int8:
+            raise ValueError(f"reference.linear: quantize_x=True needs an int8 weight, got {weight.dtype}")
+        K, N = x.shape[-1], weight.shape[0]
+        x2 = x.reshape(x.shape[:-1].numel(), K)
+        xq, sx = quantize_rows_q8(x2)
+        sums = q8_block_sums(xq, weight).double()  # [M, N, nb]
+        y = (sums * (sx.double()[:, None, :] * weight_scale.double()[None, :, :])).sum(dim=-1)
+        if bias is not None:
+            y = y + bias.double()
+        return y.to(x.dtype).reshape(*x.shape[:-1], N)
     w = weight.double()
     if weight_scale is not None:
         w = w * weight_scale.double().repeat_interleave(32, dim=1)[:, :weight.shape[1]]

@@ -47,6 +47,17 @@ def test_sampled_generate_mtp_equals_no_mtp_for_the_same_seed(tiny):
     assert runs[1, True] != runs[2, True]
 
 
+def test_int8_dot_generate_mtp_equals_no_mtp(tiny):
+    runs = {}
+    for flag in ([], ["--no-mtp"]):
+        r = mtp("generate", "--model", tiny, "--prompt", "hello", "--max-new-tokens", 8, "--k", 2, "--json",
+                "--int8", "--int8-dot", *flag)
+        assert r.returncode == 0, r.stderr
+        assert "int8 weights and activations" in r.stderr
+        runs[bool(flag)] = json.loads(r.stdout)["tokens"]
+    assert runs[False] == runs[True]
+
+
 def test_generate_streams_text_and_stats(tiny):
     r = mtp("generate", "--model", tiny, "--prompt", "abc", "--max-new-tokens", 4, "--no-mtp")
     assert r.returncode == 0, r.stderr
@@ -67,6 +78,7 @@ def test_generate_streams_text_and_stats(tiny):
     (["--prompt", "x", "--lenient", "top_k=0"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
     (["--prompt", "x", "--lenient", "top_k=2,min_ratio=1.5"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
     (["--prompt", "x", "--lenient", "top_k=2", "--temperature", "1"], "--lenient is a greedy mode"),
+    (["--prompt", "x", "--int8-dot"], "--int8-dot quantizes the activations for int8 weights: use it with --int8"),
 ])
 def test_bad_input_exits_2_with_a_message(tiny, args, message):
     if "--model" not in args:

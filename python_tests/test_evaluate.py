@@ -55,17 +55,20 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     out = tmp_path / "e2e"
     args = ["bench", "--model", str(tmp_path / "tiny"), "--head", str(tmp_path / "head"), "--eval-set",
             str(tmp_path / "eval.jsonl"), "--max-new-tokens", "6", "--methods",
-            "ours_greedy,ours_mtp,ours_drafter,ours_greedy_int8,ours_mtp_int8",
+            "ours_greedy,ours_mtp,ours_drafter,ours_greedy_int8,ours_mtp_int8,ours_greedy_int8dot,ours_mtp_int8dot",
             "--drafter-path", str(tmp_path / "drafter"), "--lenient", "top_k=2", "--out", str(out),
             "--dtype", "float32", "--sweep-per-task", "1", "--plot"]
     assert cli.main(args) == 0
     res = json.loads((tmp_path / "e2e.json").read_text())
     assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_drafter", "ours_greedy_int8", "ours_mtp_int8",
-                                   "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
+                                   "ours_greedy_int8dot", "ours_mtp_int8dot", "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
     assert res["methods"]["ours_mtp"]["x"]["identical_to_greedy"] == 2
     # MTP on the Q8 backbone equals that backbone's greedy; the Q8 greedy is measured against bf16/fp32.
     assert res["methods"]["ours_mtp_int8"]["x"]["identical_to_greedy"] == 2
     assert 0 <= res["methods"]["ours_greedy_int8"]["x"]["token_agreement"] <= 1
+    # ... and with the activations quantized too (integer dot products).
+    assert res["methods"]["ours_mtp_int8dot"]["x"]["identical_to_greedy"] == 2
+    assert 0 <= res["methods"]["ours_greedy_int8dot"]["x"]["token_agreement"] <= 1
     drafter = res["methods"]["ours_drafter"]["x"]
     assert drafter["identical_to_greedy"] == 2 and drafter["tau"] > 1  # a perfect drafter is accepted
     assert len(res["sweep"]) == 5 + 3 and (tmp_path / "e2e.png").stat().st_size > 1000
@@ -78,7 +81,8 @@ def test_cli_bench_bad_input(tmp_path, capsys):
                        (["--eval-set", str(tmp_path / "missing.jsonl")], "cannot read --eval-set"),
                        (["--lenient", "top_k=x"], "--lenient expects"),
                        (["--per-task", "0"], "--per-task must be >= 1"),
-                       (["--methods", "ours_greedy,ours_mtp_int8"], "list both")]:
+                       (["--methods", "ours_greedy,ours_mtp_int8"], "list both"),
+                       (["--methods", "ours_greedy,ours_mtp_int8dot"], "ours_mtp_int8dot is checked against ours_greedy_int8dot")]:
         assert cli.main(["bench"] + extra) == 2
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1, err

@@ -7,13 +7,15 @@ from mtp_kernels import decoding
 from mtp_kernels.models.head import HeadConfig, MTPHead
 from tiny_model import TINY, OracleHead, tiny_backbone
 
-# (activation dtype, Q8 weights): the plain backbones and the quantized one.
-VARIANTS = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+# (activation dtype, Q8 weights, quantized activations too): the plain backbones, the
+# quantized ones.
+VARIANTS = [(torch.float32, False, False), (torch.bfloat16, False, False), (torch.bfloat16, True, False),
+            (torch.bfloat16, True, True), (torch.float32, True, True)]
 
 
-@pytest.mark.parametrize("dtype,quantize", VARIANTS)
-def test_verify_pass_equals_one_token_steps_bitwise(dtype, quantize):
-    model = tiny_backbone(dtype, quantize=quantize)
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
+def test_verify_pass_equals_one_token_steps_bitwise(dtype, quantize, int8_dot):
+    model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, TINY.vocab_size, (3, 11), generator=g)
     block = torch.randint(0, TINY.vocab_size, (3, 6), generator=g)
@@ -31,10 +33,10 @@ def greedy_reference(model, prompts, max_new):
     return [g.tokens for g in decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids)]
 
 
-@pytest.mark.parametrize("dtype,quantize", VARIANTS)
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_speculative_equals_greedy_on_20_prompts(dtype, quantize, k):
-    model = tiny_backbone(dtype, quantize=quantize)
+def test_speculative_equals_greedy_on_20_prompts(dtype, quantize, int8_dot, k):
+    model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
                for n in torch.randint(1, 30, (20,), generator=g)]
@@ -55,9 +57,9 @@ def test_speculative_equals_greedy_on_20_prompts(dtype, quantize, k):
     assert single[0].tokens == want[5]
 
 
-@pytest.mark.parametrize("quantize", [False, True])
-def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output(quantize):
-    model = tiny_backbone(quantize=quantize)
+@pytest.mark.parametrize("quantize,int8_dot", [(False, False), (True, False), (True, True)])
+def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output(quantize, int8_dot):
+    model = tiny_backbone(quantize=quantize, int8_dot=int8_dot)
     torch.manual_seed(0)
     head = MTPHead(HeadConfig.for_backbone(TINY, num_blocks=2))
     head.check_fits(TINY)
@@ -169,3 +171,15 @@ def test_bad_generation_input():
     bad = MTPHead(HeadConfig.for_backbone(TINY, kv_layer=5))
     with pytest.raises(ValueError, match="does not fit the backbone"):
         bad.check_fits(TINY)
+
+
+def test_int8_dot_backbone_is_close_to_the_q8_one():
+    q8, dot = tiny_backbone(torch.bfloat16, quantize=True), tiny_backbone(torch.bfloat16, quantize=True, int8_dot=True)
+    assert dot.int8_dot and not q8.int8_dot
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    a = q8.logits(q8(tokens, q8.new_cache(1, 16))).float()
+    b = dot.logits(dot(tokens, dot.new_cache(1, 16))).float()
+    assert not torch.equal(a, b)  # the activations are quantized too
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
+    with pytest.raises(ValueError, match="int8_dot=True .* needs quantize=True"):
+        tiny_backbone(torch.bfloat16, int8_dot=True)

@@ -244,6 +244,21 @@ def test_linear_int8_is_cpu_only(backend, gen):
         ops_of(impl)[2](x.to(device), q.to(device), None, s.to(device))
 
 
+@pytest.mark.parametrize("backend", [("triton", DEVICE), pytest.param(("op", "cuda"), marks=ON_GPU, id="op-cuda")],
+                         ids=lambda b: "-".join(b))
+def test_linear_quantize_x_is_cpu_only(backend, gen):
+    """quantize_x (integer dot products) has no GPU kernel: with an int8 weight the int8 line,
+    with a float weight the quantize_x line."""
+    impl, device = backend
+    q, s = mtp_kernels.quantize_q8(torch.randn(8, 40, generator=gen))
+    x = torch.randn(2, 40, generator=gen).to(device)
+    linear = ops_of(impl)[2]
+    with pytest.raises(RuntimeError, match=re.escape("mtp.linear: int8 weights run on the CPU only")):
+        linear(x, q.to(device), None, s.to(device), quantize_x=True)
+    with pytest.raises(RuntimeError, match=re.escape("mtp.linear: quantize_x=True needs an int8 weight")):
+        linear(x, torch.randn(8, 40, device=device), None, None, quantize_x=True)
+
+
 def test_register_cuda_kernels_fills_only_missing_keys():
     """In a fresh process: the Triton launchers become the ops' CUDA kernels when none is
     compiled in, and a second call registers nothing."""

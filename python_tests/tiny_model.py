@@ -20,8 +20,9 @@ def tiny_weights(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY, quantize: bool = False) -> Backbone:
-    return Backbone(cfg, tiny_weights(cfg), dtype, quantize=quantize)
+def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY, quantize: bool = False,
+                  int8_dot: bool = False) -> Backbone:
+    return Backbone(cfg, tiny_weights(cfg), dtype, quantize=quantize, int8_dot=int8_dot)
 
 
 class OracleHead:

@@ -110,10 +110,10 @@ bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* 
 }
 
 // mtp_linear (q8 false: a float weight) and mtp_linear_q8 (q8: an int8 weight and its
-// scales): checked, then the kernel.
+// scales; quantize_x: mtp_linear_q8dot): checked, then the kernel.
 mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tensor* weight,
                        const mtp_tensor* weight_scale, const mtp_tensor* bias, const mtp_tensor* y,
-                       int32_t num_threads) {
+                       int32_t num_threads, bool quantize_x = false) {
   static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i8 = {MTP_INT8};
   int threads = 1;
   if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) || !c.tensor("weight", weight, 2, "[N, K]", q8 ? i8 : kFloatTypes) ||
@@ -137,6 +137,7 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
 
   LinearArgs a;
   a.M = M; a.N = N; a.K = K;
+  a.quantize_x = quantize_x;
   a.x_dtype = float_dtype(x->dtype);
   const int64_t xes = dtype_size(a.x_dtype);
   std::vector<char> xpack;
@@ -395,6 +396,13 @@ mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, const mt
                          const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads) {
   return guarded("mtp_linear_q8",
                  [&](Checker& c) { return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads); });
+}
+
+mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
+                            const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads) {
+  return guarded("mtp_linear_q8dot", [&](Checker& c) {
+    return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads, /*quantize_x=*/true);
+  });
 }
 
 const char* mtp_last_error(void) { return last_error().c_str(); }

@@ -180,9 +180,16 @@ inline void check_weight_scale(const char* op, const at::Tensor& weight, const c
   check_ok(op, weight_scale_rows_error(blocks, s.stride(0), s.stride(1)));
 }
 
+// quantize_x quantizes the activations like the weights: only with an int8 weight.
+inline void check_quantize_x(const char* op, const at::Tensor& weight, bool quantize_x) {
+  TORCH_CHECK(!quantize_x || weight.scalar_type() == at::kChar, op,
+              ": quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), got a ",
+              weight.scalar_type(), " weight");
+}
+
 inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
                                  const c10::optional<at::Tensor>& bias,
-                                 const c10::optional<at::Tensor>& weight_scale) {
+                                 const c10::optional<at::Tensor>& weight_scale, bool quantize_x = false) {
   const at::Device device = x.device();
   check_device(op, "weight", weight, device);
   check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
@@ -193,6 +200,7 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   check_size(op, "weight", weight, 1, K, "K (x.size(-1))");
   check_ok(op, weight_rows_error(K, weight.stride(0), weight.stride(1)));
   check_weight_scale(op, weight, weight_scale, device);
+  check_quantize_x(op, weight, quantize_x);
   LinearCall c;
   if (bias.has_value()) {
     check_device(op, "bias", *bias, device);
@@ -216,6 +224,7 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   }
   a.bias = c.bias.defined() ? c.bias.data_ptr<float>() : nullptr;
   a.y = c.y.data_ptr<float>(); a.y_stride = N;
+  a.quantize_x = quantize_x;
   return c;
 }
 

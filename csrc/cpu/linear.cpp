@@ -10,9 +10,9 @@ namespace {
 constexpr const char* kLinear = "mtp.linear";
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                      const c10::optional<at::Tensor>& weight_scale) {
+                      const c10::optional<at::Tensor>& weight_scale, bool quantize_x) {
   check_cpu(kLinear, "x", x);
-  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale);
+  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);
   if (c.args.M > 0 && c.args.N > 0) linear(c.args, current_isa(), TorchParallelFor{});
   return c.result();
 }

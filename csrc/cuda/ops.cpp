@@ -106,10 +106,11 @@ at::Tensor accept_prefix_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                       const c10::optional<at::Tensor>& weight_scale) {
+                       const c10::optional<at::Tensor>& weight_scale, bool quantize_x) {
   TORCH_CHECK(x.is_cuda(), kLinear, ": x must be on a CUDA device like the other arguments, got ", x.device());
   const c10::cuda::CUDAGuard guard(x.device());
-  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale);
+  // quantize_x needs an int8 weight (checked here), which is refused below: CPU only.
+  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);
   TORCH_CHECK(c.args.w_dtype != DType::I8, kLinear, ": ", kInt8CpuOnly, ", got weight on ", weight.device());
   C10_CUDA_CHECK(linear(c.args, c10::cuda::getCurrentCUDAStream()));
   return c.result();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mtp/common.h"
+#include "mtp/linear.h"
 #include "mtp/mtp.h"
 #include "test_util.h"
 
@@ -478,6 +479,126 @@ void test_linear_q8() {
   run_linear_q8_case(3, 4, 0, MTP_FLOAT32, true, false, 1), ++cases;       // K = 0: y = bias
   run_linear_q8_case(0, 4, 8, MTP_BFLOAT16, false, false, 1), ++cases;     // M = 0
   std::printf("linear_q8: %d cases on %s\n", cases, mtp_get_isa());
+}
+
+namespace {
+
+// reference.quantize_rows_q8's rule, written again: per block of 32, s = amax / 127 and
+// q = clamp(round_half_even(x / s)) in fp32 (s == 0: q = 0).
+void quantize_block(const float* x, int64_t n, int8_t* q, float* s) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  *s = amax / 127.f;
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = *s > 0.f ? int8_t(std::min(127.f, std::max(-127.f, std::nearbyint(x[i] / *s)))) : int8_t(0);
+}
+
+void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias, bool strided_x, int threads) {
+  const int64_t xc = strided_x ? 2 : 1, nb = (K + 31) / 32, ws = K + 5, ss = nb + 2;
+  Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1)));
+  x.randomize(-1, 1);
+  bv.randomize(-2, 2);
+  std::vector<int8_t> w(size_t(std::max<int64_t>(N * ws, 1)));
+  for (auto& q : w) q = int8_t(uniform(-128, 127));
+  std::vector<float> sc(size_t(std::max<int64_t>(N * ss, 1)));
+  for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
+  mtp_tensor xv{}, wv{}, sv{}, bt{};
+  xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
+  wv.data = w.data(); wv.dtype = MTP_INT8; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = ws; wv.strides[1] = 1;
+  sv.data = sc.data(); sv.dtype = MTP_FLOAT32; sv.ndim = 2; sv.sizes[0] = N; sv.sizes[1] = nb; sv.strides[0] = ss; sv.strides[1] = 1;
+  bt = mtp_contiguous(bv.data(), MTP_FLOAT32, 1, &N);
+  std::vector<float> y(size_t(std::max<int64_t>(M * N, 1)), -7.f);
+  const int64_t ysz[2] = {M, N};
+  mtp_tensor yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
+  char what[160];
+  std::snprintf(what, sizeof what, "q8dot x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt),
+                (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads);
+  EXPECT(mtp_linear_q8dot(&xv, &wv, &sv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  std::vector<float> xr(static_cast<size_t>(K)), xs(static_cast<size_t>(nb));
+  std::vector<int8_t> xq(static_cast<size_t>(K));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(x.get(size_t(m * K * xc + k * xc)));
+    for (int64_t b = 0; b < nb; ++b)
+      quantize_block(xr.data() + 32 * b, std::min<int64_t>(32, K - 32 * b), xq.data() + 32 * b, &xs[size_t(b)]);
+    for (int64_t n = 0; n < N; ++n) {
+      const int8_t* q = w.data() + n * ws;
+      const float* s = sc.data() + n * ss;
+      double want = 0, l1 = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        int64_t isum = 0, iabs = 0;
+        for (int64_t k = 32 * b; k < std::min(K, 32 * b + 32); ++k) {
+          isum += int64_t(xq[size_t(k)]) * q[k];
+          iabs += std::abs(int64_t(xq[size_t(k)]) * q[k]);
+        }
+        const double f = double(xs[size_t(b)]) * double(s[b]);
+        want += double(isum) * f;
+        l1 += double(iabs) * std::fabs(f);
+      }
+      if (bias) want += bv.get(size_t(n));
+      const float got = y[size_t(m * N + n)];
+      // reference.linear's documented bound
+      EXPECT(std::fabs(got - want) <= (nb + 8) * std::ldexp(l1, -24) + std::ldexp(std::fabs(want), -23) + 1e-30,
+             "%s: y[%lld,%lld] = %.9g, oracle %.9g", what, (long long)m, (long long)n, double(got), want);
+    }
+  }
+  expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
+    return mtp_linear_q8dot(x1, &wv, &sv, bias ? &bt : nullptr, y1, 1);
+  });
+}
+
+#if defined(MTP_X86)
+// The VNNI and the VPMADDUBSW variants of one instruction set give the same bits.
+void expect_vnni_variants_agree() {
+  const int64_t M = 5, N = 70, K = 576 + 45;
+  std::vector<float> x(size_t(M * K));
+  for (auto& v : x) v = float(std::uniform_real_distribution<double>(-3, 3)(rng));
+  std::vector<int8_t> w(size_t(N * K));
+  for (auto& q : w) q = int8_t(uniform(-128, 127));
+  std::vector<float> sc(size_t(N * ((K + 31) / 32)), 0.01f);
+  const int64_t rb = mtp::xq_row_bytes(K);
+  std::vector<float> rows(size_t(M * rb / 4));
+  for (int64_t m = 0; m < M; ++m)
+    mtp::quantize_row_q8(x.data() + m * K, mtp::DType::F32, K, reinterpret_cast<char*>(rows.data()) + m * rb);
+  mtp::LinearArgs a;
+  a.M = M; a.N = N; a.K = K;
+  a.x = rows.data(); a.x_dtype = mtp::DType::I8; a.x_stride = rb;
+  a.w = w.data(); a.w_dtype = mtp::DType::I8; a.w_stride = K; a.w_scale = sc.data(); a.w_scale_stride = (K + 31) / 32;
+  std::vector<float> y1(size_t(M * N)), y2(y1.size());
+  auto run = [&](std::vector<float>& y, void (*f)(const mtp::LinearArgs&, int64_t, int64_t)) {
+    a.y = y.data(); a.y_stride = N;
+    f(a, 0, N);
+  };
+  if (mtp::has_avx512_vnni()) {
+    run(y1, mtp::x86::linear_q8dot_avx512_vnni);
+    run(y2, mtp::x86::linear_q8dot_avx512_madd);
+    EXPECT(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0, "avx512: VNNI and VPMADDUBSW results differ");
+  }
+  if (mtp::has_avx_vnni()) {
+    run(y1, mtp::x86::linear_q8dot_avx2_vnni);
+    run(y2, mtp::x86::linear_q8dot_avx2_madd);
+    EXPECT(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0, "avx2: AVX_VNNI and VPMADDUBSW results differ");
+  }
+}
+#endif
+
+}  // namespace
+
+void test_linear_q8dot() {
+  int cases = 0;
+  for (mtp_dtype xt : {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16})
+    for (int64_t K : {1, 7, 31, 32, 33, 63, 64, 65, 100, 515}) {
+      run_linear_q8dot_case(7, 37, K, xt, cases % 2, cases % 3 == 0, 1 + cases % 3);
+      ++cases;
+    }
+  for (int64_t M : {1, 2, 5, 9, 17, 20})
+    run_linear_q8dot_case(M, 45, 96 + 13, MTP_FLOAT32, true, false, 2), ++cases;
+  run_linear_q8dot_case(5, 300, 576, MTP_BFLOAT16, true, false, 4), ++cases;
+  run_linear_q8dot_case(3, 4, 0, MTP_FLOAT32, true, false, 1), ++cases;  // K = 0: y = bias
+  run_linear_q8dot_case(0, 4, 8, MTP_BFLOAT16, false, false, 1), ++cases;
+#if defined(MTP_X86)
+  if (std::string(mtp_get_isa()) == "avx512") expect_vnni_variants_agree();
+#endif
+  std::printf("linear_q8dot: %d cases on %s\n", cases, mtp_get_isa());
 }
 
 // ---------------------------------------------------------------- bad arguments

@@ -48,6 +48,7 @@ void test_attention();
 void test_cache_append();
 void test_linear();
 void test_linear_q8();
+void test_linear_q8dot();
 void test_ops_errors();
 
 // test_rowwise.cpp

@@ -58,12 +58,17 @@ class Backbone(torch.nn.Module):
     """The frozen backbone. Weights are buffers (never trained), in `dtype`; with
     quantize=True every weight matrix (projections, embedding = LM head) is kept in the Q8
     format of `mtp_kernels.quant` (int8, one fp32 scale per 32 weights: ~1.1 bytes per weight)
-    and activations, norms and the KV cache stay in `dtype`."""
+    and activations, norms and the KV cache stay in `dtype`. int8_dot=True (with quantize=True)
+    also quantizes the activations entering each of those matrices, row by row (`mtp.linear`'s
+    quantize_x: integer dot products; every row keeps its bits whatever the number of rows, so
+    speculative decoding still equals this backbone's greedy)."""
 
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                 quantize: bool = False):
+                 quantize: bool = False, int8_dot: bool = False):
         super().__init__()
-        self.cfg, self.dtype, self.quantized = cfg, dtype, quantize
+        if int8_dot and not quantize:
+            raise ValueError("Backbone: int8_dot=True quantizes the activations for int8 weights: it needs quantize=True")
+        self.cfg, self.dtype, self.quantized, self.int8_dot = cfg, dtype, quantize, int8_dot
         weights = dict(weights)
         # Projections that read the same input are one weight matrix (one mtp.linear call, its
         # weights streamed once); the named per-projection weights are row views into it. Each
@@ -102,8 +107,10 @@ class Backbone(torch.nn.Module):
         return getattr(self, self._key(name) + "__scale", None)
 
     def matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """x @ W.T through the shape-invariant mtp.linear, W stored plain or Q8."""
-        return torch.ops.mtp.linear(x, self.w(name), None, self.scale(name))
+        """x @ W.T through the shape-invariant mtp.linear, W stored plain or Q8 (and x quantized
+        too with int8_dot)."""
+        scale = self.scale(name)
+        return torch.ops.mtp.linear(x, self.w(name), None, scale, quantize_x=self.int8_dot and scale is not None)
 
     @property
     def lm_head_name(self) -> str:

@@ -15,6 +15,11 @@
 #define MTP_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MTP_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define MTP_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")))
+// The integer dot products of quantize_x (VPDPBUSD): chosen inside Avx512 / Avx2 when the CPU
+// has them (has_avx512_vnni / has_avx_vnni); without them the same integers come from
+// VPMADDUBSW + VPMADDWD, so the bits do not depend on it.
+#define MTP_TARGET_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512vnni")))
+#define MTP_TARGET_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #endif
 #if defined(__aarch64__)
 #define MTP_ARM64 1
@@ -76,6 +81,17 @@ inline bool isa_supported(Isa isa) {
     default: return false;
   }
 }
+
+#if defined(MTP_X86)
+inline bool has_avx512_vnni() {
+  static const bool yes = isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512vnni");
+  return yes;
+}
+inline bool has_avx_vnni() {
+  static const bool yes = isa_supported(Isa::Avx2) && __builtin_cpu_supports("avxvnni");
+  return yes;
+}
+#endif
 
 // Every value, in enum order (lists, parsing, tests).
 constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Neon, Isa::NeonFp16};

@@ -14,6 +14,25 @@ namespace mtp {
 constexpr int64_t kQ8Block = 32;
 MTP_HOST_DEVICE inline int64_t q8_blocks(int64_t K) { return (K + kQ8Block - 1) / kQ8Block; }
 
+// quantize_x (int8 weights only): each activation row is quantized to int8 blocks of 32 like
+// the weights (row-local: quantize_row_q8 in linear.h, reference.quantize_rows_q8), then
+// multiplied with exact integer dot products per block. The kernels read a quantized row as
+// groups of kXqGroup elements: kXqGroup int8 values, then their blocks' fp32 scales (72
+// bytes), the row padded with zero values and zero scales to whole groups (so every ISA's
+// chunk, 32 or 64 elements, is whole: no scalar tail).
+constexpr int64_t kXqGroup = 64, kXqGroupBytes = kXqGroup + kXqGroup / kQ8Block * 4;
+inline int64_t xq_row_bytes(int64_t K) { return (K + kXqGroup - 1) / kXqGroup * kXqGroupBytes; }
+// Element k's int8 value and its block's scale in a quantized row.
+inline int8_t* xq_value(void* row, int64_t k) {
+  return static_cast<int8_t*>(row) + k / kXqGroup * kXqGroupBytes + k % kXqGroup;
+}
+inline float* xq_scale(void* row, int64_t k) {
+  return reinterpret_cast<float*>(static_cast<char*>(row) + k / kXqGroup * kXqGroupBytes + kXqGroup) +
+         k % kXqGroup / kQ8Block;
+}
+inline const int8_t* xq_value(const void* row, int64_t k) { return xq_value(const_cast<void*>(row), k); }
+inline const float* xq_scale(const void* row, int64_t k) { return xq_scale(const_cast<void*>(row), k); }
+
 struct LinearArgs {
   int64_t M = 0, N = 0, K = 0;
   const void* x = nullptr;  // [M, K], rows x_stride apart, unit inner stride
@@ -27,6 +46,7 @@ struct LinearArgs {
   const float* bias = nullptr;  // [N] fp32 or nullptr
   float* y = nullptr;           // [M, N] fp32, rows y_stride apart
   int64_t y_stride = 0;
+  bool quantize_x = false;  // w_dtype I8 only: integer dot products on row-quantized x (above)
 };
 
 // with_dtype for the linear layer's weight: the float types, plus I8 (Q8 blocks). Only the

@@ -160,6 +160,16 @@ MTP_API mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, con
 MTP_API mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
                                  const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads);
 
+/* mtp_linear_q8 with the activations quantized too (torch.ops.mtp.linear with quantize_x):
+ * each row of x in blocks of 32 along K gets scale = amax / 127 and int8 values
+ * round_half_even(x / scale) (reference.quantize_rows_q8), then every block is an exact
+ * int32 dot product, scaled by x scale * weight scale and accumulated in fp32 in a fixed
+ * order: row m's bits never depend on M or num_threads. A NaN or infinity in a row of x makes
+ * that row's outputs NaN. Integer dot instructions where the CPU has them (VNNI).
+ *   arguments: as mtp_linear_q8 */
+MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
+                                    const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads);
+
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */
 MTP_API const char* mtp_last_error(void);

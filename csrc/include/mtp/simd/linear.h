@@ -18,7 +18,8 @@ namespace mtp::simd {
 // A step type D names: Col (what locates weight row n: D::col(args, n); D::address(col, k) its
 // byte address of element k, D::row_bytes(args) the distance between rows), X and Wt (a loaded
 // chunk of activations / weights: load_x(X&, ...), load_w(Wt&, ...)), kChunk, step(acc&, X, Wt),
-// and leftover(sum, x row, col, k0, K): the elements past the last whole chunk one by one.
+// and leftover(sum, x row, col, k0, K): the elements past the last whole chunk one by one
+// (none when kPadsTail: then a partial last chunk is one more step, its missing elements zero).
 // Vectors travel by reference: these functions have no target attribute of their own (they
 // are inlined into the flatten entry points), and returning a vector by value would change
 // the ABI between targets (-Wpsabi).
@@ -29,6 +30,7 @@ struct LaneDot {
   using X = F;
   using Wt = F;
   static constexpr int kChunk = V::W;
+  static constexpr bool kPadsTail = false;
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
   static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + n * row_bytes(a); }
   static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
@@ -50,6 +52,7 @@ template <class V, DType XT>
 struct Q8Dot {
   using F = typename V::F;
   static constexpr int kChunk = int(kQ8Block), kVecs = kChunk / V::W;
+  static constexpr bool kPadsTail = false;
   static_assert(kChunk % V::W == 0, "a Q8 block is whole vectors");
   struct Col {
     const int8_t* q;  // weight row n
@@ -80,6 +83,31 @@ struct Q8Dot {
     for (int64_t k = k0; k < K; ++k) t += load_f32(x, XT, k) * float(w.q[k]);
     return acc + w.s[k0 / kChunk] * t;
   }
+};
+
+// The integer-dot steps' common part (quantize_x: x rows quantized to int8 blocks, the
+// kXqGroup layout of linear_args.h; int8 weights with fp32 block scales). Each ISA's step
+// (x86/linear.h, neon/linear.h) adds X, Wt, load_x, load_w and step: a chunk of one or two
+// blocks gives exact int32 lanes (lane l: the 4 products of elements 4l..4l+3 of its block,
+// each instruction variant the same integers), converted to fp32 (exact: |sum| < 2^24) and
+// entering the accumulator as acc = fma(lanes, x_scale * w_scale, acc). The x rows are
+// padded to whole groups and the weight's last chunk is loaded masked (zeros past K, zero
+// scales past its last block), so there is no leftover.
+struct Int8DotBase {
+  static constexpr bool kPadsTail = true;
+  struct Col {
+    const int8_t* q;  // weight row n
+    const float* s;   // its scales
+    int64_t K;        // its length: a chunk past it is loaded masked
+  };
+  static int64_t row_bytes(const LinearArgs& a) { return a.w_stride; }
+  static Col col(const LinearArgs& a, int64_t n) {
+    return {static_cast<const int8_t*>(a.w) + n * a.w_stride, a.w_scale + n * a.w_scale_stride, a.K};
+  }
+  static const char* address(Col w, int64_t k) { return reinterpret_cast<const char*>(w.q + k); }
+  static const int8_t* xq(const void* row, int64_t k) { return xq_value(row, k); }
+  static const float* xs(const void* row, int64_t k) { return xq_scale(row, k); }
+  static float leftover(float acc, const void*, Col, int64_t, int64_t) { return acc; }
 };
 
 // The step of a (activation, weight) dtype pair: DOT's for float weights, Q8Dot for int8.
@@ -147,7 +175,7 @@ struct VecLinear {
   // sum_each per row and group), rows in equal groups of at most kRows inside (9 = 4 + 5,
   // not 8 + 1: a thin group has too few FMA chains to hide their latency).
   static void run(const LinearArgs& a, int64_t n0, int64_t n1) {
-    const int64_t kv = a.K / D::kChunk * D::kChunk;
+    const int64_t kv = D::kPadsTail ? (a.K + D::kChunk - 1) / D::kChunk * D::kChunk : a.K / D::kChunk * D::kChunk;
     const int64_t xb = a.x_stride * dtype_size(XT);
     const char* x0 = static_cast<const char*>(a.x);
     F acc[kRowBlock][W];
@@ -197,3 +225,10 @@ struct VecLinear {
     });                                                                                                   \
   }
 #define MTP_LINEAR_ENTRY_POINT(TARGET, V, NAME) MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, simd::LaneDot)
+
+// Defines NAME(args, n0, n1) for quantize_x (x: quantized rows, see linear_args.h) with the
+// integer-dot step STEP.
+#define MTP_LINEAR_Q8DOT_ENTRY_POINT(TARGET, V, NAME, STEP)                                 \
+  TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) { \
+    simd::VecLinear<V, STEP, DType::I8, DType::I8>::run(a, n0, n1);                       \
+  }

@@ -4,6 +4,7 @@
 // fp32) — the order of VDPBF16PS, which Isa::Avx512Bf16 runs as one instruction (it also
 // flushes subnormals to zero, so the two agree except where subnormals occur).
 #pragma once
+#include <cstring>
 #include <type_traits>
 
 #include "mtp/simd/linear.h"
@@ -56,8 +57,121 @@ using Avx512Dot = DotFor<PairDot512>::type<V, XT, WT>;
 template <class V, DType XT, DType WT>
 using Avx512Bf16Dot = DotFor<Bf16Dot512>::type<V, XT, WT>;
 
+// ---- quantize_x: integer dot products (simd::Int8DotBase). With VNNI, VPDPBUSD (u8 x s8)
+// takes the weight offset to unsigned (q ^ 0x80 = q + 128) and starts from -128 * the x
+// values' lane sums, which leaves exactly sum q * x (any int8 q, -128 included). Without
+// VNNI, VPMADDUBSW takes |q| (<= 128) times x with q's sign (|x| <= 127: the int16 pair sums
+// cannot saturate), then VPMADDWD adds the pairs: the same int32 lanes.
+
+// acc += the dot products of 4 u8 x s8 per int32 lane (VPDPBUSD). Out of line with their own
+// target so that the steps keep the base one (the madd variants must compile without VNNI);
+// flatten inlines them into the VNNI entry points.
+MTP_TARGET_AVX512_VNNI inline void dpbusd(__m512i& acc, const __m512i& u8, const __m512i& s8) {
+  acc = _mm512_dpbusd_epi32(acc, u8, s8);
+}
+MTP_TARGET_AVX2_VNNI inline void dpbusd(__m256i& acc, const __m256i& u8, const __m256i& s8) {
+  acc = _mm256_dpbusd_avx_epi32(acc, u8, s8);
+}
+
+// AVX-512: a chunk is 64 elements, two blocks: int32 lanes 0-7 the first, 8-15 the second.
+template <bool kVnni>
+struct Int8Dot512 : simd::Int8DotBase {
+  static constexpr int kChunk = 64;
+  struct X { __m512i q, corr; __m512 scale; };  // corr: VNNI only
+  struct Wt { __m512i q; __mmask64 neg; __m512 scale; };
+  // Two block scales, each over its 8 lanes; m: which of the two to read.
+  MTP_TARGET_AVX512 static __m512 halves(const float* s, __mmask16 m) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_maskz_loadu_ps(m, s));
+  }
+  MTP_TARGET_AVX512 static void load_x(X& out, const void* row, int64_t k) {
+    out.q = _mm512_loadu_si512(xq(row, k));
+    out.scale = halves(xs(row, k), 3);
+    if constexpr (kVnni) {
+      const __m512i neg_x = _mm512_sub_epi8(_mm512_setzero_si512(), out.q);  // |x| <= 127: no overflow
+      out.corr = _mm512_setzero_si512();
+      dpbusd(out.corr, _mm512_set1_epi8(char(0x80)), neg_x);
+    }
+  }
+  MTP_TARGET_AVX512 static void load_w(Wt& out, Col w, int64_t k) {
+    const int64_t left = w.K - k;  // the last chunk: zeros past K, and its second scale only if that block exists
+    const __m512i q = left >= 64 ? _mm512_loadu_si512(w.q + k) : _mm512_maskz_loadu_epi8((1ull << left) - 1, w.q + k);
+    out.scale = halves(w.s + k / kQ8Block, left > kQ8Block ? 3 : 1);
+    if constexpr (kVnni) {
+      out.q = _mm512_xor_si512(q, _mm512_set1_epi8(char(0x80)));
+    } else {
+      out.q = _mm512_abs_epi8(q);
+      out.neg = _mm512_movepi8_mask(q);
+    }
+  }
+  MTP_TARGET_AVX512 static void step(__m512& acc, const X& x, const Wt& w) {
+    __m512i sums;
+    if constexpr (kVnni) {
+      sums = x.corr;
+      dpbusd(sums, w.q, x.q);
+    } else {
+      const __m512i signed_x = _mm512_mask_sub_epi8(x.q, w.neg, _mm512_setzero_si512(), x.q);
+      sums = _mm512_madd_epi16(_mm512_maddubs_epi16(w.q, signed_x), _mm512_set1_epi16(1));
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(x.scale, w.scale), acc);
+  }
+};
+
+// AVX2: a chunk is one block of 32 elements, 8 int32 lanes.
+template <bool kVnni>
+struct Int8Dot256 : simd::Int8DotBase {
+  static constexpr int kChunk = 32;
+  struct X { __m256i q, corr; __m256 scale; };  // corr: VNNI only
+  struct Wt { __m256i q, sign; __m256 scale; };  // sign: the weights themselves, without VNNI
+  MTP_TARGET_AVX2 static void load_x(X& out, const void* row, int64_t k) {
+    out.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq(row, k)));
+    out.scale = _mm256_broadcast_ss(xs(row, k));
+    if constexpr (kVnni) {
+      const __m256i neg_x = _mm256_sub_epi8(_mm256_setzero_si256(), out.q);
+      out.corr = _mm256_setzero_si256();
+      dpbusd(out.corr, _mm256_set1_epi8(char(0x80)), neg_x);
+    }
+  }
+  MTP_TARGET_AVX2 static void load_w(Wt& out, Col w, int64_t k) {
+    const int64_t left = w.K - k;
+    alignas(32) int8_t tail[32] = {};  // the last, partial block (AVX2 has no masked byte load)
+    const int8_t* p = w.q + k;
+    if (left < 32) p = static_cast<const int8_t*>(std::memcpy(tail, p, size_t(left)));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    out.scale = _mm256_broadcast_ss(w.s + k / kQ8Block);
+    if constexpr (kVnni) {
+      out.q = _mm256_xor_si256(q, _mm256_set1_epi8(char(0x80)));
+    } else {
+      out.q = _mm256_abs_epi8(q);
+      out.sign = q;
+    }
+  }
+  MTP_TARGET_AVX2 static void step(__m256& acc, const X& x, const Wt& w) {
+    __m256i sums;
+    if constexpr (kVnni) {
+      sums = x.corr;
+      dpbusd(sums, w.q, x.q);
+    } else {
+      sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w.q, _mm256_sign_epi8(x.q, w.sign)), _mm256_set1_epi16(1));
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(x.scale, w.scale), acc);
+  }
+};
+
 MTP_LINEAR_ENTRY_POINT_WITH(MTP_TARGET_AVX512, V512, linear_avx512, Avx512Dot)
 MTP_LINEAR_ENTRY_POINT_WITH(MTP_TARGET_AVX512_BF16, V512, linear_avx512_bf16, Avx512Bf16Dot)
 MTP_LINEAR_ENTRY_POINT(MTP_TARGET_AVX2, V256, linear_avx2)
+MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, V512, linear_q8dot_avx512_vnni, Int8Dot512<true>)
+MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX512, V512, linear_q8dot_avx512_madd, Int8Dot512<false>)
+MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, V256, linear_q8dot_avx2_vnni, Int8Dot256<true>)
+MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX2, V256, linear_q8dot_avx2_madd, Int8Dot256<false>)
+
+// quantize_x on Avx512 / Avx2: VNNI where the CPU has it (the same bits either way).
+inline void linear_q8dot_avx512(const LinearArgs& a, int64_t n0, int64_t n1) {
+  has_avx512_vnni() ? linear_q8dot_avx512_vnni(a, n0, n1) : linear_q8dot_avx512_madd(a, n0, n1);
+}
+inline void linear_q8dot_avx2(const LinearArgs& a, int64_t n0, int64_t n1) {
+  has_avx_vnni() ? linear_q8dot_avx2_vnni(a, n0, n1) : linear_q8dot_avx2_madd(a, n0, n1);
+}
 
 }  // namespace mtp::x86
