@@ -37,12 +37,30 @@
 #define MTP_NEON_FP16 1
 #define MTP_TARGET_NEON_FP16 __attribute__((target("arch=armv8.2-a+fp16")))
 #endif
+// armv8.2-a dot products (SDOT, FEAT_DotProd) for the integer-dot linear step: the same
+// scheme. GCC's arm_neon.h declares vdotq_s32 under target("arch=armv8.2-a+dotprod"), and its
+// intrinsics only inline into a function whose target includes all of that ("+dotprod" alone
+// is refused by GCC 12), so the attribute names the same architecture.
+#if defined(__ARM_FEATURE_DOTPROD)
+#define MTP_NEON_DOTPROD 1
+#define MTP_TARGET_NEON_DOTPROD
+#elif defined(__clang__) && __clang_major__ >= 16
+#define MTP_NEON_DOTPROD 1
+#define MTP_TARGET_NEON_DOTPROD __attribute__((target("dotprod")))
+#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9
+#define MTP_NEON_DOTPROD 1
+#define MTP_TARGET_NEON_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
 // Run-time detection reads the kernel's hwcaps (Linux and Android: getauxval is in Bionic
-// since API 18); elsewhere the fp16 path is not chosen automatically.
-#if defined(MTP_NEON_FP16) && (defined(__linux__) || defined(__ANDROID__))
+// since API 18); elsewhere neither the fp16 nor the dotprod path is chosen automatically.
+#if defined(__linux__) || defined(__ANDROID__)
+#define MTP_ARM64_HWCAPS 1
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDHP
 #define HWCAP_ASIMDHP (1 << 10)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
 #endif
 #endif
 #endif
@@ -75,7 +93,7 @@ inline bool isa_supported(Isa isa) {
 #if defined(MTP_ARM64)
     case Isa::Neon: return true;
 #endif
-#if defined(MTP_NEON_FP16) && (defined(__linux__) || defined(__ANDROID__))
+#if defined(MTP_NEON_FP16) && defined(MTP_ARM64_HWCAPS)
     case Isa::NeonFp16: return (getauxval(AT_HWCAP) & HWCAP_ASIMDHP) != 0;
 #endif
     default: return false;
@@ -90,6 +108,20 @@ inline bool has_avx512_vnni() {
 inline bool has_avx_vnni() {
   static const bool yes = isa_supported(Isa::Avx2) && __builtin_cpu_supports("avxvnni");
   return yes;
+}
+#endif
+
+#if defined(MTP_ARM64)
+// SDOT for quantize_x, chosen inside Neon / NeonFp16 when the CPU has it (FEAT_DotProd, an
+// armv8.2-a option: Cortex-A55/A75 on; not the A53/A57/A72); without it the same int32 lanes
+// come from SMULL + ADDP + SADALP, so the bits do not depend on it.
+inline bool has_neon_dotprod() {
+#if defined(MTP_NEON_DOTPROD) && defined(MTP_ARM64_HWCAPS)
+  static const bool yes = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+  return yes;
+#else
+  return false;
+#endif
 }
 #endif
 

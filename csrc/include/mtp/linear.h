@@ -40,7 +40,10 @@ inline void linear_items(const LinearArgs& a, int64_t begin, int64_t end, Isa is
   if (isa == Isa::Avx512) return x86::linear_avx512(a, n0, n1);
   if (isa == Isa::Avx2) return x86::linear_avx2(a, n0, n1);
 #elif defined(MTP_ARM64)
-  if (a.x_dtype == DType::I8) return generic::linear(a, n0, n1);  // quantize_x: no NEON step yet
+  if (a.x_dtype == DType::I8) {  // quantize_x
+    if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::linear_q8dot_neon(a, n0, n1);
+    return generic::linear(a, n0, n1);
+  }
   if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::linear_neon(a, n0, n1);
 #endif
   generic::linear(a, n0, n1);

@@ -88,8 +88,9 @@ struct Q8Dot {
 // The integer-dot steps' common part (quantize_x: x rows quantized to int8 blocks, the
 // kXqGroup layout of linear_args.h; int8 weights with fp32 block scales). Each ISA's step
 // (x86/linear.h, neon/linear.h) adds X, Wt, load_x, load_w and step: a chunk of one or two
-// blocks gives exact int32 lanes (lane l: the 4 products of elements 4l..4l+3 of its block,
-// each instruction variant the same integers), converted to fp32 (exact: |sum| < 2^24) and
+// blocks gives exact int32 lanes (x86, lane l: the 4 products of elements 4l..4l+3 of its
+// block; NEON: those and the 4 of elements 16+4l..16+4l+3; each instruction variant the same
+// integers), converted to fp32 (exact: |sum| < 2^24) and
 // entering the accumulator as acc = fma(lanes, x_scale * w_scale, acc). The x rows are
 // padded to whole groups and the weight's last chunk is loaded masked (zeros past K, zero
 // scales past its last block), so there is no leftover.
