@@ -69,13 +69,16 @@ aarch64-tools:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 
 # cortex-a53: armv8.0-a, no fp16 arithmetic (the widening path; the neon_fp16 tests would
-# only report "skipped", so they are left out); max: every feature, both fp16 paths.
-# MTP_EXPECT_NEON_FP16 makes the isa test check the run-time detection against the model.
+# only report "skipped", so they are left out) and no dotprod (quantize_x's SMULL step); max:
+# every feature, both fp16 paths, SDOT (checked bitwise against SMULL by linear_q8dot.neon).
+# MTP_EXPECT_NEON_FP16 / _DOTPROD make the isa test check the run-time detection against the model.
 test-aarch64: aarch64-tools
 	$(CORE) -B build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
 	$(CMAKE) --build build/aarch64 -j $(JOBS)
-	QEMU_CPU=cortex-a53 MTP_EXPECT_NEON_FP16=0 $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS) -LE neon_fp16
-	QEMU_CPU=max MTP_EXPECT_NEON_FP16=1 $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS)
+	QEMU_CPU=cortex-a53 MTP_EXPECT_NEON_FP16=0 MTP_EXPECT_NEON_DOTPROD=0 \
+	  $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS) -LE neon_fp16
+	QEMU_CPU=max MTP_EXPECT_NEON_FP16=1 MTP_EXPECT_NEON_DOTPROD=1 \
+	  $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS)
 
 # ---- CUDA, compiled here without a GPU. The .cu files are torch-free (kernels + launchers):
 # nvcc for both architectures, warnings as errors. The torch binding csrc/cuda/ops.cpp is

@@ -470,6 +470,12 @@ void test_isa() {
            mtp_isa_supported("neon_fp16"), int(want));
     EXPECT(mtp::best_isa() == (want ? mtp::Isa::NeonFp16 : mtp::Isa::Neon), "best isa %s", mtp::isa_name(mtp::best_isa()));
   }
+  std::printf("isa: neon dotprod (quantize_x SDOT) %s\n", mtp::has_neon_dotprod() ? "yes" : "no");
+  if (const char* e = std::getenv("MTP_EXPECT_NEON_DOTPROD")) {
+    const bool want = std::strcmp(e, "1") == 0;
+    EXPECT(mtp::has_neon_dotprod() == want, "neon dotprod detected %d, expected %d", int(mtp::has_neon_dotprod()),
+           int(want));
+  }
 #elif defined(MTP_X86)
   EXPECT(!mtp_isa_supported("neon") && !mtp_isa_supported("neon_fp16"), "x86 claims neon");
   EXPECT(!mtp_isa_supported("avx512_bf16") || mtp_isa_supported("avx512"), "avx512_bf16 without avx512");

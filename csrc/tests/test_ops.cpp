@@ -493,11 +493,57 @@ void quantize_block(const float* x, int64_t n, int8_t* q, float* s) {
     q[i] = *s > 0.f ? int8_t(std::min(127.f, std::max(-127.f, std::nearbyint(x[i] / *s)))) : int8_t(0);
 }
 
-void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias, bool strided_x, int threads) {
+// The documented order of quantize_x on an instruction set (the int32 block sums are exact,
+// so only the fp32 steps matter). W = 0 (generic): per block, acc = acc + float(isum) *
+// (sx * sw), blocks in order. W = 4, 8, 16 (neon, avx2, avx512): lanes of min(W, 8) per
+// block, lane j of a block summing the products of the elements i with (i / 4) % min(W, 8)
+// == j (neon: 4j..4j+3 and 16+4j..16+4j+3); each lane acc = fma(float(lane), sx * sw, acc)
+// over its blocks (avx512: lanes 8-15 take the odd blocks); then the W lanes by the
+// instruction set's tree (neon_tree: (l0 + l1) + (l2 + l3); else halving), then the bias.
+float q8dot_emulate(int W, bool neon_tree, const int8_t* xq, const float* xs, const int8_t* q, const float* s,
+                    int64_t K, const float* bias) {
+  const int64_t nb = (K + 31) / 32;
+  float sum = 0.f;
+  if (W == 0) {
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t t = 0;
+      for (int64_t k = 32 * b; k < std::min(K, 32 * b + 32); ++k) t += int32_t(xq[k]) * int32_t(q[k]);
+      sum = sum + float(t) * (xs[b] * s[b]);
+    }
+  } else {
+    const int lpb = std::min(W, 8), bpc = W / lpb;  // lanes per block, blocks per chunk
+    float acc[16] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t lane[8] = {};
+      for (int64_t k = 32 * b; k < std::min(K, 32 * b + 32); ++k) lane[(k % 32) / 4 % lpb] += int32_t(xq[k]) * int32_t(q[k]);
+      const float f = xs[b] * s[b];
+      for (int j = 0; j < lpb; ++j) {
+        float& a = acc[(b % bpc) * lpb + j];
+        a = std::fma(float(lane[j]), f, a);
+      }
+    }
+    if (neon_tree) {
+      sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    } else {
+      for (int h = W / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
+      sum = acc[0];
+    }
+  }
+  return bias ? sum + *bias : sum;
+}
+
+// nan_rows: rows 1, 4, 7, ... get one NaN (or an infinity, every other such row): all their
+// outputs are NaN, the other rows are untouched (checked against the oracle and alone).
+void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias, bool strided_x, int threads,
+                           bool nan_rows = false) {
   const int64_t xc = strided_x ? 2 : 1, nb = (K + 31) / 32, ws = K + 5, ss = nb + 2;
   Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1)));
   x.randomize(-1, 1);
   bv.randomize(-2, 2);
+  auto poisoned = [&](int64_t m) { return nan_rows && K > 0 && m % 3 == 1; };
+  for (int64_t m = 0; m < M; ++m)
+    if (poisoned(m)) x.set(size_t(m * K * xc + (m * 7 % K) * xc), m % 2 ? NAN : -INFINITY);
   std::vector<int8_t> w(size_t(std::max<int64_t>(N * ws, 1)));
   for (auto& q : w) q = int8_t(uniform(-128, 127));
   std::vector<float> sc(size_t(std::max<int64_t>(N * ss, 1)));
@@ -511,12 +557,20 @@ void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool b
   const int64_t ysz[2] = {M, N};
   mtp_tensor yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
   char what[160];
-  std::snprintf(what, sizeof what, "q8dot x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt),
-                (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads);
+  std::snprintf(what, sizeof what, "q8dot x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d nan=%d", name_of(xt),
+                (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads, int(nan_rows));
   EXPECT(mtp_linear_q8dot(&xv, &wv, &sv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  bool neon_tree;
+  const int W = lanes_of(mtp_get_isa(), &neon_tree);
   std::vector<float> xr(static_cast<size_t>(K)), xs(static_cast<size_t>(nb));
   std::vector<int8_t> xq(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
+    if (poisoned(m)) {
+      for (int64_t n = 0; n < N; ++n)
+        EXPECT(std::isnan(y[size_t(m * N + n)]), "%s: y[%lld,%lld] = %.9g, not NaN (x row has a NaN/inf)", what,
+               (long long)m, (long long)n, double(y[size_t(m * N + n)]));
+      continue;
+    }
     for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(x.get(size_t(m * K * xc + k * xc)));
     for (int64_t b = 0; b < nb; ++b)
       quantize_block(xr.data() + 32 * b, std::min<int64_t>(32, K - 32 * b), xq.data() + 32 * b, &xs[size_t(b)]);
@@ -539,6 +593,10 @@ void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool b
       // reference.linear's documented bound
       EXPECT(std::fabs(got - want) <= (nb + 8) * std::ldexp(l1, -24) + std::ldexp(std::fabs(want), -23) + 1e-30,
              "%s: y[%lld,%lld] = %.9g, oracle %.9g", what, (long long)m, (long long)n, double(got), want);
+      const float b = bias ? bv.f[size_t(n)] : 0.f;
+      const float emu = q8dot_emulate(W, neon_tree, xq.data(), xs.data(), q, s, K, bias ? &b : nullptr);
+      EXPECT(std::memcmp(&got, &emu, 4) == 0, "%s: y[%lld,%lld] = %.9g, the documented order on %s gives %.9g", what,
+             (long long)m, (long long)n, double(got), mtp_get_isa(), double(emu));
     }
   }
   expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
@@ -546,38 +604,71 @@ void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool b
   });
 }
 
+// quantize_x's kernel arguments for random rows x [M, K] (quantized into `rows`) and weights.
+struct Q8dotProblem {
+  int64_t M, N, K;
+  std::vector<float> rows, sc;
+  std::vector<int8_t> w;
+  mtp::LinearArgs a;
+  Q8dotProblem(int64_t M, int64_t N, int64_t K) : M(M), N(N), K(K) {
+    std::vector<float> x(size_t(M * K));
+    for (auto& v : x) v = float(std::uniform_real_distribution<double>(-3, 3)(rng));
+    w.resize(size_t(std::max<int64_t>(N * K, 1)));
+    for (auto& q : w) q = int8_t(uniform(-128, 127));
+    sc.assign(size_t(std::max<int64_t>(N * ((K + 31) / 32), 1)), 0.01f);
+    const int64_t rb = mtp::xq_row_bytes(K);
+    rows.resize(size_t(std::max<int64_t>(M * rb / 4, 1)));
+    for (int64_t m = 0; m < M; ++m)
+      mtp::quantize_row_q8(x.data() + m * K, mtp::DType::F32, K, reinterpret_cast<char*>(rows.data()) + m * rb);
+    a.M = M; a.N = N; a.K = K;
+    a.x = rows.data(); a.x_dtype = mtp::DType::I8; a.x_stride = rb;
+    a.w = w.data(); a.w_dtype = mtp::DType::I8; a.w_stride = K; a.w_scale = sc.data(); a.w_scale_stride = (K + 31) / 32;
+  }
+  void run(std::vector<float>& y, void (*f)(const mtp::LinearArgs&, int64_t, int64_t)) {
+    y.assign(size_t(std::max<int64_t>(M * N, 1)), -7.f);
+    a.y = y.data(); a.y_stride = N;
+    f(a, 0, N);
+  }
+};
+
 #if defined(MTP_X86)
 // The VNNI and the VPMADDUBSW variants of one instruction set give the same bits.
 void expect_vnni_variants_agree() {
-  const int64_t M = 5, N = 70, K = 576 + 45;
-  std::vector<float> x(size_t(M * K));
-  for (auto& v : x) v = float(std::uniform_real_distribution<double>(-3, 3)(rng));
-  std::vector<int8_t> w(size_t(N * K));
-  for (auto& q : w) q = int8_t(uniform(-128, 127));
-  std::vector<float> sc(size_t(N * ((K + 31) / 32)), 0.01f);
-  const int64_t rb = mtp::xq_row_bytes(K);
-  std::vector<float> rows(size_t(M * rb / 4));
-  for (int64_t m = 0; m < M; ++m)
-    mtp::quantize_row_q8(x.data() + m * K, mtp::DType::F32, K, reinterpret_cast<char*>(rows.data()) + m * rb);
-  mtp::LinearArgs a;
-  a.M = M; a.N = N; a.K = K;
-  a.x = rows.data(); a.x_dtype = mtp::DType::I8; a.x_stride = rb;
-  a.w = w.data(); a.w_dtype = mtp::DType::I8; a.w_stride = K; a.w_scale = sc.data(); a.w_scale_stride = (K + 31) / 32;
-  std::vector<float> y1(size_t(M * N)), y2(y1.size());
-  auto run = [&](std::vector<float>& y, void (*f)(const mtp::LinearArgs&, int64_t, int64_t)) {
-    a.y = y.data(); a.y_stride = N;
-    f(a, 0, N);
-  };
+  Q8dotProblem p(5, 70, 576 + 45);
+  std::vector<float> y1, y2;
   if (mtp::has_avx512_vnni()) {
-    run(y1, mtp::x86::linear_q8dot_avx512_vnni);
-    run(y2, mtp::x86::linear_q8dot_avx512_madd);
+    p.run(y1, mtp::x86::linear_q8dot_avx512_vnni);
+    p.run(y2, mtp::x86::linear_q8dot_avx512_madd);
     EXPECT(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0, "avx512: VNNI and VPMADDUBSW results differ");
   }
   if (mtp::has_avx_vnni()) {
-    run(y1, mtp::x86::linear_q8dot_avx2_vnni);
-    run(y2, mtp::x86::linear_q8dot_avx2_madd);
+    p.run(y1, mtp::x86::linear_q8dot_avx2_vnni);
+    p.run(y2, mtp::x86::linear_q8dot_avx2_madd);
     EXPECT(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0, "avx2: AVX_VNNI and VPMADDUBSW results differ");
   }
+}
+#endif
+
+#if defined(MTP_ARM64)
+// The SDOT and the SMULL variants give the same bits (K below, at and past whole blocks and
+// groups; every row grouping). Only where the CPU has dotprod (qemu -cpu max); elsewhere the
+// SMULL variant alone runs, checked by the cases against the same documented order.
+void expect_sdot_variants_agree() {
+#if defined(MTP_NEON_DOTPROD)
+  if (!mtp::has_neon_dotprod()) return;
+  int checked = 0;
+  for (int64_t K : {1, 7, 31, 32, 33, 64, 100, 576 + 45})
+    for (int64_t M : {1, 5, 9, 17}) {
+      Q8dotProblem p(M, 37, K);
+      std::vector<float> y1, y2;
+      p.run(y1, mtp::neon::linear_q8dot_neon_sdot);
+      p.run(y2, mtp::neon::linear_q8dot_neon_smull);
+      EXPECT(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0, "neon M=%lld K=%lld: SDOT and SMULL results differ",
+             (long long)M, (long long)K);
+      ++checked;
+    }
+  std::printf("linear_q8dot: SDOT == SMULL bitwise on %d shapes\n", checked);
+#endif
 }
 #endif
 
@@ -590,13 +681,17 @@ void test_linear_q8dot() {
       run_linear_q8dot_case(7, 37, K, xt, cases % 2, cases % 3 == 0, 1 + cases % 3);
       ++cases;
     }
-  for (int64_t M : {1, 2, 5, 9, 17, 20})
-    run_linear_q8dot_case(M, 45, 96 + 13, MTP_FLOAT32, true, false, 2), ++cases;
+  for (int64_t M = 1; M <= 33; ++M)  // every row grouping and row block: each row == the row alone
+    run_linear_q8dot_case(M, 45, 96 + 13, MTP_FLOAT32, M % 2, false, 1 + M % 3), ++cases;
   run_linear_q8dot_case(5, 300, 576, MTP_BFLOAT16, true, false, 4), ++cases;
+  for (int64_t K : {5, 32, 77})  // NaN / infinite rows among finite ones
+    run_linear_q8dot_case(11, 37, K, MTP_FLOAT32, true, false, 2, true), ++cases;
   run_linear_q8dot_case(3, 4, 0, MTP_FLOAT32, true, false, 1), ++cases;  // K = 0: y = bias
   run_linear_q8dot_case(0, 4, 8, MTP_BFLOAT16, false, false, 1), ++cases;
 #if defined(MTP_X86)
   if (std::string(mtp_get_isa()) == "avx512") expect_vnni_variants_agree();
+#elif defined(MTP_ARM64)
+  if (std::string(mtp_get_isa()) == "neon") expect_sdot_variants_agree();
 #endif
   std::printf("linear_q8dot: %d cases on %s\n", cases, mtp_get_isa());
 }
