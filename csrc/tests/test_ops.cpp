@@ -401,62 +401,73 @@ int lanes_of(const char* isa, bool* neon_tree) {
   return 0;
 }
 
+// A random Q8 problem for the C API: x [M, K] (every other element when strided_x), int8
+// weights and their scales in padded rows, a bias, y [M, N] (-7 everywhere), and their views.
+struct Q8ApiCase {
+  int64_t M, N, K, xc, nb, ws, ss;
+  Arr x, bv;
+  std::vector<int8_t> w;
+  std::vector<float> sc, y;
+  int64_t ysz[2];
+  mtp_tensor xv{}, wv{}, sv{}, bt{}, yv{};
+  Q8ApiCase(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool strided_x)
+      : M(M), N(N), K(K), xc(strided_x ? 2 : 1), nb((K + 31) / 32), ws(K + 5), ss(nb + 2),
+        x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1))),
+        w(size_t(std::max<int64_t>(N * ws, 1))), sc(size_t(std::max<int64_t>(N * ss, 1))),
+        y(size_t(std::max<int64_t>(M * N, 1)), -7.f), ysz{M, N} {
+    x.randomize(-1, 1);
+    bv.randomize(-2, 2);
+    for (auto& q : w) q = int8_t(uniform(-128, 127));
+    for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
+    xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
+    wv.data = w.data(); wv.dtype = MTP_INT8; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = ws; wv.strides[1] = 1;
+    sv.data = sc.data(); sv.dtype = MTP_FLOAT32; sv.ndim = 2; sv.sizes[0] = N; sv.sizes[1] = nb; sv.strides[0] = ss; sv.strides[1] = 1;
+    bt = mtp_contiguous(bv.data(), MTP_FLOAT32, 1, &this->N);
+    yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
+  }
+};
+
 void run_linear_q8_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias, bool strided_x, int threads) {
-  const int64_t xc = strided_x ? 2 : 1, nb = (K + 31) / 32, ws = K + 5, ss = nb + 2;  // padded rows
-  Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1)));
-  x.randomize(-1, 1);
-  bv.randomize(-2, 2);
-  std::vector<int8_t> w(size_t(std::max<int64_t>(N * ws, 1)));
-  for (auto& q : w) q = int8_t(uniform(-128, 127));
-  std::vector<float> sc(size_t(std::max<int64_t>(N * ss, 1)));
-  for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
-  if (N > 1 && nb > 0) sc[size_t(ss)] = 0.f;  // a zero block
-  mtp_tensor xv{}, wv{}, sv{}, bt{};
-  xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
-  wv.data = w.data(); wv.dtype = MTP_INT8; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = ws; wv.strides[1] = 1;
-  sv.data = sc.data(); sv.dtype = MTP_FLOAT32; sv.ndim = 2; sv.sizes[0] = N; sv.sizes[1] = nb; sv.strides[0] = ss; sv.strides[1] = 1;
-  bt = mtp_contiguous(bv.data(), MTP_FLOAT32, 1, &N);
-  std::vector<float> y(size_t(std::max<int64_t>(M * N, 1)), -7.f);
-  const int64_t ysz[2] = {M, N};
-  mtp_tensor yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
+  Q8ApiCase c(M, N, K, xt, strided_x);
+  if (N > 1 && c.nb > 0) c.sc[size_t(c.ss)] = 0.f;  // a zero block
   char what[160];
   std::snprintf(what, sizeof what, "q8 x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt), (long long)M,
                 (long long)N, (long long)K, int(bias), int(strided_x), threads);
-  EXPECT(mtp_linear_q8(&xv, &wv, &sv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  EXPECT(mtp_linear_q8(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &c.yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
   bool neon_tree;
   const int W = lanes_of(mtp_get_isa(), &neon_tree);
   std::vector<float> xr(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(x.get(size_t(m * K * xc + k * xc)));
+    for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(c.x.get(size_t(m * K * c.xc + k * c.xc)));
     for (int64_t n = 0; n < N; ++n) {
-      const int8_t* q = w.data() + n * ws;
-      const float* s = sc.data() + n * ss;
-      double want = bias ? bv.get(size_t(n)) : 0.0, l1 = 0;
+      const int8_t* q = c.w.data() + n * c.ws;
+      const float* s = c.sc.data() + n * c.ss;
+      double want = bias ? c.bv.get(size_t(n)) : 0.0, l1 = 0;
       for (int64_t k = 0; k < K; ++k) {
         const double p = double(xr[size_t(k)]) * q[k] * s[k / 32];
         want += p;
         l1 += std::fabs(p);
       }
-      const float got = y[size_t(m * N + n)];
+      const float got = c.y[size_t(m * N + n)];
       EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30, "%s: y[%lld,%lld] = %.9g, oracle %.9g",
              what, (long long)m, (long long)n, double(got), want);
-      const float b = bias ? bv.f[size_t(n)] : 0.f;
+      const float b = bias ? c.bv.f[size_t(n)] : 0.f;
       const float emu = q8_emulate(W, neon_tree, xr, q, s, K, bias ? &b : nullptr);
       EXPECT(std::memcmp(&got, &emu, 4) == 0, "%s: y[%lld,%lld] = %.9g, the documented order on %s gives %.9g", what,
              (long long)m, (long long)n, double(got), mtp_get_isa(), double(emu));
     }
   }
-  expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
-    return mtp_linear_q8(x1, &wv, &sv, bias ? &bt : nullptr, y1, 1);
+  expect_rows_alone(what, c.xv, c.y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
+    return mtp_linear_q8(x1, &c.wv, &c.sv, bias ? &c.bt : nullptr, y1, 1);
   });
   // y in x's dtype: the fp32 result rounded to nearest even.
   if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
     Arr yl(xt, size_t(M * N));
-    mtp_tensor ylv = mtp_contiguous(yl.data(), xt, 2, ysz);
-    EXPECT(mtp_linear_q8(&xv, &wv, &sv, bias ? &bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+    mtp_tensor ylv = mtp_contiguous(yl.data(), xt, 2, c.ysz);
+    EXPECT(mtp_linear_q8(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
     Arr r(xt, 1);
     for (int64_t i = 0; i < M * N; ++i) {
-      r.set(0, y[size_t(i)]);
+      r.set(0, c.y[size_t(i)]);
       EXPECT(yl.bits(size_t(i)) == r.bits(0), "%s: %s y[%lld] is not the rounded fp32 result", what, name_of(xt),
              (long long)i);
     }
@@ -537,48 +548,33 @@ float q8dot_emulate(int W, bool neon_tree, const int8_t* xq, const float* xs, co
 // outputs are NaN, the other rows are untouched (checked against the oracle and alone).
 void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias, bool strided_x, int threads,
                            bool nan_rows = false) {
-  const int64_t xc = strided_x ? 2 : 1, nb = (K + 31) / 32, ws = K + 5, ss = nb + 2;
-  Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1)));
-  x.randomize(-1, 1);
-  bv.randomize(-2, 2);
+  Q8ApiCase c(M, N, K, xt, strided_x);
   auto poisoned = [&](int64_t m) { return nan_rows && K > 0 && m % 3 == 1; };
   for (int64_t m = 0; m < M; ++m)
-    if (poisoned(m)) x.set(size_t(m * K * xc + (m * 7 % K) * xc), m % 2 ? NAN : -INFINITY);
-  std::vector<int8_t> w(size_t(std::max<int64_t>(N * ws, 1)));
-  for (auto& q : w) q = int8_t(uniform(-128, 127));
-  std::vector<float> sc(size_t(std::max<int64_t>(N * ss, 1)));
-  for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
-  mtp_tensor xv{}, wv{}, sv{}, bt{};
-  xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
-  wv.data = w.data(); wv.dtype = MTP_INT8; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = ws; wv.strides[1] = 1;
-  sv.data = sc.data(); sv.dtype = MTP_FLOAT32; sv.ndim = 2; sv.sizes[0] = N; sv.sizes[1] = nb; sv.strides[0] = ss; sv.strides[1] = 1;
-  bt = mtp_contiguous(bv.data(), MTP_FLOAT32, 1, &N);
-  std::vector<float> y(size_t(std::max<int64_t>(M * N, 1)), -7.f);
-  const int64_t ysz[2] = {M, N};
-  mtp_tensor yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
+    if (poisoned(m)) c.x.set(size_t(m * K * c.xc + (m * 7 % K) * c.xc), m % 2 ? NAN : -INFINITY);
   char what[160];
   std::snprintf(what, sizeof what, "q8dot x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d nan=%d", name_of(xt),
                 (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads, int(nan_rows));
-  EXPECT(mtp_linear_q8dot(&xv, &wv, &sv, bias ? &bt : nullptr, &yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  EXPECT(mtp_linear_q8dot(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &c.yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
   bool neon_tree;
   const int W = lanes_of(mtp_get_isa(), &neon_tree);
-  std::vector<float> xr(static_cast<size_t>(K)), xs(static_cast<size_t>(nb));
+  std::vector<float> xr(static_cast<size_t>(K)), xs(static_cast<size_t>(c.nb));
   std::vector<int8_t> xq(static_cast<size_t>(K));
   for (int64_t m = 0; m < M; ++m) {
     if (poisoned(m)) {
       for (int64_t n = 0; n < N; ++n)
-        EXPECT(std::isnan(y[size_t(m * N + n)]), "%s: y[%lld,%lld] = %.9g, not NaN (x row has a NaN/inf)", what,
-               (long long)m, (long long)n, double(y[size_t(m * N + n)]));
+        EXPECT(std::isnan(c.y[size_t(m * N + n)]), "%s: y[%lld,%lld] = %.9g, not NaN (x row has a NaN/inf)", what,
+               (long long)m, (long long)n, double(c.y[size_t(m * N + n)]));
       continue;
     }
-    for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(x.get(size_t(m * K * xc + k * xc)));
-    for (int64_t b = 0; b < nb; ++b)
+    for (int64_t k = 0; k < K; ++k) xr[size_t(k)] = float(c.x.get(size_t(m * K * c.xc + k * c.xc)));
+    for (int64_t b = 0; b < c.nb; ++b)
       quantize_block(xr.data() + 32 * b, std::min<int64_t>(32, K - 32 * b), xq.data() + 32 * b, &xs[size_t(b)]);
     for (int64_t n = 0; n < N; ++n) {
-      const int8_t* q = w.data() + n * ws;
-      const float* s = sc.data() + n * ss;
+      const int8_t* q = c.w.data() + n * c.ws;
+      const float* s = c.sc.data() + n * c.ss;
       double want = 0, l1 = 0;
-      for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t b = 0; b < c.nb; ++b) {
         int64_t isum = 0, iabs = 0;
         for (int64_t k = 32 * b; k < std::min(K, 32 * b + 32); ++k) {
           isum += int64_t(xq[size_t(k)]) * q[k];
@@ -588,19 +584,19 @@ void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool b
         want += double(isum) * f;
         l1 += double(iabs) * std::fabs(f);
       }
-      if (bias) want += bv.get(size_t(n));
-      const float got = y[size_t(m * N + n)];
+      if (bias) want += c.bv.get(size_t(n));
+      const float got = c.y[size_t(m * N + n)];
       // reference.linear's documented bound
-      EXPECT(std::fabs(got - want) <= (nb + 8) * std::ldexp(l1, -24) + std::ldexp(std::fabs(want), -23) + 1e-30,
+      EXPECT(std::fabs(got - want) <= (c.nb + 8) * std::ldexp(l1, -24) + std::ldexp(std::fabs(want), -23) + 1e-30,
              "%s: y[%lld,%lld] = %.9g, oracle %.9g", what, (long long)m, (long long)n, double(got), want);
-      const float b = bias ? bv.f[size_t(n)] : 0.f;
+      const float b = bias ? c.bv.f[size_t(n)] : 0.f;
       const float emu = q8dot_emulate(W, neon_tree, xq.data(), xs.data(), q, s, K, bias ? &b : nullptr);
       EXPECT(std::memcmp(&got, &emu, 4) == 0, "%s: y[%lld,%lld] = %.9g, the documented order on %s gives %.9g", what,
              (long long)m, (long long)n, double(got), mtp_get_isa(), double(emu));
     }
   }
-  expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
-    return mtp_linear_q8dot(x1, &wv, &sv, bias ? &bt : nullptr, y1, 1);
+  expect_rows_alone(what, c.xv, c.y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
+    return mtp_linear_q8dot(x1, &c.wv, &c.sv, bias ? &c.bt : nullptr, y1, 1);
   });
 }
 
