@@ -99,7 +99,8 @@ def test_empty_and_degenerate(gen):
     assert torch.equal(torch.ops.mtp.linear(torch.randn(2, 3), q, torch.full((4,), 0.25), s_zero), torch.full((2, 4), 0.25))
 
 
-def test_isas_agree_to_rounding(gen):
+@pytest.mark.parametrize("quantize_x", [False, True])  # weight-only Q8 and the integer dots
+def test_isas_agree_to_rounding(gen, quantize_x):
     x = torch.randn(5, 515, generator=gen)
     q, s = q8_weight(gen, 40, 515)
     before = mtp_kernels.get_isa()
@@ -107,7 +108,7 @@ def test_isas_agree_to_rounding(gen):
     try:
         for isa in mtp_kernels.supported_isas():
             mtp_kernels.set_isa(isa)
-            outs[isa] = torch.ops.mtp.linear(x, q, None, s)
+            outs[isa] = torch.ops.mtp.linear(x, q, None, s, quantize_x=quantize_x)
     finally:
         mtp_kernels.set_isa(before)
     for isa, y in outs.items():

@@ -183,21 +183,6 @@ def test_threads_and_layout_do_not_change_bits(gen, threads):
     assert torch.equal(linear_q8dot(x, big_q[:, :576], None, big_s[:, :18]), full)
 
 
-def test_isas_agree_to_rounding(gen):
-    x = torch.randn(5, 515, generator=gen)
-    q, s = q8_weight(gen, 40, 515)
-    before = mtp_kernels.get_isa()
-    outs = {}
-    try:
-        for isa in mtp_kernels.supported_isas():
-            mtp_kernels.set_isa(isa)
-            outs[isa] = linear_q8dot(x, q, None, s)
-    finally:
-        mtp_kernels.set_isa(before)
-    for isa, y in outs.items():
-        torch.testing.assert_close(y, outs["generic"], rtol=1e-5, atol=1e-5, msg=isa)
-
-
 # ---- edge values
 
 def test_non_finite_rows_give_nan_rows(isa, gen):

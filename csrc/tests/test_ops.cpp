@@ -360,6 +360,15 @@ void test_linear() {
 // ---------------------------------------------------------------- linear with int8 (Q8) weights
 namespace {
 
+// The sum of an ISA's W accumulator lanes in its kernel's order: NEON's pairwise tree, or
+// halving (lane l + lane l + h) on x86.
+float lane_tree_sum(float* acc, int W, bool neon_tree) {
+  if (neon_tree) return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  for (int h = W / 2; h >= 1; h /= 2)
+    for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
+  return acc[0];
+}
+
 // The documented order of one output element, in scalar code: lanes of W (16 avx512, 8 avx2,
 // 4 neon; 0: the generic path) take each whole block of 32 as t = x*q, then fma over the next
 // W elements, then acc = fma(t, scale, acc); the lanes are summed by the ISA's tree; a partial
@@ -377,13 +386,7 @@ float q8_emulate(int W, bool neon_tree, const std::vector<float>& x, const int8_
         for (int i = 1; i < 32 / W; ++i) t = std::fma(x[size_t(k0 + i * W + l)], float(q[k0 + i * W + l]), t);
         acc[l] = std::fma(t, s[k0 / 32], acc[l]);
       }
-    if (neon_tree) {
-      sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    } else {
-      for (int h = W / 2; h >= 1; h /= 2)
-        for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
-      sum = acc[0];
-    }
+    sum = lane_tree_sum(acc, W, neon_tree);
   }
   for (int64_t k0 = kv; k0 < K; k0 += 32) {
     float t = 0.f;
@@ -533,13 +536,7 @@ float q8dot_emulate(int W, bool neon_tree, const int8_t* xq, const float* xs, co
         a = std::fma(float(lane[j]), f, a);
       }
     }
-    if (neon_tree) {
-      sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    } else {
-      for (int h = W / 2; h >= 1; h /= 2)
-        for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
-      sum = acc[0];
-    }
+    sum = lane_tree_sum(acc, W, neon_tree);
   }
   return bias ? sum + *bias : sum;
 }
