@@ -34,7 +34,13 @@ def peak_live_bytes(fn) -> int:
 
 
 def nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of the storages behind tensors, each storage once (the backbone's fused qkv /
+    gate_up matrices are also registered as per-projection row views of the same storage)."""
+    storages = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
 
 
 def main():

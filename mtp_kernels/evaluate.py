@@ -144,13 +144,15 @@ def restrict_vocab(head, size: int) -> None:
 def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_vocab,
           log: Callable[[str], None]) -> list[dict]:
     """tau and decode tokens/s for each K (full draft vocabulary) and each draft vocabulary
-    size (at k_for_vocab)."""
+    size (at k_for_vocab) below the head's own (a prefix of its draft vocabulary; a head over the
+    full vocabulary has none to cut)."""
     rows = []
-    for k, vs in [(k, 0) for k in ks] + [(k_for_vocab, v) for v in vocab_sizes]:
+    full = int(head.draft_vocab.numel())
+    for k, vs in [(k, 0) for k in ks] + [(k_for_vocab, v) for v in vocab_sizes if v < full]:
         restrict_vocab(head, vs)
         rs = run_ours(model, prompt_ids, tasks, max_new, eos, head, k)
         passes = sum(r.passes for r in rs)
-        rows.append({"k": k, "draft_vocab": vs or int(head.draft_vocab.numel()),
+        rows.append({"k": k, "draft_vocab": int(head.draft_vocab.numel()) or model.cfg.vocab_size,
                      "tau": sum(len(r.tokens) - 1 for r in rs) / passes,
                      "decode_tokens_per_s": sum(len(r.tokens) - 1 for r in rs) / sum(r.decode_seconds for r in rs)})
         log(f"sweep: {rows[-1]}")

@@ -45,6 +45,18 @@ def test_restrict_vocab_takes_a_prefix_and_restores():
     assert head.draft_vocab.tolist() == [9, 4, 7, 3]
 
 
+def test_sweep_cuts_the_heads_draft_vocabulary_only():
+    """Vocabulary rows are prefixes smaller than the head's draft vocabulary, labelled with the
+    size they ran with; a size at or past the head's own would repeat the full run."""
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY, trained=True))
+    head.set_draft_vocab(torch.tensor([9, 4, 7, 3, 12, 30]))
+    rows = evaluate.sweep(tiny_backbone(), head, [[5, 6, 7]], ["a"], 4, (), ks=[1, 2], vocab_sizes=(2, 6, 8),
+                          k_for_vocab=2, log=lambda m: None)
+    assert [(r["k"], r["draft_vocab"]) for r in rows] == [(1, 6), (2, 6), (2, 2)]
+    assert head.draft_vocab.tolist() == [9, 4, 7, 3, 12, 30]  # restored
+
+
 def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     write_tiny_folder(tmp_path / "tiny")
     torch.manual_seed(0)
@@ -71,7 +83,8 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     assert 0 <= res["methods"]["ours_greedy_int8dot"]["x"]["token_agreement"] <= 1
     drafter = res["methods"]["ours_drafter"]["x"]
     assert drafter["identical_to_greedy"] == 2 and drafter["tau"] > 1  # a perfect drafter is accepted
-    assert len(res["sweep"]) == 5 + 3 and (tmp_path / "e2e.png").stat().st_size > 1000
+    # K = 1..5; no vocabulary rows: this head drafts over the whole (tiny) vocabulary
+    assert [r["k"] for r in res["sweep"]] == [1, 2, 3, 4, 5] and (tmp_path / "e2e.png").stat().st_size > 1000
     assert "| y | ours_mtp |" in (tmp_path / "e2e.md").read_text()
 
 
