@@ -148,10 +148,10 @@ class MTPHead(torch.nn.Module):
             for i, w in enumerate(weights):
                 a = rms_norm(x, w["attn_norm"], eps)
                 q = linear(a, w["q_proj"]).view(B, 1, c.num_heads, c.head_dim)
-                k = linear(a, w["k_proj"]).view(B, 1, c.num_kv_heads, c.head_dim)
+                k_new = linear(a, w["k_proj"]).view(B, 1, c.num_kv_heads, c.head_dim)
                 torch.ops.mtp.rope_(q, cos, sin)
-                torch.ops.mtp.rope_(k, cos, sin)
-                local_k[i, :, :, j] = k[:, 0]
+                torch.ops.mtp.rope_(k_new, cos, sin)
+                local_k[i, :, :, j] = k_new[:, 0]
                 local_v[i, :, :, j] = linear(a, w["v_proj"]).view(B, c.num_kv_heads, c.head_dim)
                 att = torch.ops.mtp.head_attention(q, kc, vc, cache.lens, local_k[i, :, :, :j + 1],
                                                    local_v[i, :, :, :j + 1])
