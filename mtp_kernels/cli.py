@@ -186,9 +186,9 @@ def select_methods(text: str | None, model: str | None, log) -> list[str]:
     if unknown or "ours_greedy" not in methods:
         raise UsageError(f"--methods: expected a comma-separated subset of {','.join(ALL_METHODS)} including "
                          f"ours_greedy (the reference of every comparison), got {text!r}")
-    for spec in ("ours_mtp_int8", "ours_mtp_int8dot"):
-        if spec in methods and EXACT_AGAINST[spec] not in methods:
-            raise UsageError(f"--methods: {spec} is checked against {EXACT_AGAINST[spec]}: list both")
+    for spec, base in EXACT_AGAINST.items():
+        if spec in methods and base not in methods:
+            raise UsageError(f"--methods: {spec} is checked against {base}: list both")
     if "llamacpp_greedy" in methods:
         from . import evaluate
 

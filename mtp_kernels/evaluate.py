@@ -181,14 +181,11 @@ def markdown(results: dict) -> str:
                   if llama else "")
             lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                          f"{r['tokens_per_s'] / base:.2f}x | {vs}{tau} | {acc} | {ident} | {agree} |")
-    if "ours_mtp_int8dot" in meth:
-        lines += ["", "ours_mtp_int8dot is compared with ours_greedy_int8dot (the same Q8 backbone with quantized "
-                      "activations: identical is the exactness check); ours_greedy_int8dot with the unquantized "
-                      "ours_greedy."]
-    if "ours_mtp_int8" in meth:
-        lines += ["", "ours_mtp_int8 is compared with ours_greedy_int8 (the same Q8 backbone: identical is the "
-                      "exactness check); ours_greedy_int8 with the unquantized ours_greedy (its token agreement "
-                      "is the accuracy of Q8 weights)."]
+    for q, backbone in (("int8dot", "the same Q8 backbone with quantized activations"), ("int8", "the same Q8 backbone")):
+        if f"ours_mtp_{q}" in meth:
+            lines += ["", f"ours_mtp_{q} is compared with ours_greedy_{q} ({backbone}: identical is the exactness "
+                          f"check); ours_greedy_{q} with the unquantized ours_greedy (its token agreement is the "
+                          "accuracy of that quantization)."]
     if results.get("sweep"):
         lines += ["", "Sweep (subset of the evaluation set): K and draft vocabulary size", "",
                   "| K | draft vocabulary | tau | decode tokens/s |", "|---:|---:|---:|---:|"]

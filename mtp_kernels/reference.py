@@ -49,6 +49,15 @@ def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
 
 
+def _q8_blocks(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t [..., K] as `dtype` blocks of 32 along K, the last one padded with zeros: [..., ceil(K/32), 32]."""
+    K, lead = t.shape[-1], t.shape[:-1]
+    nb = -(-K // 32)
+    out = torch.zeros(*lead, nb * 32, dtype=dtype)
+    out[..., :K] = t
+    return out.view(*lead, nb, 32)
+
+
 def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The activation quantization of ``linear(..., quantize_x=True)``, bit for bit.
 
@@ -59,13 +68,9 @@ def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax / 127 underflows) gives ``xq = 0``. A block holding a NaN or an infinity gets
     ``sx = NaN`` and ``xq = 0``: every output of its row is then NaN (NaN * 0 is NaN).
     """
-    xf = x.float()
-    K = xf.shape[-1]
-    nb = -(-K // 32)
-    lead = xf.shape[:-1]
-    blocks = torch.zeros(*lead, nb * 32, dtype=torch.float32)
-    blocks[..., :K] = xf
-    blocks = blocks.view(*lead, nb, 32)
+    K, lead = x.shape[-1], x.shape[:-1]
+    blocks = _q8_blocks(x.float(), torch.float32)
+    nb = blocks.shape[-2]
     finite = torch.isfinite(blocks).all(dim=-1, keepdim=True)
     amax = torch.where(torch.isfinite(blocks), blocks, 0.0).abs().amax(dim=-1, keepdim=True)
     sx = amax / 127  # fp32 / fp32: one rounding
@@ -79,12 +84,7 @@ def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def q8_block_sums(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
     """The exact integer dot products of ``quantize_x``: xq [M, K], wq [N, K] int8 ->
     [M, N, ceil(K/32)] int64, block b = sum over its elements of xq * wq (they fit in int32)."""
-    M, K = xq.shape
-    nb = -(-K // 32)
-    xp = torch.zeros(M, nb * 32, dtype=torch.int64)
-    wp = torch.zeros(wq.shape[0], nb * 32, dtype=torch.int64)
-    xp[:, :K], wp[:, :K] = xq.long(), wq.long()
-    return torch.einsum("mbk,nbk->mnb", xp.view(M, nb, 32), wp.view(wq.shape[0], nb, 32))
+    return torch.einsum("mbk,nbk->mnb", _q8_blocks(xq, torch.int64), _q8_blocks(wq, torch.int64))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

@@ -204,7 +204,8 @@ def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, v
     # inputs[j] = p+1+j, the position of step j's input token; before the prompt's last token
     # the next token is the user's, not the backbone's.
     inputs = [anchors + 1 + j for j in range(steps)]
-    in_prompt = [(anchors >= 0) & (i < torch.tensor([[s.prompt_len - 1] for s in batch])) for i in inputs]
+    last_prompt = torch.tensor([[s.prompt_len - 1] for s in batch])
+    in_prompt = [(anchors >= 0) & (i < last_prompt) for i in inputs]
     greedy = None
     if any(bool(m.any()) for m in in_prompt):
         if any(s.greedy is None for s in batch):

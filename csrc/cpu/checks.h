@@ -146,11 +146,11 @@ IdView<I> ids(const at::Tensor& t) {
   return {t.data_ptr<std::remove_const_t<I>>(), {t.stride(0), t.stride(1)}};
 }
 
-// mtp.linear's tensors, checked, as kernel arguments: x viewed as [M, K] (copied only if
-// its rows are strided), bias as fp32, y an fp32 [M, N] buffer; `result()` is the output.
 // The number of rows of t [..., n]: the product of its leading sizes.
 inline int64_t leading_rows(const at::Tensor& t) { return c10::multiply_integers(t.sizes().slice(0, t.dim() - 1)); }
 
+// mtp.linear's tensors, checked, as kernel arguments: x viewed as [M, K] (copied only if
+// its rows are strided), bias as fp32, y an fp32 [M, N] buffer; `result()` is the output.
 struct LinearCall {
   at::Tensor x2, bias, y;
   std::vector<int64_t> out_shape;
