@@ -105,6 +105,29 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.mtp.silu_mul.default(gate_up)
 
 
+def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
+                   rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
+                   weight_scales: list[torch.Tensor], num_heads: int, eps: float, *,
+                   quantize_x: bool = False) -> torch.Tensor:
+    """A whole Llama-family decoder pass over the embeddings x [B, T, H] in one call (CPU):
+    per layer input_norm, qkv, o_proj, post_norm, gate_up, down_proj in ``weights`` (then the
+    final norm), Q8 scales of the four matrices per layer in ``weight_scales`` (or none). The
+    tokens go to positions cache_lens[b] + t of k_cache, v_cache [layers, B, Hkv, L, D]
+    (written in place; cache_lens is left for the caller to advance). Returns the final normed
+    hidden states, bitwise those of the op-by-op composition; see ``reference.decoder_layers``."""
+    return torch.ops.mtp.decoder_layers.default(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
+                                                weight_scales, num_heads, eps, quantize_x=quantize_x)
+
+
+@torch.library.register_fake("mtp::decoder_layers")
+def _decoder_layers_fake(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps,
+                         *, quantize_x=False):
+    torch._check(x.dim() == 3, lambda: "mtp.decoder_layers: x must be 3-D [B, T, H]")
+    torch._check(k_cache.dim() == 5, lambda: "mtp.decoder_layers: k_cache must be 5-D [layers, B, Hkv, L, D]")
+    _check_same_device("mtp.decoder_layers", "x", x, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
+    return x.new_empty(x.shape)
+
+
 def _norm_fake(op, x, weight, **others):
     _check_same_device(op, "x", x, weight=weight, **others)
     torch._check(x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1],

@@ -5,6 +5,7 @@ Slow and simple on purpose; the kernels are tested against these functions.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -445,3 +446,54 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     values are within a few ulp of this function's, the same bits on every instruction set."""
     g, u = gate_up.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
+
+
+# ---- a whole decoder pass ----------------------------------------------------------------
+DECODER_PARTS = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj")  # per layer, in `weights`
+
+
+def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
+                   rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
+                   weight_scales: list[torch.Tensor], num_heads: int, eps: float, *, quantize_x: bool = False,
+                   ops=None) -> torch.Tensor:
+    """A Llama-family decoder pass over the embeddings x [B, T, H] (fp32|bf16): the composition
+    below of the layer ops. weights holds per layer DECODER_PARTS (norms [H] in x's dtype;
+    qkv [(Hq + 2 Hkv) D, H] = the q, k, v heads' rows; o_proj [H, Hq D]; gate_up [2I, H] =
+    gate rows, then up rows; down_proj [H, I]), then the final norm; weight_scales is empty or
+    holds the Q8 scales of qkv, o_proj, gate_up, down_proj per layer (int8 matrices; with
+    quantize_x the activations entering them are quantized too). Request b's tokens take
+    positions p = cache_lens[b] + t (RoPE angles rope_cos/rope_sin [P, D] row p; written to
+    k_cache, v_cache [layers, B, Hkv, L, D] in place; cache_lens is not advanced). Returns the
+    final norm of the last residual stream, [B, T, H].
+
+    ``ops`` supplies linear, rope, cache_append, head_attention, rms_norm, add_rms_norm and
+    silu_mul (default: this module's). With the kernels (``mtp_kernels.ops``, rope through
+    rope_ on a copy) this composition gives mtp.decoder_layers's bits exactly."""
+    ops = ops or _REFERENCE_OPS
+    B, T, _ = x.shape
+    layers, Hkv, D = k_cache.shape[0], k_cache.shape[2], k_cache.shape[4]
+    Hq = num_heads
+    positions = cache_lens.long()[:, None] + torch.arange(T)
+    cos, sin = rope_cos[positions], rope_sin[positions]
+    new_lens = cache_lens + T
+    h = ops.rms_norm(x, weights[0] if layers else weights[-1], eps)
+    for i in range(layers):
+        norm_in, qkv_w, o_w, norm_post, gate_up_w, down_w = weights[6 * i:6 * i + 6]
+        qkv_s, o_s, gate_up_s, down_s = weight_scales[4 * i:4 * i + 4] if weight_scales else (None,) * 4
+
+        def project(a, w, s):
+            return ops.linear(a, w, None, s, quantize_x=quantize_x and s is not None)
+
+        qkv = project(h, qkv_w, qkv_s).view(B, T, Hq + 2 * Hkv, D)
+        qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
+        q, k, v = qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:]
+        ops.cache_append(k_cache[i], v_cache[i], k, v, cache_lens)
+        a = ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
+        x, h = ops.add_rms_norm(x, project(a.reshape(B, T, Hq * D), o_w, o_s), norm_post, eps)
+        mlp = project(ops.silu_mul(project(h, gate_up_w, gate_up_s)), down_w, down_s)
+        x, h = ops.add_rms_norm(x, mlp, weights[6 * i + 6], eps)
+    return h
+
+
+_REFERENCE_OPS = SimpleNamespace(linear=linear, rope=rope, cache_append=cache_append, head_attention=head_attention,
+                                 rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)

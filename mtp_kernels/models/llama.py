@@ -3,7 +3,8 @@
 Every step that mixes values across a row goes through a shape-invariant kernel
 (`mtp.linear` for all projections and the LM head, `mtp.head_attention` for attention,
 `mtp.add_rms_norm` for the residual adds and norms), and the rest (`mtp.rope_`,
-`mtp.silu_mul`) is elementwise. So the logits of a verify pass over K+1 positions are
+`mtp.silu_mul`) is elementwise; all layers run in one `mtp.decoder_layers` call, which runs
+those kernels in that order. So the logits of a verify pass over K+1 positions are
 bitwise those of K+1 one-token steps: speculative decoding gives exactly the tokens of plain
 greedy decoding.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..quant import dequantize_q8, quantize_q8
+from ..reference import DECODER_PARTS
 from .config import LlamaConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -93,6 +95,11 @@ class Backbone(torch.nn.Module):
         cos, sin = rope_tables(cfg, cfg.max_position)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._decoder_weights = None  # mtp.decoder_layers's lists, built on the first forward
+
+    def _apply(self, fn, *args, **kwargs):  # .to() and friends replace the buffers
+        self._decoder_weights = None
+        return super()._apply(fn, *args, **kwargs)
 
     @staticmethod
     def _key(name: str) -> str:
@@ -149,37 +156,34 @@ class Backbone(torch.nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.matmul(hidden, self.lm_head_name)
 
+    def decoder_weights(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """mtp.decoder_layers's weights (per layer its DECODER_PARTS, then the final norm) and
+        weight_scales (the Q8 scales of the four matrices per layer; empty for float weights)."""
+        parts = {"input_norm": "input_layernorm.weight", "qkv": "qkv", "o_proj": "self_attn.o_proj.weight",
+                 "post_norm": "post_attention_layernorm.weight", "gate_up": "gate_up",
+                 "down_proj": "mlp.down_proj.weight"}
+        names = [f"model.layers.{i}.{parts[p]}" for i in range(self.cfg.num_layers) for p in DECODER_PARTS]
+        weights = [self.w(n) for n in names] + [self.w("model.norm.weight")]
+        scales = [s for s in map(self.scale, names) if s is not None]
+        return weights, scales
+
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the
         cache and advances cache.lens by T. Returns the final normed hidden states
-        [B, T, hidden] (the LM head's input; `logits()` turns them into logits)."""
-        cfg = self.cfg
+        [B, T, hidden] (the LM head's input; `logits()` turns them into logits).
+        All layers run in one mtp.decoder_layers call (reference.decoder_layers: the same
+        bits as the op-by-op composition, without ~11 dispatches per layer)."""
         B, T = tokens.shape
         if B != cache.lens.shape[0]:
             raise ValueError(f"tokens has {B} requests but the cache has {cache.lens.shape[0]}")
         if int(cache.lens.max()) + T > cache.capacity:
             raise ValueError(f"{T} more tokens do not fit the cache: {int(cache.lens.max())} used of {cache.capacity}")
-        positions = cache.lens[:, None] + torch.arange(T)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        new_lens = cache.lens + T
-        Hq, Hkv, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        norms = [self.w(f"model.layers.{i}.input_layernorm.weight") for i in range(cfg.num_layers)]
-        norms.append(self.w("model.norm.weight"))
-        # Per layer: x is the residual stream, h its norm. Each residual add is fused with the
-        # norm after it (the next layer's input norm, or the final norm after the last MLP).
-        x = self.embed(tokens)
-        h = torch.ops.mtp.rms_norm(x, norms[0], eps)
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            qkv = self.matmul(h, p + "qkv").view(B, T, Hq + 2 * Hkv, D)
-            torch.ops.mtp.rope_(qkv[:, :, :Hq + Hkv], cos, sin)  # q and k heads rotated in place
-            q, k, v = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv], qkv[:, :, Hq + Hkv:]
-            torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
-            a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], new_lens, causal=True)
-            o = self.matmul(a.reshape(B, T, cfg.hidden_size), p + "self_attn.o_proj.weight")
-            x, h = torch.ops.mtp.add_rms_norm(x, o, self.w(p + "post_attention_layernorm.weight"), eps)
-            mlp = self.matmul(torch.ops.mtp.silu_mul(self.matmul(h, p + "gate_up")), p + "mlp.down_proj.weight")
-            x, h = torch.ops.mtp.add_rms_norm(x, mlp, norms[i + 1], eps)
-        cache.lens.copy_(new_lens)
+        if self._decoder_weights is None:
+            self._decoder_weights = self.decoder_weights()
+        weights, scales = self._decoder_weights
+        h = torch.ops.mtp.decoder_layers(self.embed(tokens), cache.k, cache.v, cache.lens, self.rope_cos,
+                                         self.rope_sin, weights, scales, self.cfg.num_heads, self.cfg.rms_norm_eps,
+                                         quantize_x=self.int8_dot)
+        cache.lens.add_(T)
         return h

@@ -1,0 +1,184 @@
+"""mtp.decoder_layers: a whole decoder pass in one call gives, bitwise, the op-by-op
+composition of reference.decoder_layers run with the kernels (mtp.linear, mtp.rope_, ...),
+and is close to the same composition of the reference ops. Across dtypes, float / Q8 /
+int8-dot weights, ragged cache lengths, every instruction set, thread counts, strided cache
+views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad input."""
+import re
+import types
+
+import pytest
+import torch
+
+from mtp_kernels import ops, reference
+from test_rowwise import assert_bitwise
+from tiny_model import TINY, tiny_backbone
+
+
+def _rope_copy(x, cos, sin):
+    y = x.clone()
+    ops.rope_(y, cos, sin)
+    return y
+
+
+# The kernels, one op at a time: reference.decoder_layers's composition with these gives
+# mtp.decoder_layers's bits.
+KERNEL_OPS = types.SimpleNamespace(linear=ops.linear, rope=_rope_copy, cache_append=ops.cache_append,
+                                   head_attention=ops.head_attention, rms_norm=ops.rms_norm,
+                                   add_rms_norm=ops.add_rms_norm, silu_mul=ops.silu_mul)
+VARIANTS = [(torch.float32, False, False), (torch.float32, True, False), (torch.float32, True, True),
+            (torch.bfloat16, False, False), (torch.bfloat16, True, False), (torch.bfloat16, True, True)]
+# (cache lengths before the pass, T): one-token steps, a verify pass, ragged requests, empty caches.
+CASES = [([5], 1), ([3, 7], 5), ([0, 4, 9], 1), ([0, 0], 3)]
+
+
+class Pass:
+    """The arguments of one decoder pass of the tiny backbone, with caches holding random
+    history, so that several calls can start from the same state."""
+
+    def __init__(self, dtype, quantize, int8_dot, lens, T, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.model = m = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
+        self.cache = m.new_cache(len(lens), 32)
+        self.cache.k.copy_(torch.randn(self.cache.k.shape, generator=g))
+        self.cache.v.copy_(torch.randn(self.cache.v.shape, generator=g))
+        self.cache.lens.copy_(torch.tensor(lens))
+        self.x = m.embed(torch.randint(0, TINY.vocab_size, (len(lens), T), generator=g))
+        self.weights, self.scales = m.decoder_weights()
+        self.quantize_x = int8_dot
+
+    def args(self, k=None, v=None, x=None):
+        m = self.model
+        return (self.x if x is None else x, self.cache.k.clone() if k is None else k,
+                self.cache.v.clone() if v is None else v, self.cache.lens.clone(), m.rope_cos, m.rope_sin,
+                self.weights, self.scales, m.cfg.num_heads, m.cfg.rms_norm_eps)
+
+    def fused(self, *args):
+        args = args or self.args()
+        return torch.ops.mtp.decoder_layers(*args, quantize_x=self.quantize_x), args
+
+    def composed(self, op_set=KERNEL_OPS, x=None):
+        args = self.args(x=x)
+        return reference.decoder_layers(*args, quantize_x=self.quantize_x, ops=op_set), args
+
+
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
+@pytest.mark.parametrize("lens,T", CASES)
+def test_one_call_equals_the_op_by_op_composition_bitwise(isa, dtype, quantize, int8_dot, lens, T):
+    p = Pass(dtype, quantize, int8_dot, lens, T)
+    got, (_, k, v, got_lens, *_) = p.fused()
+    want, (_, k_want, v_want, *_) = p.composed()
+    assert_bitwise(got, want)
+    assert torch.equal(k, k_want) and torch.equal(v, v_want)  # the same keys/values, at the same places
+    assert torch.equal(got_lens, torch.tensor(lens))  # the lengths are the caller's to advance
+    changed = (k != p.cache.k).any(dim=(0, 2, 4))  # [B, L]: the positions written
+    for b, n in enumerate(lens):
+        assert changed[b, n:n + T].all() and not changed[b, :n].any() and not changed[b, n + T:].any()
+
+
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
+def test_close_to_the_reference_ops(dtype, quantize, int8_dot):
+    """The composition of the reference ops (fp64 linear and attention): the kernels' fp32
+    rounding apart, the same pass (a bf16 activation may round to its neighbour, and the
+    difference travels through the layers)."""
+    p = Pass(dtype, quantize, int8_dot, [3, 7], 5)
+    got, _ = p.fused()
+    want, _ = p.composed(op_set=None)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.1, atol=0.1)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+def test_thread_counts_give_the_same_bits(threads):
+    p = Pass(torch.bfloat16, True, True, [3, 7], 5)
+    results = []
+    for n in (1, 2, 3):
+        torch.set_num_threads(n)
+        results.append(p.fused()[0])
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+def test_strided_cache_views_are_written_in_place():
+    """A request's view of a batched cache (KVCache.select: strided [layers, 1, ...]) gives the
+    bits of a contiguous cache and writes into the batched buffers."""
+    p = Pass(torch.float32, False, False, [3, 7], 2)
+    k, v = p.cache.k.clone(), p.cache.v.clone()
+    args = list(p.args(k=k[:, 1:2], v=v[:, 1:2], x=p.x[1:2]))
+    args[3] = p.cache.lens[1:2].clone()
+    got, _ = p.fused(*args)
+    alone = p.args(k=k[:, 1:2].contiguous(), v=v[:, 1:2].contiguous(), x=p.x[1:2])
+    alone = alone[:3] + (args[3],) + alone[4:]
+    want, (_, k_alone, *_) = p.fused(*alone)
+    assert torch.equal(got, want) and torch.equal(k[:, 1:2], k_alone)
+    assert torch.equal(k[:, 0], p.cache.k[:, 0])  # the other request's cache untouched
+
+
+def test_a_nan_request_leaves_the_others_alone():
+    p = Pass(torch.bfloat16, False, False, [3, 7], 3)
+    x = p.x.clone()
+    x[0, 1, 5] = float("nan")
+    got, _ = p.fused(*p.args(x=x))
+    want, _ = p.composed(x=x)
+    assert_bitwise(got, want)
+    assert got[0, 1:].isnan().all() and not got[0, 0].isnan().any()  # causal: token 0 never sees token 1
+    assert torch.equal(got[1], p.fused()[0][1])
+
+
+def test_empty_pass_and_zero_layers():
+    p = Pass(torch.float32, False, False, [3, 7], 0)
+    got, (_, k, *_) = p.fused()
+    assert got.shape == (2, 0, TINY.hidden_size) and torch.equal(k, p.cache.k)
+    # No layers: the final norm of the embeddings.
+    p = Pass(torch.float32, False, False, [3, 7], 2)
+    final = p.weights[-1]
+    empty = p.cache.k[:0]
+    got, _ = p.fused(p.x, empty, empty.clone(), p.cache.lens, p.model.rope_cos, p.model.rope_sin, [final], [],
+                     TINY.num_heads, TINY.rms_norm_eps)
+    assert torch.equal(got, ops.rms_norm(p.x, final, TINY.rms_norm_eps))
+
+
+@pytest.mark.parametrize("quantize,int8_dot", [(False, False), (True, True)])
+def test_opcheck(quantize, int8_dot):
+    p = Pass(torch.float32, quantize, int8_dot, [3, 7], 2)
+    torch.library.opcheck(torch.ops.mtp.decoder_layers.default, p.args(), {"quantize_x": int8_dot})
+
+
+def _bad(p, message, x=None, k=None, v=None, lens=None, cos=None, sin=None, weights=None, scales=None, heads=None,
+         quantize_x=None):
+    args = list(p.args(k=k, v=v, x=x))
+    for i, value in ((3, lens), (4, cos), (5, sin), (6, weights), (7, scales), (8, heads)):
+        if value is not None:
+            args[i] = value
+    before = (args[1].clone(), args[2].clone())
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.ops.mtp.decoder_layers(*args, quantize_x=p.quantize_x if quantize_x is None else quantize_x)
+    assert torch.equal(args[1], before[0]) and torch.equal(args[2], before[1])  # nothing written
+
+
+def test_bad_input_raises_clear_errors():
+    p = Pass(torch.float32, False, False, [3, 7], 2)
+    w, k = p.weights, p.cache.k
+    _bad(p, "mtp.decoder_layers: x must be 3-D [B, T, H]", x=p.x[0])
+    _bad(p, "k_cache must have x's dtype", k=k.bfloat16())
+    _bad(p, "k_cache must be 5-D [layers, B, Hkv, L, D]", k=k[0])
+    _bad(p, "v_cache must have k_cache's shape", v=p.cache.v[:, :, :, :8])
+    _bad(p, "k_cache.size(1) must equal B (x.size(0))", x=p.x[:1])
+    _bad(p, "weights must hold 6 tensors per layer", weights=w[:-1])
+    _bad(p, "weights[7] (layer 1's qkv).size(0) must equal (Hq + 2 Hkv) D",
+         weights=w[:7] + [w[7][:-1]] + w[8:])
+    _bad(p, "weights[9] (layer 1's post_norm) must have x's dtype", weights=w[:9] + [w[9].bfloat16()] + w[10:])
+    _bad(p, "weights[12] (the final norm).size(0) must equal H", weights=w[:12] + [w[12][:-1]])
+    _bad(p, "weight rows must be contiguous", weights=w[:1] + [w[1].t().contiguous().t()] + w[2:])
+    _bad(p, "q's head count Hq = 3 must be a multiple of k_cache's head count Hkv = 2", heads=3)
+    _bad(p, "request 1 would pass the cache capacity: cache_lens[1] + T = 31 + 2 > L = 32",
+         lens=torch.tensor([3, 31]))
+    _bad(p, "cache_lens must lie in [0, L (k_cache.size(3))]", lens=torch.tensor([3, -1]))
+    _bad(p, "would pass the RoPE tables: cache_lens[0] + T = 3 + 2 > P = 4", cos=p.model.rope_cos[:4],
+         sin=p.model.rope_sin[:4])
+    _bad(p, "rope_sin must have rope_cos's shape [256, 16], got [4, 16]", sin=p.model.rope_sin[:4])
+    _bad(p, "rope_cos must be Float", cos=p.model.rope_cos.double())
+    _bad(p, "quantize_x=True needs int8 weights with their scales", quantize_x=True)
+    q = Pass(torch.float32, True, False, [3, 7], 2)
+    _bad(q, "weight_scales must be empty (float weights) or hold the Q8 scales", scales=q.scales[:-1])
+    _bad(q, "weights[1] (layer 0's qkv) is Char but weight_scales is empty", scales=[])
+    _bad(q, "weights[2] (layer 0's o_proj)'s scales.size(1) must equal ceil(K/32)",
+         scales=[q.scales[0], q.scales[1][:, :1]] + q.scales[2:])
+    _bad(p, "weights[1] (layer 0's qkv) is Float but weight_scales is not empty", scales=q.scales)
