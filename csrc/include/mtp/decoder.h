@@ -41,7 +41,7 @@ struct DecoderLayer {
 struct DecoderArgs {
   int64_t B = 0, T = 0, H = 0, Hq = 0, Hkv = 0, D = 0, I = 0;
   int64_t layers = 0, L = 0, P = 0;  // L: cache capacity; P: rows of the RoPE tables
-  DType dtype = DType::F32;          // activations, norms and caches (F32 or BF16)
+  DType dtype = DType::F32;          // activations, norms and caches: F32 or BF16 (not F16)
   const void* x = nullptr;           // [B, T, H] contiguous: the token embeddings
   const float* rope_cos = nullptr;   // [P, D] contiguous: the angles of position p in row p
   const float* rope_sin = nullptr;
@@ -94,8 +94,10 @@ void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
     l.y_stride = N;
     l.quantize_x = a.quantize_x && m.dtype == DType::I8;
     linear(l, isa, pf);
-    if (dt != DType::F32)
-      for (int64_t i = 0; i < M * N; ++i) store_f32(out, dt, i, y[size_t(i)]);
+    if (dt == DType::BF16) {  // a plain loop of selects: it vectorises
+      uint16_t* o = static_cast<uint16_t*>(out);
+      for (int64_t i = 0; i < M * N; ++i) o[i] = f32_to_bf16(y[size_t(i)]);
+    }
   };
   // out = RMSNorm(x (+ residual, the sum written to `sum`)) with weight w.
   auto norm = [&](const void* x, const void* residual, void* sum, const void* w, void* out) {
