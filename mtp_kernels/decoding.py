@@ -71,8 +71,8 @@ class _Sampler:
         self.no_drafts = torch.empty(batch, 0, dtype=torch.long)
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.greedy:
-            return logits.argmax(-1)
+        if self.greedy:  # verify with no drafts: argmax by mtp.verify's kernel (torch.argmax's rules)
+            return torch.ops.mtp.verify(self.no_drafts, logits[:, None])[1][:, 0]
         _, out = torch.ops.mtp.verify_sampled(self.no_drafts, None, logits[:, None], self.temp, self.seeds,
                                               positions.long())
         return out[:, 0]
