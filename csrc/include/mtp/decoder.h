@@ -58,106 +58,90 @@ struct DecoderArgs {
   void* out = nullptr;      // [B, T, H] contiguous: the final normed hidden states
 };
 
-// out = the final norm of the last layer's residual stream. Writes the new keys/values into
-// the caches. parallel_for runs the projections and the attention (see
-// linear.h, attention.h); `threads` only shapes the attention's work split.
+// The buffers and steps of M rows (B requests x T tokens) through decoder layers, shared by
+// the backbone's pass (decoder) and the MTP head's draft steps (head_draft.h).
 template <class ParallelFor>
-void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
-  const int64_t M = a.B * a.T, H = a.H, D = a.D, Hqd = a.Hq * D, W = (a.Hq + 2 * a.Hkv) * D, I = a.I;
-  if (M == 0) return;
-  const DType dt = a.dtype;
-  const int64_t es = dtype_size(dt);
-  // Activation buffers in dt (float storage: aligned for every dtype).
-  auto buffer = [&](int64_t n) { return std::vector<float>(size_t((n * es + 3) / 4)); };
-  std::vector<float> y(size_t(M * std::max({W, 2 * I, H})));  // fp32 projection outputs
-  std::vector<float> resid[2] = {buffer(M * H), buffer(M * H)}, h = buffer(M * H), qkv = buffer(M * W),
-                     att = buffer(M * Hqd), gate_up = buffer(M * 2 * I), act = buffer(M * I), proj = buffer(M * H);
-  // RoPE angles of each new token's position, and the lengths once the tokens are in.
-  std::vector<float> cos(size_t(M * D)), sin(size_t(M * D));
-  std::vector<int64_t> new_lens(size_t(a.B));
-  for (int64_t b = 0; b < a.B; ++b) {
-    new_lens[b] = a.cache_lens[b] + a.T;
-    for (int64_t t = 0; t < a.T; ++t) {
-      std::copy_n(a.rope_cos + (a.cache_lens[b] + t) * D, D, cos.data() + (b * a.T + t) * D);
-      std::copy_n(a.rope_sin + (a.cache_lens[b] + t) * D, D, sin.data() + (b * a.T + t) * D);
-    }
+struct LayerPass {
+  int64_t M, T, H, Hq, Hkv, D, I;
+  DType dt;
+  float eps;
+  bool quantize_x;
+  Isa isa;
+  ParallelFor& pf;
+  std::vector<float> y, resid[2], h, qkv, att, gate_up, act, proj;  // activations in dt (float storage: aligned)
+  const void* x = nullptr;  // the residual stream: the input, then resid[0] or resid[1]
+
+  LayerPass(int64_t M_, int64_t T_, int64_t H_, int64_t Hq_, int64_t Hkv_, int64_t D_, int64_t I_, DType dt_,
+            float eps_, bool quantize_x_, Isa isa_, ParallelFor& pf_)
+      : M(M_), T(T_), H(H_), Hq(Hq_), Hkv(Hkv_), D(D_), I(I_), dt(dt_), eps(eps_), quantize_x(quantize_x_),
+        isa(isa_), pf(pf_), y(size_t(M * std::max({width(), 2 * I, H}))), resid{buffer(M * H), buffer(M * H)},
+        h(buffer(M * H)), qkv(buffer(M * width())), att(buffer(M * Hq * D)), gate_up(buffer(M * 2 * I)),
+        act(buffer(M * I)), proj(buffer(M * H)) {}
+
+  int64_t width() const { return (Hq + 2 * Hkv) * D; }  // of a qkv row
+  std::vector<float> buffer(int64_t n) const { return std::vector<float>(size_t((n * dtype_size(dt) + 3) / 4)); }
+  // The q/k/v heads of token (b, t) sit in row b*T + t of qkv: [B, T, heads, D] strides.
+  void head_strides(int64_t* s) const {
+    s[0] = T * width(); s[1] = width(); s[2] = D; s[3] = 1;
+  }
+  const char* head_bytes(int64_t first_head) const {
+    return reinterpret_cast<const char*>(qkv.data()) + first_head * D * dtype_size(dt);
   }
 
   // x [M, K] @ m.T -> out [M, N] in dt: mtp.linear's fp32 result rounded as torch's .to().
-  auto project = [&](const DecoderMatrix& m, const void* x, int64_t K, int64_t N, void* out) {
+  void project(const DecoderMatrix& m, const void* in, int64_t K, int64_t N, void* out) {
     LinearArgs l;
     l.M = M; l.N = N; l.K = K;
-    l.x = x; l.x_dtype = dt; l.x_stride = K;
+    l.x = in; l.x_dtype = dt; l.x_stride = K;
     l.w = m.w; l.w_dtype = m.dtype; l.w_stride = m.stride;
     l.w_scale = m.scale; l.w_scale_stride = m.scale_stride;
     l.y = dt == DType::F32 ? static_cast<float*>(out) : y.data();
     l.y_stride = N;
-    l.quantize_x = a.quantize_x && m.dtype == DType::I8;
+    l.quantize_x = quantize_x && m.dtype == DType::I8;
     linear(l, isa, pf);
     if (dt == DType::BF16) {  // a plain loop of selects: it vectorises
       uint16_t* o = static_cast<uint16_t*>(out);
       for (int64_t i = 0; i < M * N; ++i) o[i] = f32_to_bf16(y[size_t(i)]);
     }
-  };
-  // out = RMSNorm(x (+ residual, the sum written to `sum`)) with weight w.
-  auto norm = [&](const void* x, const void* residual, void* sum, const void* w, void* out) {
+  }
+  // out = RMSNorm(in (+ residual, the sum written to `sum`)) with weight w.
+  void norm(const void* in, const void* residual, void* sum, const void* w, void* out) const {
     RmsNormArgs n;
     n.M = M; n.H = H; n.dtype = dt;
-    n.x = x; n.x_stride = H;
+    n.x = in; n.x_stride = H;
     n.residual = residual; n.residual_stride = H;
     n.sum = sum; n.sum_stride = H;
     n.out = out; n.out_stride = H;
     n.weight = w; n.w_dtype = dt;
-    n.eps = a.eps;
+    n.eps = eps;
     rms_norm(n, isa);
-  };
-  // The weight of the norm that follows layer i's MLP: the next layer's input norm.
-  auto norm_after = [&](int64_t i) { return i + 1 < a.layers ? a.layer[i + 1].input_norm : a.final_norm; };
-  // The q/k/v heads of token (b, t) sit in row b*T + t of qkv: [B, T, heads, D] strides.
-  const int64_t head_strides[4] = {a.T * W, W, D, 1};
-  char* const qkv_bytes = reinterpret_cast<char*>(qkv.data());
+  }
+  // x += residual, and out = its norm with weight w (each add writes the buffer x is not in).
+  void add_norm(const void* residual, const void* w, void* out) {
+    void* sum = x == resid[0].data() ? resid[1].data() : resid[0].data();
+    norm(x, residual, sum, w, out);
+    x = sum;
+  }
 
-  const void* x = a.x;  // the residual stream; each add writes the buffer x is not in
-  auto other = [&] { return static_cast<void*>(x == resid[0].data() ? resid[1].data() : resid[0].data()); };
-  norm(x, nullptr, nullptr, a.layers > 0 ? a.layer[0].input_norm : a.final_norm, a.layers > 0 ? h.data() : a.out);
-  for (int64_t i = 0; i < a.layers; ++i) {
-    const DecoderLayer& w = a.layer[i];
-    project(w.qkv, h.data(), H, W, qkv.data());
-
-    RopeArgs r;  // the q and k heads, in place
-    r.B = a.B; r.T = a.T; r.H = a.Hq + a.Hkv; r.D = D; r.dtype = dt;
+  // One layer on the residual stream x, whose input norm is in h: the qkv projection, RoPE
+  // of the q and k heads (angles cos/sin [M, D]), attend() (reads the heads in qkv, writes
+  // att [M, Hq D]), the output projection, the MLP. Leaves next_norm(x) in `out`.
+  template <class Attend>
+  void layer(const DecoderLayer& w, const float* cos, const float* sin, Attend&& attend, const void* next_norm,
+             void* out) {
+    project(w.qkv, h.data(), H, width(), qkv.data());
+    RopeArgs r;
+    r.B = M / T; r.T = T; r.H = Hq + Hkv; r.D = D; r.dtype = dt;
     r.x = qkv.data();
-    std::copy_n(head_strides, 4, r.x_stride);
-    r.cos = cos.data(); r.sin = sin.data();
-    r.cos_stride[0] = r.sin_stride[0] = a.T * D;
+    head_strides(r.x_stride);
+    r.cos = cos; r.sin = sin;
+    r.cos_stride[0] = r.sin_stride[0] = T * D;
     r.cos_stride[1] = r.sin_stride[1] = D;
     r.cos_stride[2] = r.sin_stride[2] = 1;
     rope(r, isa);
-
-    char* const k_layer = static_cast<char*>(a.k_cache) + i * a.k_stride[0] * es;
-    char* const v_layer = static_cast<char*>(a.v_cache) + i * a.v_stride[0] * es;
-    CacheAppendArgs c;
-    c.B = a.B; c.T = a.T; c.Hkv = a.Hkv; c.D = D; c.L = a.L; c.dtype = dt;
-    set_cache_views(c, static_cast<void*>(k_layer), a.k_stride + 1, static_cast<void*>(v_layer), a.v_stride + 1,
-                    a.cache_lens);
-    set_new_views(c, qkv_bytes + Hqd * es, head_strides, qkv_bytes + (Hqd + a.Hkv * D) * es, head_strides);
-    cache_append(c, [](int64_t n, auto&& fn) { fn(int64_t(0), n); });  // a few rows: not worth a thread
-
-    AttentionArgs at;
-    at.B = a.B; at.T = a.T; at.Hq = a.Hq; at.Hkv = a.Hkv; at.D = D; at.dtype = dt;
-    at.q = qkv.data();
-    std::copy_n(head_strides, 4, at.q_stride);
-    set_cache_views(at, static_cast<const void*>(k_layer), a.k_stride + 1, static_cast<const void*>(v_layer),
-                    a.v_stride + 1, static_cast<const int64_t*>(new_lens.data()));
-    at.scale = default_attention_scale(D);
-    at.causal = true;
-    at.out = att.data();
-    attention(at, threads, isa, pf);
-
-    project(w.o, att.data(), Hqd, H, proj.data());
-    void* sum = other();
-    norm(x, proj.data(), sum, w.post_norm, h.data());
-    x = sum;
+    attend();
+    project(w.o, att.data(), Hq * D, H, proj.data());
+    add_norm(proj.data(), w.post_norm, h.data());
     project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
     SiluMulArgs s;
     s.M = M; s.I = I; s.dtype = dt;
@@ -165,9 +149,66 @@ void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
     s.out = act.data(); s.out_stride = I;
     silu_mul(s, isa);
     project(w.down, act.data(), I, H, proj.data());
-    sum = other();
-    norm(x, proj.data(), sum, norm_after(i), i + 1 < a.layers ? h.data() : a.out);
-    x = sum;
+    add_norm(proj.data(), next_norm, out);
+  }
+
+  // The attention arguments of the q heads in qkv over a cache layer [B, Hkv, L, D] view.
+  AttentionArgs attention_args(const void* k, const int64_t* k_stride, const void* v, const int64_t* v_stride,
+                               const int64_t* lens) {
+    AttentionArgs at;
+    at.B = M / T; at.T = T; at.Hq = Hq; at.Hkv = Hkv; at.D = D; at.dtype = dt;
+    at.q = qkv.data();
+    head_strides(at.q_stride);
+    set_cache_views(at, k, k_stride, v, v_stride, lens);
+    at.scale = default_attention_scale(D);
+    at.out = att.data();
+    return at;
+  }
+};
+
+// The RoPE angles [B*T, D] of positions lens[b] + offset + t, rows of the tables [P, D].
+inline void gather_angles(const float* table, const int64_t* lens, int64_t offset, int64_t B, int64_t T, int64_t D,
+                          float* out) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) std::copy_n(table + (lens[b] + offset + t) * D, D, out + (b * T + t) * D);
+}
+
+// out = the final norm of the last layer's residual stream. Writes the new keys/values into
+// the caches. parallel_for runs the projections and the attention (see linear.h,
+// attention.h); `threads` only shapes the attention's work split.
+template <class ParallelFor>
+void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
+  const int64_t M = a.B * a.T, D = a.D;
+  if (M == 0) return;
+  LayerPass<ParallelFor> p(M, a.T, a.H, a.Hq, a.Hkv, D, a.I, a.dtype, a.eps, a.quantize_x, isa, pf);
+  const int64_t es = dtype_size(a.dtype);
+  std::vector<float> cos(size_t(M * D)), sin(size_t(M * D));
+  gather_angles(a.rope_cos, a.cache_lens, 0, a.B, a.T, D, cos.data());
+  gather_angles(a.rope_sin, a.cache_lens, 0, a.B, a.T, D, sin.data());
+  std::vector<int64_t> new_lens(size_t(a.B));  // the lengths once the tokens are in
+  for (int64_t b = 0; b < a.B; ++b) new_lens[b] = a.cache_lens[b] + a.T;
+  int64_t heads[4];
+  p.head_strides(heads);
+
+  p.x = a.x;
+  p.norm(a.x, nullptr, nullptr, a.layers > 0 ? a.layer[0].input_norm : a.final_norm, a.layers > 0 ? p.h.data() : a.out);
+  for (int64_t i = 0; i < a.layers; ++i) {
+    char* const k_layer = static_cast<char*>(a.k_cache) + i * a.k_stride[0] * es;
+    char* const v_layer = static_cast<char*>(a.v_cache) + i * a.v_stride[0] * es;
+    auto attend = [&] {  // append the new keys/values, then attend causally over the cache
+      CacheAppendArgs c;
+      c.B = a.B; c.T = a.T; c.Hkv = a.Hkv; c.D = D; c.L = a.L; c.dtype = a.dtype;
+      set_cache_views(c, static_cast<void*>(k_layer), a.k_stride + 1, static_cast<void*>(v_layer), a.v_stride + 1,
+                      a.cache_lens);
+      set_new_views(c, p.head_bytes(a.Hq), heads, p.head_bytes(a.Hq + a.Hkv), heads);
+      cache_append(c, [](int64_t n, auto&& fn) { fn(int64_t(0), n); });  // a few rows: not worth a thread
+      AttentionArgs at = p.attention_args(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, new_lens.data());
+      at.causal = true;
+      attention(at, threads, isa, pf);
+    };
+    const bool last = i + 1 == a.layers;
+    p.layer(a.layer[i], cos.data(), sin.data(), attend, last ? a.final_norm : a.layer[i + 1].input_norm,
+            last ? a.out : p.h.data());
   }
 }
 
