@@ -29,6 +29,10 @@ TORCH_LIBRARY(mtp, m) {
   m.def("decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
         " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
         " bool quantize_x=False) -> Tensor");
+  // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
+  m.def("head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
+        " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor out_rows,"
+        " Tensor? draft_vocab, int k, int num_heads, float eps) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

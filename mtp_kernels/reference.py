@@ -495,5 +495,58 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return h
 
 
+def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
+               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], out_rows: torch.Tensor,
+               draft_vocab: Optional[torch.Tensor], k: int, num_heads: int, eps: float, *, ops=None) -> torch.Tensor:
+    """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
+    token, at position cache_lens[b], not yet in the cache) from hidden [B, H] (fp32|bf16,
+    the backbone's last hidden state): the composition below of the layer ops.
+    weights = embed_norm, hidden_norm, proj [H, 2H], then per block DECODER_PARTS (a decoder
+    layer of the head's own; norms in hidden's dtype), then out_norm. Step j (position
+    p = cache_lens[b] + j, RoPE rows p of rope_cos/rope_sin [P, D]): x = proj @ [norm(embedding
+    of the token) ; norm(h)], the blocks, whose attention reads the cache views k_cache,
+    v_cache [B, Hkv, L, D] (keys [0, cache_lens[b]), in place) plus the block's own keys/values
+    of steps 0..j; the draft = argmax of out_rows [Vd, H] @ out_norm(x) (logits in hidden's
+    dtype, torch.argmax's rules), mapped through draft_vocab [Vd] (None: row i is token i);
+    step j+1 takes that token and h = x. embedding [V, H]: float rows, or int8 with
+    embedding_scale (Q8 rows: q * scale in fp32, then rounded to hidden's dtype).
+
+    ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
+    drafts exactly."""
+    ops = ops or _REFERENCE_OPS
+    B, H = hidden.shape
+    Hkv, D, Hq = k_cache.shape[1], k_cache.shape[3], num_heads
+    blocks = [weights[3 + 6 * i:9 + 6 * i] for i in range((len(weights) - 4) // 6)]
+    embed_norm, hidden_norm, proj, out_norm = weights[0], weights[1], weights[2], weights[-1]
+    local = [(k_cache.new_zeros(B, Hkv, k, D), k_cache.new_zeros(B, Hkv, k, D)) for _ in blocks]
+    drafts = torch.empty(B, k, dtype=torch.int64)
+    h = hidden
+    for j in range(k):
+        positions = cache_lens.long()[:, None] + j
+        cos, sin = rope_cos[positions], rope_sin[positions]  # [B, 1, D]
+        e = embedding[token].float()
+        if embedding_scale is not None:
+            e = e * embedding_scale[token].repeat_interleave(32, dim=-1)[:, :H]
+        x = ops.linear(torch.cat([ops.rms_norm(e.to(hidden.dtype), embed_norm, eps), ops.rms_norm(h, hidden_norm, eps)],
+                                 dim=-1), proj)
+        a = ops.rms_norm(x, blocks[0][0] if blocks else out_norm, eps)
+        for i, (_, qkv_w, o_w, norm_post, gate_up_w, down_w) in enumerate(blocks):
+            qkv = ops.linear(a, qkv_w).view(B, 1, Hq + 2 * Hkv, D)
+            qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
+            local_k, local_v = local[i]
+            local_k[:, :, j], local_v[:, :, j] = qk[:, 0, Hq:], qkv[:, 0, Hq + Hkv:]
+            att = ops.head_attention(qk[:, :, :Hq], k_cache, v_cache, cache_lens, local_k[:, :, :j + 1],
+                                     local_v[:, :, :j + 1])
+            x, m = ops.add_rms_norm(x, ops.linear(att.reshape(B, Hq * D), o_w), norm_post, eps)
+            after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
+            x, a = ops.add_rms_norm(x, ops.linear(ops.silu_mul(ops.linear(m, gate_up_w)), down_w), after, eps)
+        h = x
+        best = ops.linear(a, out_rows).argmax(-1)
+        token = draft_vocab[best] if draft_vocab is not None else best
+        drafts[:, j] = token
+    return drafts
+
+
 _REFERENCE_OPS = SimpleNamespace(linear=linear, rope=rope, cache_append=cache_append, head_attention=head_attention,
                                  rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)

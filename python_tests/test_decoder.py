@@ -2,7 +2,8 @@
 composition of reference.decoder_layers run with the kernels (mtp.linear, mtp.rope_, ...),
 and is close to the same composition of the reference ops. Across dtypes, float / Q8 /
 int8-dot weights, ragged cache lengths, every instruction set, thread counts, strided cache
-views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad input."""
+views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad input.
+mtp.head_draft likewise against reference.head_draft (the MTP head's draft steps)."""
 import re
 import types
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from mtp_kernels import ops, reference
+from mtp_kernels.models.head import HeadConfig, MTPHead
 from test_rowwise import assert_bitwise
 from tiny_model import TINY, tiny_backbone
 
@@ -182,3 +184,95 @@ def test_bad_input_raises_clear_errors():
     _bad(q, "weights[2] (layer 0's o_proj)'s scales.size(1) must equal ceil(K/32)",
          scales=[q.scales[0], q.scales[1][:, :1]] + q.scales[2:])
     _bad(p, "weights[1] (layer 0's qkv) is Float but weight_scales is not empty", scales=q.scales)
+    _bad(q, "weights[7] (layer 1's qkv) is Float but weight_scales is not empty",
+         weights=q.weights[:7] + [q.weights[7].float()] + q.weights[8:])
+
+
+# ---- mtp.head_draft -------------------------------------------------------------------------
+
+class Draft:
+    """The arguments of the tiny backbone's MTP head drafting k tokens after a prefill."""
+
+    def __init__(self, dtype, quantize, lens, blocks=1, vocab=0, seed=0):
+        torch.manual_seed(seed)
+        self.model = m = tiny_backbone(dtype, quantize=quantize)
+        self.head = MTPHead(HeadConfig.for_backbone(TINY, num_blocks=blocks, kv_layer=1))
+        if vocab:
+            self.head.set_draft_vocab(torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(seed))[:vocab])
+        g = torch.Generator().manual_seed(seed)
+        self.cache = m.new_cache(len(lens), 32)
+        for b, n in enumerate(lens):
+            m(torch.randint(0, TINY.vocab_size, (1, n), generator=g), self.cache.select(b))
+        self.hidden = torch.randn(len(lens), TINY.hidden_size, generator=g).to(dtype)
+        self.token = torch.randint(0, TINY.vocab_size, (len(lens),), generator=g)
+
+    def args(self, k, **changes):
+        m, h = self.model, self.head
+        layer = h.cfg.kv_layer % TINY.num_layers
+        name = "model.embed_tokens.weight"
+        args = dict(hidden=self.hidden, token=self.token, k_cache=self.cache.k[layer], v_cache=self.cache.v[layer],
+                    cache_lens=self.cache.lens, rope_cos=m.rope_cos, rope_sin=m.rope_sin, embedding=m.w(name),
+                    embedding_scale=m.scale(name), weights=h.draft_weights(m.dtype),
+                    out_rows=h.draft_logits_weight(m), draft_vocab=h.draft_vocab if h.draft_vocab.numel() else None,
+                    k=k, num_heads=TINY.num_heads, eps=TINY.rms_norm_eps)
+        args.update(changes)
+        return args
+
+
+DRAFT_CASES = [(torch.float32, False, [5], 1, 0), (torch.bfloat16, True, [3, 9], 1, 40),
+               (torch.float32, True, [4, 1, 7], 2, 0), (torch.bfloat16, False, [6, 2], 2, 40)]
+
+
+@pytest.mark.parametrize("dtype,quantize,lens,blocks,vocab", DRAFT_CASES)
+@pytest.mark.parametrize("k", [1, 4])
+def test_head_draft_equals_the_op_by_op_composition(isa, dtype, quantize, lens, blocks, vocab, k):
+    d = Draft(dtype, quantize, lens, blocks, vocab)
+    k_before, v_before = d.cache.k.clone(), d.cache.v.clone()
+    got = torch.ops.mtp.head_draft(**d.args(k))
+    want = reference.head_draft(**d.args(k), ops=KERNEL_OPS)
+    assert got.dtype == torch.int64 and got.shape == (len(lens), k)
+    assert torch.equal(got, want)
+    assert torch.equal(d.cache.k, k_before) and torch.equal(d.cache.v, v_before)  # the cache is only read
+    assert torch.equal(d.head.draft(d.model, d.cache, d.hidden, d.token, k), got)  # MTPHead.draft is this call
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_head_draft_picks_the_reference_ops_drafts(seed):
+    """fp32: the reference ops (fp64 linear and attention) pick the same drafts (no near-ties
+    in these random heads)."""
+    d = Draft(torch.float32, False, [5, 8], 2, 0, seed=seed)
+    assert torch.equal(torch.ops.mtp.head_draft(**d.args(4)), reference.head_draft(**d.args(4)))
+
+
+def test_head_draft_zero_steps_and_opcheck():
+    d = Draft(torch.float32, True, [3, 9], 1, 40)
+    assert torch.ops.mtp.head_draft(**d.args(0)).shape == (2, 0)
+    a = d.args(3)
+    torch.library.opcheck(torch.ops.mtp.head_draft.default, tuple(a.values()))
+
+
+def test_head_draft_bad_input_raises_clear_errors():
+    d = Draft(torch.float32, False, [3, 9], 1, 40)
+    w = d.args(2)["weights"]
+
+    def bad(message, **changes):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            torch.ops.mtp.head_draft(**d.args(changes.pop("k", 2), **changes))
+
+    bad("mtp.head_draft: hidden must be 2-D [B, H]", hidden=d.hidden[0])
+    bad("k_cache must have q's dtype", hidden=d.hidden.bfloat16())
+    bad("token must hold token ids in [0, V (embedding.size(0))) = [0, 97), got token[1] = 97",
+        token=torch.tensor([0, 97]))
+    bad("draft_vocab must hold token ids in [0, V (embedding.size(0))) = [0, 97), got draft_vocab[0] = -1",
+        draft_vocab=torch.cat([torch.tensor([-1]), d.head.draft_vocab[1:]]))
+    bad("without draft_vocab, out_rows must be the whole LM head: out_rows.size(0) = 40 must equal V = 97",
+        draft_vocab=None)
+    bad("weights must hold embed_norm, hidden_norm, proj, then 6 tensors per block", weights=w[:-1])
+    bad("weights[4] (block 0's qkv).size(0) must equal (Hq + 2 Hkv) D", weights=w[:4] + [w[4][:-1]] + w[5:])
+    bad("weights[2] (proj).size(1) must equal 2H", weights=w[:2] + [w[2][:, :-1]] + w[3:])
+    bad("weights[9] (out_norm) must have hidden's dtype", weights=w[:9] + [w[9].bfloat16()])
+    bad("request 1's drafts would pass the RoPE tables: cache_lens[1] + k = 9 + 2 > P = 10",
+        rope_cos=d.model.rope_cos[:10], rope_sin=d.model.rope_sin[:10])
+    bad("k (draft steps) must be >= 0, got -1", k=-1)
+    bad("cache_lens must lie in [0, L (k_cache.size(2))]", cache_lens=torch.tensor([3, 33]))
+    bad("embedding is Char but embedding_scale is empty", embedding=d.model.w("model.embed_tokens.weight").to(torch.int8))

@@ -1,52 +1,68 @@
-// CPU binding of mtp.decoder_layers: a whole Llama-family decoder pass in one call
-// (mtp/decoder.h). Checks every tensor against the shapes the first layer's weights and the
-// caches imply, then hands pointers and strides to the core.
+// CPU bindings of mtp.decoder_layers (a whole Llama-family decoder pass, mtp/decoder.h) and
+// mtp.head_draft (the MTP head's draft steps, mtp/head_draft.h), one call each. Every tensor
+// is checked against the shapes the first layer's weights and the caches imply, then handed
+// to the core as pointers and strides.
 #include <torch/library.h>
 
 #include <string>
 
 #include "checks.h"
-#include "mtp/decoder.h"
+#include "mtp/head_draft.h"
 
 namespace mtp::cpu {
 namespace {
 
 constexpr const char* kDecoder = "mtp.decoder_layers";
-// weights holds, per layer, these tensors in this order, then the final norm.
+constexpr const char* kHeadDraft = "mtp.head_draft";
+// A layer (a decoder layer, or a block of the head) is these tensors in this order.
 constexpr const char* kParts[] = {"input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj"};
 constexpr int64_t kPerLayer = 6;
-// weight_scales holds, per layer, the scales of the four matrices (qkv, o_proj, gate_up, down_proj).
+// decoder_layers's weight_scales holds, per layer, the scales of the four matrices.
 constexpr int64_t kMatricesPerLayer = 4;
 
-std::string weight_name(int64_t index, int64_t layers) {
-  if (index == kPerLayer * layers) return "weights[" + std::to_string(index) + "] (the final norm)";
-  return "weights[" + std::to_string(index) + "] (layer " + std::to_string(index / kPerLayer) + "'s " +
-         kParts[index % kPerLayer] + ")";
+// weights[index] named for messages: `first` named tensors, then `count` layers called `unit`,
+// then `last`.
+struct WeightNames {
+  std::vector<const char*> first;
+  int64_t count;
+  const char* unit;
+  const char* last;
+  std::string operator()(int64_t index) const {
+    std::string s = "weights[" + std::to_string(index) + "] (";
+    const int64_t n = int64_t(first.size());
+    if (index < n) return s + first[size_t(index)] + ")";
+    if (index - n < kPerLayer * count)
+      return s + unit + " " + std::to_string((index - n) / kPerLayer) + "'s " + kParts[(index - n) % kPerLayer] + ")";
+    return s + last + ")";
+  }
+};
+
+void check_norm(const char* op, const at::Tensor& w, const std::string& name, int64_t H, const at::Tensor& x,
+                const char* x_name) {
+  check_cpu(op, name.c_str(), w);
+  check_same_dtype(op, name.c_str(), w, x_name, x);
+  check_dim(op, name.c_str(), w, 1, "[H]");
+  check_size(op, name.c_str(), w, 0, H, "H");
 }
 
-void check_norm(const at::Tensor& w, const std::string& name, int64_t H, const at::Tensor& x) {
-  check_cpu(kDecoder, name.c_str(), w);
-  check_same_dtype(kDecoder, name.c_str(), w, "x", x);
-  check_dim(kDecoder, name.c_str(), w, 1, "[H]");
-  check_size(kDecoder, name.c_str(), w, 0, H, "H (x.size(2))");
-}
-
-// A matrix [N, K] (with its Q8 scales [N, ceil(K/32)] when int8), read in place like
-// mtp.linear's weight.
-DecoderMatrix matrix(const at::Tensor& w, const c10::optional<at::Tensor>& scale, const std::string& name, int64_t N,
-                     const char* n_what, int64_t K, const char* k_what) {
+// A matrix [N, K] (with its Q8 scales [N, ceil(K/32)] when int8, from the argument
+// `scales`), read in place like mtp.linear's weight.
+DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
+                     const std::string& name, int64_t N, const char* n_what, int64_t K, const char* k_what,
+                     const char* scales = "weight_scales") {
   const char* nm = name.c_str();
-  check_cpu(kDecoder, nm, w);
-  check_dtype(kDecoder, nm, w, {at::kFloat, at::kBFloat16, at::kChar});
-  check_dim(kDecoder, nm, w, 2, "[N, K]");
-  check_size(kDecoder, nm, w, 0, N, n_what);
-  check_size(kDecoder, nm, w, 1, K, k_what);
+  check_cpu(op, nm, w);
+  check_dtype(op, nm, w, {at::kFloat, at::kBFloat16, at::kChar});
+  check_dim(op, nm, w, 2, "[N, K]");
+  check_size(op, nm, w, 0, N, n_what);
+  check_size(op, nm, w, 1, K, k_what);
   const std::string rows = weight_rows_error(K, w.stride(0), w.stride(1));
-  TORCH_CHECK(rows.empty(), kDecoder, ": ", name, ": ", rows);
+  TORCH_CHECK(rows.empty(), op, ": ", name, ": ", rows);
   const bool int8 = w.scalar_type() == at::kChar;
-  TORCH_CHECK(int8 == scale.has_value(), kDecoder, ": ", name, " is ", w.scalar_type(),
-              int8 ? " but weight_scales is empty: int8 (Q8) weights need their scales"
-                   : " but weight_scales is not empty: scales go with int8 (Q8) weights only, all matrices or none");
+  TORCH_CHECK(int8 == scale.has_value(), op, ": ", name, " is ", w.scalar_type(),
+              " but ", scales,
+              int8 ? " is empty: int8 (Q8) weights need their scales"
+                   : " is not empty: scales go with int8 (Q8) weights only");
   DecoderMatrix m;
   m.w = w.data_ptr();
   m.dtype = int8 ? DType::I8 : to_dtype(w.scalar_type());
@@ -55,17 +71,66 @@ DecoderMatrix matrix(const at::Tensor& w, const c10::optional<at::Tensor>& scale
     const std::string sn = name + "'s scales";
     const char* snm = sn.c_str();
     const at::Tensor& s = *scale;
-    check_cpu(kDecoder, snm, s);
-    check_dtype(kDecoder, snm, s, {at::kFloat});
-    check_dim(kDecoder, snm, s, 2, kWeightScaleShape);
-    check_size(kDecoder, snm, s, 0, N, n_what);
-    check_size(kDecoder, snm, s, 1, q8_blocks(K), kWeightScaleBlocks);
+    check_cpu(op, snm, s);
+    check_dtype(op, snm, s, {at::kFloat});
+    check_dim(op, snm, s, 2, kWeightScaleShape);
+    check_size(op, snm, s, 0, N, n_what);
+    check_size(op, snm, s, 1, q8_blocks(K), kWeightScaleBlocks);
     const std::string srows = weight_scale_rows_error(q8_blocks(K), s.stride(0), s.stride(1));
-    TORCH_CHECK(srows.empty(), kDecoder, ": ", sn, ": ", srows);
+    TORCH_CHECK(srows.empty(), op, ": ", sn, ": ", srows);
     m.scale = s.data_ptr<float>();
     m.scale_stride = s.stride(0);
   }
   return m;
+}
+
+// rope_cos, rope_sin: fp32 [P, D] tables. Returns P.
+int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor& rope_sin, int64_t D, const char* d_what) {
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"rope_cos", &rope_cos}, {"rope_sin", &rope_sin}}) {
+    check_cpu(op, name, *t);
+    check_dtype(op, name, *t, {at::kFloat});
+    check_dim(op, name, *t, 2, "[P, D]");
+    check_size(op, name, *t, 1, D, d_what);
+  }
+  TORCH_CHECK(rope_sin.size(0) == rope_cos.size(0), op, ": rope_sin must have rope_cos's shape ", rope_cos.sizes(),
+              ", got ", rope_sin.sizes());
+  return rope_cos.size(0);
+}
+
+void check_heads(const char* op, int64_t num_heads, int64_t Hkv, int64_t D, double eps) {
+  TORCH_CHECK(num_heads >= 1, op, ": num_heads must be >= 1, got ", num_heads);
+  check_ok(op, gqa_error(num_heads, Hkv));
+  TORCH_CHECK(D % 2 == 0, op, ": the head dim D must be even (RoPE rotates two halves), got ", D);
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be a finite number >= 0, got ", eps);
+}
+
+// `count` layers of weights from weights[offset] (scales[4 i + j] the Q8 scales of layer i's
+// matrix j, or none), checked; sets I (the MLP width, from the first gate_up).
+std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, int64_t offset, int64_t count,
+                                       at::TensorList scales, const WeightNames& names, int64_t H, int64_t Hq,
+                                       int64_t Hkv, int64_t D, const at::Tensor& x, const char* x_name, int64_t* I) {
+  if (count > 0) {
+    const at::Tensor& gu = weights[offset + 4];
+    const std::string name = names(offset + 4);
+    check_dim(op, name.c_str(), gu, 2, "[2I, H]");
+    TORCH_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
+    *I = gu.size(0) / 2;
+  }
+  std::vector<DecoderLayer> layers(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t w0 = offset + kPerLayer * i, s0 = kMatricesPerLayer * i;
+    auto scale = [&](int64_t j) { return scales.empty() ? c10::nullopt : c10::optional<at::Tensor>(scales[s0 + j]); };
+    check_norm(op, weights[w0], names(w0), H, x, x_name);
+    check_norm(op, weights[w0 + 3], names(w0 + 3), H, x, x_name);
+    DecoderLayer& l = layers[size_t(i)];
+    l.input_norm = weights[w0].data_ptr();
+    l.post_norm = weights[w0 + 3].data_ptr();
+    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H, "H");
+    l.o = matrix(op, weights[w0 + 2], scale(1), names(w0 + 2), H, "H", Hq * D, "Hq D");
+    l.gate_up = matrix(op, weights[w0 + 4], scale(2), names(w0 + 4), 2 * *I, "2I", H, "H");
+    l.down = matrix(op, weights[w0 + 5], scale(3), names(w0 + 5), H, "H", *I, "I");
+  }
+  return layers;
 }
 
 at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -88,20 +153,8 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   a.Hq = num_heads;
   a.dtype = to_dtype(x.scalar_type());
   check_size(kDecoder, "k_cache", k_cache, 1, a.B, "B (x.size(0))");
-  TORCH_CHECK(num_heads >= 1, kDecoder, ": num_heads must be >= 1, got ", num_heads);
-  check_ok(kDecoder, gqa_error(a.Hq, a.Hkv));
-  TORCH_CHECK(a.D % 2 == 0, kDecoder, ": the head dim D (k_cache.size(4)) must be even (RoPE rotates two halves), got ",
-              a.D);
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0, kDecoder, ": eps must be a finite number >= 0, got ", eps);
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"rope_cos", &rope_cos}, {"rope_sin", &rope_sin}}) {
-    check_cpu(kDecoder, name, *t);
-    check_dtype(kDecoder, name, *t, {at::kFloat});
-    check_dim(kDecoder, name, *t, 2, "[P, D]");
-    check_size(kDecoder, name, *t, 1, a.D, "D (k_cache.size(4))");
-  }
-  TORCH_CHECK(rope_sin.size(0) == rope_cos.size(0), kDecoder, ": rope_sin must have rope_cos's shape ",
-              rope_cos.sizes(), ", got ", rope_sin.sizes());
-  a.P = rope_cos.size(0);
+  check_heads(kDecoder, num_heads, a.Hkv, a.D, eps);
+  a.P = check_rope(kDecoder, rope_cos, rope_sin, a.D, "D (k_cache.size(4))");
   const std::vector<int64_t> lens =
       checked_counts(kDecoder, "cache_lens", cache_lens, a.B, "B (x.size(0))", a.L, "L (k_cache.size(3))");
   for (int64_t b = 0; b < a.B; ++b) {
@@ -122,34 +175,13 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
               " tensors, got ", weight_scales.size());
   TORCH_CHECK(!quantize_x || q8, kDecoder,
               ": quantize_x=True needs int8 weights with their scales (mtp_kernels.quantize_q8), got float weights");
-  // The MLP width comes from the first gate_up: [2I, H].
-  if (a.layers > 0) {
-    const at::Tensor& gu = weights[4];
-    check_dim(kDecoder, weight_name(4, a.layers).c_str(), gu, 2, "[2I, H]");
-    TORCH_CHECK(gu.size(0) % 2 == 0, kDecoder, ": ", weight_name(4, a.layers), ".size(0) must be even [2I, H], got ",
-                gu.size(0));
-    a.I = gu.size(0) / 2;
-  }
-  const at::Tensor xc = x.contiguous();
-  std::vector<DecoderLayer> layers(size_t(a.layers));
-  for (int64_t i = 0; i < a.layers; ++i) {
-    const int64_t w0 = kPerLayer * i, s0 = kMatricesPerLayer * i;
-    auto scale = [&](int64_t j) { return q8 ? c10::optional<at::Tensor>(weight_scales[s0 + j]) : c10::nullopt; };
-    auto name = [&](int64_t j) { return weight_name(w0 + j, a.layers); };
-    check_norm(weights[w0], name(0), a.H, x);
-    check_norm(weights[w0 + 3], name(3), a.H, x);
-    DecoderLayer& l = layers[size_t(i)];
-    l.input_norm = weights[w0].data_ptr();
-    l.post_norm = weights[w0 + 3].data_ptr();
-    l.qkv = matrix(weights[w0 + 1], scale(0), name(1), (a.Hq + 2 * a.Hkv) * a.D, "(Hq + 2 Hkv) D", a.H, "H");
-    l.o = matrix(weights[w0 + 2], scale(1), name(2), a.H, "H", a.Hq * a.D, "Hq D");
-    l.gate_up = matrix(weights[w0 + 4], scale(2), name(4), 2 * a.I, "2I", a.H, "H");
-    l.down = matrix(weights[w0 + 5], scale(3), name(5), a.H, "H", a.I, "I");
-  }
+  const WeightNames names{{}, a.layers, "layer", "the final norm"};
+  std::vector<DecoderLayer> layers =
+      parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, a.Hq, a.Hkv, a.D, x, "x", &a.I);
   const at::Tensor& final_norm = weights[want - 1];
-  check_norm(final_norm, weight_name(want - 1, a.layers), a.H, x);
+  check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
 
-  const at::Tensor cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
+  const at::Tensor xc = x.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
   a.x = xc.data_ptr();
   a.rope_cos = cos.data_ptr<float>();
@@ -170,8 +202,107 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   return out;
 }
 
+// A vector of token ids [n], each in [0, V), as int64 values.
+std::vector<int64_t> checked_ids(const char* op, const char* name, const at::Tensor& t, int64_t n, const char* n_what,
+                                 int64_t V, const char* v_what) {
+  check_cpu(op, name, t);
+  check_count_vector(op, name, t, n, n_what);
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "checked_ids", [&] {
+    const index_t* p = t.data_ptr<index_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      ids[size_t(i)] = p[i * t.stride(0)];
+      TORCH_CHECK(ids[size_t(i)] >= 0 && ids[size_t(i)] < V, op, ": ", name, " must hold token ids in [0, ", v_what,
+                  ") = [0, ", V, "), got ", name, "[", i, "] = ", ids[size_t(i)]);
+    }
+  });
+  return ids;
+}
+
+at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& cache_lens, const at::Tensor& rope_cos,
+                          const at::Tensor& rope_sin, const at::Tensor& embedding,
+                          const c10::optional<at::Tensor>& embedding_scale, at::TensorList weights,
+                          const at::Tensor& out_rows, const c10::optional<at::Tensor>& draft_vocab, int64_t k,
+                          int64_t num_heads, double eps) {
+  const char* op = kHeadDraft;
+  check_cpu(op, "hidden", hidden);
+  check_dtype(op, "hidden", hidden, {at::kFloat, at::kBFloat16});
+  check_dim(op, "hidden", hidden, 2, "[B, H]");
+  HeadDraftArgs a;
+  a.B = hidden.size(0); a.H = hidden.size(1); a.K = k; a.Hq = num_heads;
+  a.dtype = to_dtype(hidden.scalar_type());
+  TORCH_CHECK(k >= 0, op, ": k (draft steps) must be >= 0, got ", k);
+  AttentionArgs cache = attention_args(op, hidden.new_empty({a.B, 1, num_heads, k_cache.dim() == 4 ? k_cache.size(3) : 0}),
+                                       k_cache, v_cache, c10::nullopt, c10::nullopt, c10::nullopt, false, at::kCPU);
+  a.Hkv = cache.Hkv; a.D = cache.D; a.L = k_cache.size(2);
+  check_heads(op, num_heads, a.Hkv, a.D, eps);
+  a.P = check_rope(op, rope_cos, rope_sin, a.D, "D (k_cache.size(3))");
+  const std::vector<int64_t> lens =
+      checked_counts(op, "cache_lens", cache_lens, a.B, "B (hidden.size(0))", a.L, "L (k_cache.size(2))");
+  for (int64_t b = 0; b < a.B; ++b)
+    TORCH_CHECK(lens[b] + k <= a.P, op, ": request ", b, "'s drafts would pass the RoPE tables: cache_lens[", b,
+                "] + k = ", lens[b], " + ", k, " > P = ", a.P, " (rope_cos.size(0)) positions");
+
+  check_cpu(op, "embedding", embedding);
+  check_dim(op, "embedding", embedding, 2, "[V, H]");
+  a.V = embedding.size(0);
+  a.embedding = matrix(op, embedding, embedding_scale, "embedding", a.V, "V", a.H, "H (hidden.size(1))",
+                       "embedding_scale");
+  const std::vector<int64_t> tokens = checked_ids(op, "token", token, a.B, "B (hidden.size(0))", a.V, "V (embedding.size(0))");
+
+  const int64_t n = int64_t(weights.size());
+  TORCH_CHECK(n >= 4 && (n - 4) % kPerLayer == 0, op,
+              ": weights must hold embed_norm, hidden_norm, proj, then ", kPerLayer,
+              " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), then out_norm: 4 + ",
+              kPerLayer, " x blocks tensors, got ", n);
+  a.blocks = (n - 4) / kPerLayer;
+  const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
+  check_norm(op, weights[0], names(0), a.H, hidden, "hidden");
+  check_norm(op, weights[1], names(1), a.H, hidden, "hidden");
+  check_norm(op, weights[n - 1], names(n - 1), a.H, hidden, "hidden");
+  a.proj = matrix(op, weights[2], c10::nullopt, names(2), a.H, "H", 2 * a.H, "2H");
+  std::vector<DecoderLayer> blocks =
+      parse_layers(op, weights, 3, a.blocks, {}, names, a.H, a.Hq, a.Hkv, a.D, hidden, "hidden", &a.I);
+
+  check_cpu(op, "out_rows", out_rows);
+  check_dim(op, "out_rows", out_rows, 2, "[Vd, H]");
+  a.Vd = out_rows.size(0);
+  TORCH_CHECK(a.Vd >= 1, op, ": out_rows must hold at least one row (the draft vocabulary), got ", out_rows.sizes());
+  a.out_rows = matrix(op, out_rows, c10::nullopt, "out_rows", a.Vd, "Vd", a.H, "H (hidden.size(1))");
+  std::vector<int64_t> vocab;
+  if (draft_vocab.has_value())
+    vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (out_rows.size(0))", a.V, "V (embedding.size(0))");
+  else
+    TORCH_CHECK(a.Vd == a.V, op, ": without draft_vocab, out_rows must be the whole LM head: out_rows.size(0) = ",
+                a.Vd, " must equal V = ", a.V, " (embedding.size(0))");
+
+  const at::Tensor hc = hidden.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
+  at::Tensor drafts = at::empty({a.B, k}, token.options().dtype(at::kLong));
+  a.hidden = hc.data_ptr();
+  a.token = tokens.data();
+  a.rope_cos = cos.data_ptr<float>();
+  a.rope_sin = sin.data_ptr<float>();
+  a.k_cache = cache.k; a.v_cache = cache.v;
+  std::copy_n(cache.k_stride, 4, a.k_stride);
+  std::copy_n(cache.v_stride, 4, a.v_stride);
+  a.cache_lens = lens.data();
+  a.embed_norm = weights[0].data_ptr();
+  a.hidden_norm = weights[1].data_ptr();
+  a.block = blocks.data();
+  a.out_norm = weights[n - 1].data_ptr();
+  a.draft_vocab = vocab.empty() ? nullptr : vocab.data();
+  a.eps = float(eps);
+  a.drafts = drafts.data_ptr<int64_t>();
+  head_draft(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
+  return drafts;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(mtp, CPU, m) { m.impl("decoder_layers", &decoder_layers_cpu); }
+TORCH_LIBRARY_IMPL(mtp, CPU, m) {
+  m.impl("decoder_layers", &decoder_layers_cpu);
+  m.impl("head_draft", &head_draft_cpu);
+}
 
 }  // namespace mtp::cpu

@@ -121,45 +121,31 @@ class MTPHead(torch.nn.Module):
             self._draft_rows = (backbone, rows)
         return rows
 
+    def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """mtp.head_draft's weights in `dtype`: embed_norm, hidden_norm, proj, per block its
+        decoder-layer parts (q/k/v and gate/up fused into one matrix each), out_norm. Cached
+        until a parameter changes (in place or replaced) or the dtype does."""
+        key = (dtype, tuple((id(p), p._version) for p in self.parameters()))
+        if getattr(self, "_draft_weights", (None,))[0] != key:
+            with torch.no_grad():
+                out = [self.embed_norm, self.hidden_norm, self.proj]
+                for b in self.blocks:
+                    out += [b.attn_norm, torch.cat([b.q_proj, b.k_proj, b.v_proj]), b.o_proj, b.mlp_norm,
+                            torch.cat([b.gate_proj, b.up_proj]), b.down_proj]
+                out.append(self.out_norm)
+                self._draft_weights = (key, [w.detach().to(dtype).contiguous() for w in out])
+        return self._draft_weights[1]
+
     @torch.no_grad()
     def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> torch.Tensor:
         """K draft tokens [B, K] after `token` [B] (the backbone's next token, not yet in
         the cache), from the backbone's last hidden state `hidden` [B, H] at position
-        cache.lens - 1. Reads the cache in place and changes nothing in it."""
+        cache.lens - 1. Reads the cache in place and changes nothing in it: one
+        mtp.head_draft call (reference.head_draft is its op-by-op composition)."""
         c, dt = self.cfg, backbone.dtype
-        B = token.shape[0]
-        linear, rms_norm, eps = torch.ops.mtp.linear, torch.ops.mtp.rms_norm, c.rms_norm_eps
         layer = c.kv_layer % backbone.cfg.num_layers
-        kc, vc = cache.k[layer], cache.v[layer]
-        local_k = torch.zeros(c.num_blocks, B, c.num_kv_heads, k, c.head_dim, dtype=dt)
-        local_v = torch.zeros_like(local_k)
-        # No-ops when the head is already in the backbone's dtype (cli.load_head puts it there).
-        weights = [{n: p.to(dt) for n, p in blk.named_parameters()} for blk in self.blocks]
-        proj = self.proj.to(dt)
-        out_rows = self.draft_logits_weight(backbone)
-        drafts = torch.empty(B, k, dtype=torch.int64)
-        h = hidden.to(dt)
-        for j in range(k):
-            positions = (cache.lens + j)[:, None]
-            cos, sin = backbone.rope_cos[positions], backbone.rope_sin[positions]
-            e = backbone.embed(token)
-            x = linear(torch.cat([rms_norm(e, self.embed_norm, eps), rms_norm(h, self.hidden_norm, eps)], dim=-1),
-                       proj)[:, None]
-            for i, w in enumerate(weights):
-                a = rms_norm(x, w["attn_norm"], eps)
-                q = linear(a, w["q_proj"]).view(B, 1, c.num_heads, c.head_dim)
-                k_new = linear(a, w["k_proj"]).view(B, 1, c.num_kv_heads, c.head_dim)
-                torch.ops.mtp.rope_(q, cos, sin)
-                torch.ops.mtp.rope_(k_new, cos, sin)
-                local_k[i, :, :, j] = k_new[:, 0]
-                local_v[i, :, :, j] = linear(a, w["v_proj"]).view(B, c.num_kv_heads, c.head_dim)
-                att = torch.ops.mtp.head_attention(q, kc, vc, cache.lens, local_k[i, :, :, :j + 1],
-                                                   local_v[i, :, :, :j + 1])
-                x, m = torch.ops.mtp.add_rms_norm(x, linear(att.reshape(B, 1, -1), w["o_proj"]), w["mlp_norm"], eps)
-                x = x + linear(torch.nn.functional.silu(linear(m, w["gate_proj"])) * linear(m, w["up_proj"]),
-                               w["down_proj"])
-            h = x[:, 0]
-            best = linear(rms_norm(h, self.out_norm, eps), out_rows).argmax(-1)
-            token = self.draft_vocab[best] if self.draft_vocab.numel() else best
-            drafts[:, j] = token
-        return drafts
+        name = "model.embed_tokens.weight"
+        return torch.ops.mtp.head_draft(
+            hidden.to(dt), token, cache.k[layer], cache.v[layer], cache.lens, backbone.rope_cos, backbone.rope_sin,
+            backbone.w(name), backbone.scale(name), self.draft_weights(dt), self.draft_logits_weight(backbone),
+            self.draft_vocab if self.draft_vocab.numel() else None, k, c.num_heads, c.rms_norm_eps)
