@@ -2,7 +2,8 @@
 torch implementation, with GB/s of the bytes each case declares next to the bandwidth
 measured in the same run (bench_bandwidth.py); and the backbone passes of
 bench_backbone.py: ms per pass, ours against transformers, and the cost of a verify pass
-relative to a one-token step.
+relative to a one-token step; and bench_fused.py: one call per pass against the same kernels
+op by op.
 
     python bench/report.py results.json
 """
@@ -68,13 +69,23 @@ def backbone_table(groups):
     return "\n".join(lines)
 
 
+def fused_table(groups):
+    """The groups of bench_fused.py (extra_info fused): ms per call, one call against op by op."""
+    lines = ["| case | one call (ms) | op by op (ms) | op by op / one call |", "|---|---:|---:|---:|"]
+    for group in [g for g, impls in groups.items() if "fused" in next(iter(impls.values()))["extra_info"]]:
+        med = {impl: b["stats"]["median"] for impl, b in groups.pop(group).items()}
+        if "one_call" in med and "op_by_op" in med:
+            lines.append(f"| {group} | {med['one_call'] * 1e3:.2f} | {med['op_by_op'] * 1e3:.2f} "
+                         f"| {med['op_by_op'] / med['one_call']:.2f}x |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv):
     _, groups = load(argv[1])
-    backbone = backbone_table(groups)
+    sections = [backbone_table(groups), fused_table(groups)]
     if groups:
-        print(table(groups))
-    if backbone:
-        print(("\n" if groups else "") + backbone)
+        sections.insert(0, table(groups))
+    print("\n\n".join(s for s in sections if s))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ running anything; the contracts themselves are in ``reference.py``.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -228,3 +229,15 @@ def _cache_append_fake(k_cache, v_cache, k_new, v_new, cache_lens):
     _check_same_device("mtp.cache_append", "k_new", k_new, k_cache=k_cache, v_cache=v_cache, v_new=v_new,
                        cache_lens=cache_lens)
     return None
+
+
+def _rope_copy(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    rope_(y, cos, sin)
+    return y
+
+
+# The kernels one op at a time, as reference.decoder_layers / reference.head_draft take them
+# (ops=KERNELS): that composition gives mtp.decoder_layers's / mtp.head_draft's bits.
+KERNELS = SimpleNamespace(linear=linear, rope=_rope_copy, cache_append=cache_append, head_attention=head_attention,
+                          rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)

@@ -5,7 +5,6 @@ int8-dot weights, ragged cache lengths, every instruction set, thread counts, st
 views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad input.
 mtp.head_draft likewise against reference.head_draft (the MTP head's draft steps)."""
 import re
-import types
 
 import pytest
 import torch
@@ -16,17 +15,7 @@ from test_rowwise import assert_bitwise
 from tiny_model import TINY, tiny_backbone
 
 
-def _rope_copy(x, cos, sin):
-    y = x.clone()
-    ops.rope_(y, cos, sin)
-    return y
-
-
-# The kernels, one op at a time: reference.decoder_layers's composition with these gives
-# mtp.decoder_layers's bits.
-KERNEL_OPS = types.SimpleNamespace(linear=ops.linear, rope=_rope_copy, cache_append=ops.cache_append,
-                                   head_attention=ops.head_attention, rms_norm=ops.rms_norm,
-                                   add_rms_norm=ops.add_rms_norm, silu_mul=ops.silu_mul)
+KERNEL_OPS = ops.KERNELS  # the kernels one op at a time
 VARIANTS = [(torch.float32, False, False), (torch.float32, True, False), (torch.float32, True, True),
             (torch.bfloat16, False, False), (torch.bfloat16, True, False), (torch.bfloat16, True, True)]
 # (cache lengths before the pass, T): one-token steps, a verify pass, ragged requests, empty caches.

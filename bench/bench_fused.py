@@ -1,0 +1,86 @@
+"""One call per pass against the same kernels called one op at a time (reference.decoder_layers
+and reference.head_draft with ops=mtp_kernels.ops.KERNELS, which give the same bits): a
+SmolLM2-135M backbone pass (bf16, and Q8 weights with int8 activations) of T = 1 and 3 tokens
+at a cache of CACHE positions, and the shipped MTP head's draft of K = 1 and 2 tokens.
+
+    python -m pytest bench/bench_fused.py --benchmark-only -q --benchmark-json=fused.json
+    python bench/report.py fused.json    # ms per call, op by op / one call
+"""
+import pytest
+import torch
+
+from mtp_kernels import ops, reference
+
+CACHE = 200
+ROUNDS = 30
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from mtp_kernels.models import checkpoint
+
+    try:
+        return checkpoint.load(checkpoint.default_gguf_path())
+    except checkpoint.CheckpointError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module", params=["bf16", "int8dot"])
+def backbone(request, loaded):
+    """(mode, model, cache holding CACHE positions, the next tokens, the last hidden state)."""
+    from mtp_kernels.models.llama import Backbone
+
+    cfg, weights, _ = loaded
+    quantized = request.param == "int8dot"
+    model = Backbone(cfg, weights, torch.bfloat16, quantize=quantized, int8_dot=quantized)
+    prompt = torch.randint(0, cfg.vocab_size, (1, CACHE + 3), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(1, CACHE + 16)
+    hidden = model(prompt[:, :CACHE], cache)[:, -1]
+    return request.param, model, cache, prompt[:, CACHE:], hidden
+
+
+@pytest.mark.parametrize("impl", ["one_call", "op_by_op"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_decoder_pass(benchmark, backbone, impl, T):
+    mode, model, cache, tokens, _ = backbone
+    x = model.embed(tokens[:, :T])
+    weights, scales = model.decoder_weights()
+    args = (x, cache.k, cache.v, cache.lens, model.rope_cos, model.rope_sin, weights, scales, model.cfg.num_heads,
+            model.cfg.rms_norm_eps)
+    if impl == "one_call":
+        def run():
+            return torch.ops.mtp.decoder_layers(*args, quantize_x=model.int8_dot)
+    else:
+        def run():
+            return reference.decoder_layers(*args, quantize_x=model.int8_dot, ops=ops.KERNELS)
+
+    benchmark.group = f"decoder pass T={T} cache={CACHE} {mode}"
+    benchmark.extra_info.update({"fused": "decoder_layers", "tokens": T})
+    h = benchmark.pedantic(run, setup=lambda: cache.lens.fill_(CACHE), rounds=ROUNDS, warmup_rounds=2)
+    cache.lens.fill_(CACHE)
+    assert torch.equal(h, torch.ops.mtp.decoder_layers(*args, quantize_x=model.int8_dot))
+
+
+@pytest.mark.parametrize("impl", ["one_call", "op_by_op"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_head_draft(benchmark, backbone, impl, k):
+    from mtp_kernels.cli import load_head
+
+    mode, model, cache, tokens, hidden = backbone
+    head = load_head(None, model, log=lambda m: None)
+    layer = head.cfg.kv_layer % model.cfg.num_layers
+    name = "model.embed_tokens.weight"
+    args = (hidden, tokens[:, 0], cache.k[layer], cache.v[layer], cache.lens, model.rope_cos, model.rope_sin,
+            model.w(name), model.scale(name), head.draft_weights(model.dtype), head.draft_logits_weight(model),
+            head.draft_vocab, k, head.cfg.num_heads, head.cfg.rms_norm_eps)
+    if impl == "one_call":
+        def run():
+            return torch.ops.mtp.head_draft(*args)
+    else:
+        def run():
+            return reference.head_draft(*args, ops=ops.KERNELS)
+
+    benchmark.group = f"head draft k={k} cache={CACHE} {mode}"
+    benchmark.extra_info.update({"fused": "head_draft", "tokens": k})
+    drafts = benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=2)
+    assert torch.equal(drafts, torch.ops.mtp.head_draft(*args))
