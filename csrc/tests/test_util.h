@@ -54,6 +54,9 @@ void test_ops_errors();
 // test_rowwise.cpp
 void test_rowwise();
 
+// test_decoder.cpp
+void test_decoder();
+
 // test_sampling.cpp
 void test_sampling_capi();
 void test_sampling_errors();

@@ -1,0 +1,217 @@
+// The whole-pass cores (mtp/decoder.h, mtp/head_draft.h), called directly on a tiny random
+// model on the selected instruction set: a pass over T tokens gives each token the bits of T
+// one-token passes (outputs and cache entries), a request's bits do not depend on the other
+// requests of the batch, the thread count changes nothing, and the head's drafts of a batch
+// are each request's own. The bitwise comparison with the op-by-op composition is in
+// python_tests/test_decoder.py; this runs the same code natively, under the sanitizers and on
+// aarch64 under qemu.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "mtp/head_draft.h"
+#include "mtp/parallel.h"
+#include "test_util.h"
+
+namespace {
+
+using mtp::DType;
+
+constexpr int64_t kH = 64, kHq = 4, kHkv = 2, kD = 16, kI = 96, kLayers = 2, kV = 50, kL = 24, kP = 32;
+
+// Bytes holding n values of t, from exactly representable random values of scale s.
+std::vector<char> values(DType t, int64_t n, float s, float offset = 0.f) {
+  std::vector<char> out(size_t(n * mtp::dtype_size(t)));
+  for (int64_t i = 0; i < n; ++i)
+    mtp::store_f32(out.data(), t, i, offset + s * std::ldexp(float(int64_t(rng() >> 44) - (1 << 19)), -19));
+  return out;
+}
+
+// A matrix [N, K]: float in t, or Q8 (int8 + one scale per 32).
+struct Matrix {
+  std::vector<char> w;
+  std::vector<float> scale;
+  mtp::DecoderMatrix m;
+  Matrix(int64_t N, int64_t K, DType t, bool q8) {
+    const float s = 1.f / std::sqrt(float(K));
+    if (q8) {
+      w.resize(size_t(N * K));
+      for (auto& q : w) q = char(int64_t(rng() % 255) - 127);
+      scale.assign(size_t(N * mtp::q8_blocks(K)), s / 127.f);
+      m = {w.data(), DType::I8, K, scale.data(), mtp::q8_blocks(K)};
+    } else {
+      w = values(t, N * K, s);
+      m = {w.data(), t, K, nullptr, 0};
+    }
+  }
+};
+
+struct Layer {
+  std::vector<char> input_norm, post_norm;
+  Matrix qkv, o, gate_up, down;
+  Layer(DType t, bool q8)
+      : input_norm(values(t, kH, 0.25f, 1.f)), post_norm(values(t, kH, 0.25f, 1.f)),
+        qkv((kHq + 2 * kHkv) * kD, kH, t, q8), o(kH, kHq * kD, t, q8), gate_up(2 * kI, kH, t, q8),
+        down(kH, kI, t, q8) {}
+  mtp::DecoderLayer view() const {
+    return {input_norm.data(), qkv.m, o.m, post_norm.data(), gate_up.m, down.m};
+  }
+};
+
+struct Model {
+  DType t;
+  bool quantize_x;
+  std::vector<Layer> layers;
+  std::vector<mtp::DecoderLayer> views;
+  std::vector<char> final_norm;
+  std::vector<float> cos, sin;
+  Model(DType t_, bool q8, bool quantize_x_) : t(t_), quantize_x(quantize_x_), final_norm(values(t_, kH, 0.25f, 1.f)) {
+    for (int64_t i = 0; i < kLayers; ++i) layers.emplace_back(t, q8);
+    for (auto& l : layers) views.push_back(l.view());
+    for (int64_t p = 0; p < kP; ++p)
+      for (int64_t d = 0; d < kD; ++d) {
+        const double a = p * std::pow(10000.0, -double(2 * (d % (kD / 2))) / double(kD));
+        cos.push_back(float(std::cos(a)));
+        sin.push_back(float(std::sin(a)));
+      }
+  }
+};
+
+// Caches [layers, B, Hkv, L, D] and their lengths.
+struct Cache {
+  std::vector<char> k, v;
+  std::vector<int64_t> lens;
+  Cache(DType t, int64_t B, std::vector<int64_t> l) : k(size_t(kLayers * B * kHkv * kL * kD * mtp::dtype_size(t))),
+                                                      v(k.size()), lens(std::move(l)) {}
+  int64_t B() const { return int64_t(lens.size()); }
+};
+
+// One pass of T tokens (x: [B, T, H] in the model's dtype) with `threads`; returns the output
+// and advances the lengths.
+std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
+  mtp::DecoderArgs a;
+  a.B = c.B(); a.T = T; a.H = kH; a.Hq = kHq; a.Hkv = kHkv; a.D = kD; a.I = kI;
+  a.layers = kLayers; a.L = kL; a.P = kP; a.dtype = m.t;
+  a.x = x.data(); a.rope_cos = m.cos.data(); a.rope_sin = m.sin.data();
+  a.k_cache = c.k.data(); a.v_cache = c.v.data();
+  const int64_t strides[5] = {c.B() * kHkv * kL * kD, kHkv * kL * kD, kL * kD, kD, 1};
+  std::copy_n(strides, 5, a.k_stride);
+  std::copy_n(strides, 5, a.v_stride);
+  a.cache_lens = c.lens.data();
+  a.layer = m.views.data(); a.final_norm = m.final_norm.data();
+  a.eps = 1e-5f; a.quantize_x = m.quantize_x;
+  std::vector<char> out(x.size());
+  a.out = out.data();
+  mtp::decoder(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
+  for (auto& n : c.lens) n += T;
+  return out;
+}
+
+// Rows [t0, t1) of request b of x [B, T, H] as a [1, t1 - t0, H] input.
+std::vector<char> rows(const std::vector<char>& x, DType t, int64_t T, int64_t b, int64_t t0, int64_t t1) {
+  const size_t row = size_t(kH * mtp::dtype_size(t));
+  return std::vector<char>(x.begin() + long((b * T + t0) * row), x.begin() + long((b * T + t1) * row));
+}
+
+// Request b's cache entries [0, n) of every layer.
+bool same_cache(const Cache& a, int64_t ba, const Cache& c, int64_t bc, int64_t n, DType t) {
+  const size_t es = size_t(mtp::dtype_size(t)), entry = size_t(kD) * es;
+  for (int64_t i = 0; i < kLayers; ++i)
+    for (int64_t h = 0; h < kHkv; ++h) {
+      const size_t oa = size_t(((i * a.B() + ba) * kHkv + h) * kL * kD) * es;
+      const size_t oc = size_t(((i * c.B() + bc) * kHkv + h) * kL * kD) * es;
+      if (std::memcmp(a.k.data() + oa, c.k.data() + oc, size_t(n) * entry) ||
+          std::memcmp(a.v.data() + oa, c.v.data() + oc, size_t(n) * entry))
+        return false;
+    }
+  return true;
+}
+
+void check_decoder(DType t, bool q8, bool quantize_x) {
+  const Model m(t, q8, quantize_x);
+  const char* what = q8 ? (quantize_x ? "q8dot" : "q8") : mtp::dtype_size(t) == 4 ? "f32" : "bf16";
+  const std::vector<int64_t> prompt = {5, 9};  // ragged: two requests
+  const int64_t T = 3, B = 2, P0 = 9;
+  const std::vector<char> x = values(t, B * P0 * kH, 1.f), next = values(t, B * T * kH, 1.f);
+  // Batched: prefill (request 0 uses only its first 5 positions: its length is set back), then T tokens.
+  Cache batch(t, B, {0, 0});
+  pass(m, batch, x, P0, 2);
+  batch.lens = prompt;
+  const std::vector<char> out = pass(m, batch, next, T, 2);
+  const size_t row = size_t(kH * mtp::dtype_size(t));
+  for (int64_t b = 0; b < B; ++b) {
+    // Alone, one token at a time, one thread.
+    Cache alone(t, 1, {0});
+    pass(m, alone, rows(x, t, P0, b, 0, prompt[b]), prompt[b], 1);
+    for (int64_t j = 0; j < T; ++j) {
+      const std::vector<char> o = pass(m, alone, rows(next, t, T, b, j, j + 1), 1, 1);
+      EXPECT(std::memcmp(o.data(), out.data() + (b * T + j) * row, row) == 0,
+             "%s: request %lld token %lld: batched T=%lld pass != one-token pass alone", what, (long long)b,
+             (long long)j, (long long)T);
+    }
+    EXPECT(same_cache(batch, b, alone, 0, prompt[b] + T, t), "%s: request %lld: cache entries differ", what,
+           (long long)b);
+  }
+}
+
+void check_head_draft(DType t, bool q8) {
+  const Model m(t, q8, false);
+  const int64_t K = 3, B = 2, Vd = 20;
+  const std::vector<int64_t> prompt = {6, 11};
+  const Matrix embedding(kV, kH, t, q8), proj(kH, 2 * kH, t, false), out_rows(Vd, kH, t, false);
+  const Layer block(t, false);
+  const mtp::DecoderLayer block_view = block.view();
+  const std::vector<char> embed_norm = values(t, kH, 0.25f, 1.f), hidden_norm = values(t, kH, 0.25f, 1.f),
+                          out_norm = values(t, kH, 0.25f, 1.f), hidden = values(t, B * kH, 1.f);
+  std::vector<int64_t> vocab(Vd), token = {7, 31};
+  for (int64_t i = 0; i < Vd; ++i) vocab[size_t(i)] = (i * 7 + 3) % kV;
+  Cache cache(t, B, {0, 0});
+  pass(m, cache, values(t, B * 11 * kH, 1.f), 11, 1);
+  cache.lens = prompt;
+  auto draft = [&](int64_t b0, int64_t n, int threads) {  // requests [b0, b0 + n) of the batch
+    mtp::HeadDraftArgs a;
+    a.B = n; a.K = K; a.H = kH; a.Hq = kHq; a.Hkv = kHkv; a.D = kD; a.I = kI; a.blocks = 1;
+    a.L = kL; a.P = kP; a.V = kV; a.Vd = Vd; a.dtype = t;
+    a.hidden = hidden.data() + b0 * kH * mtp::dtype_size(t);
+    a.token = token.data() + b0;
+    a.embedding = embedding.m;
+    a.rope_cos = m.cos.data(); a.rope_sin = m.sin.data();
+    const int64_t es = mtp::dtype_size(t), layer = 1;  // the head reads the last layer's cache
+    a.k_cache = cache.k.data() + ((layer * B + b0) * kHkv * kL * kD) * es;
+    a.v_cache = cache.v.data() + ((layer * B + b0) * kHkv * kL * kD) * es;
+    const int64_t strides[4] = {kHkv * kL * kD, kL * kD, kD, 1};
+    std::copy_n(strides, 4, a.k_stride);
+    std::copy_n(strides, 4, a.v_stride);
+    a.cache_lens = cache.lens.data() + b0;
+    a.embed_norm = embed_norm.data(); a.hidden_norm = hidden_norm.data();
+    a.proj = proj.m; a.block = &block_view; a.out_norm = out_norm.data();
+    a.out_rows = out_rows.m; a.draft_vocab = vocab.data(); a.eps = 1e-5f;
+    std::vector<int64_t> drafts(size_t(n * K), -1);
+    a.drafts = drafts.data();
+    mtp::head_draft(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
+    return drafts;
+  };
+  const std::vector<int64_t> both = draft(0, B, 2);
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t> alone = draft(b, 1, 1);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t d = both[size_t(b * K + j)];
+      EXPECT(d == alone[size_t(j)], "head_draft %s: request %lld draft %lld: %lld batched, %lld alone",
+             q8 ? "q8 embedding" : "float", (long long)b, (long long)j, (long long)d, (long long)alone[size_t(j)]);
+      EXPECT(std::find(vocab.begin(), vocab.end(), d) != vocab.end(), "draft %lld is not in the draft vocabulary",
+             (long long)d);
+    }
+  }
+}
+
+}  // namespace
+
+void test_decoder() {
+  for (DType t : {DType::F32, DType::BF16}) {
+    check_decoder(t, false, false);
+    check_decoder(t, true, false);
+    check_decoder(t, true, true);
+    check_head_draft(t, false);
+    check_head_draft(t, true);
+  }
+}
