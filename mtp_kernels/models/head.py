@@ -124,17 +124,21 @@ class MTPHead(torch.nn.Module):
     def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
         """mtp.head_draft's weights in `dtype`: embed_norm, hidden_norm, proj, per block its
         decoder-layer parts (q/k/v and gate/up fused into one matrix each), out_norm. Cached
-        until a parameter changes (in place or replaced) or the dtype does."""
-        key = (dtype, tuple((id(p), p._version) for p in self.parameters()))
-        if getattr(self, "_draft_weights", (None,))[0] != key:
+        until a parameter changes (in place or replaced) or the dtype does. When the head is
+        already in `dtype` (cli.load_head puts it there) nothing is copied: the fused
+        matrices become the parameters' storage (each projection a row view of its fused one)."""
+        if getattr(self, "_draft_weights", (None,))[0] != self._draft_key(dtype):
             with torch.no_grad():
                 out = [self.embed_norm, self.hidden_norm, self.proj]
                 for b in self.blocks:
-                    out += [b.attn_norm, torch.cat([b.q_proj, b.k_proj, b.v_proj]), b.o_proj, b.mlp_norm,
-                            torch.cat([b.gate_proj, b.up_proj]), b.down_proj]
+                    out += [b.attn_norm, _fused(dtype, b.q_proj, b.k_proj, b.v_proj), b.o_proj, b.mlp_norm,
+                            _fused(dtype, b.gate_proj, b.up_proj), b.down_proj]
                 out.append(self.out_norm)
-                self._draft_weights = (key, [w.detach().to(dtype).contiguous() for w in out])
+                self._draft_weights = (self._draft_key(dtype), [w.detach().to(dtype).contiguous() for w in out])
         return self._draft_weights[1]
+
+    def _draft_key(self, dtype: torch.dtype) -> tuple:
+        return dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
 
     @torch.no_grad()
     def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> torch.Tensor:
@@ -149,3 +153,13 @@ class MTPHead(torch.nn.Module):
             hidden.to(dt), token, cache.k[layer], cache.v[layer], cache.lens, backbone.rope_cos, backbone.rope_sin,
             backbone.w(name), backbone.scale(name), self.draft_weights(dt), self.draft_logits_weight(backbone),
             self.draft_vocab if self.draft_vocab.numel() else None, k, c.num_heads, c.rms_norm_eps)
+
+
+def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:
+    """The parts' rows stacked in `dtype`; parts already in `dtype` then live in it as row views
+    (one copy of the weights, not two)."""
+    fused = torch.cat([p.detach().to(dtype) for p in parts])
+    if all(p.dtype == dtype for p in parts):
+        for p, view in zip(parts, fused.split([p.shape[0] for p in parts])):
+            p.data = view
+    return fused
