@@ -20,7 +20,7 @@ namespace mtp {
   if (is_avx512(isa)) return x86::OP##_avx512(ARGS);    \
   if (isa == Isa::Avx2) return x86::OP##_avx2(ARGS);
 #else
-#define MTP_ROWWISE_DISPATCH(OP, ARGS)
+#define MTP_ROWWISE_DISPATCH(OP, ARGS) (void)isa;
 #endif
 
 inline void rms_norm(const RmsNormArgs& a, Isa isa) {
