@@ -1,6 +1,8 @@
 """The CUDA kernels of the row-local layer ops (``rms_norm``, ``add_rms_norm``, ``rope_``,
 ``silu_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
-checks of the CPU binding (same messages). There is no C++ or Triton kernel for them; this
+checks of the CPU binding (same messages). ``decoder_layers`` and ``head_draft`` on CUDA are
+their op-by-op composition of the kernels (``reference.decoder_layers`` / ``head_draft`` with
+``ops.KERNELS``): each op runs its own CUDA kernel (or the fallback above). There is no C++ or Triton kernel for them; this
 keeps a model on a GPU working through the same ops. Exact like the CPU kernels: every step of
 rms_norm, add_rms_norm and rope_ is one IEEE operation in the kernels' order, so they should
 give the CPU kernels' bits, each row alone (test_rowwise.py checks it on a GPU; not run on one
@@ -15,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
-from . import reference
+from . import ops, reference
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -40,7 +42,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return reference.silu_mul(gate_up).contiguous()
 
 
-FALLBACKS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_": rope_, "silu_mul": silu_mul}
+def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps, *,
+                   quantize_x=False):
+    return reference.decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales,
+                                    num_heads, eps, quantize_x=quantize_x, ops=ops.KERNELS)
+
+
+def head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale, weights,
+               out_rows, draft_vocab, k, num_heads, eps):
+    return reference.head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
+                                embedding_scale, weights, out_rows, draft_vocab, k, num_heads, eps, ops=ops.KERNELS)
+
+
+FALLBACKS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_": rope_, "silu_mul": silu_mul,
+             "decoder_layers": decoder_layers, "head_draft": head_draft}
 
 
 def register_cuda_kernels() -> None:

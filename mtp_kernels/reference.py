@@ -473,7 +473,7 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     B, T, _ = x.shape
     layers, Hkv, D = k_cache.shape[0], k_cache.shape[2], k_cache.shape[4]
     Hq = num_heads
-    positions = cache_lens.long()[:, None] + torch.arange(T)
+    positions = cache_lens.long()[:, None] + torch.arange(T, device=x.device)
     cos, sin = rope_cos[positions], rope_sin[positions]
     new_lens = cache_lens + T
     h = ops.rms_norm(x, weights[0] if layers else weights[-1], eps)
@@ -520,7 +520,7 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     blocks = [weights[3 + 6 * i:9 + 6 * i] for i in range((len(weights) - 4) // 6)]
     embed_norm, hidden_norm, proj, out_norm = weights[0], weights[1], weights[2], weights[-1]
     local = [(k_cache.new_zeros(B, Hkv, k, D), k_cache.new_zeros(B, Hkv, k, D)) for _ in blocks]
-    drafts = torch.empty(B, k, dtype=torch.int64)
+    drafts = torch.empty(B, k, dtype=torch.int64, device=hidden.device)
     h = hidden
     for j in range(k):
         positions = cache_lens.long()[:, None] + j

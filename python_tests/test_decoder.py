@@ -265,3 +265,30 @@ def test_head_draft_bad_input_raises_clear_errors():
     bad("k (draft steps) must be >= 0, got -1", k=-1)
     bad("cache_lens must lie in [0, L (k_cache.size(2))]", cache_lens=torch.tensor([3, 33]))
     bad("embedding is Char but embedding_scale is empty", embedding=d.model.w("model.embed_tokens.weight").to(torch.int8))
+
+
+def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
+    """On CUDA both ops run fallback.py's composition of the kernels; here on CPU tensors it
+    gives the fused ops' bits."""
+    from mtp_kernels import fallback
+
+    p = Pass(torch.bfloat16, False, False, [3, 7], 3)
+    assert torch.equal(fallback.decoder_layers(*p.args()), p.fused()[0])
+    d = Draft(torch.float32, True, [3, 9], 1, 40)
+    assert torch.equal(fallback.head_draft(**d.args(3)), torch.ops.mtp.head_draft(**d.args(3)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: needs CUDA")
+def test_cuda_pass_is_shape_invariant():
+    """On a GPU: a pass over 3 tokens equals 3 one-token passes bitwise, close to the CPU's."""
+    p = Pass(torch.float32, False, False, [3, 7], 3)
+    c = [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t
+         for t in p.args()]
+    whole = torch.ops.mtp.decoder_layers(*c)
+    steps = []
+    lens = c[3].clone()
+    for t in range(3):
+        steps.append(torch.ops.mtp.decoder_layers(c[0][:, t:t + 1].contiguous(), c[1], c[2], lens, *c[4:]))
+        lens += 1
+    assert torch.equal(whole, torch.cat(steps, dim=1))
+    torch.testing.assert_close(whole.cpu(), p.fused()[0], rtol=1e-4, atol=1e-4)
