@@ -249,7 +249,10 @@ def test_head_draft_bad_input_raises_clear_errors():
             torch.ops.mtp.head_draft(**d.args(changes.pop("k", 2), **changes))
 
     bad("mtp.head_draft: hidden must be 2-D [B, H]", hidden=d.hidden[0])
-    bad("k_cache must have q's dtype", hidden=d.hidden.bfloat16())
+    bad("k_cache must have hidden's dtype", hidden=d.hidden.bfloat16())
+    bad("k_cache must be 4-D [B, Hkv, L, D]", k_cache=d.cache.k)
+    bad("k_cache.size(0) must equal B (hidden.size(0))", hidden=d.hidden[:1], token=d.token[:1],
+        cache_lens=d.cache.lens[:1])
     bad("token must hold token ids in [0, V (embedding.size(0))) = [0, 97), got token[1] = 97",
         token=torch.tensor([0, 97]))
     bad("draft_vocab must hold token ids in [0, V (embedding.size(0))) = [0, 97), got draft_vocab[0] = -1",

@@ -233,9 +233,10 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   a.B = hidden.size(0); a.H = hidden.size(1); a.K = k; a.Hq = num_heads;
   a.dtype = to_dtype(hidden.scalar_type());
   TORCH_CHECK(k >= 0, op, ": k (draft steps) must be >= 0, got ", k);
-  AttentionArgs cache = attention_args(op, hidden.new_empty({a.B, 1, num_heads, k_cache.dim() == 4 ? k_cache.size(3) : 0}),
-                                       k_cache, v_cache, c10::nullopt, c10::nullopt, c10::nullopt, false, at::kCPU);
-  a.Hkv = cache.Hkv; a.D = cache.D; a.L = k_cache.size(2);
+  AttentionArgs cache;  // the cache views, checked like head_attention's
+  set_caches(op, cache, k_cache, v_cache, "hidden", hidden, at::kCPU);
+  check_size(op, "k_cache", k_cache, 0, a.B, "B (hidden.size(0))");
+  a.Hkv = k_cache.size(1); a.L = k_cache.size(2); a.D = k_cache.size(3);
   check_heads(op, num_heads, a.Hkv, a.D, eps);
   a.P = check_rope(op, rope_cos, rope_sin, a.D, "D (k_cache.size(3))");
   const std::vector<int64_t> lens =
