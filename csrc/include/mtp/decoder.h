@@ -1,11 +1,11 @@
 // A whole Llama-family decoder pass in one call, torch-free: every layer (RMSNorm, the fused
 // q/k/v projection, RoPE, the cache append, attention over the cache, the output projection
 // and residual add, the SiLU-gated MLP) and the final norm. It runs the same kernels in the
-// same order as the op-by-op composition (mtp_kernels/models/llama.py: mtp.linear with its
-// fp32 output rounded to the activation dtype, mtp.rope_, mtp.cache_append,
-// mtp.head_attention, mtp.add_rms_norm, mtp.silu_mul), so it gives the same bits; what it
-// saves is the ~11 dispatches per layer of a decode step, which cost as much as the
-// arithmetic at a few rows.
+// same order as the op-by-op composition (reference.decoder_layers with ops.KERNELS:
+// mtp.linear with its fp32 output rounded to the activation dtype, mtp.rope_,
+// mtp.cache_append, mtp.head_attention, mtp.add_rms_norm, mtp.silu_mul), so it gives the
+// same bits; what it saves is the ~11 dispatches per layer of a decode step, which cost as
+// much as the arithmetic at a few rows.
 #pragma once
 #include <algorithm>
 #include <vector>
