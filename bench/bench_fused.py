@@ -71,19 +71,15 @@ def test_head_draft(benchmark, backbone, impl, k):
 
     mode, model, cache, tokens, hidden = backbone
     head = load_head(None, model, log=lambda m: None)
-    layer = head.cfg.kv_layer % model.cfg.num_layers
-    name = "model.embed_tokens.weight"
-    args = (hidden, tokens[:, 0], cache.k[layer], cache.v[layer], cache.lens, model.rope_cos, model.rope_sin,
-            model.w(name), model.scale(name), head.draft_weights(model.dtype), head.draft_logits_weight(model),
-            head.draft_vocab, k, head.cfg.num_heads, head.cfg.rms_norm_eps)
+    args = head.draft_args(model, cache, hidden, tokens[:, 0], k)
     if impl == "one_call":
         def run():
-            return torch.ops.mtp.head_draft(*args)
+            return torch.ops.mtp.head_draft(**args)
     else:
         def run():
-            return reference.head_draft(*args, ops=ops.KERNELS)
+            return reference.head_draft(**args, ops=ops.KERNELS)
 
     benchmark.group = f"head draft k={k} cache={CACHE} {mode}"
     benchmark.extra_info.update({"fused": "head_draft", "tokens": k})
     drafts = benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=2)
-    assert torch.equal(drafts, torch.ops.mtp.head_draft(*args))
+    assert torch.equal(drafts, torch.ops.mtp.head_draft(**args))

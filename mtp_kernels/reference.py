@@ -10,6 +10,8 @@ from typing import Optional
 
 import torch
 
+from .quant import dequantize_q8
+
 
 def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
                   num_drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -470,29 +472,40 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     silu_mul (default: this module's). With the kernels (``mtp_kernels.ops``, rope through
     rope_ on a copy) this composition gives mtp.decoder_layers's bits exactly."""
     ops = ops or _REFERENCE_OPS
-    B, T, _ = x.shape
-    layers, Hkv, D = k_cache.shape[0], k_cache.shape[2], k_cache.shape[4]
-    Hq = num_heads
+    T = x.shape[1]
+    layers = k_cache.shape[0]
     positions = cache_lens.long()[:, None] + torch.arange(T, device=x.device)
     cos, sin = rope_cos[positions], rope_sin[positions]
     new_lens = cache_lens + T
     h = ops.rms_norm(x, weights[0] if layers else weights[-1], eps)
     for i in range(layers):
-        norm_in, qkv_w, o_w, norm_post, gate_up_w, down_w = weights[6 * i:6 * i + 6]
-        qkv_s, o_s, gate_up_s, down_s = weight_scales[4 * i:4 * i + 4] if weight_scales else (None,) * 4
+        def attend(q, k, v):  # append the new keys/values, then attend causally over the cache
+            ops.cache_append(k_cache[i], v_cache[i], k, v, cache_lens)
+            return ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
 
-        def project(a, w, s):
-            return ops.linear(a, w, None, s, quantize_x=quantize_x and s is not None)
-
-        qkv = project(h, qkv_w, qkv_s).view(B, T, Hq + 2 * Hkv, D)
-        qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
-        q, k, v = qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:]
-        ops.cache_append(k_cache[i], v_cache[i], k, v, cache_lens)
-        a = ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
-        x, h = ops.add_rms_norm(x, project(a.reshape(B, T, Hq * D), o_w, o_s), norm_post, eps)
-        mlp = project(ops.silu_mul(project(h, gate_up_w, gate_up_s)), down_w, down_s)
-        x, h = ops.add_rms_norm(x, mlp, weights[6 * i + 6], eps)
+        scales = weight_scales[4 * i:4 * i + 4] if weight_scales else (None,) * 4
+        x, h = _layer(ops, x, h, weights[6 * i:6 * i + 6], scales, weights[6 * i + 6], cos, sin, num_heads,
+                      k_cache.shape[2], eps, quantize_x, attend)
     return h
+
+
+def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, eps, quantize_x, attend):
+    """One decoder layer (weights w = DECODER_PARTS, Q8 scales of its four matrices or Nones)
+    on the residual stream x [B, T, H] whose input norm is h: the qkv projection, RoPE of the
+    q and k heads, attend(q, k, v) -> [B, T, Hq, D], the output projection and residual add
+    (fused with the MLP's norm), the MLP. Returns (x, next_norm(x))."""
+    B, T, _ = x.shape
+    Hq, Hkv = num_heads, num_kv_heads
+
+    def project(a, m, s):
+        return ops.linear(a, m, None, s, quantize_x=quantize_x and s is not None)
+
+    qkv = project(h, w[1], scales[0]).view(B, T, Hq + 2 * Hkv, -1)
+    qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
+    a = attend(qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:])
+    x, m = ops.add_rms_norm(x, project(a.reshape(B, T, -1), w[2], scales[1]), w[3], eps)
+    mlp = project(ops.silu_mul(project(m, w[4], scales[2])), w[5], scales[3])
+    return ops.add_rms_norm(x, mlp, next_norm, eps)
 
 
 def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -515,34 +528,31 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
     drafts exactly."""
     ops = ops or _REFERENCE_OPS
-    B, H = hidden.shape
-    Hkv, D, Hq = k_cache.shape[1], k_cache.shape[3], num_heads
+    B = hidden.shape[0]
+    Hkv = k_cache.shape[1]
     blocks = [weights[3 + 6 * i:9 + 6 * i] for i in range((len(weights) - 4) // 6)]
     embed_norm, hidden_norm, proj, out_norm = weights[0], weights[1], weights[2], weights[-1]
-    local = [(k_cache.new_zeros(B, Hkv, k, D), k_cache.new_zeros(B, Hkv, k, D)) for _ in blocks]
+    local = [(k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]), k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]))
+             for _ in blocks]
     drafts = torch.empty(B, k, dtype=torch.int64, device=hidden.device)
-    h = hidden
+    h = hidden[:, None]  # [B, 1, H]: one token per request
     for j in range(k):
         positions = cache_lens.long()[:, None] + j
         cos, sin = rope_cos[positions], rope_sin[positions]  # [B, 1, D]
-        e = embedding[token].float()
-        if embedding_scale is not None:
-            e = e * embedding_scale[token].repeat_interleave(32, dim=-1)[:, :H]
-        x = ops.linear(torch.cat([ops.rms_norm(e.to(hidden.dtype), embed_norm, eps), ops.rms_norm(h, hidden_norm, eps)],
-                                 dim=-1), proj)
+        e = embedding[token] if embedding_scale is None else dequantize_q8(embedding[token], embedding_scale[token])
+        x = ops.linear(torch.cat([ops.rms_norm(e.to(hidden.dtype)[:, None], embed_norm, eps),
+                                  ops.rms_norm(h, hidden_norm, eps)], dim=-1), proj)
         a = ops.rms_norm(x, blocks[0][0] if blocks else out_norm, eps)
-        for i, (_, qkv_w, o_w, norm_post, gate_up_w, down_w) in enumerate(blocks):
-            qkv = ops.linear(a, qkv_w).view(B, 1, Hq + 2 * Hkv, D)
-            qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
-            local_k, local_v = local[i]
-            local_k[:, :, j], local_v[:, :, j] = qk[:, 0, Hq:], qkv[:, 0, Hq + Hkv:]
-            att = ops.head_attention(qk[:, :, :Hq], k_cache, v_cache, cache_lens, local_k[:, :, :j + 1],
-                                     local_v[:, :, :j + 1])
-            x, m = ops.add_rms_norm(x, ops.linear(att.reshape(B, Hq * D), o_w), norm_post, eps)
+        for i, w in enumerate(blocks):
+            def attend(q, k_new, v_new):  # the step's keys/values join the local segment at j
+                local_k, local_v = local[i]
+                local_k[:, :, j], local_v[:, :, j] = k_new[:, 0], v_new[:, 0]
+                return ops.head_attention(q, k_cache, v_cache, cache_lens, local_k[:, :, :j + 1], local_v[:, :, :j + 1])
+
             after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
-            x, a = ops.add_rms_norm(x, ops.linear(ops.silu_mul(ops.linear(m, gate_up_w)), down_w), after, eps)
+            x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend)
         h = x
-        best = ops.linear(a, out_rows).argmax(-1)
+        best = ops.linear(a, out_rows)[:, 0].argmax(-1)
         token = draft_vocab[best] if draft_vocab is not None else best
         drafts[:, j] = token
     return drafts

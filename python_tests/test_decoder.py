@@ -196,14 +196,7 @@ class Draft:
         self.token = torch.randint(0, TINY.vocab_size, (len(lens),), generator=g)
 
     def args(self, k, **changes):
-        m, h = self.model, self.head
-        layer = h.cfg.kv_layer % TINY.num_layers
-        name = "model.embed_tokens.weight"
-        args = dict(hidden=self.hidden, token=self.token, k_cache=self.cache.k[layer], v_cache=self.cache.v[layer],
-                    cache_lens=self.cache.lens, rope_cos=m.rope_cos, rope_sin=m.rope_sin, embedding=m.w(name),
-                    embedding_scale=m.scale(name), weights=h.draft_weights(m.dtype),
-                    out_rows=h.draft_logits_weight(m), draft_vocab=h.draft_vocab if h.draft_vocab.numel() else None,
-                    k=k, num_heads=TINY.num_heads, eps=TINY.rms_norm_eps)
+        args = self.head.draft_args(self.model, self.cache, self.hidden, self.token, k)
         args.update(changes)
         return args
 

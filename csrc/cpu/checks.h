@@ -159,6 +159,17 @@ struct LinearCall {
   at::Tensor result() const { return y.to(out_dtype).reshape(out_shape); }
 };
 
+// Q8 scales `name` of an int8 matrix [N, K]: fp32 [N, ceil(K/32)] on `device` (the caller
+// checks that the rows are unit-stride: weight_scale_rows_error, in its own words).
+inline void check_q8_scales(const char* op, const char* name, const at::Tensor& s, int64_t N, const char* n_what,
+                            int64_t K, const at::Device& device) {
+  check_device(op, name, s, device);
+  check_dtype(op, name, s, {at::kFloat});
+  check_dim(op, name, s, 2, kWeightScaleShape);
+  check_size(op, name, s, 0, N, n_what);
+  check_size(op, name, s, 1, q8_blocks(K), kWeightScaleBlocks);
+}
+
 // An int8 weight [N, K] takes weight_scale, fp32 [N, ceil(K/32)] with unit-stride rows (both
 // read in place); a float weight takes none.
 inline void check_weight_scale(const char* op, const at::Tensor& weight, const c10::optional<at::Tensor>& weight_scale,
@@ -172,11 +183,7 @@ inline void check_weight_scale(const char* op, const at::Tensor& weight, const c
   TORCH_CHECK(weight_scale.has_value(), op, ": an int8 weight needs weight_scale, Float ", kWeightScaleShape, " = [",
               N, ", ", blocks, "] (one scale per block of 32 along K), got None");
   const at::Tensor& s = *weight_scale;
-  check_device(op, "weight_scale", s, device);
-  check_dtype(op, "weight_scale", s, {at::kFloat});
-  check_dim(op, "weight_scale", s, 2, kWeightScaleShape);
-  check_size(op, "weight_scale", s, 0, N, "N (weight.size(0))");
-  check_size(op, "weight_scale", s, 1, blocks, kWeightScaleBlocks);
+  check_q8_scales(op, "weight_scale", s, N, "N (weight.size(0))", K, device);
   check_ok(op, weight_scale_rows_error(blocks, s.stride(0), s.stride(1)));
 }
 

@@ -69,17 +69,11 @@ DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at
   m.stride = w.stride(0);
   if (int8) {
     const std::string sn = name + "'s scales";
-    const char* snm = sn.c_str();
-    const at::Tensor& s = *scale;
-    check_cpu(op, snm, s);
-    check_dtype(op, snm, s, {at::kFloat});
-    check_dim(op, snm, s, 2, kWeightScaleShape);
-    check_size(op, snm, s, 0, N, n_what);
-    check_size(op, snm, s, 1, q8_blocks(K), kWeightScaleBlocks);
-    const std::string srows = weight_scale_rows_error(q8_blocks(K), s.stride(0), s.stride(1));
-    TORCH_CHECK(srows.empty(), op, ": ", sn, ": ", srows);
-    m.scale = s.data_ptr<float>();
-    m.scale_stride = s.stride(0);
+    check_q8_scales(op, sn.c_str(), *scale, N, n_what, K, at::kCPU);
+    const std::string rows_error = weight_scale_rows_error(q8_blocks(K), scale->stride(0), scale->stride(1));
+    TORCH_CHECK(rows_error.empty(), op, ": ", sn, ": ", rows_error);
+    m.scale = scale->data_ptr<float>();
+    m.scale_stride = scale->stride(0);
   }
   return m;
 }

@@ -140,20 +140,26 @@ class MTPHead(torch.nn.Module):
     def _draft_key(self, dtype: torch.dtype) -> tuple:
         return dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
 
+    def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
+                   k: int) -> dict:
+        """mtp.head_draft's arguments (by name) for `draft`'s inputs."""
+        c, dt = self.cfg, backbone.dtype
+        layer = c.kv_layer % backbone.cfg.num_layers
+        name = "model.embed_tokens.weight"
+        return dict(hidden=hidden.to(dt), token=token, k_cache=cache.k[layer], v_cache=cache.v[layer],
+                    cache_lens=cache.lens, rope_cos=backbone.rope_cos, rope_sin=backbone.rope_sin,
+                    embedding=backbone.w(name), embedding_scale=backbone.scale(name), weights=self.draft_weights(dt),
+                    out_rows=self.draft_logits_weight(backbone),
+                    draft_vocab=self.draft_vocab if self.draft_vocab.numel() else None, k=k, num_heads=c.num_heads,
+                    eps=c.rms_norm_eps)
+
     @torch.no_grad()
     def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> torch.Tensor:
         """K draft tokens [B, K] after `token` [B] (the backbone's next token, not yet in
         the cache), from the backbone's last hidden state `hidden` [B, H] at position
         cache.lens - 1. Reads the cache in place and changes nothing in it: one
         mtp.head_draft call (reference.head_draft is its op-by-op composition)."""
-        c, dt = self.cfg, backbone.dtype
-        layer = c.kv_layer % backbone.cfg.num_layers
-        name = "model.embed_tokens.weight"
-        return torch.ops.mtp.head_draft(
-            hidden.to(dt), token, cache.k[layer], cache.v[layer], cache.lens, backbone.rope_cos, backbone.rope_sin,
-            backbone.w(name), backbone.scale(name), self.draft_weights(dt), self.draft_logits_weight(backbone),
-            self.draft_vocab if self.draft_vocab.numel() else None, k, c.num_heads, c.rms_norm_eps)
-
+        return torch.ops.mtp.head_draft(**self.draft_args(backbone, cache, hidden, token, k))
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:
     """The parts' rows stacked in `dtype`; parts already in `dtype` then live in it as row views

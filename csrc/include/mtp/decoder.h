@@ -104,14 +104,15 @@ struct LayerPass {
       for (int64_t i = 0; i < M * N; ++i) o[i] = f32_to_bf16(y[size_t(i)]);
     }
   }
-  // out = RMSNorm(in (+ residual, the sum written to `sum`)) with weight w.
-  void norm(const void* in, const void* residual, void* sum, const void* w, void* out) const {
+  // out = RMSNorm(in (+ residual, the sum written to `sum`)) with weight w; out's rows
+  // out_stride apart (default H).
+  void norm(const void* in, const void* residual, void* sum, const void* w, void* out, int64_t out_stride = 0) const {
     RmsNormArgs n;
     n.M = M; n.H = H; n.dtype = dt;
     n.x = in; n.x_stride = H;
     n.residual = residual; n.residual_stride = H;
     n.sum = sum; n.sum_stride = H;
-    n.out = out; n.out_stride = H;
+    n.out = out; n.out_stride = out_stride ? out_stride : H;
     n.weight = w; n.w_dtype = dt;
     n.eps = eps;
     rms_norm(n, isa);
@@ -152,6 +153,19 @@ struct LayerPass {
     add_norm(proj.data(), next_norm, out);
   }
 
+  // Writes the k and v heads of qkv into a cache [B, Hkv, L, D] view at positions lens[b] + t
+  // (on this thread: a few rows are not worth a parallel region).
+  void append_heads(void* k, const int64_t* k_stride, void* v, const int64_t* v_stride, int64_t L,
+                    const int64_t* lens) const {
+    CacheAppendArgs c;
+    c.B = M / T; c.T = T; c.Hkv = Hkv; c.D = D; c.L = L; c.dtype = dt;
+    set_cache_views(c, k, k_stride, v, v_stride, lens);
+    int64_t heads[4];
+    head_strides(heads);
+    set_new_views(c, head_bytes(Hq), heads, head_bytes(Hq + Hkv), heads);
+    cache_append(c, [](int64_t n, auto&& fn) { fn(int64_t(0), n); });
+  }
+
   // The attention arguments of the q heads in qkv over a cache layer [B, Hkv, L, D] view.
   AttentionArgs attention_args(const void* k, const int64_t* k_stride, const void* v, const int64_t* v_stride,
                                const int64_t* lens) {
@@ -187,21 +201,13 @@ void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
   gather_angles(a.rope_sin, a.cache_lens, 0, a.B, a.T, D, sin.data());
   std::vector<int64_t> new_lens(size_t(a.B));  // the lengths once the tokens are in
   for (int64_t b = 0; b < a.B; ++b) new_lens[b] = a.cache_lens[b] + a.T;
-  int64_t heads[4];
-  p.head_strides(heads);
-
   p.x = a.x;
   p.norm(a.x, nullptr, nullptr, a.layers > 0 ? a.layer[0].input_norm : a.final_norm, a.layers > 0 ? p.h.data() : a.out);
   for (int64_t i = 0; i < a.layers; ++i) {
     char* const k_layer = static_cast<char*>(a.k_cache) + i * a.k_stride[0] * es;
     char* const v_layer = static_cast<char*>(a.v_cache) + i * a.v_stride[0] * es;
     auto attend = [&] {  // append the new keys/values, then attend causally over the cache
-      CacheAppendArgs c;
-      c.B = a.B; c.T = a.T; c.Hkv = a.Hkv; c.D = D; c.L = a.L; c.dtype = a.dtype;
-      set_cache_views(c, static_cast<void*>(k_layer), a.k_stride + 1, static_cast<void*>(v_layer), a.v_stride + 1,
-                      a.cache_lens);
-      set_new_views(c, p.head_bytes(a.Hq), heads, p.head_bytes(a.Hq + a.Hkv), heads);
-      cache_append(c, [](int64_t n, auto&& fn) { fn(int64_t(0), n); });  // a few rows: not worth a thread
+      p.append_heads(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, a.L, a.cache_lens);
       AttentionArgs at = p.attention_args(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, new_lens.data());
       at.causal = true;
       attention(at, threads, isa, pf);

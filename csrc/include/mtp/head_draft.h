@@ -7,7 +7,7 @@
 #pragma once
 #include <vector>
 
-#include "mtp/argmax_rule.h"
+#include "mtp/argmax.h"
 #include "mtp/decoder.h"
 
 namespace mtp {
@@ -61,39 +61,27 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
     local_v.push_back(p.buffer(B * a.Hkv * a.K * D));
   }
   const int64_t local_strides[4] = {a.Hkv * a.K * D, a.K * D, D, 1};
-  std::vector<int64_t> token(a.token, a.token + B);
+  std::vector<int64_t> token(a.token, a.token + B), step(static_cast<size_t>(B));  // step: j for every request
   const void* h = a.hidden;
   char* const in_bytes = reinterpret_cast<char*>(in.data());
 
   for (int64_t j = 0; j < a.K; ++j) {
+    std::fill(step.begin(), step.end(), j);
     gather_angles(a.rope_cos, a.cache_lens, j, B, 1, D, cos.data());
     gather_angles(a.rope_sin, a.cache_lens, j, B, 1, D, sin.data());
     for (int64_t b = 0; b < B; ++b)
       embedding_row(a.embedding, H, token[size_t(b)], a.dtype, reinterpret_cast<char*>(e.data()) + b * H * es);
-    // in = [norm(embedding) ; norm(h)] per row (the two norms, then interleaved).
-    p.norm(e.data(), nullptr, nullptr, a.embed_norm, normed.data());
-    p.norm(h, nullptr, nullptr, a.hidden_norm, p.proj.data());
-    for (int64_t b = 0; b < B; ++b) {
-      std::memcpy(in_bytes + 2 * b * H * es, reinterpret_cast<const char*>(normed.data()) + b * H * es, size_t(H * es));
-      std::memcpy(in_bytes + (2 * b + 1) * H * es, reinterpret_cast<const char*>(p.proj.data()) + b * H * es,
-                  size_t(H * es));
-    }
+    // in = [norm(embedding) ; norm(h)] per row: each norm writes its half of the rows.
+    p.norm(e.data(), nullptr, nullptr, a.embed_norm, in_bytes, 2 * H);
+    p.norm(h, nullptr, nullptr, a.hidden_norm, in_bytes + H * es, 2 * H);
     p.project(a.proj, in.data(), 2 * H, H, x.data());
     p.x = x.data();
     void* const out = normed.data();  // the norm in front of the draft LM head
     p.norm(x.data(), nullptr, nullptr, a.blocks > 0 ? a.block[0].input_norm : a.out_norm, a.blocks > 0 ? p.h.data() : out);
     for (int64_t i = 0; i < a.blocks; ++i) {
-      auto attend = [&] {  // this step's k/v heads into the local segment, then attend over cache + segment
-        int64_t heads[4];
-        p.head_strides(heads);
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t g = 0; g < a.Hkv; ++g) {
-            const int64_t at = (b * local_strides[0] + g * local_strides[1] + j * D) * es;
-            const int64_t from = (b * heads[0] + g * D) * es;
-            std::memcpy(reinterpret_cast<char*>(local_k[size_t(i)].data()) + at, p.head_bytes(a.Hq) + from, size_t(D * es));
-            std::memcpy(reinterpret_cast<char*>(local_v[size_t(i)].data()) + at, p.head_bytes(a.Hq + a.Hkv) + from,
-                        size_t(D * es));
-          }
+      auto attend = [&] {  // this step's k/v heads into the local segment (at position j), then attend over cache + segment
+        p.append_heads(local_k[size_t(i)].data(), local_strides, local_v[size_t(i)].data(), local_strides, a.K,
+                       step.data());
         AttentionArgs at = p.attention_args(a.k_cache, a.k_stride, a.v_cache, a.v_stride, a.cache_lens);
         set_local_views(at, j + 1, local_k[size_t(i)].data(), local_strides, local_v[size_t(i)].data(), local_strides);
         attention(at, threads, isa, pf);
@@ -105,12 +93,8 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
     h = p.x;  // the next step's hidden state: the head's residual stream
     p.project(a.out_rows, out, H, a.Vd, logits.data());
     for (int64_t b = 0; b < B; ++b) {  // torch.argmax over the logits as rounded to dt
-      ArgmaxResult best{load_f32(logits.data(), a.dtype, b * a.Vd), 0, false};
-      best.nan = best.val != best.val;
-      for (int64_t n = 1; n < a.Vd && !best.nan; ++n) {
-        const float v = load_f32(logits.data(), a.dtype, b * a.Vd + n);
-        best = argmax_merge(best, ArgmaxResult{v, n, v != v});
-      }
+      const char* row = reinterpret_cast<const char*>(logits.data()) + b * a.Vd * es;
+      const ArgmaxResult best = argmax_range(row, a.dtype, 1, 0, a.Vd, isa);
       token[size_t(b)] = a.draft_vocab ? a.draft_vocab[best.idx] : best.idx;
       a.drafts[b * a.K + j] = token[size_t(b)];
     }
