@@ -340,6 +340,32 @@ void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt
   }
 }
 
+// bf16 x bf16 on avx512 (two FMAs per pair, the activations split once per call) follows
+// VDPBF16PS's order (avx512_bf16): with no subnormal in sight the two give the same fp32 bits,
+// for one row, a row group of 5 (4 x 4 tiles) and two groups (4 + 5 rows), and a K tail.
+void expect_pairs_match_vdpbf16ps() {
+  if (!mtp_isa_supported("avx512_bf16")) return;
+  const std::string before = mtp_get_isa();
+  for (int64_t M : {1, 2, 5, 9, 17}) {
+    const int64_t N = 53, K = 576 + 19;
+    Arr x(MTP_BFLOAT16, size_t(M * K)), w(MTP_BFLOAT16, size_t(N * K));
+    x.randomize(-1, 1);
+    w.randomize(-1, 1);
+    const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
+    mtp_tensor xv = mtp_contiguous(x.data(), MTP_BFLOAT16, 2, xs), wv = mtp_contiguous(w.data(), MTP_BFLOAT16, 2, ws);
+    std::vector<float> y[2];
+    const char* isas[2] = {"avx512", "avx512_bf16"};
+    for (int i = 0; i < 2; ++i) {
+      y[i].assign(size_t(M * N), -7.f);
+      mtp_tensor yv = mtp_contiguous(y[i].data(), MTP_FLOAT32, 2, ys);
+      EXPECT(mtp_set_isa(isas[i]) == MTP_OK && mtp_linear(&xv, &wv, nullptr, &yv, 2) == MTP_OK, "%s", mtp_last_error());
+    }
+    EXPECT(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0, "M=%lld: avx512's bf16 pairs differ from VDPBF16PS",
+           (long long)M);
+  }
+  mtp_set_isa(before.c_str());
+}
+
 }  // namespace
 
 void test_linear() {
@@ -354,6 +380,7 @@ void test_linear() {
   run_linear_case(5, 300, 576, MTP_FLOAT32, MTP_BFLOAT16, true, false, 4), ++cases;  // many column blocks
   run_linear_case(3, 4, 0, MTP_FLOAT32, MTP_FLOAT32, true, false, 1), ++cases;      // K = 0: y = bias
   run_linear_case(0, 4, 8, MTP_BFLOAT16, MTP_FLOAT32, false, false, 1), ++cases;    // M = 0
+  expect_pairs_match_vdpbf16ps();
   std::printf("linear: %d cases on %s\n", cases, mtp_get_isa());
 }
 

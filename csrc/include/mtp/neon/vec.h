@@ -32,7 +32,7 @@ struct V128 {
   using F = float32x4_t;
   using Mask = int;
   static constexpr int W = 4, kAccRows = 4, kLinearRows = 8;
-  static constexpr int linear_cols(int rows) { return rows <= 4 ? 4 : 2; }
+  static constexpr int linear_cols(int rows, bool) { return rows <= 4 ? 4 : 2; }
   static void prefetch(const char* p) { __builtin_prefetch(p, 0, 3); }  // PRFM PLDL1KEEP
   static F zero() { return vdupq_n_f32(0.f); }
   static F set1(float x) { return vdupq_n_f32(x); }

@@ -6,11 +6,13 @@
 // V::sum_each, the K % kChunk leftover elements are added one by one, then the bias. That
 // sequence is the same whatever M, the row or column grouping or the thread split, so every
 // row has the bits of a one-row call. Speed comes from register tiles of R rows x C weight
-// rows (R <= V::kLinearRows, C = V::linear_cols(R)): one weight chunk feeds R activation rows,
-// one activation chunk C weight rows, and R * C independent FMA chains hide the FMA latency.
+// rows (R <= V::kLinearRows, C = V::linear_cols(R, D::kPreparesX)): one weight chunk feeds R
+// activation rows, one activation chunk C weight rows, and R * C independent FMA chains hide
+// the FMA latency.
 // Each instruction set (and each D) is shape-invariant on its own and agrees with the others
 // to rounding.
 #pragma once
+#include <vector>
 
 namespace mtp::simd {
 
@@ -20,6 +22,8 @@ namespace mtp::simd {
 // chunk of activations / weights: load_x(X&, ...), load_w(Wt&, ...)), kChunk, step(acc&, X, Wt),
 // and leftover(sum, x row, col, k0, K): the elements past the last whole chunk one by one
 // (none when kPadsTail: then a partial last chunk is one more step, its missing elements zero).
+// kPreparesX: load_x reads the row as prepare_x(float* out, x row, kv) wrote it, once per
+// call (kPreparedFloats floats per chunk), instead of converting it again for every weight tile.
 // Vectors travel by reference: these functions have no target attribute of their own (they
 // are inlined into the flatten entry points), and returning a vector by value would change
 // the ABI between targets (-Wpsabi).
@@ -30,7 +34,7 @@ struct LaneDot {
   using X = F;
   using Wt = F;
   static constexpr int kChunk = V::W;
-  static constexpr bool kPadsTail = false;
+  static constexpr bool kPadsTail = false, kPreparesX = false;
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
   static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + n * row_bytes(a); }
   static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
@@ -52,7 +56,7 @@ template <class V, DType XT>
 struct Q8Dot {
   using F = typename V::F;
   static constexpr int kChunk = int(kQ8Block), kVecs = kChunk / V::W;
-  static constexpr bool kPadsTail = false;
+  static constexpr bool kPadsTail = false, kPreparesX = false;
   static_assert(kChunk % V::W == 0, "a Q8 block is whole vectors");
   struct Col {
     const int8_t* q;  // weight row n
@@ -95,7 +99,7 @@ struct Q8Dot {
 // padded to whole groups and the weight's last chunk is loaded masked (zeros past K, zero
 // scales past its last block), so there is no leftover.
 struct Int8DotBase {
-  static constexpr bool kPadsTail = true;
+  static constexpr bool kPadsTail = true, kPreparesX = false;
   struct Col {
     const int8_t* q;  // weight row n
     const float* s;   // its scales
@@ -148,12 +152,12 @@ struct VecLinear {
       for (int c = 0; c < C; ++c) acc[r][c0 + c] = t[r][c];
   }
 
-  // R rows x the `cols` columns from g: tiles of R x V::linear_cols(R) (about as many
+  // R rows x the `cols` columns from g: tiles of R x V::linear_cols(R, ...) (about as many
   // independent chains whatever R). `first`: this group brings the weights in (prefetches).
   template <int R>
   static void row_group(const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv, F (*acc)[W],
                         bool first) {
-    constexpr int C = V::linear_cols(R);
+    constexpr int C = V::linear_cols(R, D::kPreparesX);
     static_assert(W % C == 0, "tiles must divide the column group");
     const int64_t ahead = first ? 2 * C * D::row_bytes(a) : 0;
     for (int c0 = 0; c0 < cols; c0 += C) {
@@ -181,11 +185,24 @@ struct VecLinear {
     const char* x0 = static_cast<const char*>(a.x);
     F acc[kRowBlock][W];
     alignas(64) float sums[W];
+    thread_local std::vector<float> prepared;  // kPreparesX: the row block in the step's layout
+    int64_t prepared_row = 0;                  // floats per prepared row
+    if constexpr (D::kPreparesX) {
+      prepared_row = kv / D::kChunk * D::kPreparedFloats;
+      prepared.resize(size_t(kRowBlock * prepared_row));
+    }
     for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
       const int rows = int(std::min<int64_t>(kRowBlock, a.M - m0));
       const int groups = (rows + kRows - 1) / kRows;
-      const char* xr[kRowBlock];
-      for (int r = 0; r < rows; ++r) xr[r] = x0 + (m0 + r) * xb;
+      const char* xr[kRowBlock];  // the rows as given (leftovers) ...
+      const char* xt[kRowBlock];  // ... and as the tiles read them
+      for (int r = 0; r < rows; ++r) {
+        xt[r] = xr[r] = x0 + (m0 + r) * xb;
+        if constexpr (D::kPreparesX) {
+          D::prepare_x(prepared.data() + r * prepared_row, xr[r], kv);
+          xt[r] = reinterpret_cast<const char*>(prepared.data() + r * prepared_row);
+        }
+      }
       for (int64_t g = n0; g < n1; g += W) {
         const int cols = int(std::min<int64_t>(W, n1 - g));
         if (cols < W)  // lanes past the end: zeros, not stale values
@@ -193,7 +210,7 @@ struct VecLinear {
             for (int c = cols; c < W; ++c) acc[r][c] = V::zero();
         for (int i = 0, r = 0; i < groups; ++i) {
           const int n = (rows - r) / (groups - i);
-          row_group_of<kRows>(n, a, xr + r, g, cols, kv, acc + r, i == 0);
+          row_group_of<kRows>(n, a, xt + r, g, cols, kv, acc + r, i == 0);
           r += n;
         }
         for (int r = 0; r < rows; ++r) {

@@ -15,17 +15,33 @@ namespace mtp::x86 {
 // The bf16 x bf16 steps' common part: rows located and leftovers added as LaneDot does.
 using Bf16Lanes = simd::LaneDot<V512, DType::BF16, DType::BF16>;
 
+// The activations are split into their odd and even halves once per call (kPreparesX: per
+// chunk 16 floats of elements 2l+1, then 16 of elements 2l), so that a tile step costs the
+// two FMAs and its share of the weights' split only.
 struct PairDot512 : Bf16Lanes {
   struct Pairs { __m512 odd, even; };
   using X = Pairs;
   using Wt = Pairs;
-  static constexpr int kChunk = 32;
+  static constexpr int kChunk = 32, kPreparedFloats = 32;
+  static constexpr bool kPreparesX = true;
   MTP_TARGET_AVX512 static void load(Pairs& out, const void* p, int64_t k) {
     const __m512i v = _mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
     out.odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
     out.even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
   }
-  MTP_TARGET_AVX512 static void load_x(Pairs& out, const void* x, int64_t k) { load(out, x, k); }
+  MTP_TARGET_AVX512 static void prepare_x(float* out, const void* x, int64_t kv) {
+    Pairs p;
+    for (int64_t k = 0; k < kv; k += kChunk) {
+      load(p, x, k);
+      _mm512_storeu_ps(out + k, p.odd);
+      _mm512_storeu_ps(out + k + 16, p.even);
+    }
+  }
+  MTP_TARGET_AVX512 static void load_x(Pairs& out, const void* x, int64_t k) {
+    const float* p = static_cast<const float*>(x) + k;
+    out.odd = _mm512_loadu_ps(p);
+    out.even = _mm512_loadu_ps(p + 16);
+  }
   MTP_TARGET_AVX512 static void load_w(Pairs& out, const void* w, int64_t k) { load(out, w, k); }
   MTP_TARGET_AVX512 static void step(__m512& acc, const Pairs& x, const Pairs& w) {
     acc = _mm512_fmadd_ps(x.even, w.even, _mm512_fmadd_ps(x.odd, w.odd, acc));
@@ -74,9 +90,13 @@ MTP_TARGET_AVX2_VNNI inline void dpbusd(__m256i& acc, const __m256i& u8, const _
 }
 
 // AVX-512: a chunk is 64 elements, two blocks: int32 lanes 0-7 the first, 8-15 the second.
+// The quantized rows are prepared once per call (kPreparesX): per chunk the 64 values, the
+// two scales spread over their lanes and, with VNNI, the offset correction, so that a tile
+// step reads them instead of recomputing them for every weight tile.
 template <bool kVnni>
 struct Int8Dot512 : simd::Int8DotBase {
-  static constexpr int kChunk = 64;
+  static constexpr int kChunk = 64, kPreparedFloats = kVnni ? 48 : 32;  // q, scale (, corr): 16 floats each
+  static constexpr bool kPreparesX = true;
   struct X { __m512i q, corr; __m512 scale; };  // corr: VNNI only
   struct Wt { __m512i q; __mmask64 neg; __m512 scale; };
   // Two block scales, each over its 8 lanes; m: which of the two to read.
@@ -84,14 +104,24 @@ struct Int8Dot512 : simd::Int8DotBase {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                                  _mm512_maskz_loadu_ps(m, s));
   }
-  MTP_TARGET_AVX512 static void load_x(X& out, const void* row, int64_t k) {
-    out.q = _mm512_loadu_si512(xq(row, k));
-    out.scale = halves(xs(row, k), 3);
-    if constexpr (kVnni) {
-      const __m512i neg_x = _mm512_sub_epi8(_mm512_setzero_si512(), out.q);  // |x| <= 127: no overflow
-      out.corr = _mm512_setzero_si512();
-      dpbusd(out.corr, _mm512_set1_epi8(char(0x80)), neg_x);
+  MTP_TARGET_AVX512 static void prepare_x(float* out, const void* row, int64_t kv) {
+    for (int64_t k = 0; k < kv; k += kChunk, out += kPreparedFloats) {
+      const __m512i q = _mm512_loadu_si512(xq(row, k));
+      _mm512_storeu_si512(out, q);
+      _mm512_storeu_ps(out + 16, halves(xs(row, k), 3));
+      if constexpr (kVnni) {
+        const __m512i neg_x = _mm512_sub_epi8(_mm512_setzero_si512(), q);  // |x| <= 127: no overflow
+        __m512i corr = _mm512_setzero_si512();
+        dpbusd(corr, _mm512_set1_epi8(char(0x80)), neg_x);
+        _mm512_storeu_si512(out + 32, corr);
+      }
     }
+  }
+  MTP_TARGET_AVX512 static void load_x(X& out, const void* prepared, int64_t k) {
+    const float* p = static_cast<const float*>(prepared) + k / kChunk * kPreparedFloats;
+    out.q = _mm512_loadu_si512(p);
+    out.scale = _mm512_loadu_ps(p + 16);
+    if constexpr (kVnni) out.corr = _mm512_loadu_si512(p + 32);
   }
   MTP_TARGET_AVX512 static void load_w(Wt& out, Col w, int64_t k) {
     const int64_t left = w.K - k;  // the last chunk: zeros past K, and its second scale only if that block exists
