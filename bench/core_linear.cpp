@@ -1,9 +1,10 @@
 // Times the torch-free linear kernel (mtp/linear.h) on one thread, no dispatch around it, for
-// M = 1..9 rows: bf16 weights ("bf16") or Q8 weights with quantized rows ("int8dot"), either
+// M = 1..9 bf16 rows: bf16 weights ("bf16"), Q8 weights ("int8") or Q8 weights with the rows
+// quantized too ("int8dot"), either
 // hot in L2 (one matrix called again and again) or streamed (`copies` matrices in turn, more
 // than the L3 holds when copies x N x K is large). Prints "M=<m> <best us>" per M: the best of
 // 5 timings of `reps` calls. bench/ab_linear.sh builds it against two commits and alternates them.
-//   core_linear bf16|int8dot N K reps [copies]
+//   core_linear bf16|int8|int8dot N K reps [copies]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,10 +16,10 @@
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s bf16|int8dot N K reps [copies]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s bf16|int8|int8dot N K reps [copies]\n", argv[0]);
     return 2;
   }
-  const bool int8 = std::strcmp(argv[1], "int8dot") == 0;
+  const bool int8dot = std::strcmp(argv[1], "int8dot") == 0, int8 = int8dot || std::strcmp(argv[1], "int8") == 0;
   const int64_t N = std::atoll(argv[2]), K = std::atoll(argv[3]), reps = std::atoll(argv[4]);
   const int64_t copies = argc > 5 ? std::atoll(argv[5]) : 1, blocks = (K + 31) / 32;
   std::mt19937 rng(0);
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
     mtp::LinearArgs a;
     a.M = M, a.N = N, a.K = K, a.x = x.data(), a.x_dtype = mtp::DType::BF16, a.x_stride = K;
     a.w_dtype = int8 ? mtp::DType::I8 : mtp::DType::BF16, a.w_stride = K, a.w_scale_stride = blocks;
-    a.quantize_x = int8, a.y = y.data(), a.y_stride = N;
+    a.quantize_x = int8dot, a.y = y.data(), a.y_stride = N;
     double best = 1e30;
     for (int t = 0; t < 5; ++t) {
       const auto start = std::chrono::steady_clock::now();

@@ -6,7 +6,7 @@
 // V::sum_each, the K % kChunk leftover elements are added one by one, then the bias. That
 // sequence is the same whatever M, the row or column grouping or the thread split, so every
 // row has the bits of a one-row call. Speed comes from register tiles of R rows x C weight
-// rows (R <= V::kLinearRows, C = V::linear_cols(R, D::kPreparesX)): one weight chunk feeds R
+// rows (R <= V::kLinearRows, C = V::linear_cols(R, D::kWideTiles)): one weight chunk feeds R
 // activation rows, one activation chunk C weight rows, and R * C independent FMA chains hide
 // the FMA latency.
 // Each instruction set (and each D) is shape-invariant on its own and agrees with the others
@@ -24,6 +24,8 @@ namespace mtp::simd {
 // (none when kPadsTail: then a partial last chunk is one more step, its missing elements zero).
 // kPreparesX: load_x reads the row as prepare_x(float* out, x row, kv) wrote it, once per
 // call (kPreparedFloats floats per chunk), instead of converting it again for every weight tile.
+// kWideTiles: x is read from memory and a weight chunk takes at most two vectors, so wider
+// tiles fit the registers (V::linear_cols).
 // Vectors travel by reference: these functions have no target attribute of their own (they
 // are inlined into the flatten entry points), and returning a vector by value would change
 // the ABI between targets (-Wpsabi).
@@ -34,7 +36,7 @@ struct LaneDot {
   using X = F;
   using Wt = F;
   static constexpr int kChunk = V::W;
-  static constexpr bool kPadsTail = false, kPreparesX = false;
+  static constexpr bool kPadsTail = false, kPreparesX = false, kWideTiles = false;
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
   static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + n * row_bytes(a); }
   static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
@@ -55,8 +57,9 @@ struct LaneDot {
 template <class V, DType XT>
 struct Q8Dot {
   using F = typename V::F;
-  static constexpr int kChunk = int(kQ8Block), kVecs = kChunk / V::W;
-  static constexpr bool kPadsTail = false, kPreparesX = false;
+  static constexpr int kChunk = int(kQ8Block), kVecs = kChunk / V::W, kPreparedFloats = kChunk;
+  // bf16 / fp16 rows are widened to fp32 once per call, not once per weight tile.
+  static constexpr bool kPadsTail = false, kPreparesX = XT != DType::F32, kWideTiles = false;
   static_assert(kChunk % V::W == 0, "a Q8 block is whole vectors");
   struct Col {
     const int8_t* q;  // weight row n
@@ -69,8 +72,11 @@ struct Q8Dot {
     return {static_cast<const int8_t*>(a.w) + n * a.w_stride, a.w_scale + n * a.w_scale_stride};
   }
   static const char* address(Col w, int64_t k) { return reinterpret_cast<const char*>(w.q + k); }
+  static void prepare_x(float* out, const void* x, int64_t kv) {
+    for (int64_t k = 0; k < kv; k += V::W) V::storeu(out + k, V::template load<XT>(x, k));
+  }
   static void load_x(X& out, const void* x, int64_t k) {
-    for (int i = 0; i < kVecs; ++i) out.v[i] = V::template load<XT>(x, k + i * V::W);
+    for (int i = 0; i < kVecs; ++i) out.v[i] = V::template load<kPreparesX ? DType::F32 : XT>(x, k + i * V::W);
   }
   static void load_w(Wt& out, Col w, int64_t k) {
     for (int i = 0; i < kVecs; ++i) out.v[i] = V::load_i8(w.q + k + i * V::W);
@@ -99,7 +105,7 @@ struct Q8Dot {
 // padded to whole groups and the weight's last chunk is loaded masked (zeros past K, zero
 // scales past its last block), so there is no leftover.
 struct Int8DotBase {
-  static constexpr bool kPadsTail = true, kPreparesX = false;
+  static constexpr bool kPadsTail = true, kPreparesX = false, kWideTiles = false;
   struct Col {
     const int8_t* q;  // weight row n
     const float* s;   // its scales
@@ -157,7 +163,7 @@ struct VecLinear {
   template <int R>
   static void row_group(const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv, F (*acc)[W],
                         bool first) {
-    constexpr int C = V::linear_cols(R, D::kPreparesX);
+    constexpr int C = V::linear_cols(R, D::kWideTiles);
     static_assert(W % C == 0, "tiles must divide the column group");
     const int64_t ahead = first ? 2 * C * D::row_bytes(a) : 0;
     for (int c0 = 0; c0 < cols; c0 += C) {

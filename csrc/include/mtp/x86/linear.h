@@ -23,7 +23,7 @@ struct PairDot512 : Bf16Lanes {
   using X = Pairs;
   using Wt = Pairs;
   static constexpr int kChunk = 32, kPreparedFloats = 32;
-  static constexpr bool kPreparesX = true;
+  static constexpr bool kPreparesX = true, kWideTiles = true;
   MTP_TARGET_AVX512 static void load(Pairs& out, const void* p, int64_t k) {
     const __m512i v = _mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
     out.odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
@@ -96,7 +96,7 @@ MTP_TARGET_AVX2_VNNI inline void dpbusd(__m256i& acc, const __m256i& u8, const _
 template <bool kVnni>
 struct Int8Dot512 : simd::Int8DotBase {
   static constexpr int kChunk = 64, kPreparedFloats = kVnni ? 48 : 32;  // q, scale (, corr): 16 floats each
-  static constexpr bool kPreparesX = true;
+  static constexpr bool kPreparesX = true, kWideTiles = true;
   struct X { __m512i q, corr; __m512 scale; };  // corr: VNNI only
   struct Wt { __m512i q; __mmask64 neg; __m512 scale; };
   // Two block scales, each over its 8 lanes; m: which of the two to read.

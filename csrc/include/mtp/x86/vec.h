@@ -51,14 +51,14 @@ MTP_TARGET_AVX2 inline float hsum8(__m256 v) {
 }
 
 // ---- AVX-512: 16 lanes; acc tiles of 4 rows x 64 columns; linear tiles of up to 8 rows x
-// linear_cols(rows) columns (8 to 20 accumulators; 5 rows take 4 columns only when the rows
-// are read from memory, x_in_memory: then they need no registers of their own).
+// linear_cols(rows) columns (8 to 20 accumulators; 5 rows take 4 columns only with wide
+// tiles: x read from memory and at most two vectors per weight chunk, see simd/linear.h).
 struct V512 {
   using F = __m512;
   using Mask = __mmask16;
   static constexpr int W = 16, kAccRows = 4, kLinearRows = 8;
-  static constexpr int linear_cols(int rows, bool x_in_memory) {
-    return rows <= 2 ? 8 : rows <= (x_in_memory ? 5 : 4) ? 4 : 2;
+  static constexpr int linear_cols(int rows, bool wide) {
+    return rows <= 2 ? 8 : rows <= (wide ? 5 : 4) ? 4 : 2;
   }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
