@@ -34,6 +34,7 @@ struct V128 {
   static constexpr int W = 4, kAccRows = 4, kLinearRows = 8;
   static constexpr int linear_cols(int rows, bool) { return rows <= 4 ? 4 : 2; }
   static void prefetch(const char* p) { __builtin_prefetch(p, 0, 3); }  // PRFM PLDL1KEEP
+  static void prefetch_l2(const char* p) { __builtin_prefetch(p, 0, 2); }  // PRFM PLDL2KEEP
   static F zero() { return vdupq_n_f32(0.f); }
   static F set1(float x) { return vdupq_n_f32(x); }
   static F loadu(const float* p) { return vld1q_f32(p); }

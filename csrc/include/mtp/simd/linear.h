@@ -138,7 +138,9 @@ struct VecLinear {
 
   // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..C) over [0, kv).
   // prefetch_ahead (bytes, 0 = none): the weights that far past each chunk are prefetched
-  // (the tiles ahead): the hardware prefetchers alone leave a core's stream half idle.
+  // (the tiles ahead): the hardware prefetchers alone leave a core's stream half idle. Four
+  // times as far they are prefetched into L2 only: each matrix of a pass is a new stream, and
+  // at several rows the compute would otherwise wait for its start (bench/ab_linear.sh).
   template <int R, int C>
   static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead) {
     F t[R][C];
@@ -148,7 +150,10 @@ struct VecLinear {
       typename D::X xs[R];
       for (int r = 0; r < R; ++r) D::load_x(xs[r], x[r], k);
       for (int c = 0; c < C; ++c) {
-        if (prefetch_ahead) V::prefetch(D::address(w[c], k) + prefetch_ahead);
+        if (prefetch_ahead) {
+          V::prefetch(D::address(w[c], k) + prefetch_ahead);
+          V::prefetch_l2(D::address(w[c], k) + 4 * prefetch_ahead);
+        }
         typename D::Wt wc;
         D::load_w(wc, w[c], k);
         for (int r = 0; r < R; ++r) D::step(t[r][c], xs[r], wc);

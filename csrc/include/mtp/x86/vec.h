@@ -61,6 +61,7 @@ struct V512 {
     return rows <= 2 ? 8 : rows <= (wide ? 5 : 4) ? 4 : 2;
   }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
+  static void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
   MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
   MTP_TARGET_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
   MTP_TARGET_AVX512 static F loadu(const float* p) { return _mm512_loadu_ps(p); }
@@ -115,6 +116,7 @@ struct V256 {
   static constexpr int W = 8, kAccRows = 2, kLinearRows = 4;
   static constexpr int linear_cols(int rows, bool) { return rows <= 1 ? 8 : rows <= 2 ? 4 : 2; }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
+  static void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
   MTP_TARGET_AVX2 static F zero() { return _mm256_setzero_ps(); }
   MTP_TARGET_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
   MTP_TARGET_AVX2 static F loadu(const float* p) { return _mm256_loadu_ps(p); }
