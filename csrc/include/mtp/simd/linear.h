@@ -139,8 +139,8 @@ struct VecLinear {
   // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..C) over [0, kv).
   // prefetch_ahead (bytes, 0 = none): the weights that far past each chunk are prefetched
   // (the tiles ahead): the hardware prefetchers alone leave a core's stream half idle. Four
-  // times as far they are prefetched into L2 only: each matrix of a pass is a new stream, and
-  // at several rows the compute would otherwise wait for its start (bench/ab_linear.sh).
+  // times as far they are prefetched into L2 only: each matrix of a pass is a new stream,
+  // which the hardware prefetchers pick up late (bench/RESULTS.md, "L2").
   template <int R, int C>
   static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead) {
     F t[R][C];
