@@ -1,8 +1,8 @@
 """Extra memory of the MTP head path against the standalone drafter's, at several
 context lengths.
 
-The head reads the backbone's KV cache in place, so what it adds is its weights (plus the
-gathered LM-head rows of its draft vocabulary) and a scratch (its local K/V of K draft
+The head reads the backbone's KV cache and the LM-head rows of its draft vocabulary in place,
+so what it adds is its weights (and its draft vocabulary's token ids) and a scratch (its local K/V of K draft
 positions and a row of activations) that must not grow with the context. The drafter adds
 its weights and its own KV cache, which grows with every context token, plus its scratch.
 Scratch = the peak of live bytes allocated by torch during one K-step draft
@@ -55,14 +55,13 @@ def main():
     head = load_head(None, model, log=lambda m: None)  # in the backbone's dtype
     drafter = load_drafter(None, model, log=lambda m: None)
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
-    rows = head.draft_logits_weight(model)  # the draft vocabulary's LM-head rows (gathered once)
-    head_fixed = nbytes(head.state_dict().values()) + (rows.nbytes if rows is not model.lm_head else 0)
+    head_fixed = nbytes(head.state_dict().values())  # its parameters and draft_vocab
     # Its weights; not its RoPE tables, which it could share with the backbone.
     drafter_weights = nbytes(b for n, b in drafter.model.named_buffers() if not n.startswith("rope_"))
     print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
           f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
           f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n")
-    print("| context | backbone KV cache (MB) | head: weights + draft rows (MB) | head scratch (MB) | head total (MB) "
+    print("| context | backbone KV cache (MB) | head: weights (MB) | head scratch (MB) | head total (MB) "
           "| drafter weights (MB) | drafter KV cache (MB) | drafter scratch (MB) | drafter total (MB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     totals = []

@@ -31,8 +31,8 @@ TORCH_LIBRARY(mtp, m) {
         " bool quantize_x=False) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
   m.def("head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
-        " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor out_rows,"
-        " Tensor? draft_vocab, int k, int num_heads, float eps) -> Tensor");
+        " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
+        " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

@@ -138,7 +138,6 @@ def restrict_vocab(head, size: int) -> None:
     if full is None:
         full = head._full_vocab = head.draft_vocab
     head.draft_vocab = full[:size] if size else full
-    head._draft_rows = (None, None)  # recomputed for the new vocabulary
 
 
 def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_vocab,

@@ -49,9 +49,10 @@ def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
 
 
 def head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale, weights,
-               out_rows, draft_vocab, k, num_heads, eps):
+               lm_head, lm_head_scale, draft_vocab, k, num_heads, eps):
     return reference.head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
-                                embedding_scale, weights, out_rows, draft_vocab, k, num_heads, eps, ops=ops.KERNELS)
+                                embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
+                                ops=ops.KERNELS)
 
 
 FALLBACKS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_": rope_, "silu_mul": silu_mul,

@@ -131,17 +131,20 @@ def _decoder_layers_fake(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, we
 
 def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
-               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], out_rows: torch.Tensor,
-               draft_vocab: Optional[torch.Tensor], k: int, num_heads: int, eps: float) -> torch.Tensor:
+               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
+               lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
+               eps: float) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
-    k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place; see ``reference.head_draft``."""
+    k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
+    draft_vocab of the backbone's lm_head [V, H] in place; see ``reference.head_draft``."""
     return torch.ops.mtp.head_draft.default(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
-                                            embedding_scale, weights, out_rows, draft_vocab, k, num_heads, eps)
+                                            embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k,
+                                            num_heads, eps)
 
 
 @torch.library.register_fake("mtp::head_draft")
 def _head_draft_fake(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale,
-                     weights, out_rows, draft_vocab, k, num_heads, eps):
+                     weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps):
     torch._check(hidden.dim() == 2, lambda: "mtp.head_draft: hidden must be 2-D [B, H]")
     _check_same_device("mtp.head_draft", "hidden", hidden, token=token, k_cache=k_cache, v_cache=v_cache,
                        cache_lens=cache_lens)

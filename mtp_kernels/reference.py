@@ -510,8 +510,9 @@ def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, e
 
 def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
-               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], out_rows: torch.Tensor,
-               draft_vocab: Optional[torch.Tensor], k: int, num_heads: int, eps: float, *, ops=None) -> torch.Tensor:
+               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
+               lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
+               eps: float, *, ops=None) -> torch.Tensor:
     """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
     token, at position cache_lens[b], not yet in the cache) from hidden [B, H] (fp32|bf16,
     the backbone's last hidden state): the composition below of the layer ops.
@@ -520,10 +521,13 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     p = cache_lens[b] + j, RoPE rows p of rope_cos/rope_sin [P, D]): x = proj @ [norm(embedding
     of the token) ; norm(h)], the blocks, whose attention reads the cache views k_cache,
     v_cache [B, Hkv, L, D] (keys [0, cache_lens[b]), in place) plus the block's own keys/values
-    of steps 0..j; the draft = argmax of out_rows [Vd, H] @ out_norm(x) (logits in hidden's
-    dtype, torch.argmax's rules), mapped through draft_vocab [Vd] (None: row i is token i);
-    step j+1 takes that token and h = x. embedding [V, H]: float rows, or int8 with
-    embedding_scale (Q8 rows: q * scale in fp32, then rounded to hidden's dtype).
+    of steps 0..j; the draft = the token of draft_vocab [Vd] (None: every token, Vd = V) whose
+    row of the LM head lm_head [V, H] gives the largest logit for out_norm(x) (logits in
+    hidden's dtype, torch.argmax's rules over the draft vocabulary's order); step j+1 takes
+    that token and h = x. embedding [V, H]: float rows, or int8 with embedding_scale (Q8 rows:
+    q * scale in fp32, then rounded to hidden's dtype); lm_head likewise float, or int8 with
+    lm_head_scale (Q8 weights of mtp.linear). The kernel reads the draft vocabulary's rows of
+    lm_head in place (no copy of them).
 
     ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
     drafts exactly."""
@@ -536,6 +540,9 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
              for _ in blocks]
     drafts = torch.empty(B, k, dtype=torch.int64, device=hidden.device)
     h = hidden[:, None]  # [B, 1, H]: one token per request
+    rows, scales = lm_head, lm_head_scale
+    if draft_vocab is not None:  # this composition copies them; the kernel does not
+        rows, scales = lm_head[draft_vocab], None if lm_head_scale is None else lm_head_scale[draft_vocab]
     for j in range(k):
         positions = cache_lens.long()[:, None] + j
         cos, sin = rope_cos[positions], rope_sin[positions]  # [B, 1, D]
@@ -552,7 +559,7 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
             after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
             x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend)
         h = x
-        best = ops.linear(a, out_rows)[:, 0].argmax(-1)
+        best = ops.linear(a, rows, None, scales)[:, 0].argmax(-1)
         token = draft_vocab[best] if draft_vocab is not None else best
         drafts[:, j] = token
     return drafts

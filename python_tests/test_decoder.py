@@ -250,8 +250,14 @@ def test_head_draft_bad_input_raises_clear_errors():
         token=torch.tensor([0, 97]))
     bad("draft_vocab must hold token ids in [0, V (embedding.size(0))) = [0, 97), got draft_vocab[0] = -1",
         draft_vocab=torch.cat([torch.tensor([-1]), d.head.draft_vocab[1:]]))
-    bad("without draft_vocab, out_rows must be the whole LM head: out_rows.size(0) = 40 must equal V = 97",
-        draft_vocab=None)
+    lm_head = d.args(2)["lm_head"]
+    bad("lm_head.size(0) must equal V (embedding.size(0))", lm_head=lm_head[:40])
+    bad("lm_head.size(1) must equal H (hidden.size(1))", lm_head=lm_head[:, :-1])
+    bad("lm_head: weight rows must be contiguous (stride 1 along K)", lm_head=lm_head.t().contiguous().t())
+    bad("lm_head is Char but lm_head_scale is empty", lm_head=lm_head.to(torch.int8))
+    bad("lm_head is Float but lm_head_scale is not empty", lm_head_scale=torch.ones(97, 1))
+    bad("draft_vocab must hold at least one token id", draft_vocab=d.head.draft_vocab[:0])
+    bad("draft_vocab must be 1-D", draft_vocab=d.head.draft_vocab[None])
     bad("weights must hold embed_norm, hidden_norm, proj, then 6 tensors per block", weights=w[:-1])
     bad("weights[4] (block 0's qkv).size(0) must equal (Hq + 2 Hkv) D", weights=w[:4] + [w[4][:-1]] + w[5:])
     bad("weights[2] (proj).size(1) must equal 2H", weights=w[:2] + [w[2][:, :-1]] + w[3:])

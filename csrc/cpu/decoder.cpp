@@ -217,7 +217,8 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
                           const at::Tensor& v_cache, const at::Tensor& cache_lens, const at::Tensor& rope_cos,
                           const at::Tensor& rope_sin, const at::Tensor& embedding,
                           const c10::optional<at::Tensor>& embedding_scale, at::TensorList weights,
-                          const at::Tensor& out_rows, const c10::optional<at::Tensor>& draft_vocab, int64_t k,
+                          const at::Tensor& lm_head, const c10::optional<at::Tensor>& lm_head_scale,
+                          const c10::optional<at::Tensor>& draft_vocab, int64_t k,
                           int64_t num_heads, double eps) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
@@ -260,17 +261,16 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   std::vector<DecoderLayer> blocks =
       parse_layers(op, weights, 3, a.blocks, {}, names, a.H, a.Hq, a.Hkv, a.D, hidden, "hidden", &a.I);
 
-  check_cpu(op, "out_rows", out_rows);
-  check_dim(op, "out_rows", out_rows, 2, "[Vd, H]");
-  a.Vd = out_rows.size(0);
-  TORCH_CHECK(a.Vd >= 1, op, ": out_rows must hold at least one row (the draft vocabulary), got ", out_rows.sizes());
-  a.out_rows = matrix(op, out_rows, c10::nullopt, "out_rows", a.Vd, "Vd", a.H, "H (hidden.size(1))");
+  // The LM head, read in place: the draft vocabulary's rows only (no copy of them).
+  a.lm_head = matrix(op, lm_head, lm_head_scale, "lm_head", a.V, "V (embedding.size(0))", a.H, "H (hidden.size(1))",
+                     "lm_head_scale");
+  a.Vd = a.V;
   std::vector<int64_t> vocab;
-  if (draft_vocab.has_value())
-    vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (out_rows.size(0))", a.V, "V (embedding.size(0))");
-  else
-    TORCH_CHECK(a.Vd == a.V, op, ": without draft_vocab, out_rows must be the whole LM head: out_rows.size(0) = ",
-                a.Vd, " must equal V = ", a.V, " (embedding.size(0))");
+  if (draft_vocab.has_value()) {
+    a.Vd = draft_vocab->numel();
+    TORCH_CHECK(a.Vd >= 1, op, ": draft_vocab must hold at least one token id, got shape ", draft_vocab->sizes());
+    vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (its length)", a.V, "V (embedding.size(0))");
+  }
 
   const at::Tensor hc = hidden.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
   at::Tensor drafts = at::empty({a.B, k}, token.options().dtype(at::kLong));

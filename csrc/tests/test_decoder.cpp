@@ -158,7 +158,7 @@ void check_head_draft(DType t, bool q8) {
   const Model m(t, q8, false);
   const int64_t K = 3, B = 2, Vd = 20;
   const std::vector<int64_t> prompt = {6, 11};
-  const Matrix embedding(kV, kH, t, q8), proj(kH, 2 * kH, t, false), out_rows(Vd, kH, t, false);
+  const Matrix embedding(kV, kH, t, q8), proj(kH, 2 * kH, t, false);  // the LM head: the embedding (tied)
   const Layer block(t, false);
   const mtp::DecoderLayer block_view = block.view();
   const std::vector<char> embed_norm = values(t, kH, 0.25f, 1.f), hidden_norm = values(t, kH, 0.25f, 1.f),
@@ -185,7 +185,7 @@ void check_head_draft(DType t, bool q8) {
     a.cache_lens = cache.lens.data() + b0;
     a.embed_norm = embed_norm.data(); a.hidden_norm = hidden_norm.data();
     a.proj = proj.m; a.block = &block_view; a.out_norm = out_norm.data();
-    a.out_rows = out_rows.m; a.draft_vocab = vocab.data(); a.eps = 1e-5f;
+    a.lm_head = embedding.m; a.draft_vocab = vocab.data(); a.eps = 1e-5f;
     std::vector<int64_t> drafts(size_t(n * K), -1);
     a.drafts = drafts.data();
     mtp::head_draft(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});

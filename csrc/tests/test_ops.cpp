@@ -13,6 +13,7 @@
 #include "mtp/common.h"
 #include "mtp/linear.h"
 #include "mtp/mtp.h"
+#include "mtp/parallel.h"
 #include "test_util.h"
 
 namespace {
@@ -366,6 +367,55 @@ void expect_pairs_match_vdpbf16ps() {
   mtp_set_isa(before.c_str());
 }
 
+// w_rows (rows read in place through an index, the MTP head's draft vocabulary) gives the
+// bits of the same rows copied out, for float and Q8 weights, with and without quantize_x,
+// on the current ISA; repeated and out-of-order rows included.
+void expect_gathered_rows_match_copies() {
+  const int64_t V = 70, N = 37, K = 576 + 19, nb = mtp::q8_blocks(K);
+  std::vector<int64_t> ids(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = (n * 29 + 11) % V;
+  ids[5] = ids[6];
+  for (mtp_dtype wt : {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8})
+    for (bool quantize_x : {false, true}) {
+      if (quantize_x && wt != MTP_INT8) continue;
+      const bool q8 = wt == MTP_INT8;
+      const size_t es = q8 ? 1 : wt == MTP_FLOAT32 ? 4 : 2;
+      Arr w(q8 ? MTP_FLOAT32 : wt, size_t(V * K));
+      w.randomize(-1, 1);
+      std::vector<int8_t> q(size_t(V * K));
+      std::vector<float> sc(size_t(V * nb));
+      for (auto& v : q) v = int8_t(uniform(-128, 127));
+      for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
+      const char* all = q8 ? reinterpret_cast<const char*>(q.data()) : static_cast<const char*>(w.data());
+      std::vector<char> copy(size_t(N) * K * es);
+      std::vector<float> copy_sc(size_t(N * nb));
+      for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(copy.data() + n * K * es, all + ids[size_t(n)] * K * es, K * es);
+        std::copy_n(sc.data() + ids[size_t(n)] * nb, nb, copy_sc.data() + n * nb);
+      }
+      for (int64_t M : {1, 5, 9}) {
+        Arr x(MTP_BFLOAT16, size_t(M * K));
+        x.randomize(-1, 1);
+        std::vector<float> y[2];
+        for (int gathered = 0; gathered < 2; ++gathered) {
+          mtp::LinearArgs a;
+          a.M = M; a.N = N; a.K = K;
+          a.x = x.data(); a.x_dtype = mtp::DType::BF16; a.x_stride = K;
+          a.w = gathered ? all : copy.data(); a.w_rows = gathered ? ids.data() : nullptr;
+          a.w_dtype = q8 ? mtp::DType::I8 : mtp::DType(int(wt)); a.w_stride = K;
+          if (q8) { a.w_scale = gathered ? sc.data() : copy_sc.data(); a.w_scale_stride = nb; }
+          a.quantize_x = quantize_x;
+          y[gathered].assign(size_t(M * N), -7.f);
+          a.y = y[gathered].data(); a.y_stride = N;
+          mtp::linear(a, mtp::current_isa(), mtp::ThreadParallelFor{2});
+        }
+        EXPECT(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0,
+               "w %s%s M=%lld: rows read through w_rows differ from the same rows copied", name_of(wt),
+               quantize_x ? " quantize_x" : "", (long long)M);
+      }
+    }
+}
+
 }  // namespace
 
 void test_linear() {
@@ -381,6 +431,7 @@ void test_linear() {
   run_linear_case(3, 4, 0, MTP_FLOAT32, MTP_FLOAT32, true, false, 1), ++cases;      // K = 0: y = bias
   run_linear_case(0, 4, 8, MTP_BFLOAT16, MTP_FLOAT32, false, false, 1), ++cases;    // M = 0
   expect_pairs_match_vdpbf16ps();
+  expect_gathered_rows_match_copies();
   std::printf("linear: %d cases on %s\n", cases, mtp_get_isa());
 }
 

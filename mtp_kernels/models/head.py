@@ -110,17 +110,6 @@ class MTPHead(torch.nn.Module):
                              f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)")
 
     # ---- drafting ----------------------------------------------------------------------
-    def draft_logits_weight(self, backbone: Backbone) -> torch.Tensor:
-        """The LM head rows the draft chooses from (cached: the draft vocabulary's rows)."""
-        # Per backbone (a Q8 one has other rows); the whole vocabulary of a plain backbone is
-        # its LM head itself, not a copy.
-        owner, rows = getattr(self, "_draft_rows", (None, None))
-        n = self.draft_vocab.numel() or backbone.cfg.vocab_size
-        if owner is not backbone or rows.shape[0] != n:
-            rows = backbone.lm_head_rows(self.draft_vocab if self.draft_vocab.numel() else None).contiguous()
-            self._draft_rows = (backbone, rows)
-        return rows
-
     def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
         """mtp.head_draft's weights in `dtype`: embed_norm, hidden_norm, proj, per block its
         decoder-layer parts (q/k/v and gate/up fused into one matrix each), out_norm. Cached
@@ -149,7 +138,7 @@ class MTPHead(torch.nn.Module):
         return dict(hidden=hidden.to(dt), token=token, k_cache=cache.k[layer], v_cache=cache.v[layer],
                     cache_lens=cache.lens, rope_cos=backbone.rope_cos, rope_sin=backbone.rope_sin,
                     embedding=backbone.w(name), embedding_scale=backbone.scale(name), weights=self.draft_weights(dt),
-                    out_rows=self.draft_logits_weight(backbone),
+                    lm_head=backbone.w(backbone.lm_head_name), lm_head_scale=backbone.scale(backbone.lm_head_name),
                     draft_vocab=self.draft_vocab if self.draft_vocab.numel() else None, k=k, num_heads=c.num_heads,
                     eps=c.rms_norm_eps)
 

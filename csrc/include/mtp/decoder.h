@@ -89,12 +89,15 @@ struct LayerPass {
   }
 
   // x [M, K] @ m.T -> out [M, N] in dt: mtp.linear's fp32 result rounded as torch's .to().
-  void project(const DecoderMatrix& m, const void* in, int64_t K, int64_t N, void* out) {
+  // rows: [N] rows of m read in place (LinearArgs::w_rows), or nullptr: rows 0..N-1.
+  void project(const DecoderMatrix& m, const void* in, int64_t K, int64_t N, void* out,
+               const int64_t* rows = nullptr) {
     LinearArgs l;
     l.M = M; l.N = N; l.K = K;
     l.x = in; l.x_dtype = dt; l.x_stride = K;
     l.w = m.w; l.w_dtype = m.dtype; l.w_stride = m.stride;
     l.w_scale = m.scale; l.w_scale_stride = m.scale_stride;
+    l.w_rows = rows;
     l.y = dt == DType::F32 ? static_cast<float*>(out) : y.data();
     l.y_stride = N;
     l.quantize_x = quantize_x && m.dtype == DType::I8;

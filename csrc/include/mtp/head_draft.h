@@ -31,8 +31,8 @@ struct HeadDraftArgs {
   DecoderMatrix proj;                // [H, 2H]: [normed embedding ; normed hidden state] -> H
   const DecoderLayer* block = nullptr;  // [blocks]
   const void* out_norm = nullptr;
-  DecoderMatrix out_rows;             // [Vd, H]: the LM head rows of the draft vocabulary
-  const int64_t* draft_vocab = nullptr;  // [Vd] token ids, or nullptr: row i is token i (Vd == V)
+  DecoderMatrix lm_head;              // [V, H]: float, or Q8; only the draft vocabulary's rows are read
+  const int64_t* draft_vocab = nullptr;  // [Vd] token ids (rows of lm_head), or nullptr: every token (Vd == V)
   float eps = 0.f;
   int64_t* drafts = nullptr;  // [B, K] contiguous
 };
@@ -91,7 +91,7 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
               last ? out : p.h.data());
     }
     h = p.x;  // the next step's hidden state: the head's residual stream
-    p.project(a.out_rows, out, H, a.Vd, logits.data());
+    p.project(a.lm_head, out, H, a.Vd, logits.data(), a.draft_vocab);
     for (int64_t b = 0; b < B; ++b) {  // torch.argmax over the logits as rounded to dt
       const char* row = reinterpret_cast<const char*>(logits.data()) + b * a.Vd * es;
       const ArgmaxResult best = argmax_range(row, a.dtype, 1, 0, a.Vd, isa);

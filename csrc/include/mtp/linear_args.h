@@ -43,11 +43,17 @@ struct LinearArgs {
   int64_t w_stride = 0;
   const float* w_scale = nullptr;  // w_dtype I8 only: [N, q8_blocks(K)], rows w_scale_stride apart, unit inner stride
   int64_t w_scale_stride = 0;
+  // [N] or nullptr: output column n reads weight row w_rows[n] (and its scales) in place,
+  // not row n (the MTP head's draft vocabulary: a subset of the LM head, never copied)
+  const int64_t* w_rows = nullptr;
   const float* bias = nullptr;  // [N] fp32 or nullptr
   float* y = nullptr;           // [M, N] fp32, rows y_stride apart
   int64_t y_stride = 0;
   bool quantize_x = false;  // w_dtype I8 only: integer dot products on row-quantized x (above)
 };
+
+// The weight row that output column n reads.
+MTP_HOST_DEVICE inline int64_t weight_row(const LinearArgs& a, int64_t n) { return a.w_rows ? a.w_rows[n] : n; }
 
 // with_dtype for the linear layer's weight: the float types, plus I8 (Q8 blocks). Only the
 // CPU linear kernels instantiate I8.

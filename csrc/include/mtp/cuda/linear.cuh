@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a)
   const int lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kLinearWarps + threadIdx.x / 32;
   if (n >= a.N) return;  // whole warps leave together
-  const char* w = static_cast<const char*>(a.w) + n * a.w_stride * (WT == DType::F32 ? 4 : 2);
+  const char* w = static_cast<const char*>(a.w) + weight_row(a, n) * a.w_stride * (WT == DType::F32 ? 4 : 2);
   const int64_t xsize = XT == DType::F32 ? 4 : 2;
   for (int64_t m0 = 0; m0 < a.M; m0 += kLinearRows) {
     float acc[kLinearRows] = {};

@@ -38,7 +38,7 @@ struct LaneDot {
   static constexpr int kChunk = V::W;
   static constexpr bool kPadsTail = false, kPreparesX = false, kWideTiles = false;
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
-  static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + n * row_bytes(a); }
+  static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + weight_row(a, n) * row_bytes(a); }
   static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
   static void load_x(X& out, const void* x, int64_t k) { out = V::template load<XT>(x, k); }
   static void load_w(Wt& out, Col w, int64_t k) { out = V::template load<WT>(w, k); }
@@ -69,7 +69,8 @@ struct Q8Dot {
   struct Wt { F v[kVecs]; F scale; };
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride; }
   static Col col(const LinearArgs& a, int64_t n) {
-    return {static_cast<const int8_t*>(a.w) + n * a.w_stride, a.w_scale + n * a.w_scale_stride};
+    const int64_t row = weight_row(a, n);
+    return {static_cast<const int8_t*>(a.w) + row * a.w_stride, a.w_scale + row * a.w_scale_stride};
   }
   static const char* address(Col w, int64_t k) { return reinterpret_cast<const char*>(w.q + k); }
   static void prepare_x(float* out, const void* x, int64_t kv) {
@@ -113,7 +114,8 @@ struct Int8DotBase {
   };
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride; }
   static Col col(const LinearArgs& a, int64_t n) {
-    return {static_cast<const int8_t*>(a.w) + n * a.w_stride, a.w_scale + n * a.w_scale_stride, a.K};
+    const int64_t row = weight_row(a, n);
+    return {static_cast<const int8_t*>(a.w) + row * a.w_stride, a.w_scale + row * a.w_scale_stride, a.K};
   }
   static const char* address(Col w, int64_t k) { return reinterpret_cast<const char*>(w.q + k); }
   static const int8_t* xq(const void* row, int64_t k) { return xq_value(row, k); }
@@ -164,13 +166,14 @@ struct VecLinear {
   }
 
   // R rows x the `cols` columns from g: tiles of R x V::linear_cols(R, ...) (about as many
-  // independent chains whatever R). `first`: this group brings the weights in (prefetches).
+  // independent chains whatever R). `first`: this group brings the weights in (prefetches;
+  // not for rows read through w_rows: the rows ahead are elsewhere).
   template <int R>
   static void row_group(const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv, F (*acc)[W],
                         bool first) {
     constexpr int C = V::linear_cols(R, D::kWideTiles);
     static_assert(W % C == 0, "tiles must divide the column group");
-    const int64_t ahead = first ? 2 * C * D::row_bytes(a) : 0;
+    const int64_t ahead = first && !a.w_rows ? 2 * C * D::row_bytes(a) : 0;
     for (int c0 = 0; c0 < cols; c0 += C) {
       Col wc[C];  // columns past the group's end repeat its last one (discarded)
       for (int c = 0; c < C; ++c) wc[c] = D::col(a, g + std::min(c0 + c, cols - 1));
