@@ -4,7 +4,9 @@ context lengths.
 The head reads the backbone's KV cache and the LM-head rows of its draft vocabulary in place,
 so what it adds is its weights (and its draft vocabulary's token ids) and a scratch (its local K/V of K draft
 positions and a row of activations) that must not grow with the context. The drafter adds
-its weights and its own KV cache, which grows with every context token, plus its scratch.
+its weights, its token tables (its vocabulary's backbone ids and the reverse index it maps
+the backbone's tokens through) and its own KV cache, which grows with every context token,
+plus its scratch.
 Scratch = the peak of live bytes allocated by torch during one K-step draft
 (torch.profiler memory events in time order).
 
@@ -56,13 +58,14 @@ def main():
     drafter = load_drafter(None, model, log=lambda m: None)
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
     head_fixed = nbytes(head.state_dict().values())  # its parameters and draft_vocab
-    # Its weights; not its RoPE tables, which it could share with the backbone.
-    drafter_weights = nbytes(b for n, b in drafter.model.named_buffers() if not n.startswith("rope_"))
+    # Its weights (not its RoPE tables, which it could share with the backbone) and token tables.
+    drafter_weights = nbytes([b for n, b in drafter.model.named_buffers() if not n.startswith("rope_")]
+                             + [drafter.vocab, drafter._index])
     print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
           f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
           f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n")
-    print("| context | backbone KV cache (MB) | head: weights (MB) | head scratch (MB) | head total (MB) "
-          "| drafter weights (MB) | drafter KV cache (MB) | drafter scratch (MB) | drafter total (MB) |")
+    print("| context | backbone KV cache (MB) | head: weights + draft vocabulary ids (MB) | head scratch (MB) | head total (MB) "
+          "| drafter: weights + token tables (MB) | drafter KV cache (MB) | drafter scratch (MB) | drafter total (MB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     totals = []
     for ctx in args.contexts:
