@@ -60,9 +60,7 @@ def ours_int8dot(gguf_path, prompt):
     return our_backbone(gguf_path, prompt, quantize=True, int8_dot=True)
 
 
-@pytest.fixture(scope="module")
-def theirs(gguf_path, prompt):
-    pytest.importorskip("transformers")
+def their_backbone(gguf_path, prompt):
     from transformers import DynamicCache
 
     from mtp_kernels.train import hf_backbone
@@ -74,28 +72,35 @@ def theirs(gguf_path, prompt):
     return model, cache
 
 
-@pytest.mark.parametrize("impl", ["ours", "ours_int8", "ours_int8dot", "transformers"])
-@pytest.mark.parametrize("T", [1, 5, 9])
-def test_backbone_pass(benchmark, request, prompt, impl, T):
-    tokens = prompt[:, CACHE:CACHE + T]
-    if impl.startswith("ours"):
-        model, cache = request.getfixturevalue(impl)
+@pytest.fixture(scope="module")
+def theirs(gguf_path, prompt):
+    pytest.importorskip("transformers")
+    return their_backbone(gguf_path, prompt)
 
+
+def pass_of(impl, model, cache, tokens):
+    """(reset, run): set the cache back to CACHE positions; one pass over `tokens` with logits."""
+    if impl.startswith("ours"):
         def reset():
             cache.lens.fill_(CACHE)
 
         def run():
             return model.logits(model(tokens, cache))
     else:
-        model, cache = request.getfixturevalue("theirs")
-
         def reset():
             cache.crop(-(cache.get_seq_length() - CACHE))  # a negative count: the tokens to drop
 
         @torch.no_grad()
         def run():
             return model(input_ids=tokens, cache=cache, use_cache=True).logits
+    return reset, run
 
+
+@pytest.mark.parametrize("impl", ["ours", "ours_int8", "ours_int8dot", "transformers"])
+@pytest.mark.parametrize("T", [1, 5, 9])
+def test_backbone_pass(benchmark, request, prompt, impl, T):
+    model, cache = request.getfixturevalue(impl if impl.startswith("ours") else "theirs")
+    reset, run = pass_of(impl, model, cache, prompt[:, CACHE:CACHE + T])
     benchmark.group = f"backbone T={T} cache={CACHE} bfloat16"
     benchmark.extra_info.update({"backbone_tokens": T, "cache": CACHE, "model": "SmolLM2-135M-Instruct bf16"})
     reset()
