@@ -119,6 +119,8 @@ def cmd_generate(args) -> int:
                                      else load_head(args.head, model, log, args.model is None))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
+    if args.lookup:
+        how += f", prompt lookup up to {args.lookup}"
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype}{', int8 weights' if args.int8 else ''}{' and activations' if args.int8_dot else ''})")
@@ -133,7 +135,7 @@ def cmd_generate(args) -> int:
 
         g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=args.k, eos_token_ids=eos,
                               on_tokens=on_tokens, temperature=args.temperature,
-                              seed=args.seed, lenient=args.lenient)[0]
+                              seed=args.seed, lenient=args.lenient, lookup=args.lookup)[0]
         if args.json:
             print(json.dumps({"prompt": prompt, "tokens": g.tokens, "text": tokenizer.decode(g.tokens),
                               "passes": g.passes, "seconds": round(g.seconds, 4),
@@ -170,11 +172,13 @@ def cmd_train(args) -> int:
     return 0
 
 
-ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "hf_greedy", "hf_prompt_lookup", "llamacpp_greedy",
-               "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot", "ours_mtp_int8dot")
+ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "ours_lookup", "ours_mtp_lookup", "hf_greedy",
+               "hf_prompt_lookup", "llamacpp_greedy", "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot",
+               "ours_mtp_int8dot", "ours_mtp_lookup_int8dot")
 # Speculative method -> the plain greedy run its output must equal token for token.
-EXACT_AGAINST = {"ours_mtp": "ours_greedy", "ours_drafter": "ours_greedy", "ours_mtp_int8": "ours_greedy_int8",
-                 "ours_mtp_int8dot": "ours_greedy_int8dot"}
+EXACT_AGAINST = {"ours_mtp": "ours_greedy", "ours_drafter": "ours_greedy", "ours_lookup": "ours_greedy",
+                 "ours_mtp_lookup": "ours_greedy", "ours_mtp_int8": "ours_greedy_int8",
+                 "ours_mtp_int8dot": "ours_greedy_int8dot", "ours_mtp_lookup_int8dot": "ours_greedy_int8dot"}
 
 
 def select_methods(text: str | None, model: str | None, log) -> list[str]:
@@ -236,10 +240,10 @@ def cmd_bench(args) -> int:
         res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
                          "GGUF, its quantized weights run natively (ours are dequantized), same threads")
     runs = {}
-    # One head drafts for both backbones (same config and dtype; it keeps draft rows per backbone).
+    # One head drafts for every backbone (same config and dtype; it reads each one's LM head in place).
     head_on_plain = "ours_mtp" in methods or bool(lenient)
     head = (load_head(args.head, model, log, args.model is None)
-            if head_on_plain or "ours_mtp_int8" in methods or "ours_mtp_int8dot" in methods else None)
+            if head_on_plain or any(m.startswith("ours_mtp") for m in methods) else None)
     # The same backbone with Q8 weights (int8 + a scale per 32): its greedy output against the
     # bf16 model's is the accuracy of quantization; MTP on it must equal its own greedy.
     quantized = Backbone(cfg, weights, DTYPES[args.dtype], quantize=True) if any(m.endswith("_int8") for m in methods) else None
@@ -257,6 +261,13 @@ def cmd_bench(args) -> int:
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos)
         elif m == "ours_mtp":
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k)
+        elif m == "ours_lookup":
+            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, lookup=args.lookup)
+        elif m == "ours_mtp_lookup":
+            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k, lookup=args.lookup)
+        elif m == "ours_mtp_lookup_int8dot":
+            runs[m] = evaluate.run_ours(int8dot, ids, tasks, args.max_new_tokens, eos, head, args.k,
+                                        lookup=args.lookup)
         elif m == "ours_drafter":
             runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos,
                                         load_drafter(args.drafter_path, model, log), args.k)
@@ -293,7 +304,7 @@ def cmd_bench(args) -> int:
         sub = [i for i, r in enumerate(picked) if sum(x["task"] == r["task"] for x in picked[:i]) < args.sweep_per_task]
         res["sweep"] = evaluate.sweep(model, head, [ids[i] for i in sub], [tasks[i] for i in sub], args.max_new_tokens,
                                       eos, ks=range(1, 6), vocab_sizes=(1024, 2048, 4096), k_for_vocab=args.k,
-                                      log=log)
+                                      lookups=(3, 4, 6, 8, 10), log=log)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     evaluate.save(res, args.out + ".json")
     with open(args.out + ".md", "w") as f:
@@ -335,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", choices=["head", "standalone"], default="head",
                    help="draft with the MTP head (default) or the standalone drafter baseline")
     g.add_argument("--drafter-path", help="a standalone drafter folder; default: the shipped one")
+    g.add_argument("--lookup", type=int, default=0,
+                   help="also draft by prompt lookup: up to N tokens that followed an earlier occurrence of the "
+                        "last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; not with "
+                        "--drafter standalone)")
     g.set_defaults(func=cmd_generate)
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -370,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", help=f"comma-separated, including ours_greedy (default: {','.join(ALL_METHODS)}; "
                                      "llamacpp_greedy is skipped when llama-cpp-python is not installed)")
     b.add_argument("--prompt-lookup", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    b.add_argument("--lookup", type=int, default=6,
+                   help="most prompt-lookup drafts per pass of ours_lookup / ours_mtp_lookup(_int8dot) (default 6)")
     b.add_argument("--lenient", action="append", default=[], metavar="top_k=K[,min_ratio=R]",
                    help="also run the head with this NOT lossless verification (repeatable); reports its "
                         "token agreement with greedy")
@@ -391,9 +408,11 @@ def main(argv=None) -> int:
     bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
         bad.append("--temperature must be finite and >= 0")
-    for n in ("num_prompts", "prompt_anchors"):
+    for n in ("num_prompts", "prompt_anchors", "lookup"):
         if getattr(args, n, 0) < 0:
             bad.append(f"--{n.replace('_', '-')} must be >= 0")
+    if args.command == "generate" and args.lookup and args.drafter == "standalone" and not args.no_mtp:
+        bad.append("--lookup drafts go with the MTP head or alone (--no-mtp), not with --drafter standalone")
     if getattr(args, "prompt_anchors", 0) and args.drafter == "standalone":
         bad.append("--prompt-anchors trains the head; the standalone drafter learns from every answer token")
     if args.command == "generate" and args.lenient is not None:

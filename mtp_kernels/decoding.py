@@ -6,6 +6,10 @@ accepts the longest prefix equal to the backbone's own greedy choices and adds t
 backbone's token at the first mismatch (or the bonus token after a full match). The cache
 keeps t0 and the accepted drafts: its length is set back past the rejected ones.
 
+Prompt lookup (lookup=N): where the request's last tokens occurred before in its prompt or
+output, the up to N tokens that followed them there are the drafts instead (proofreading and
+summaries copy their input); the head drafts elsewhere. Any drafts keep the output exact.
+
 With temperature > 0 both paths sample through `mtp.verify_sampled`, whose RNG is keyed by
 (request seed, absolute position): plain sampling draws each token as the bonus of a
 zero-draft verify, and speculative sampling accepts a (greedy, one-hot) draft iff it equals
@@ -46,6 +50,22 @@ class Generation:
     def tokens_per_pass(self) -> float:
         """tau: tokens committed per backbone pass (the first token comes from the prefill)."""
         return (len(self.tokens) - 1) / self.passes if self.passes else 0.0
+
+
+LOOKUP_NGRAMS = (3, 2)  # the context suffixes searched for, longest first (1 token matches too often)
+
+
+def lookup_drafts(context: list[int], max_drafts: int) -> list[int]:
+    """Prompt lookup: the up to max_drafts tokens that followed the latest earlier occurrence
+    of the context's last n tokens (n in LOOKUP_NGRAMS, longest first); [] when none occurs."""
+    for n in LOOKUP_NGRAMS:
+        if len(context) <= n or max_drafts < 1:
+            continue
+        pattern = context[-n:]
+        for s in range(len(context) - n - 1, -1, -1):  # s + n < len(context): one token follows
+            if context[s:s + n] == pattern:
+                return context[s + n:s + n + max_drafts]
+    return []
 
 
 def request_seeds(seed: int, batch: int) -> torch.Tensor:
@@ -111,7 +131,7 @@ def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: in
 def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, head: Optional[MTPHead] = None,
              k: int = 3, eos_token_ids: tuple[int, ...] = (),
              on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
-             seed: int = 0, lenient: Optional[tuple[int, float]] = None) -> list[Generation]:
+             seed: int = 0, lenient: Optional[tuple[int, float]] = None, lookup: int = 0) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
     one with `begin(prompts, capacity)` gets it right after the backbone's prefill, timed
@@ -119,20 +139,40 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     request's newly committed tokens as they come (for streaming). temperature > 0 samples (lossless
     rejection sampling with a head), keyed by (seed, request index, position).
     lenient=(top_k, min_ratio) verifies drafts with mtp.verify_lenient (greedy only, with a
-    head): NOT lossless, the output may differ from greedy decoding; (1, x) is exact."""
+    head): NOT lossless, the output may differ from greedy decoding; (1, x) is exact.
+    lookup=N > 0 drafts up to N tokens by prompt lookup (lookup_drafts) where the context
+    repeats itself, the head (if any) elsewhere; exact like any drafts."""
     if head is not None and k < 1:
         raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
+    if lookup < 0:
+        raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {lookup}")
+    if lookup and hasattr(head, "begin"):
+        raise ValueError("lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
+                         "every committed token was its own draft")
     K = k if head is not None else 0
+    width = max(K, lookup)  # the most drafts one pass verifies
     B = len(prompts)
     pick = _Sampler(B, temperature, seed, lenient)
-    cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, K + 1))
+    cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, width + 1))
     eos = set(eos_token_ids)
     t0 = time.perf_counter()
     hidden, token = _prefill(model, cache, prompts, pick)
     if hasattr(head, "begin"):
         head.begin(prompts, cache.capacity)
-    out = [Generation(tokens=[], drafted=[0] * K, accepted=[0] * K) for _ in range(B)]
+    out = [Generation(tokens=[], drafted=[0] * width, accepted=[0] * width) for _ in range(B)]
     done = [False] * B
+
+    def propose() -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts [B, W] and how many of each request's to verify (none past max_new_tokens)."""
+        found = [lookup_drafts(prompts[b] + out[b].tokens, lookup) if lookup and not done[b] else []
+                 for b in range(B)]
+        rows = found
+        if head is not None and not all(found[b] or done[b] for b in range(B)):
+            rows = [f or d for f, d in zip(found, head.draft(model, cache, hidden, token, K).tolist())]
+        num = [0 if done[b] else min(len(rows[b]), max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]
+        W = max(num)
+        return torch.tensor([r[:W] + [0] * (W - len(r[:W])) for r in rows], dtype=torch.long).view(B, W), \
+            torch.tensor(num)
 
     def commit(b: int, ids: list[int]) -> None:
         ids = cut_at_eos(ids[:max_new_tokens - len(out[b].tokens)], eos)
@@ -149,7 +189,7 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
         for b in range(B):
             out[b].passes += not done[b]
         start = cache.lens.clone()
-        if head is None:
+        if width == 0:
             hidden = model(token[:, None], cache)[:, 0]
             cache.lens.copy_(torch.where(active, cache.lens, start))  # finished requests stay put
             token = pick(model.logits(hidden), start + 1)
@@ -157,9 +197,7 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
                 if not done[b]:
                     commit(b, [int(token[b])])
             continue
-        drafts = head.draft(model, cache, hidden, token, K)
-        # Drafts beyond what a request may still commit are not offered.
-        num = torch.tensor([0 if done[b] else min(K, max_new_tokens - len(out[b].tokens) - 1) for b in range(B)])
+        drafts, num = propose()
         h = model(torch.cat([token[:, None], drafts], dim=1), cache)
         accepted, tokens = pick.verify(drafts, model.logits(h), num, start + 1)
         # Keep t0 and the accepted drafts; the rejected drafts' K/V are dropped by length.

@@ -47,6 +47,19 @@ def test_sampled_generate_mtp_equals_no_mtp_for_the_same_seed(tiny):
     assert runs[1, True] != runs[2, True]
 
 
+def test_lookup_generate_equals_no_mtp(tiny):
+    runs = {}
+    for flags in (["--lookup", 4], ["--lookup", 4, "--no-mtp"], ["--no-mtp"]):
+        r = mtp("generate", "--model", tiny, "--prompt", "abcabcabc", "--max-new-tokens", 12, "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        runs[tuple(flags)] = json.loads(r.stdout)
+    assert "prompt lookup up to 4" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2,
+                                          "--lookup", 4).stderr
+    tokens = {k: v["tokens"] for k, v in runs.items()}
+    assert len(set(map(tuple, tokens.values()))) == 1
+    assert len(runs[("--lookup", 4, "--no-mtp")]["drafted_by_position"]) == 4
+
+
 def test_int8_dot_generate_mtp_equals_no_mtp(tiny):
     runs = {}
     for flag in ([], ["--no-mtp"]):
@@ -79,6 +92,8 @@ def test_generate_streams_text_and_stats(tiny):
     (["--prompt", "x", "--lenient", "top_k=2,min_ratio=1.5"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
     (["--prompt", "x", "--lenient", "top_k=2", "--temperature", "1"], "--lenient is a greedy mode"),
     (["--prompt", "x", "--int8-dot"], "--int8-dot quantizes the activations for int8 weights: use it with --int8"),
+    (["--prompt", "x", "--lookup", "-1"], "--lookup must be >= 0"),
+    (["--prompt", "x", "--lookup", "2", "--drafter", "standalone"], "--lookup drafts go with the MTP head or alone"),
 ])
 def test_bad_input_exits_2_with_a_message(tiny, args, message):
     if "--model" not in args:

@@ -47,13 +47,14 @@ def test_restrict_vocab_takes_a_prefix_and_restores():
 
 def test_sweep_cuts_the_heads_draft_vocabulary_only():
     """Vocabulary rows are prefixes smaller than the head's draft vocabulary, labelled with the
-    size they ran with; a size at or past the head's own would repeat the full run."""
+    size they ran with; a size at or past the head's own would repeat the full run. Lookup rows
+    run the full vocabulary at k_for_vocab."""
     torch.manual_seed(0)
     head = MTPHead(HeadConfig.for_backbone(TINY, trained=True))
     head.set_draft_vocab(torch.tensor([9, 4, 7, 3, 12, 30]))
     rows = evaluate.sweep(tiny_backbone(), head, [[5, 6, 7]], ["a"], 4, (), ks=[1, 2], vocab_sizes=(2, 6, 8),
-                          k_for_vocab=2, log=lambda m: None)
-    assert [(r["k"], r["draft_vocab"]) for r in rows] == [(1, 6), (2, 6), (2, 2)]
+                          k_for_vocab=2, lookups=(3,), log=lambda m: None)
+    assert [(r["k"], r["draft_vocab"], r["lookup"]) for r in rows] == [(1, 6, 0), (2, 6, 0), (2, 2, 0), (2, 6, 3)]
     assert head.draft_vocab.tolist() == [9, 4, 7, 3, 12, 30]  # restored
 
 
@@ -67,24 +68,30 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     out = tmp_path / "e2e"
     args = ["bench", "--model", str(tmp_path / "tiny"), "--head", str(tmp_path / "head"), "--eval-set",
             str(tmp_path / "eval.jsonl"), "--max-new-tokens", "6", "--methods",
-            "ours_greedy,ours_mtp,ours_drafter,ours_greedy_int8,ours_mtp_int8,ours_greedy_int8dot,ours_mtp_int8dot",
+            "ours_greedy,ours_mtp,ours_drafter,ours_lookup,ours_mtp_lookup,ours_greedy_int8,ours_mtp_int8,"
+            "ours_greedy_int8dot,ours_mtp_int8dot,ours_mtp_lookup_int8dot", "--lookup", "3",
             "--drafter-path", str(tmp_path / "drafter"), "--lenient", "top_k=2", "--out", str(out),
             "--dtype", "float32", "--sweep-per-task", "1", "--plot"]
     assert cli.main(args) == 0
     res = json.loads((tmp_path / "e2e.json").read_text())
-    assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_drafter", "ours_greedy_int8", "ours_mtp_int8",
-                                   "ours_greedy_int8dot", "ours_mtp_int8dot", "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
-    assert res["methods"]["ours_mtp"]["x"]["identical_to_greedy"] == 2
+    assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_drafter", "ours_lookup", "ours_mtp_lookup",
+                                   "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot", "ours_mtp_int8dot",
+                                   "ours_mtp_lookup_int8dot", "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
+    for m in ("ours_mtp", "ours_lookup", "ours_mtp_lookup"):
+        assert res["methods"][m]["x"]["identical_to_greedy"] == 2, m
+    assert len(res["methods"]["ours_lookup"]["x"]["acceptance_by_position"]) == 3  # --lookup 3
     # MTP on the Q8 backbone equals that backbone's greedy; the Q8 greedy is measured against bf16/fp32.
     assert res["methods"]["ours_mtp_int8"]["x"]["identical_to_greedy"] == 2
     assert 0 <= res["methods"]["ours_greedy_int8"]["x"]["token_agreement"] <= 1
     # ... and with the activations quantized too (integer dot products).
     assert res["methods"]["ours_mtp_int8dot"]["x"]["identical_to_greedy"] == 2
+    assert res["methods"]["ours_mtp_lookup_int8dot"]["x"]["identical_to_greedy"] == 2
     assert 0 <= res["methods"]["ours_greedy_int8dot"]["x"]["token_agreement"] <= 1
     drafter = res["methods"]["ours_drafter"]["x"]
     assert drafter["identical_to_greedy"] == 2 and drafter["tau"] > 1  # a perfect drafter is accepted
-    # K = 1..5; no vocabulary rows: this head drafts over the whole (tiny) vocabulary
-    assert [r["k"] for r in res["sweep"]] == [1, 2, 3, 4, 5] and (tmp_path / "e2e.png").stat().st_size > 1000
+    # K = 1..5; no vocabulary rows: this head drafts over the whole (tiny) vocabulary; then lookups
+    assert [(r["k"], r["lookup"]) for r in res["sweep"]] == [(k, 0) for k in range(1, 6)] + \
+        [(3, n) for n in (3, 4, 6, 8, 10)] and (tmp_path / "e2e.png").stat().st_size > 1000
     assert "| y | ours_mtp |" in (tmp_path / "e2e.md").read_text()
 
 
@@ -94,6 +101,8 @@ def test_cli_bench_bad_input(tmp_path, capsys):
                        (["--eval-set", str(tmp_path / "missing.jsonl")], "cannot read --eval-set"),
                        (["--lenient", "top_k=x"], "--lenient expects"),
                        (["--per-task", "0"], "--per-task must be >= 1"),
+                       (["--lookup", "-2"], "--lookup must be >= 0"),
+                       (["--methods", "ours_greedy,ours_mtp_lookup_int8dot"], "list both"),
                        (["--methods", "ours_greedy,ours_mtp_int8"], "list both"),
                        (["--methods", "ours_greedy,ours_mtp_int8dot"], "ours_mtp_int8dot is checked against ours_greedy_int8dot")]:
         assert cli.main(["bench"] + extra) == 2

@@ -183,3 +183,57 @@ def test_int8_dot_backbone_is_close_to_the_q8_one():
     assert (a - b).abs().max() < 0.05 * a.abs().max()
     with pytest.raises(ValueError, match="int8_dot=True .* needs quantize=True"):
         tiny_backbone(torch.bfloat16, int8_dot=True)
+
+
+def test_lookup_drafts_follow_the_latest_earlier_occurrence():
+    assert decoding.lookup_drafts([1, 2, 3, 4, 5, 9, 2, 3], 3) == [4, 5, 9]   # after the earlier "2 3"
+    assert decoding.lookup_drafts([7, 2, 3, 8, 1, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the latest "1 2 3" wins
+    assert decoding.lookup_drafts([1, 2, 3, 5, 9, 2, 3], 6) == [5, 9, 2, 3]  # the context's end caps them
+    assert decoding.lookup_drafts([5, 5, 5, 5], 3) == [5]
+    assert decoding.lookup_drafts([1, 2, 3, 4], 3) == []       # no repeated 2-gram
+    assert decoding.lookup_drafts([4, 1, 2, 4], 3) == []       # one repeated token is not enough
+    assert decoding.lookup_drafts([1, 2, 9, 1, 2], 0) == []
+    assert decoding.lookup_drafts([], 4) == []
+
+
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS[:2] + VARIANTS[3:4])
+@pytest.mark.parametrize("with_head", [False, True])
+def test_lookup_drafts_keep_greedy_output(dtype, quantize, int8_dot, with_head):
+    """Prompt lookup alone or beside the head (batched, ragged, repetitive prompts): the tokens
+    of plain greedy, in fewer passes."""
+    model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
+    g = torch.Generator().manual_seed(4)
+    prompts = []
+    for n in torch.randint(2, 8, (8,), generator=g):  # a random phrase said three times
+        phrase = torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+        prompts.append(phrase * 3)
+    max_new = 20
+    want = greedy_reference(model, prompts, max_new)
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY)) if with_head else None
+    for lookup in (1, 4):
+        got = decoding.generate(model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids,
+                                lookup=lookup)
+        assert [r.tokens for r in got] == want
+        assert len(got[0].drafted) == max(lookup, 2 if with_head else 0)
+        if not with_head:  # every accepted draft came from the lookup
+            assert sum(r.passes for r in got) < sum(len(w) for w in want)
+            assert sum(sum(r.accepted) for r in got) > 0
+    # Sampling with lookup drafts gives the tokens of plain sampling for the seed.
+    plain = decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids, temperature=0.8, seed=7)
+    drafted = decoding.generate(model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids,
+                                temperature=0.8, seed=7, lookup=3)
+    assert [r.tokens for r in drafted] == [r.tokens for r in plain]
+
+
+def test_lookup_bad_input():
+    model = tiny_backbone()
+    with pytest.raises(ValueError, match="lookup \\(most drafts by prompt lookup\\) must be >= 0, got -1"):
+        decoding.generate(model, [[1, 2]], 4, lookup=-1)
+
+    class Standalone(OracleHead):
+        def begin(self, prompts, capacity):
+            pass
+
+    with pytest.raises(ValueError, match="lookup drafts go with the MTP head or alone"):
+        decoding.generate(model, [[1, 2]], 4, head=Standalone({0: [1, 2]}, 97), lookup=2)
