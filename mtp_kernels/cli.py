@@ -115,6 +115,8 @@ def cmd_generate(args) -> int:
     cfg, weights, tokenizer = checkpoint.load(args.model)
     model = Backbone(cfg, weights, DTYPES[args.dtype], quantize=args.int8, int8_dot=args.int8_dot)
     standalone = args.drafter == "standalone"
+    if args.lookup is None:  # prompt lookup beside the MTP head by default; never in plain greedy
+        args.lookup = 0 if args.no_mtp or standalone else DEFAULT_LOOKUP
     head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
                                      else load_head(args.head, model, log, args.model is None))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
@@ -172,6 +174,7 @@ def cmd_train(args) -> int:
     return 0
 
 
+DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass (bench/RESULTS.md, "Prompt lookup beside the head")
 ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "ours_lookup", "ours_mtp_lookup", "hf_greedy",
                "hf_prompt_lookup", "llamacpp_greedy", "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot",
                "ours_mtp_int8dot", "ours_mtp_lookup_int8dot")
@@ -346,9 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", choices=["head", "standalone"], default="head",
                    help="draft with the MTP head (default) or the standalone drafter baseline")
     g.add_argument("--drafter-path", help="a standalone drafter folder; default: the shipped one")
-    g.add_argument("--lookup", type=int, default=0,
+    g.add_argument("--lookup", type=int,
                    help="also draft by prompt lookup: up to N tokens that followed an earlier occurrence of the "
-                        "last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; not with "
+                        f"last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; default "
+                        f"{DEFAULT_LOOKUP} with the MTP head, 0 = off; with --no-mtp: lookup alone; not with "
                         "--drafter standalone)")
     g.set_defaults(func=cmd_generate)
 
@@ -385,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", help=f"comma-separated, including ours_greedy (default: {','.join(ALL_METHODS)}; "
                                      "llamacpp_greedy is skipped when llama-cpp-python is not installed)")
     b.add_argument("--prompt-lookup", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
-    b.add_argument("--lookup", type=int, default=6,
-                   help="most prompt-lookup drafts per pass of ours_lookup / ours_mtp_lookup(_int8dot) (default 6)")
+    b.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
+                   help="most prompt-lookup drafts per pass of ours_lookup / ours_mtp_lookup(_int8dot) "
+                        f"(default {DEFAULT_LOOKUP})")
     b.add_argument("--lenient", action="append", default=[], metavar="top_k=K[,min_ratio=R]",
                    help="also run the head with this NOT lossless verification (repeatable); reports its "
                         "token agreement with greedy")
@@ -409,7 +414,7 @@ def main(argv=None) -> int:
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
         bad.append("--temperature must be finite and >= 0")
     for n in ("num_prompts", "prompt_anchors", "lookup"):
-        if getattr(args, n, 0) < 0:
+        if (getattr(args, n, 0) or 0) < 0:
             bad.append(f"--{n.replace('_', '-')} must be >= 0")
     if args.command == "generate" and args.lookup and args.drafter == "standalone" and not args.no_mtp:
         bad.append("--lookup drafts go with the MTP head or alone (--no-mtp), not with --drafter standalone")

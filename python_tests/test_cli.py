@@ -55,6 +55,11 @@ def test_lookup_generate_equals_no_mtp(tiny):
         runs[tuple(flags)] = json.loads(r.stdout)
     assert "prompt lookup up to 4" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2,
                                           "--lookup", 4).stderr
+    # On by default beside the MTP head (cli.DEFAULT_LOOKUP), off with --lookup 0 and in plain greedy.
+    assert "prompt lookup up to 6" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2).stderr
+    for flags in (["--lookup", 0], ["--no-mtp"]):
+        r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, *flags)
+        assert r.returncode == 0 and "prompt lookup" not in r.stderr, r.stderr
     tokens = {k: v["tokens"] for k, v in runs.items()}
     assert len(set(map(tuple, tokens.values()))) == 1
     assert len(runs[("--lookup", 4, "--no-mtp")]["drafted_by_position"]) == 4
