@@ -1,7 +1,8 @@
 // The MTP head's K draft steps in one call, torch-free: per step the embedding of the
 // current token and the last hidden state, normed and projected, the head's blocks (decoder
 // layers whose attention reads one backbone layer's cache in place, plus the head's own
-// keys/values of the steps so far), the draft LM head and its argmax. The same kernels in
+// keys/values of the steps so far), the draft LM head (the draft vocabulary's rows of the
+// backbone's LM head, read in place through LinearArgs::w_rows) and its argmax. The same kernels in
 // the same order as reference.head_draft's composition of the ops, so the same drafts;
 // what it saves is ~25 dispatches per draft step.
 #pragma once

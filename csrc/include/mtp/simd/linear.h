@@ -38,7 +38,9 @@ struct LaneDot {
   static constexpr int kChunk = V::W;
   static constexpr bool kPadsTail = false, kPreparesX = false, kWideTiles = false;
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
-  static Col col(const LinearArgs& a, int64_t n) { return static_cast<const char*>(a.w) + weight_row(a, n) * row_bytes(a); }
+  static Col col(const LinearArgs& a, int64_t n) {
+    return static_cast<const char*>(a.w) + weight_row(a, n) * row_bytes(a);
+  }
   static const char* address(Col w, int64_t k) { return w + k * dtype_size(WT); }
   static void load_x(X& out, const void* x, int64_t k) { out = V::template load<XT>(x, k); }
   static void load_w(Wt& out, Col w, int64_t k) { out = V::template load<WT>(w, k); }
