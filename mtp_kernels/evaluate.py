@@ -1,7 +1,8 @@
 """End-to-end benchmark (`mtp bench`): every method on the held-out evaluation set, one
 request at a time, side by side in one run.
 
-Methods: our plain greedy, our MTP decoding (the shipped head), the standalone drafter
+Methods: our plain greedy, our MTP decoding (the shipped head; also with prompt-lookup drafts
+beside it, and lookup alone), the standalone drafter
 through the same verify op, transformers' greedy `generate` and its prompt-lookup
 assisted generation on the same GGUF weights, and llama.cpp's plain greedy decode of the
 same GGUF file (through llama-cpp-python, an optional dependency; it runs the Q4_1 weights
