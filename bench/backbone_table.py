@@ -8,32 +8,16 @@ same run (1 GiB sum).
     .venv/bin/python bench/backbone_table.py [--seconds 120] [--threads 2] [--no-transformers]
 """
 import argparse
-import time
 
 import torch
 
 import mtp_kernels
-from attention_table import bandwidth
+from attention_table import bandwidth, side_by_side
 from bench_backbone import CACHE, our_backbone, pass_of, their_backbone
 from memory import nbytes
 from mtp_kernels.models import checkpoint
 
 TOKENS = (1, 5, 9)
-
-
-def interleaved(calls, budget_s):
-    """Median seconds of each (reset, run) pair's run, all called in turn round by round."""
-    for reset, run in calls:  # warm-up
-        reset(), run()
-    times = [[] for _ in calls]
-    end = time.perf_counter() + budget_s
-    while time.perf_counter() < end or len(times[0]) < 5:
-        for (reset, run), ts in zip(calls, times):
-            reset()
-            t = time.perf_counter()
-            run()
-            ts.append(time.perf_counter() - t)
-    return [sorted(ts)[len(ts) // 2] for ts in times], len(times[0])
 
 
 def main():
@@ -55,14 +39,16 @@ def main():
     read = {name: nbytes([b for n, b in m.named_buffers() if not n.startswith("rope_")])
             for name, (m, _) in impls.items() if name.startswith("ours")}
     read["transformers (bf16)"] = read["ours (bf16)"]
-    calls = [(name, T, pass_of("ours" if name.startswith("ours") else "transformers", m, c,
-                               prompt[:, CACHE:CACHE + T]))
-             for name, (m, c) in impls.items() for T in TOKENS]
+    calls = {(name, T): pass_of("ours" if name.startswith("ours") else "transformers", m, c,
+                                prompt[:, CACHE:CACHE + T])
+             for name, (m, c) in impls.items() for T in TOKENS}
     _, read_bw = bandwidth()
-    medians, rounds = interleaved([c for _, _, c in calls], args.seconds)
-    ms = {(name, T): t * 1e3 for (name, T, _), t in zip(calls, medians)}
+    # Each call sets its cache back first, inside the timed call (~1 us for ours).
+    medians = side_by_side([lambda reset=reset, run=run: (reset(), run()) for reset, run in calls.values()],
+                           args.seconds)
+    ms = {key: t * 1e3 for key, t in zip(calls, medians)}
     print(f"torch {torch.__version__}, {args.threads} threads, ISA {mtp_kernels.get_isa()}, cache {CACHE}, "
-          f"{rounds} interleaved rounds; read bandwidth this run {read_bw:.1f} GB/s (1 GiB sum)\n")
+          f"{args.seconds:.0f} s of interleaved rounds; read bandwidth this run {read_bw:.1f} GB/s (1 GiB sum)\n")
     print("| backbone | weights read (MB) | T=1 (ms) | T=5 (ms) | T=9 (ms) | T=5 / T=1 | T=9 / T=1 "
           "| T=1 weights GB/s (% of read bw) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -58,8 +58,10 @@ LOOKUP_NGRAMS = (3, 2)  # the context suffixes searched for, longest first (1 to
 def lookup_drafts(context: list[int], max_drafts: int) -> list[int]:
     """Prompt lookup: the up to max_drafts tokens that followed the latest earlier occurrence
     of the context's last n tokens (n in LOOKUP_NGRAMS, longest first); [] when none occurs."""
+    if max_drafts < 1:
+        return []
     for n in LOOKUP_NGRAMS:
-        if len(context) <= n or max_drafts < 1:
+        if len(context) <= n:
             continue
         pattern = context[-n:]
         for s in range(len(context) - n - 1, -1, -1):  # s + n < len(context): one token follows

@@ -6,8 +6,9 @@ namespace mtp::generic {
 
 inline void linear_q8(const LinearArgs& a, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* wn = static_cast<const int8_t*>(a.w) + weight_row(a, n) * a.w_stride;
-    const float* sn = a.w_scale + weight_row(a, n) * a.w_scale_stride;
+    const int64_t row = weight_row(a, n);
+    const int8_t* wn = static_cast<const int8_t*>(a.w) + row * a.w_stride;
+    const float* sn = a.w_scale + row * a.w_scale_stride;
     for (int64_t m = 0; m < a.M; ++m) {
       const char* xm = static_cast<const char*>(a.x) + m * a.x_stride * dtype_size(a.x_dtype);
       float acc = 0.f;
@@ -26,8 +27,9 @@ inline void linear_q8(const LinearArgs& a, int64_t n0, int64_t n1) {
 // then acc += float(sum) * (x scale * weight scale), blocks in order.
 inline void linear_q8dot(const LinearArgs& a, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* wn = static_cast<const int8_t*>(a.w) + weight_row(a, n) * a.w_stride;
-    const float* sn = a.w_scale + weight_row(a, n) * a.w_scale_stride;
+    const int64_t row = weight_row(a, n);
+    const int8_t* wn = static_cast<const int8_t*>(a.w) + row * a.w_stride;
+    const float* sn = a.w_scale + row * a.w_scale_stride;
     for (int64_t m = 0; m < a.M; ++m) {
       const char* xm = static_cast<const char*>(a.x) + m * a.x_stride;
       float acc = 0.f;
