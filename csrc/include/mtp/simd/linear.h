@@ -141,26 +141,44 @@ struct VecLinear {
   static_assert(kRowBlock % kRows == 0, "row groups must divide the row block");
 
   // acc[r][c0 + c] = the accumulators of rows x[0..R) and weight rows w[0..C) over [0, kv).
-  // prefetch_ahead (bytes, 0 = none): the weights that far past each chunk are prefetched
-  // (the tiles ahead): the hardware prefetchers alone leave a core's stream half idle. Four
-  // times as far they are prefetched into L2 only: each matrix of a pass is a new stream,
-  // which the hardware prefetchers pick up late (bench/RESULTS.md, "L2").
+  // In a chunk step the smaller side stays in registers and the other is loaded where used:
+  // the C weight chunks when R > C (8 rows' chunks held beside 16 accumulators spilled them to
+  // the stack), else the R activation chunks. prefetch_ahead (bytes, 0 = none): the weights
+  // that far past each chunk are prefetched (the tiles ahead): the hardware prefetchers alone
+  // leave a core's stream half idle. Four times as far they are prefetched into L2 only: each
+  // matrix of a pass is a new stream, which the hardware prefetchers pick up late
+  // (bench/RESULTS.md, "L2").
+  static void prefetch(const char* p, int64_t ahead) {
+    if (!ahead) return;
+    V::prefetch(p + ahead);
+    V::prefetch_l2(p + 4 * ahead);
+  }
   template <int R, int C>
   static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead) {
     F t[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) t[r][c] = V::zero();
     for (int64_t k = 0; k < kv; k += D::kChunk) {
-      typename D::X xs[R];
-      for (int r = 0; r < R; ++r) D::load_x(xs[r], x[r], k);
-      for (int c = 0; c < C; ++c) {
-        if (prefetch_ahead) {
-          V::prefetch(D::address(w[c], k) + prefetch_ahead);
-          V::prefetch_l2(D::address(w[c], k) + 4 * prefetch_ahead);
+      if constexpr (R > C) {
+        typename D::Wt ws[C];
+        for (int c = 0; c < C; ++c) {
+          prefetch(D::address(w[c], k), prefetch_ahead);
+          D::load_w(ws[c], w[c], k);
         }
-        typename D::Wt wc;
-        D::load_w(wc, w[c], k);
-        for (int r = 0; r < R; ++r) D::step(t[r][c], xs[r], wc);
+        for (int r = 0; r < R; ++r) {
+          typename D::X xr;
+          D::load_x(xr, x[r], k);
+          for (int c = 0; c < C; ++c) D::step(t[r][c], xr, ws[c]);
+        }
+      } else {
+        typename D::X xs[R];
+        for (int r = 0; r < R; ++r) D::load_x(xs[r], x[r], k);
+        for (int c = 0; c < C; ++c) {
+          prefetch(D::address(w[c], k), prefetch_ahead);
+          typename D::Wt wc;
+          D::load_w(wc, w[c], k);
+          for (int r = 0; r < R; ++r) D::step(t[r][c], xs[r], wc);
+        }
       }
     }
     for (int r = 0; r < R; ++r)
