@@ -61,8 +61,9 @@ class StandaloneDrafter:
             weights = {n: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.02
                        for n, s in expected_shapes(cfg).items()}
         self.weights = weights  # fp32 master copy (trained in place by train_drafter)
-        self._index = torch.full((int(vocab.max()) + 1,), self.unk, dtype=torch.int64)
-        self._index[vocab] = torch.arange(vocab.numel())
+        # Backbone id -> drafter index; int32 (the drafter's vocabulary is small): half the bytes.
+        self._index = torch.full((int(vocab.max()) + 1,), self.unk, dtype=torch.int32)
+        self._index[vocab] = torch.arange(vocab.numel(), dtype=torch.int32)
         self.model: Backbone | None = None
         self.cache: KVCache | None = None
         self.seq: list[list[int]] = []
@@ -83,7 +84,7 @@ class StandaloneDrafter:
         """Backbone ids -> drafter indices (UNK for ids outside the vocabulary)."""
         ids = torch.as_tensor(ids, dtype=torch.int64)
         n = self._index.numel()
-        return torch.where((ids >= 0) & (ids < n), self._index[ids.clamp(0, n - 1)], self.unk)
+        return torch.where((ids >= 0) & (ids < n), self._index[ids.clamp(0, n - 1)], self.unk).long()
 
     def to(self, dtype: torch.dtype) -> "StandaloneDrafter":
         """(Re)builds the runtime model in `dtype` from the current weights."""
