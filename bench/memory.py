@@ -3,10 +3,10 @@ context lengths.
 
 The head reads the backbone's KV cache and the LM-head rows of its draft vocabulary in place,
 so what it adds is its weights (and its draft vocabulary's token ids) and a scratch (its local
-K/V of K draft positions and a row of activations) that must not grow with the context. The drafter adds
-its weights, its token tables (its vocabulary's backbone ids and the reverse index it maps
-the backbone's tokens through) and its own KV cache, which grows with every context token,
-plus its scratch.
+K/V of K draft positions and a row of activations) that must not grow with the context. The
+drafter adds its weights, its token tables (its vocabulary's backbone ids and the reverse index
+it maps the backbone's tokens through) and its own KV cache, which grows with every context
+token, plus its scratch.
 Scratch = the peak of live bytes allocated by torch during one K-step draft
 (torch.profiler memory events in time order).
 

@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter-path", help="a standalone drafter folder; default: the shipped one")
     g.add_argument("--lookup", type=int,
                    help="also draft by prompt lookup: up to N tokens that followed an earlier occurrence of the "
-                        f"last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; default "
+                        "last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; default "
                         f"{DEFAULT_LOOKUP} with the MTP head, 0 = off; with --no-mtp: lookup alone; not with "
                         "--drafter standalone)")
     g.set_defaults(func=cmd_generate)
