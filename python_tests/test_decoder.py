@@ -18,8 +18,9 @@ from tiny_model import TINY, tiny_backbone
 KERNEL_OPS = ops.KERNELS  # the kernels one op at a time
 VARIANTS = [(torch.float32, False, False), (torch.float32, True, False), (torch.float32, True, True),
             (torch.bfloat16, False, False), (torch.bfloat16, True, False), (torch.bfloat16, True, True)]
-# (cache lengths before the pass, T): one-token steps, a verify pass, ragged requests, empty caches.
-CASES = [([5], 1), ([3, 7], 5), ([0, 4, 9], 1), ([0, 0], 3)]
+# (cache lengths before the pass, T): one-token steps, a verify pass, ragged requests, empty caches,
+# and a prefill of >= 16 rows (its row-local steps split over the threads).
+CASES = [([5], 1), ([3, 7], 5), ([0, 4, 9], 1), ([0, 0], 3), ([0, 4], 12)]
 
 
 class Pass:
@@ -78,8 +79,9 @@ def test_close_to_the_reference_ops(dtype, quantize, int8_dot):
     torch.testing.assert_close(got.float(), want.float(), **tol)
 
 
-def test_thread_counts_give_the_same_bits(threads):
-    p = Pass(torch.bfloat16, True, True, [3, 7], 5)
+@pytest.mark.parametrize("lens,T", [([3, 7], 5), ([0, 4], 12)])
+def test_thread_counts_give_the_same_bits(threads, lens, T):
+    p = Pass(torch.bfloat16, True, True, lens, T)
     results = []
     for n in (1, 2, 3):
         torch.set_num_threads(n)
@@ -158,6 +160,9 @@ def test_bad_input_raises_clear_errors():
     _bad(p, "weights[9] (layer 1's post_norm) must have x's dtype", weights=w[:9] + [w[9].bfloat16()] + w[10:])
     _bad(p, "weights[12] (the final norm).size(0) must equal H", weights=w[:12] + [w[12][:-1]])
     _bad(p, "weight rows must be contiguous", weights=w[:1] + [w[1].t().contiguous().t()] + w[2:])
+    strided = torch.stack([w[3], w[3]], dim=1)[:, 0]  # layer 0's post_norm, stride 2
+    _bad(p, "weights[3] (layer 0's post_norm): norm weights must be contiguous (stride 1), got stride 2",
+         weights=w[:3] + [strided] + w[4:])
     _bad(p, "q's head count Hq = 3 must be a multiple of k_cache's head count Hkv = 2", heads=3)
     _bad(p, "request 1 would pass the cache capacity: cache_lens[1] + T = 31 + 2 > L = 32",
          lens=torch.tensor([3, 31]))

@@ -14,28 +14,6 @@ namespace {
 
 constexpr const char* kDecoder = "mtp.decoder_layers";
 constexpr const char* kHeadDraft = "mtp.head_draft";
-// A layer (a decoder layer, or a block of the head) is these tensors in this order.
-constexpr const char* kParts[] = {"input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj"};
-constexpr int64_t kPerLayer = 6;
-// decoder_layers's weight_scales holds, per layer, the scales of the four matrices.
-constexpr int64_t kMatricesPerLayer = 4;
-
-// weights[index] named for messages: `first` named tensors, then `count` layers called `unit`,
-// then `last`.
-struct WeightNames {
-  std::vector<const char*> first;
-  int64_t count;
-  const char* unit;
-  const char* last;
-  std::string operator()(int64_t index) const {
-    std::string s = "weights[" + std::to_string(index) + "] (";
-    const int64_t n = int64_t(first.size());
-    if (index < n) return s + first[size_t(index)] + ")";
-    if (index - n < kPerLayer * count)
-      return s + unit + " " + std::to_string((index - n) / kPerLayer) + "'s " + kParts[(index - n) % kPerLayer] + ")";
-    return s + last + ")";
-  }
-};
 
 void check_norm(const char* op, const at::Tensor& w, const std::string& name, int64_t H, const at::Tensor& x,
                 const char* x_name) {
@@ -43,6 +21,8 @@ void check_norm(const char* op, const at::Tensor& w, const std::string& name, in
   check_same_dtype(op, name.c_str(), w, x_name, x);
   check_dim(op, name.c_str(), w, 1, "[H]");
   check_size(op, name.c_str(), w, 0, H, "H");
+  const std::string stride = norm_stride_error(H, w.stride(0));
+  TORCH_CHECK(stride.empty(), op, ": ", name, ": ", stride);
 }
 
 // A matrix [N, K] (with its Q8 scales [N, ceil(K/32)] when int8, from the argument
@@ -91,13 +71,6 @@ int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor&
   return rope_cos.size(0);
 }
 
-void check_heads(const char* op, int64_t num_heads, int64_t Hkv, int64_t D, double eps) {
-  TORCH_CHECK(num_heads >= 1, op, ": num_heads must be >= 1, got ", num_heads);
-  check_ok(op, gqa_error(num_heads, Hkv));
-  TORCH_CHECK(D % 2 == 0, op, ": the head dim D must be even (RoPE rotates two halves), got ", D);
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be a finite number >= 0, got ", eps);
-}
-
 // `count` layers of weights from weights[offset] (scales[4 i + j] the Q8 scales of layer i's
 // matrix j, or none), checked; sets I (the MLP width, from the first gate_up).
 std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, int64_t offset, int64_t count,
@@ -112,7 +85,7 @@ std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, i
   }
   std::vector<DecoderLayer> layers(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t w0 = offset + kPerLayer * i, s0 = kMatricesPerLayer * i;
+    const int64_t w0 = offset + kLayerTensors * i, s0 = kLayerMatrices * i;
     auto scale = [&](int64_t j) { return scales.empty() ? c10::nullopt : c10::optional<at::Tensor>(scales[s0 + j]); };
     check_norm(op, weights[w0], names(w0), H, x, x_name);
     check_norm(op, weights[w0 + 3], names(w0 + 3), H, x, x_name);
@@ -147,25 +120,20 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   a.Hq = num_heads;
   a.dtype = to_dtype(x.scalar_type());
   check_size(kDecoder, "k_cache", k_cache, 1, a.B, "B (x.size(0))");
-  check_heads(kDecoder, num_heads, a.Hkv, a.D, eps);
+  check_ok(kDecoder, decoder_heads_error(num_heads, a.Hkv, a.D, eps));
   a.P = check_rope(kDecoder, rope_cos, rope_sin, a.D, "D (k_cache.size(4))");
   const std::vector<int64_t> lens =
       checked_counts(kDecoder, "cache_lens", cache_lens, a.B, "B (x.size(0))", a.L, "L (k_cache.size(3))");
-  for (int64_t b = 0; b < a.B; ++b) {
-    TORCH_CHECK(lens[b] + a.T <= a.L, kDecoder, ": request ", b, " would pass the cache capacity: cache_lens[", b,
-                "] + T = ", lens[b], " + ", a.T, " > L = ", a.L, " (k_cache.size(3)); nothing was written");
-    TORCH_CHECK(lens[b] + a.T <= a.P, kDecoder, ": request ", b, " would pass the RoPE tables: cache_lens[", b,
-                "] + T = ", lens[b], " + ", a.T, " > P = ", a.P, " (rope_cos.size(0)) positions");
-  }
+  check_ok(kDecoder, positions_error(lens, a.T, a.L, "k_cache.size(3)", a.P, "rope_cos.size(0)"));
 
-  const int64_t want = kPerLayer * a.layers + 1;
-  TORCH_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", kPerLayer,
+  const int64_t want = kLayerTensors * a.layers + 1;
+  TORCH_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", kLayerTensors,
               " tensors per layer (input_norm, qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers,
               " layers of k_cache, then the final norm: ", want, " tensors, got ", weights.size());
   const bool q8 = !weight_scales.empty();
-  TORCH_CHECK(!q8 || int64_t(weight_scales.size()) == kMatricesPerLayer * a.layers, kDecoder,
-              ": weight_scales must be empty (float weights) or hold the Q8 scales of the ", kMatricesPerLayer,
-              " matrices of each layer (qkv, o_proj, gate_up, down_proj): ", kMatricesPerLayer * a.layers,
+  TORCH_CHECK(!q8 || int64_t(weight_scales.size()) == kLayerMatrices * a.layers, kDecoder,
+              ": weight_scales must be empty (float weights) or hold the Q8 scales of the ", kLayerMatrices,
+              " matrices of each layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
               " tensors, got ", weight_scales.size());
   TORCH_CHECK(!quantize_x || q8, kDecoder,
               ": quantize_x=True needs int8 weights with their scales (mtp_kernels.quantize_q8), got float weights");
@@ -232,7 +200,7 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   set_caches(op, cache, k_cache, v_cache, "hidden", hidden, at::kCPU);
   check_size(op, "k_cache", k_cache, 0, a.B, "B (hidden.size(0))");
   a.Hkv = k_cache.size(1); a.L = k_cache.size(2); a.D = k_cache.size(3);
-  check_heads(op, num_heads, a.Hkv, a.D, eps);
+  check_ok(op, decoder_heads_error(num_heads, a.Hkv, a.D, eps));
   a.P = check_rope(op, rope_cos, rope_sin, a.D, "D (k_cache.size(3))");
   const std::vector<int64_t> lens =
       checked_counts(op, "cache_lens", cache_lens, a.B, "B (hidden.size(0))", a.L, "L (k_cache.size(2))");
@@ -248,11 +216,11 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   const std::vector<int64_t> tokens = checked_ids(op, "token", token, a.B, "B (hidden.size(0))", a.V, "V (embedding.size(0))");
 
   const int64_t n = int64_t(weights.size());
-  TORCH_CHECK(n >= 4 && (n - 4) % kPerLayer == 0, op,
-              ": weights must hold embed_norm, hidden_norm, proj, then ", kPerLayer,
+  TORCH_CHECK(n >= 4 && (n - 4) % kLayerTensors == 0, op,
+              ": weights must hold embed_norm, hidden_norm, proj, then ", kLayerTensors,
               " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), then out_norm: 4 + ",
-              kPerLayer, " x blocks tensors, got ", n);
-  a.blocks = (n - 4) / kPerLayer;
+              kLayerTensors, " x blocks tensors, got ", n);
+  a.blocks = (n - 4) / kLayerTensors;
   const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
   check_norm(op, weights[0], names(0), a.H, hidden, "hidden");
   check_norm(op, weights[1], names(1), a.H, hidden, "hidden");

@@ -8,6 +8,7 @@
 // much as the arithmetic at a few rows.
 #pragma once
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "mtp/attention.h"
@@ -102,23 +103,42 @@ struct LayerPass {
     l.y_stride = N;
     l.quantize_x = quantize_x && m.dtype == DType::I8;
     linear(l, isa, pf);
-    if (dt == DType::BF16) {  // a plain loop of selects: it vectorises
-      uint16_t* o = static_cast<uint16_t*>(out);
-      for (int64_t i = 0; i < M * N; ++i) o[i] = f32_to_bf16(y[size_t(i)]);
-    }
+    if (dt == DType::BF16)
+      split_rows([&](int64_t r0, int64_t r1) {  // a plain loop of selects: it vectorises
+        uint16_t* o = static_cast<uint16_t*>(out);
+        for (int64_t i = r0 * N; i < r1 * N; ++i) o[i] = f32_to_bf16(y[size_t(i)]);
+      });
+  }
+  // fn(r0, r1) over the M rows: on this thread below kParallelRows rows (a parallel region
+  // costs more than a few rows of these row-local steps), else split over the threads
+  // (a prefill: the other thread would wait). Row-local, so any split gives the same bits.
+  static constexpr int64_t kParallelRows = 16;
+  template <class Fn>
+  void split_rows(Fn&& fn) const {
+    if (M < kParallelRows) fn(int64_t(0), M);
+    else pf(M, fn);
+  }
+  // p advanced by r rows of `stride` elements of dt.
+  template <class P>
+  P* row(P* p, int64_t r, int64_t stride) const {
+    using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
+    return p ? reinterpret_cast<P*>(reinterpret_cast<Byte*>(p) + r * stride * dtype_size(dt)) : p;
   }
   // out = RMSNorm(in (+ residual, the sum written to `sum`)) with weight w; out's rows
   // out_stride apart (default H).
   void norm(const void* in, const void* residual, void* sum, const void* w, void* out, int64_t out_stride = 0) const {
-    RmsNormArgs n;
-    n.M = M; n.H = H; n.dtype = dt;
-    n.x = in; n.x_stride = H;
-    n.residual = residual; n.residual_stride = H;
-    n.sum = sum; n.sum_stride = H;
-    n.out = out; n.out_stride = out_stride ? out_stride : H;
-    n.weight = w; n.w_dtype = dt;
-    n.eps = eps;
-    rms_norm(n, isa);
+    const int64_t os = out_stride ? out_stride : H;
+    split_rows([&](int64_t r0, int64_t r1) {
+      RmsNormArgs n;
+      n.M = r1 - r0; n.H = H; n.dtype = dt;
+      n.x = row(in, r0, H); n.x_stride = H;
+      n.residual = row(residual, r0, H); n.residual_stride = H;
+      n.sum = row(sum, r0, H); n.sum_stride = H;
+      n.out = row(out, r0, os); n.out_stride = os;
+      n.weight = w; n.w_dtype = dt;
+      n.eps = eps;
+      rms_norm(n, isa);
+    });
   }
   // x += residual, and out = its norm with weight w (each add writes the buffer x is not in).
   void add_norm(const void* residual, const void* w, void* out) {
@@ -134,24 +154,27 @@ struct LayerPass {
   void layer(const DecoderLayer& w, const float* cos, const float* sin, Attend&& attend, const void* next_norm,
              void* out) {
     project(w.qkv, h.data(), H, width(), qkv.data());
-    RopeArgs r;
-    r.B = M / T; r.T = T; r.H = Hq + Hkv; r.D = D; r.dtype = dt;
-    r.x = qkv.data();
-    head_strides(r.x_stride);
-    r.cos = cos; r.sin = sin;
-    r.cos_stride[0] = r.sin_stride[0] = T * D;
-    r.cos_stride[1] = r.sin_stride[1] = D;
-    r.cos_stride[2] = r.sin_stride[2] = 1;
-    rope(r, isa);
+    split_rows([&](int64_t r0, int64_t r1) {  // rows r0..r1 as requests of one token: row m = b*T + t
+      RopeArgs r;
+      r.B = r1 - r0; r.T = 1; r.H = Hq + Hkv; r.D = D; r.dtype = dt;
+      r.x = row(static_cast<void*>(qkv.data()), r0, width());
+      r.x_stride[0] = r.x_stride[1] = width(); r.x_stride[2] = D; r.x_stride[3] = 1;
+      r.cos = cos + r0 * D; r.sin = sin + r0 * D;
+      r.cos_stride[0] = r.sin_stride[0] = r.cos_stride[1] = r.sin_stride[1] = D;
+      r.cos_stride[2] = r.sin_stride[2] = 1;
+      rope(r, isa);
+    });
     attend();
     project(w.o, att.data(), Hq * D, H, proj.data());
     add_norm(proj.data(), w.post_norm, h.data());
     project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
-    SiluMulArgs s;
-    s.M = M; s.I = I; s.dtype = dt;
-    s.x = gate_up.data(); s.x_stride = 2 * I;
-    s.out = act.data(); s.out_stride = I;
-    silu_mul(s, isa);
+    split_rows([&](int64_t r0, int64_t r1) {
+      SiluMulArgs s;
+      s.M = r1 - r0; s.I = I; s.dtype = dt;
+      s.x = row(static_cast<const void*>(gate_up.data()), r0, 2 * I); s.x_stride = 2 * I;
+      s.out = row(static_cast<void*>(act.data()), r0, I); s.out_stride = I;
+      silu_mul(s, isa);
+    });
     project(w.down, act.data(), I, H, proj.data());
     add_norm(proj.data(), next_norm, out);
   }

@@ -1,4 +1,4 @@
-// What both front doors of head_attention, cache_append, linear and verify_sampled share (the torch bindings
+// What both front doors of head_attention, cache_append, linear, verify_sampled and decoder_layers share (the torch bindings
 // in csrc/cpu and the C API in csrc/core): the checks on values rather than on the tensor
 // representation, with one wording, and the filling of the kernels' argument structs from
 // data pointers and element strides. Torch-free. Each *_error returns "" when the
@@ -111,6 +111,61 @@ inline void set_q8_weight(LinearArgs& a, const void* w, int64_t w_stride, const 
   a.w_stride = w_stride;
   a.w_scale = scale;
   a.w_scale_stride = scale_stride;
+}
+
+// ---- decoder_layers (and head_draft's blocks)
+
+// A layer's weights are these tensors in this order; decoder_layers's weight_scales hold,
+// per layer, the Q8 scales of its four matrices (qkv, o_proj, gate_up, down_proj).
+constexpr const char* kLayerParts[] = {"input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj"};
+constexpr int64_t kLayerTensors = 6, kLayerMatrices = 4;
+
+// weights[index] named for messages: `first` named tensors, then `count` layers called
+// `unit`, then `last` ("weights[7] (layer 1's qkv)").
+struct WeightNames {
+  std::vector<const char*> first;
+  int64_t count;
+  const char* unit;
+  const char* last;
+  std::string operator()(int64_t index) const {
+    std::string s = "weights[" + std::to_string(index) + "] (";
+    const int64_t n = int64_t(first.size());
+    if (index < n) return s + first[size_t(index)] + ")";
+    if (index - n < kLayerTensors * count)
+      return s + unit + " " + std::to_string((index - n) / kLayerTensors) + "'s " + kLayerParts[(index - n) % kLayerTensors] +
+             ")";
+    return s + last + ")";
+  }
+};
+
+// A norm's weight [H] is read in place: unit stride.
+inline std::string norm_stride_error(int64_t H, int64_t stride) {
+  if (stride == 1 || H <= 1) return "";
+  return message("norm weights must be contiguous (stride 1), got stride ", stride,
+                 "; it is read in place, make it contiguous once when loading");
+}
+
+// Request b's T new tokens must fit the cache (capacity L) and the RoPE tables (P rows);
+// l_what / p_what say where L and P come from.
+inline std::string positions_error(const std::vector<int64_t>& lens, int64_t T, int64_t L, const char* l_what, int64_t P,
+                                   const char* p_what) {
+  for (size_t b = 0; b < lens.size(); ++b) {
+    if (lens[b] + T > L)
+      return message("request ", b, " would pass the cache capacity: cache_lens[", b, "] + T = ", lens[b], " + ", T,
+                     " > L = ", L, " (", l_what, "); nothing was written");
+    if (lens[b] + T > P)
+      return message("request ", b, " would pass the RoPE tables: cache_lens[", b, "] + T = ", lens[b], " + ", T,
+                     " > P = ", P, " (", p_what, ") positions");
+  }
+  return "";
+}
+
+inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D, double eps) {
+  if (num_heads < 1) return message("num_heads must be >= 1, got ", num_heads);
+  if (std::string e = gqa_error(num_heads, Hkv); !e.empty()) return e;
+  if (D % 2 != 0) return message("the head dim D must be even (RoPE rotates two halves), got ", D);
+  if (!(std::isfinite(eps) && eps >= 0)) return message("eps must be a finite number >= 0, got ", eps);
+  return "";
 }
 
 // ---- verify_sampled
