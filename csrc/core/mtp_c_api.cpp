@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "mtp/decoder.h"
 #include "mtp/isa.h"
 #include "mtp/mtp.h"
 #include "mtp/op_args.h"
@@ -71,6 +72,73 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
       for (int64_t k = 0; k < n[2]; ++k)
         copy_elems(bytes(dst) + (i * st[0] + j * st[1] + k * st[2]) * es, st[3],
                    src + ((i * n[1] + j) * n[2] + k) * n[3] * es, 1, n[3], es);
+}
+
+// Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
+void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {
+  for (int64_t i = 0; i < n[0]; ++i)
+    for (int64_t j = 0; j < n[1]; ++j)
+      copy_elems(dst + (i * ds[0] + j * ds[1]) * es, ds[2], src + (i * ss[0] + j * ss[1]) * es, ss[2], n[2], es);
+}
+
+// A 3-D view's data as a contiguous array: in place when it is one, else packed into *tmp.
+const void* contiguous3(const mtp_tensor* t, std::vector<char>* tmp) {
+  if (is_contiguous(t)) return t->data;
+  const int64_t* n = t->sizes;
+  const int64_t es = dtype_size(float_dtype(t->dtype)), packed[3] = {n[1] * n[2], n[2], 1};
+  tmp->resize(size_t(n[0] * n[1] * n[2] * es));
+  copy3(bytes(t), t->strides, tmp->data(), packed, n, es);
+  return tmp->data();
+}
+
+// c.fail(...) as the status an entry point returns.
+template <class... Parts>
+mtp_status fail_with(Checker& c, mtp_status s, const Parts&... parts) {
+  c.fail(s, parts...);
+  return c.status;
+}
+
+// "name: msg", or "" when msg is.
+std::string named(const std::string& name, const std::string& msg) { return msg.empty() ? msg : name + ": " + msg; }
+
+// A norm weight [H] of a decoder pass: x's dtype, unit stride (read in place).
+bool decoder_norm(Checker& c, const std::string& name, const mtp_tensor* w, int64_t H, const mtp_tensor* x,
+                  const void** out) {
+  const char* nm = name.c_str();
+  if (!c.tensor(nm, w, 1, "[H]", same_as(x)) || !c.size(nm, w, 0, H, "H (x.sizes[2])") ||
+      !c.ok(named(name, norm_stride_error(H, w->strides[0]))))
+    return false;
+  *out = w->data;
+  return true;
+}
+
+// A matrix [N, K] of a decoder pass, rows unit-stride (read in place): float32 | bfloat16, or
+// (q8) int8 with its scales [N, ceil(K/32)].
+bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bool q8, const mtp_tensor* scale,
+                    int64_t N, const char* n_what, int64_t K, const char* k_what, DecoderMatrix* m) {
+  static constexpr std::initializer_list<mtp_dtype> ok = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}, f32 = {MTP_FLOAT32};
+  const char* nm = name.c_str();
+  if (!c.tensor(nm, w, 2, "[N, K]", ok)) return false;
+  if (q8 != (w->dtype == MTP_INT8))
+    return c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype),
+                  q8 ? " but weight_scales is not empty: with scales every matrix is int8 (Q8)"
+                     : " but weight_scales is empty: int8 (Q8) weights need their scales");
+  if (!c.size(nm, w, 0, N, n_what) || !c.size(nm, w, 1, K, k_what) ||
+      !c.ok(named(name, weight_rows_error(K, w->strides[0], w->strides[1]))))
+    return false;
+  m->w = w->data;
+  m->dtype = DType(w->dtype);
+  m->stride = w->strides[0];
+  if (!q8) return true;
+  const std::string sn = name + "'s scales";
+  const char* snm = sn.c_str();
+  if (!c.tensor(snm, scale, 2, kWeightScaleShape, f32) || !c.size(snm, scale, 0, N, n_what) ||
+      !c.size(snm, scale, 1, q8_blocks(K), kWeightScaleBlocks) ||
+      !c.ok(named(sn, weight_scale_rows_error(q8_blocks(K), scale->strides[0], scale->strides[1]))))
+    return false;
+  m->scale = static_cast<const float*>(scale->data);
+  m->scale_stride = scale->strides[0];
+  return true;
 }
 
 // A [B] view whose dtype (among ok) stores T, checked, as values.
@@ -377,6 +445,110 @@ mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache
     set_new_views(a, k_new->data, k_new->strides, v_new->data, v_new->strides);
     if (!c.ok(capacity_error(a))) return c.status;
     if (!is_empty(k_new)) cache_append(a, ThreadParallelFor{threads});
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                              const mtp_tensor* cache_lens, const mtp_tensor* rope_cos, const mtp_tensor* rope_sin,
+                              const mtp_tensor* const* weights, int32_t num_weights,
+                              const mtp_tensor* const* weight_scales, int32_t num_weight_scales, int64_t num_heads,
+                              float eps, int32_t quantize_x, const mtp_tensor* out, int32_t num_threads) {
+  return guarded("mtp_decoder_layers", [&](Checker& c) {
+    static constexpr std::initializer_list<mtp_dtype> acts = {MTP_FLOAT32, MTP_BFLOAT16}, f32 = {MTP_FLOAT32};
+    if (!c.tensor("x", x, 3, "[B, T, H]", acts) ||
+        !c.tensor("k_cache", k_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
+        !c.size("k_cache", k_cache, 1, x->sizes[0], "B (x.sizes[0])") ||
+        !c.tensor("v_cache", v_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
+        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
+      return c.status;
+    DecoderArgs a;
+    a.B = x->sizes[0]; a.T = x->sizes[1]; a.H = x->sizes[2];
+    a.layers = k_cache->sizes[0]; a.Hkv = k_cache->sizes[2]; a.L = k_cache->sizes[3]; a.D = k_cache->sizes[4];
+    a.Hq = num_heads;
+    a.dtype = float_dtype(x->dtype);
+    std::vector<int64_t> lens;
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
+        !c.tensor("rope_cos", rope_cos, 2, "[P, D]", f32) ||
+        !c.size("rope_cos", rope_cos, 1, a.D, "D (k_cache.sizes[4])") ||
+        !c.tensor("rope_sin", rope_sin, 2, "[P, D]", f32) || !c.same_sizes("rope_sin", rope_sin, "rope_cos", rope_cos) ||
+        !c.counts("cache_lens", cache_lens, a.B, "B (x.sizes[0])", a.L, "L (k_cache.sizes[3])", &lens))
+      return c.status;
+    a.P = rope_cos->sizes[0];
+    if (!c.ok(positions_error(lens, a.T, a.L, "k_cache.sizes[3]", a.P, "rope_cos.sizes[0]"))) return c.status;
+
+    const int64_t want = kLayerTensors * a.layers + 1;
+    if (num_weights != want || !weights)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors, " tensors per layer (input_norm, "
+                    "qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers, " layers of k_cache, then the "
+                    "final norm: ", want, " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
+    const bool q8 = num_weight_scales != 0;
+    if (q8 && (num_weight_scales != kLayerMatrices * a.layers || !weight_scales))
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights) or hold the Q8 scales of "
+                    "the ", kLayerMatrices, " matrices of each layer (qkv, o_proj, gate_up, down_proj): ",
+                    kLayerMatrices * a.layers, " tensors, got num_weight_scales = ", num_weight_scales,
+                    weight_scales ? "" : " and NULL");
+    if (quantize_x && !q8)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got float "
+                    "weights (num_weight_scales = 0)");
+    const WeightNames names{{}, a.layers, "layer", "the final norm"};
+    if (a.layers > 0) {  // I from the first gate_up [2I, H]
+      const mtp_tensor* gu = weights[4];
+      if (!c.tensor(names(4).c_str(), gu, 2, "[2I, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8})) return c.status;
+      if (gu->sizes[0] % 2)
+        return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, names(4), ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
+      a.I = gu->sizes[0] / 2;
+    }
+    std::vector<DecoderLayer> layers(size_t(a.layers));
+    for (int64_t i = 0; i < a.layers; ++i) {
+      const int64_t w0 = kLayerTensors * i, s0 = kLayerMatrices * i;
+      auto scale = [&](int64_t j) { return q8 ? weight_scales[s0 + j] : nullptr; };
+      DecoderLayer& l = layers[size_t(i)];
+      const int64_t H = a.H, Hq = a.Hq, Hkv = a.Hkv, D = a.D, I = a.I;
+      if (!decoder_norm(c, names(w0), weights[w0], H, x, &l.input_norm) ||
+          !decoder_matrix(c, names(w0 + 1), weights[w0 + 1], q8, scale(0), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H,
+                          "H", &l.qkv) ||
+          !decoder_matrix(c, names(w0 + 2), weights[w0 + 2], q8, scale(1), H, "H", Hq * D, "Hq D", &l.o) ||
+          !decoder_norm(c, names(w0 + 3), weights[w0 + 3], H, x, &l.post_norm) ||
+          !decoder_matrix(c, names(w0 + 4), weights[w0 + 4], q8, scale(2), 2 * I, "2I", H, "H", &l.gate_up) ||
+          !decoder_matrix(c, names(w0 + 5), weights[w0 + 5], q8, scale(3), H, "H", I, "I", &l.down))
+        return c.status;
+    }
+    int threads = 1;
+    if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
+        !c.tensor("out", out, 3, "[B, T, H]", same_as(x)) || !c.same_sizes("out", out, "x", x) ||
+        !c.threads(num_threads, &threads))
+      return c.status;
+    if (is_empty(x)) return MTP_OK;
+
+    // The core reads contiguous x and RoPE tables and writes a contiguous out: views that are
+    // not are packed (the tables only when strided: they are the model's, built once).
+    std::vector<char> xpack, cos_pack, sin_pack, out_tmp;
+    a.x = contiguous3(x, &xpack);
+    const mtp_tensor cos3 = {rope_cos->data, MTP_FLOAT32, 3, {1, a.P, a.D}, {0, rope_cos->strides[0], rope_cos->strides[1]}};
+    const mtp_tensor sin3 = {rope_sin->data, MTP_FLOAT32, 3, {1, a.P, a.D}, {0, rope_sin->strides[0], rope_sin->strides[1]}};
+    a.rope_cos = static_cast<const float*>(contiguous3(&cos3, &cos_pack));
+    a.rope_sin = static_cast<const float*>(contiguous3(&sin3, &sin_pack));
+    a.k_cache = k_cache->data;
+    a.v_cache = v_cache->data;
+    std::copy_n(k_cache->strides, 5, a.k_stride);
+    std::copy_n(v_cache->strides, 5, a.v_stride);
+    a.cache_lens = lens.data();
+    a.layer = layers.data();
+    a.eps = eps;
+    a.quantize_x = quantize_x != 0;
+    const int64_t es = dtype_size(a.dtype);
+    if (is_contiguous(out)) {
+      a.out = out->data;
+    } else {
+      out_tmp.resize(size_t(a.B * a.T * a.H * es));
+      a.out = out_tmp.data();
+    }
+    decoder(a, threads, current_isa(), ThreadParallelFor{threads});
+    if (!out_tmp.empty()) {
+      const int64_t packed[3] = {a.T * a.H, a.H, 1};
+      copy3(out_tmp.data(), packed, bytes(out), out->strides, out->sizes, es);
+    }
     return MTP_OK;
   });
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mtp/head_draft.h"
+#include "mtp/mtp.h"
 #include "mtp/parallel.h"
 #include "test_util.h"
 
@@ -204,6 +205,140 @@ void check_head_draft(DType t, bool q8) {
   }
 }
 
+// ---- mtp_decoder_layers (the C API): the core's bits through mtp_tensor views, and bad input
+
+mtp_tensor view(const void* p, DType t, std::initializer_list<int64_t> sizes) {
+  return mtp_contiguous(p, mtp_dtype(int(t)), int32_t(sizes.size()), sizes.begin());
+}
+
+// The C API's arguments for a model and caches: views of the same buffers the core reads.
+struct CapiCall {
+  std::vector<mtp_tensor> w, s;
+  std::vector<const mtp_tensor*> wp, sp;
+  mtp_tensor x, k, v, lens, cos, sin, out;
+  int64_t heads = kHq;
+  float eps = 1e-5f;
+  int32_t quantize_x;
+  CapiCall(const Model& m, Cache& c, const std::vector<char>& xs, int64_t T, std::vector<char>& o)
+      : quantize_x(m.quantize_x) {
+    auto matrix = [&](const Matrix& a, int64_t N, int64_t K) {
+      w.push_back(view(a.w.data(), a.m.dtype, {N, K}));
+      if (a.m.dtype == DType::I8) s.push_back(view(a.scale.data(), DType::F32, {N, mtp::q8_blocks(K)}));
+    };
+    for (const Layer& l : m.layers) {
+      w.push_back(view(l.input_norm.data(), m.t, {kH}));
+      matrix(l.qkv, (kHq + 2 * kHkv) * kD, kH);
+      matrix(l.o, kH, kHq * kD);
+      w.push_back(view(l.post_norm.data(), m.t, {kH}));
+      matrix(l.gate_up, 2 * kI, kH);
+      matrix(l.down, kH, kI);
+    }
+    w.push_back(view(m.final_norm.data(), m.t, {kH}));
+    for (auto& t : w) wp.push_back(&t);
+    for (auto& t : s) sp.push_back(&t);
+    x = view(xs.data(), m.t, {c.B(), T, kH});
+    k = view(c.k.data(), m.t, {kLayers, c.B(), kHkv, kL, kD});
+    v = view(c.v.data(), m.t, {kLayers, c.B(), kHkv, kL, kD});
+    lens = view(c.lens.data(), DType::F32, {c.B()});
+    lens.dtype = MTP_INT64;
+    cos = view(m.cos.data(), DType::F32, {kP, kD});
+    sin = view(m.sin.data(), DType::F32, {kP, kD});
+    out = view(o.data(), m.t, {c.B(), T, kH});
+  }
+  mtp_status run(int threads = 2) const {
+    return mtp_decoder_layers(&x, &k, &v, &lens, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
+                              int32_t(sp.size()), heads, eps, quantize_x, &out, threads);
+  }
+};
+
+// xs [rows, H] laid out with rows H + pad elements apart (the pad filled with 0x55 bytes).
+std::vector<char> padded(const std::vector<char>& xs, DType t, int64_t rows, int64_t pad) {
+  const size_t es = size_t(mtp::dtype_size(t));
+  std::vector<char> out(size_t(rows * (kH + pad)) * es, char(0x55));
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.data() + size_t(r * (kH + pad)) * es, xs.data() + size_t(r * kH) * es, size_t(kH) * es);
+  return out;
+}
+
+void check_capi_decoder(DType t, bool q8, bool quantize_x) {
+  const Model m(t, q8, quantize_x);
+  const char* what = q8 ? (quantize_x ? "q8dot" : "q8") : mtp::dtype_size(t) == 4 ? "f32" : "bf16";
+  const int64_t B = 2, es = mtp::dtype_size(t);
+  for (int64_t T : {int64_t(1), int64_t(9)}) {  // a step, and a prefill of 18 rows (split over the threads)
+    const std::vector<char> x = values(t, B * T * kH, 1.f);
+    Cache core(t, B, {3, 7}), capi(t, B, {3, 7});
+    const std::vector<char> want = pass(m, core, x, T, 2);
+    std::vector<char> got(want.size());
+    CapiCall call(m, capi, x, T, got);
+    EXPECT(call.run() == MTP_OK, "%s T=%lld: %s", what, (long long)T, mtp_last_error());
+    EXPECT(got == want, "%s T=%lld: mtp_decoder_layers != the core's pass", what, (long long)T);
+    EXPECT(capi.k == core.k && capi.v == core.v, "%s T=%lld: the caches differ", what, (long long)T);
+    EXPECT(capi.lens[0] == 3 && capi.lens[1] == 7, "%s: cache_lens advanced (the caller owns them)", what);
+    // Strided x and out (rows 8 elements apart beyond H): the same bits, nothing else written.
+    Cache strided(t, B, {3, 7});
+    std::vector<char> xs = padded(x, t, B * T, 8), os = padded(std::vector<char>(want.size()), t, B * T, 8);
+    CapiCall sc(m, strided, xs, T, os);
+    for (mtp_tensor* v : {&sc.x, &sc.out}) {
+      v->strides[1] = kH + 8;
+      v->strides[0] = T * (kH + 8);
+    }
+    EXPECT(sc.run(1) == MTP_OK, "%s strided: %s", what, mtp_last_error());
+    EXPECT(os == padded(want, t, B * T, 8), "%s T=%lld: strided x/out give other bits", what, (long long)T);
+  }
+
+  // Bad input: a clear status and message, and nothing written (caches, out).
+  const int64_t T = 9;
+  const std::vector<char> x = values(t, B * T * kH, 1.f);
+  using C = CapiCall;
+  using Buf = std::vector<char>;
+  auto bad = [&](auto&& mutate, mtp_status status, const char* needle) {
+    Cache c(t, B, {3, 7});
+    std::vector<char> o(size_t(B * T * kH * es), char(0x11));
+    const std::vector<char> o0 = o, k0 = c.k;
+    CapiCall call(m, c, x, T, o);
+    Buf strided_norm(size_t(2 * kH * es));
+    mutate(call, strided_norm);
+    expect_error(call.run(), status, needle, what);
+    EXPECT(c.k == k0 && c.v == k0 && o == o0, "%s: written on failure (%s)", what, needle);
+  };
+  bad([](C& c, Buf&) { c.wp.pop_back(); }, MTP_ERROR_INVALID_ARGUMENT, "weights must hold 6 tensors per layer");
+  bad([](C& c, Buf&) { c.wp[3] = nullptr; }, MTP_ERROR_NULL_POINTER, "weights[3] (layer 0's post_norm) is NULL");
+  bad([](C& c, Buf& b) {
+        c.w[9].data = b.data();
+        c.w[9].strides[0] = 2;
+      },
+      MTP_ERROR_INVALID_ARGUMENT, "weights[9] (layer 1's post_norm): norm weights must be contiguous");
+  bad([](C& c, Buf&) { c.w[7].sizes[0] -= 1; }, MTP_ERROR_INVALID_ARGUMENT, "weights[7] (layer 1's qkv).sizes[0]");
+  bad([](C& c, Buf&) { c.w[4].sizes[0] = 2 * kI - 1; }, MTP_ERROR_INVALID_ARGUMENT,
+      "weights[4] (layer 0's gate_up).sizes[0] must be even");
+  bad([](C& c, Buf&) { c.lens.data = nullptr; }, MTP_ERROR_NULL_POINTER, "cache_lens.data is NULL");
+  bad([](C& c, Buf&) { c.heads = 3; }, MTP_ERROR_INVALID_ARGUMENT, "must be a multiple of k_cache's head count");
+  bad([](C& c, Buf&) { c.eps = NAN; }, MTP_ERROR_INVALID_ARGUMENT, "eps must be a finite number >= 0");
+  bad([](C& c, Buf&) { c.cos.sizes[0] = 10; }, MTP_ERROR_INVALID_ARGUMENT, "rope_sin must have rope_cos's sizes");
+  bad([](C& c, Buf&) { c.x.dtype = MTP_FLOAT16; }, MTP_ERROR_UNSUPPORTED_DTYPE, "x must be float32 or bfloat16");
+  bad([](C& c, Buf&) { c.out.sizes[1] = 1; }, MTP_ERROR_INVALID_ARGUMENT, "out must have x's sizes");
+  if (q8) {
+    bad([](C& c, Buf&) { c.sp.pop_back(); }, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights)");
+    bad([](C& c, Buf&) { c.sp.clear(), c.quantize_x = 0; }, MTP_ERROR_UNSUPPORTED_DTYPE,
+        "weights[1] (layer 0's qkv) is int8 but weight_scales is empty");
+    bad([](C& c, Buf&) { c.s[5].sizes[1] = 1; }, MTP_ERROR_INVALID_ARGUMENT,
+        "weights[8] (layer 1's o_proj)'s scales.sizes[1] must equal ceil(K/32)");
+  } else {
+    bad([](C& c, Buf&) { c.quantize_x = 1; }, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights");
+    bad([](C& c, Buf&) { c.sp = c.wp; }, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights)");
+  }
+  // Over capacity (L = 24): request 1 at 7 + 9 fits, at 16 + 9 does not.
+  {
+    Cache c(t, B, {3, 16});
+    std::vector<char> o(size_t(B * T * kH * es));
+    const std::vector<char> k0 = c.k;
+    CapiCall call(m, c, x, T, o);
+    expect_error(call.run(), MTP_ERROR_INVALID_ARGUMENT,
+                 "request 1 would pass the cache capacity: cache_lens[1] + T = 16 + 9 > L = 24", what);
+    EXPECT(c.k == k0, "%s: cache written on failure", what);
+  }
+}
+
 }  // namespace
 
 void test_decoder() {
@@ -213,5 +348,8 @@ void test_decoder() {
     check_decoder(t, true, true);
     check_head_draft(t, false);
     check_head_draft(t, true);
+    check_capi_decoder(t, false, false);
+    check_capi_decoder(t, true, false);
+    check_capi_decoder(t, true, true);
   }
 }

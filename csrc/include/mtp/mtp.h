@@ -170,6 +170,35 @@ MTP_API mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, 
 MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
                                     const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads);
 
+/* A whole Llama-family decoder pass over T new tokens per request (torch.ops.mtp.decoder_layers):
+ * per layer RMSNorm, the fused q/k/v projection, RoPE, the cache append, causal attention over the
+ * cache, the output projection and residual add, the SiLU-gated MLP; then the final norm. The same
+ * kernels in the same order as the torch op, so the same bits, and a pass over T tokens gives each
+ * token the bits of T one-token passes (speculative decoding stays exact). The new keys/values go to
+ * positions cache_lens[b] + t; cache_lens is not advanced (the caller owns it, and drops rejected
+ * drafts by lowering it).
+ *   x                [B, T, H]              float32 | bfloat16: the token embeddings, any strides
+ *   k_cache, v_cache [layers, B, Hkv, L, D] x's dtype, any strides, written in place
+ *   cache_lens       [B] int32 | int64, with cache_lens[b] + T <= L and <= P
+ *   rope_cos, rope_sin [P, D] float32: the angles of position p in row p (half-split layout)
+ *   weights          num_weights = 6 * layers + 1 views: per layer input_norm [H], qkv
+ *                    [(Hq + 2 Hkv) D, H] (the q heads' rows, then k's, then v's), o_proj [H, Hq D],
+ *                    post_norm [H], gate_up [2I, H] (the gate rows, then the up rows), down_proj
+ *                    [H, I]; then the final norm [H]. Norms in x's dtype, unit stride; matrices
+ *                    float32 | bfloat16 with unit-stride rows, or all int8 (Q8) with their scales
+ *   weight_scales    num_weight_scales = 0 (float matrices) or 4 * layers views: the Q8 scales
+ *                    [N, ceil(K/32)] float32 of each layer's qkv, o_proj, gate_up, down_proj
+ *   num_heads        Hq, a multiple of Hkv; D even;  eps finite and >= 0
+ *   quantize_x       1: int8 weights take int8 activations too (as mtp_linear_q8dot)
+ *   out              [B, T, H] output, x's dtype, any strides: the final normed hidden states
+ * num_threads as mtp_verify (each parallel region starts its threads: there is no pool). */
+MTP_API mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                      const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                      const mtp_tensor* rope_sin, const mtp_tensor* const* weights,
+                                      int32_t num_weights, const mtp_tensor* const* weight_scales,
+                                      int32_t num_weight_scales, int64_t num_heads, float eps, int32_t quantize_x,
+                                      const mtp_tensor* out, int32_t num_threads);
+
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */
 MTP_API const char* mtp_last_error(void);
