@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "checks.h"
-#include "mtp/decoder.h"
+#include "mtp/head_draft.h"
 #include "mtp/isa.h"
 #include "mtp/mtp.h"
 #include "mtp/op_args.h"
@@ -74,6 +74,8 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
                    src + ((i * n[1] + j) * n[2] + k) * n[3] * es, 1, n[3], es);
 }
 
+constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};  // of a decoder pass
+
 // Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
 void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {
   for (int64_t i = 0; i < n[0]; ++i)
@@ -115,14 +117,15 @@ bool decoder_norm(Checker& c, const std::string& name, const mtp_tensor* w, int6
 // A matrix [N, K] of a decoder pass, rows unit-stride (read in place): float32 | bfloat16, or
 // (q8) int8 with its scales [N, ceil(K/32)].
 bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bool q8, const mtp_tensor* scale,
-                    int64_t N, const char* n_what, int64_t K, const char* k_what, DecoderMatrix* m) {
+                    int64_t N, const char* n_what, int64_t K, const char* k_what, DecoderMatrix* m,
+                    const char* scales = "weight_scales") {
   static constexpr std::initializer_list<mtp_dtype> ok = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}, f32 = {MTP_FLOAT32};
   const char* nm = name.c_str();
   if (!c.tensor(nm, w, 2, "[N, K]", ok)) return false;
   if (q8 != (w->dtype == MTP_INT8))
-    return c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype),
-                  q8 ? " but weight_scales is not empty: with scales every matrix is int8 (Q8)"
-                     : " but weight_scales is empty: int8 (Q8) weights need their scales");
+    return c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype), " but ", scales,
+                  q8 ? " is not empty: with scales the matrix is int8 (Q8)"
+                     : " is empty: int8 (Q8) weights need their scales");
   if (!c.size(nm, w, 0, N, n_what) || !c.size(nm, w, 1, K, k_what) ||
       !c.ok(named(name, weight_rows_error(K, w->strides[0], w->strides[1]))))
     return false;
@@ -139,6 +142,67 @@ bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bo
   m->scale = static_cast<const float*>(scale->data);
   m->scale_stride = scale->strides[0];
   return true;
+}
+
+// `count` layers from weights[offset] (6 each; scales: 4 per layer, or NULL for float
+// matrices), checked against x's dtype and the head counts; *I from the first gate_up.
+bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t offset, int64_t count,
+                       const mtp_tensor* const* scales, const WeightNames& names, int64_t H, int64_t Hq, int64_t Hkv,
+                       int64_t D, const mtp_tensor* x, int64_t* I, std::vector<DecoderLayer>* out) {
+  if (count > 0) {  // I from the first gate_up [2I, H]
+    const mtp_tensor* gu = weights[offset + 4];
+    const std::string name = names(offset + 4);
+    if (!c.tensor(name.c_str(), gu, 2, "[2I, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8})) return false;
+    if (gu->sizes[0] % 2) return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
+    *I = gu->sizes[0] / 2;
+  }
+  out->assign(size_t(count), DecoderLayer{});
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t w0 = offset + kLayerTensors * i, s0 = kLayerMatrices * i;
+    auto scale = [&](int64_t j) { return scales ? scales[s0 + j] : nullptr; };
+    DecoderLayer& l = (*out)[size_t(i)];
+    const bool q8 = scales != nullptr;
+    if (!decoder_norm(c, names(w0), weights[w0], H, x, &l.input_norm) ||
+        !decoder_matrix(c, names(w0 + 1), weights[w0 + 1], q8, scale(0), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H, "H",
+                        &l.qkv) ||
+        !decoder_matrix(c, names(w0 + 2), weights[w0 + 2], q8, scale(1), H, "H", Hq * D, "Hq D", &l.o) ||
+        !decoder_norm(c, names(w0 + 3), weights[w0 + 3], H, x, &l.post_norm) ||
+        !decoder_matrix(c, names(w0 + 4), weights[w0 + 4], q8, scale(2), 2 * *I, "2I", H, "H", &l.gate_up) ||
+        !decoder_matrix(c, names(w0 + 5), weights[w0 + 5], q8, scale(3), H, "H", *I, "I", &l.down))
+      return false;
+  }
+  return true;
+}
+
+// A [n] view of token ids, each in [0, V), as int64 values.
+bool token_ids(Checker& c, const char* name, const mtp_tensor* t, int64_t n, const char* n_what, int64_t V,
+               const char* v_what, std::vector<int64_t>* out) {
+  if (!c.tensor(name, t, 1, "[n]", kIdTypes) || !c.size(name, t, 0, n, n_what)) return false;
+  out->resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = load_id(t, i * t->strides[0]);
+    if (id < 0 || id >= V)
+      return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, " must hold token ids in [0, ", v_what, ") = [0, ", V, "), got ",
+                    name, "[", i, "] = ", id);
+    (*out)[size_t(i)] = id;
+  }
+  return true;
+}
+
+// rope_cos / rope_sin [P, D] fp32, checked; *P their rows.
+bool rope_tables(Checker& c, const mtp_tensor* cos, const mtp_tensor* sin, int64_t D, const char* d_what, int64_t* P) {
+  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
+  if (!c.tensor("rope_cos", cos, 2, "[P, D]", f32) || !c.size("rope_cos", cos, 1, D, d_what) ||
+      !c.tensor("rope_sin", sin, 2, "[P, D]", f32) || !c.same_sizes("rope_sin", sin, "rope_cos", cos))
+    return false;
+  *P = cos->sizes[0];
+  return true;
+}
+
+// A [P, D] table as a contiguous fp32 array: in place when it is one, else packed into *tmp.
+const float* contiguous_table(const mtp_tensor* t, std::vector<char>* tmp) {
+  const mtp_tensor t3 = {t->data, MTP_FLOAT32, 3, {1, t->sizes[0], t->sizes[1]}, {0, t->strides[0], t->strides[1]}};
+  return static_cast<const float*>(contiguous3(&t3, tmp));
 }
 
 // A [B] view whose dtype (among ok) stores T, checked, as values.
@@ -455,8 +519,7 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
                               const mtp_tensor* const* weight_scales, int32_t num_weight_scales, int64_t num_heads,
                               float eps, int32_t quantize_x, const mtp_tensor* out, int32_t num_threads) {
   return guarded("mtp_decoder_layers", [&](Checker& c) {
-    static constexpr std::initializer_list<mtp_dtype> acts = {MTP_FLOAT32, MTP_BFLOAT16}, f32 = {MTP_FLOAT32};
-    if (!c.tensor("x", x, 3, "[B, T, H]", acts) ||
+    if (!c.tensor("x", x, 3, "[B, T, H]", kActivationTypes) ||
         !c.tensor("k_cache", k_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
         !c.size("k_cache", k_cache, 1, x->sizes[0], "B (x.sizes[0])") ||
         !c.tensor("v_cache", v_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
@@ -469,12 +532,9 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
     a.dtype = float_dtype(x->dtype);
     std::vector<int64_t> lens;
     if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
-        !c.tensor("rope_cos", rope_cos, 2, "[P, D]", f32) ||
-        !c.size("rope_cos", rope_cos, 1, a.D, "D (k_cache.sizes[4])") ||
-        !c.tensor("rope_sin", rope_sin, 2, "[P, D]", f32) || !c.same_sizes("rope_sin", rope_sin, "rope_cos", rope_cos) ||
+        !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[4])", &a.P) ||
         !c.counts("cache_lens", cache_lens, a.B, "B (x.sizes[0])", a.L, "L (k_cache.sizes[3])", &lens))
       return c.status;
-    a.P = rope_cos->sizes[0];
     if (!c.ok(positions_error(lens, a.T, a.L, "k_cache.sizes[3]", a.P, "rope_cos.sizes[0]"))) return c.status;
 
     const int64_t want = kLayerTensors * a.layers + 1;
@@ -492,28 +552,10 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got float "
                     "weights (num_weight_scales = 0)");
     const WeightNames names{{}, a.layers, "layer", "the final norm"};
-    if (a.layers > 0) {  // I from the first gate_up [2I, H]
-      const mtp_tensor* gu = weights[4];
-      if (!c.tensor(names(4).c_str(), gu, 2, "[2I, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8})) return c.status;
-      if (gu->sizes[0] % 2)
-        return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, names(4), ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
-      a.I = gu->sizes[0] / 2;
-    }
-    std::vector<DecoderLayer> layers(size_t(a.layers));
-    for (int64_t i = 0; i < a.layers; ++i) {
-      const int64_t w0 = kLayerTensors * i, s0 = kLayerMatrices * i;
-      auto scale = [&](int64_t j) { return q8 ? weight_scales[s0 + j] : nullptr; };
-      DecoderLayer& l = layers[size_t(i)];
-      const int64_t H = a.H, Hq = a.Hq, Hkv = a.Hkv, D = a.D, I = a.I;
-      if (!decoder_norm(c, names(w0), weights[w0], H, x, &l.input_norm) ||
-          !decoder_matrix(c, names(w0 + 1), weights[w0 + 1], q8, scale(0), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H,
-                          "H", &l.qkv) ||
-          !decoder_matrix(c, names(w0 + 2), weights[w0 + 2], q8, scale(1), H, "H", Hq * D, "Hq D", &l.o) ||
-          !decoder_norm(c, names(w0 + 3), weights[w0 + 3], H, x, &l.post_norm) ||
-          !decoder_matrix(c, names(w0 + 4), weights[w0 + 4], q8, scale(2), 2 * I, "2I", H, "H", &l.gate_up) ||
-          !decoder_matrix(c, names(w0 + 5), weights[w0 + 5], q8, scale(3), H, "H", I, "I", &l.down))
-        return c.status;
-    }
+    std::vector<DecoderLayer> layers;
+    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, a.Hq, a.Hkv, a.D, x,
+                           &a.I, &layers))
+      return c.status;
     int threads = 1;
     if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
         !c.tensor("out", out, 3, "[B, T, H]", same_as(x)) || !c.same_sizes("out", out, "x", x) ||
@@ -525,10 +567,8 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
     // not are packed (the tables only when strided: they are the model's, built once).
     std::vector<char> xpack, cos_pack, sin_pack, out_tmp;
     a.x = contiguous3(x, &xpack);
-    const mtp_tensor cos3 = {rope_cos->data, MTP_FLOAT32, 3, {1, a.P, a.D}, {0, rope_cos->strides[0], rope_cos->strides[1]}};
-    const mtp_tensor sin3 = {rope_sin->data, MTP_FLOAT32, 3, {1, a.P, a.D}, {0, rope_sin->strides[0], rope_sin->strides[1]}};
-    a.rope_cos = static_cast<const float*>(contiguous3(&cos3, &cos_pack));
-    a.rope_sin = static_cast<const float*>(contiguous3(&sin3, &sin_pack));
+    a.rope_cos = contiguous_table(rope_cos, &cos_pack);
+    a.rope_sin = contiguous_table(rope_sin, &sin_pack);
     a.k_cache = k_cache->data;
     a.v_cache = v_cache->data;
     std::copy_n(k_cache->strides, 5, a.k_stride);
@@ -549,6 +589,94 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
       const int64_t packed[3] = {a.T * a.H, a.H, 1};
       copy3(out_tmp.data(), packed, bytes(out), out->strides, out->sizes, es);
     }
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
+                          const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                          const mtp_tensor* rope_sin, const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
+                          const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
+                          const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k,
+                          int64_t num_heads, float eps, const mtp_tensor* drafts, int32_t num_threads) {
+  return guarded("mtp_head_draft", [&](Checker& c) {
+    if (!c.tensor("hidden", hidden, 2, "[B, H]", kActivationTypes)) return c.status;
+    HeadDraftArgs a;
+    a.B = hidden->sizes[0]; a.H = hidden->sizes[1]; a.K = k; a.Hq = num_heads;
+    a.dtype = float_dtype(hidden->dtype);
+    if (k < 0) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "k (draft steps) must be >= 0, got ", k);
+    std::vector<int64_t> lens, tokens, vocab;
+    if (!c.tensor("k_cache", k_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
+        !c.size("k_cache", k_cache, 0, a.B, "B (hidden.sizes[0])") ||
+        !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
+        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
+      return c.status;
+    a.Hkv = k_cache->sizes[1]; a.L = k_cache->sizes[2]; a.D = k_cache->sizes[3];
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
+        !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
+        !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
+        !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
+        !c.tensor("embedding", embedding, 2, "[V, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}))
+      return c.status;
+    a.V = embedding->sizes[0];
+    if (!decoder_matrix(c, "embedding", embedding, embedding_scale != nullptr, embedding_scale, a.V, "V", a.H,
+                        "H (hidden.sizes[1])", &a.embedding, "embedding_scale") ||
+        !token_ids(c, "token", token, a.B, "B (hidden.sizes[0])", a.V, "V (embedding.sizes[0])", &tokens))
+      return c.status;
+    if (num_weights < 4 || (num_weights - 4) % kLayerTensors != 0 || !weights)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold embed_norm, hidden_norm, proj, then ",
+                       kLayerTensors, " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), "
+                       "then out_norm: 4 + ", kLayerTensors, " x blocks tensors, got num_weights = ", num_weights,
+                       weights ? "" : " and NULL");
+    a.blocks = (num_weights - 4) / kLayerTensors;
+    const int64_t n = num_weights;
+    const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
+    std::vector<DecoderLayer> blocks;
+    int threads = 1;
+    if (!decoder_norm(c, names(0), weights[0], a.H, hidden, &a.embed_norm) ||
+        !decoder_norm(c, names(1), weights[1], a.H, hidden, &a.hidden_norm) ||
+        !decoder_norm(c, names(n - 1), weights[n - 1], a.H, hidden, &a.out_norm) ||
+        !decoder_matrix(c, names(2), weights[2], false, nullptr, a.H, "H", 2 * a.H, "2H", &a.proj) ||
+        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, a.Hq, a.Hkv, a.D, hidden, &a.I, &blocks) ||
+        !c.tensor("lm_head", lm_head, 2, "[V, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}) ||
+        !decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.V, "V (embedding.sizes[0])",
+                        a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
+      return c.status;
+    a.Vd = a.V;
+    if (draft_vocab) {
+      if (!c.tensor("draft_vocab", draft_vocab, 1, "[Vd]", kIdTypes)) return c.status;
+      a.Vd = draft_vocab->sizes[0];
+      if (a.Vd < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "draft_vocab must hold at least one token id");
+      if (!token_ids(c, "draft_vocab", draft_vocab, a.Vd, "Vd", a.V, "V (embedding.sizes[0])", &vocab)) return c.status;
+    }
+    if (!c.tensor("drafts", drafts, 2, "[B, k]", kIdTypes) || !c.size("drafts", drafts, 0, a.B, "B (hidden.sizes[0])") ||
+        !c.size("drafts", drafts, 1, k, "k") || !c.threads(num_threads, &threads))
+      return c.status;
+    if (a.B == 0 || k == 0) return MTP_OK;
+
+    std::vector<char> hidden_pack, cos_pack, sin_pack;
+    const mtp_tensor hidden3 = {hidden->data, hidden->dtype, 3, {1, a.B, a.H}, {0, hidden->strides[0], hidden->strides[1]}};
+    a.hidden = contiguous3(&hidden3, &hidden_pack);
+    a.token = tokens.data();
+    a.rope_cos = contiguous_table(rope_cos, &cos_pack);
+    a.rope_sin = contiguous_table(rope_sin, &sin_pack);
+    a.k_cache = k_cache->data;
+    a.v_cache = v_cache->data;
+    std::copy_n(k_cache->strides, 4, a.k_stride);
+    std::copy_n(v_cache->strides, 4, a.v_stride);
+    a.cache_lens = lens.data();
+    a.block = blocks.data();
+    a.draft_vocab = vocab.empty() ? nullptr : vocab.data();
+    a.eps = eps;
+    std::vector<int64_t> out(size_t(a.B * k));
+    a.drafts = out.data();
+    head_draft(a, threads, current_isa(), ThreadParallelFor{threads});
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t offset = b * drafts->strides[0] + j * drafts->strides[1], id = out[size_t(b * k + j)];
+        if (drafts->dtype == MTP_INT32) static_cast<int32_t*>(drafts->data)[offset] = int32_t(id);
+        else static_cast<int64_t*>(drafts->data)[offset] = id;
+      }
     return MTP_OK;
   });
 }

@@ -204,9 +204,7 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   a.P = check_rope(op, rope_cos, rope_sin, a.D, "D (k_cache.size(3))");
   const std::vector<int64_t> lens =
       checked_counts(op, "cache_lens", cache_lens, a.B, "B (hidden.size(0))", a.L, "L (k_cache.size(2))");
-  for (int64_t b = 0; b < a.B; ++b)
-    TORCH_CHECK(lens[b] + k <= a.P, op, ": request ", b, "'s drafts would pass the RoPE tables: cache_lens[", b,
-                "] + k = ", lens[b], " + ", k, " > P = ", a.P, " (rope_cos.size(0)) positions");
+  check_ok(op, draft_positions_error(lens, k, a.P, "rope_cos.size(0)"));
 
   check_cpu(op, "embedding", embedding);
   check_dim(op, "embedding", embedding, 2, "[V, H]");

@@ -5,6 +5,7 @@
 // are each request's own. The bitwise comparison with the op-by-op composition is in
 // python_tests/test_decoder.py; this runs the same code natively, under the sanitizers and on
 // aarch64 under qemu.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -155,6 +156,11 @@ void check_decoder(DType t, bool q8, bool quantize_x) {
   }
 }
 
+// A contiguous mtp_tensor over p (DType values are mtp_dtype values).
+mtp_tensor view(const void* p, DType t, std::initializer_list<int64_t> sizes) {
+  return mtp_contiguous(p, mtp_dtype(int(t)), int32_t(sizes.size()), sizes.begin());
+}
+
 void check_head_draft(DType t, bool q8) {
   const Model m(t, q8, false);
   const int64_t K = 3, B = 2, Vd = 20;
@@ -203,13 +209,87 @@ void check_head_draft(DType t, bool q8) {
              (long long)d);
     }
   }
+
+  // The C API (mtp_head_draft): the same drafts, written as int32 into a strided [B, K] view;
+  // bad input returns a status and message and writes nothing.
+  const char* what = q8 ? "mtp_head_draft q8 embedding" : "mtp_head_draft float";
+  const int64_t es = mtp::dtype_size(t), layer = 1;
+  std::vector<mtp_tensor> w = {view(embed_norm.data(), t, {kH}), view(hidden_norm.data(), t, {kH}),
+                               view(proj.w.data(), t, {kH, 2 * kH}), view(block.input_norm.data(), t, {kH}),
+                               view(block.qkv.w.data(), t, {(kHq + 2 * kHkv) * kD, kH}),
+                               view(block.o.w.data(), t, {kH, kHq * kD}), view(block.post_norm.data(), t, {kH}),
+                               view(block.gate_up.w.data(), t, {2 * kI, kH}), view(block.down.w.data(), t, {kH, kI}),
+                               view(out_norm.data(), t, {kH})};
+  struct Call {
+    std::vector<const mtp_tensor*> wp;
+    mtp_tensor hidden, token, k, v, lens, cos, sin, emb, emb_scale, vocab, drafts;
+    const mtp_tensor* scale;
+    int64_t k_steps = K, heads = kHq;
+    mtp_status run() const {
+      return mtp_head_draft(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(), int32_t(wp.size()),
+                            &emb, scale, &vocab, k_steps, heads, 1e-5f, &drafts, 2);
+    }
+  };
+  std::vector<int32_t> out(size_t(B * 2 * K), -7);  // [B, K] in every other column
+  auto call = [&] {
+    Call c;
+    for (auto& v : w) c.wp.push_back(&v);
+    c.hidden = view(hidden.data(), t, {B, kH});
+    c.token = view(token.data(), DType::F32, {B});
+    c.token.dtype = MTP_INT64;
+    const int64_t cs[4] = {kHkv * kL * kD, kL * kD, kD, 1};
+    c.k = view(cache.k.data() + layer * B * cs[0] * es, t, {B, kHkv, kL, kD});
+    c.v = view(cache.v.data() + layer * B * cs[0] * es, t, {B, kHkv, kL, kD});
+    c.lens = view(cache.lens.data(), DType::F32, {B});
+    c.lens.dtype = MTP_INT64;
+    c.cos = view(m.cos.data(), DType::F32, {kP, kD});
+    c.sin = view(m.sin.data(), DType::F32, {kP, kD});
+    c.emb = view(embedding.w.data(), embedding.m.dtype, {kV, kH});
+    c.emb_scale = view(embedding.scale.data(), DType::F32, {kV, mtp::q8_blocks(kH)});
+    c.scale = q8 ? &c.emb_scale : nullptr;
+    c.vocab = view(vocab.data(), DType::F32, {Vd});
+    c.vocab.dtype = MTP_INT64;
+    c.drafts = view(out.data(), DType::F32, {B, K});
+    c.drafts.dtype = MTP_INT32;
+    c.drafts.strides[0] = 2 * K;
+    c.drafts.strides[1] = 2;
+    return c;
+  };
+  EXPECT(call().run() == MTP_OK, "%s: %s", what, mtp_last_error());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < K; ++j) {
+      EXPECT(out[size_t(b * 2 * K + 2 * j)] == both[size_t(b * K + j)], "%s: request %lld draft %lld: %d, core %lld",
+             what, (long long)b, (long long)j, out[size_t(b * 2 * K + 2 * j)], (long long)both[size_t(b * K + j)]);
+      EXPECT(out[size_t(b * 2 * K + 2 * j + 1)] == -7, "%s: wrote between the strided drafts", what);
+    }
+  const std::vector<int32_t> good = out;
+  std::vector<int64_t> far = {0, kV};  // a token id past the vocabulary
+  auto bad = [&](auto&& mutate, mtp_status status, const char* needle) {
+    std::fill(out.begin(), out.end(), -7);
+    Call c = call();
+    mutate(c);
+    expect_error(c.run(), status, needle, what);
+    EXPECT(std::all_of(out.begin(), out.end(), [](int32_t v) { return v == -7; }), "%s: written on failure (%s)", what,
+           needle);
+  };
+  bad([](Call& c) { c.wp.pop_back(); }, MTP_ERROR_INVALID_ARGUMENT, "weights must hold embed_norm, hidden_norm, proj");
+  bad([&](Call& c) { c.token.data = far.data(); }, MTP_ERROR_INVALID_ARGUMENT,
+      "token must hold token ids in [0, V (embedding.sizes[0])) = [0, 50), got token[1] = 50");
+  bad([&](Call& c) { c.vocab = view(far.data(), DType::F32, {2}), c.vocab.dtype = MTP_INT64; },
+      MTP_ERROR_INVALID_ARGUMENT, "draft_vocab must hold token ids in [0, V (embedding.sizes[0]))");
+  bad([](Call& c) { c.k_steps = -1; }, MTP_ERROR_INVALID_ARGUMENT, "k (draft steps) must be >= 0, got -1");
+  bad([](Call& c) { c.k_steps = 22; }, MTP_ERROR_INVALID_ARGUMENT,
+      "request 1's drafts would pass the RoPE tables: cache_lens[1] + k = 11 + 22 > P = 32");
+  bad([](Call& c) { c.drafts.sizes[1] = 1; }, MTP_ERROR_INVALID_ARGUMENT, "drafts.sizes[1] must equal k = 3");
+  bad([](Call& c) { c.hidden.dtype = MTP_FLOAT16; }, MTP_ERROR_UNSUPPORTED_DTYPE, "hidden must be float32 or bfloat16");
+  bad([](Call& c) { c.wp[2] = &c.hidden; }, MTP_ERROR_INVALID_ARGUMENT, "weights[2] (proj).sizes[0] must equal H");
+  if (q8)
+    bad([](Call& c) { c.scale = nullptr; }, MTP_ERROR_UNSUPPORTED_DTYPE,
+        "embedding is int8 but embedding_scale is empty");
+  out = good;
 }
 
 // ---- mtp_decoder_layers (the C API): the core's bits through mtp_tensor views, and bad input
-
-mtp_tensor view(const void* p, DType t, std::initializer_list<int64_t> sizes) {
-  return mtp_contiguous(p, mtp_dtype(int(t)), int32_t(sizes.size()), sizes.begin());
-}
 
 // The C API's arguments for a model and caches: views of the same buffers the core reads.
 struct CapiCall {

@@ -199,6 +199,34 @@ MTP_API mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_c
                                       int32_t num_weight_scales, int64_t num_heads, float eps, int32_t quantize_x,
                                       const mtp_tensor* out, int32_t num_threads);
 
+/* The MTP head's k draft steps in one call (torch.ops.mtp.head_draft, the same drafts): per step
+ * the embedding of the current token and the last hidden state, each normed, concatenated and
+ * projected; the head's blocks (decoder layers whose attention reads one backbone layer's cache in
+ * place, plus the head's own keys/values of the steps so far); the draft LM head (only the draft
+ * vocabulary's rows of lm_head, read in place) and its argmax.
+ *   hidden           [B, H] float32 | bfloat16, any strides: the backbone's last hidden state
+ *   token            [B] int32 | int64 in [0, V): the backbone's next token (at cache_lens[b])
+ *   k_cache, v_cache [B, Hkv, L, D] hidden's dtype, any strides: the backbone layer the head reads
+ *   cache_lens       [B] int32 | int64 in [0, L], with cache_lens[b] + k <= P
+ *   rope_cos, rope_sin [P, D] float32 (as mtp_decoder_layers)
+ *   embedding        [V, H] float32 | bfloat16 with unit-stride rows, or int8 with embedding_scale
+ *                    [V, ceil(H/32)] float32 (else NULL)
+ *   weights          num_weights = 4 + 6 * blocks views: embed_norm [H], hidden_norm [H], proj
+ *                    [H, 2H] (float), each block's 6 tensors as in mtp_decoder_layers (float
+ *                    matrices), then out_norm [H]; norms in hidden's dtype, unit stride
+ *   lm_head          [V, H] as embedding, with lm_head_scale (or NULL)
+ *   draft_vocab      [Vd] int32 | int64 token ids in [0, V) (rows of lm_head), or NULL: all V
+ *   k                draft steps >= 0;  num_heads, eps as mtp_decoder_layers
+ *   drafts           [B, k] output int32 | int64, any strides: token ids
+ * num_threads as mtp_verify. */
+MTP_API mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
+                                  const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                  const mtp_tensor* rope_sin, const mtp_tensor* embedding,
+                                  const mtp_tensor* embedding_scale, const mtp_tensor* const* weights,
+                                  int32_t num_weights, const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale,
+                                  const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
+                                  const mtp_tensor* drafts, int32_t num_threads);
+
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */
 MTP_API const char* mtp_last_error(void);

@@ -160,6 +160,15 @@ inline std::string positions_error(const std::vector<int64_t>& lens, int64_t T, 
   return "";
 }
 
+// The head's k draft steps of request b take positions cache_lens[b] .. + k - 1 of the RoPE tables.
+inline std::string draft_positions_error(const std::vector<int64_t>& lens, int64_t k, int64_t P, const char* p_what) {
+  for (size_t b = 0; b < lens.size(); ++b)
+    if (lens[b] + k > P)
+      return message("request ", b, "'s drafts would pass the RoPE tables: cache_lens[", b, "] + k = ", lens[b], " + ",
+                     k, " > P = ", P, " (", p_what, ") positions");
+  return "";
+}
+
 inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D, double eps) {
   if (num_heads < 1) return message("num_heads must be >= 1, got ", num_heads);
   if (std::string e = gqa_error(num_heads, Hkv); !e.empty()) return e;
