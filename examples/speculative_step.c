@@ -61,7 +61,8 @@ static int forward(const int64_t* tokens, int64_t T, int64_t* len, float* hidden
   float x[(K + 1 > PROMPT ? K + 1 : PROMPT) * H];
   int64_t cache_sizes[5] = {LAYERS, 1, Hkv, L, D}, one = 1, t;
   mtp_tensor xv = t3(x, 1, T, H), hv = t3(hidden, 1, T, H), lens = mtp_contiguous(len, MTP_INT64, 1, &one);
-  mtp_tensor kc = mtp_contiguous(k_cache, MTP_FLOAT32, 5, cache_sizes), vc = mtp_contiguous(v_cache, MTP_FLOAT32, 5, cache_sizes);
+  mtp_tensor kc = mtp_contiguous(k_cache, MTP_FLOAT32, 5, cache_sizes);
+  mtp_tensor vc = mtp_contiguous(v_cache, MTP_FLOAT32, 5, cache_sizes);
   mtp_tensor cos_view = t2(rope_cos, P, D), sin_view = t2(rope_sin, P, D);
   mtp_tensor h2 = t2(hidden, T, H), lm_head = t2(embedding, V, H), lv = t2(logits, T, V);
   for (t = 0; t < T; ++t) memcpy(x + t * H, embedding + tokens[t] * H, sizeof(float) * H);
@@ -140,8 +141,8 @@ int main(void) {
   sin_view = t2(rope_sin, P, D);
   emb = t2(embedding, V, H);
   dv = mtp_contiguous(drafts, MTP_INT64, 2, draft_sizes);
-  if (!check(mtp_head_draft(&hv, &tok, &kc, &vc, &lens, &cos_view, &sin_view, &emb, NULL, head_ptrs, 10, &emb, NULL, NULL, K,
-                            Hq, 1e-5f, &dv, 1)))
+  if (!check(mtp_head_draft(&hv, &tok, &kc, &vc, &lens, &cos_view, &sin_view, &emb, NULL, head_ptrs, 10, &emb,
+                            NULL, NULL, K, Hq, 1e-5f, &dv, 1)))
     return 1;
 
   /* Verify [t0, drafts] in one pass: the head's drafts, then drafts right by construction. */

@@ -153,7 +153,8 @@ bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t off
     const mtp_tensor* gu = weights[offset + 4];
     const std::string name = names(offset + 4);
     if (!c.tensor(name.c_str(), gu, 2, "[2I, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8})) return false;
-    if (gu->sizes[0] % 2) return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
+    if (gu->sizes[0] % 2)
+      return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
     *I = gu->sizes[0] / 2;
   }
   out->assign(size_t(count), DecoderLayer{});
@@ -655,7 +656,8 @@ mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, con
     if (a.B == 0 || k == 0) return MTP_OK;
 
     std::vector<char> hidden_pack, cos_pack, sin_pack;
-    const mtp_tensor hidden3 = {hidden->data, hidden->dtype, 3, {1, a.B, a.H}, {0, hidden->strides[0], hidden->strides[1]}};
+    const mtp_tensor hidden3 = {hidden->data, hidden->dtype, 3, {1, a.B, a.H},
+                                {0, hidden->strides[0], hidden->strides[1]}};
     a.hidden = contiguous3(&hidden3, &hidden_pack);
     a.token = tokens.data();
     a.rope_cos = contiguous_table(rope_cos, &cos_pack);

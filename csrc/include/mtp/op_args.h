@@ -1,5 +1,5 @@
-// What both front doors of head_attention, cache_append, linear, verify_sampled and decoder_layers share (the torch bindings
-// in csrc/cpu and the C API in csrc/core): the checks on values rather than on the tensor
+// What both front doors of head_attention, cache_append, linear, verify_sampled, decoder_layers
+// and head_draft share (the torch bindings in csrc/cpu and the C API in csrc/core): the checks on values rather than on the tensor
 // representation, with one wording, and the filling of the kernels' argument structs from
 // data pointers and element strides. Torch-free. Each *_error returns "" when the
 // arguments are fine, else the message; the caller prefixes the op's name.
@@ -131,9 +131,9 @@ struct WeightNames {
     std::string s = "weights[" + std::to_string(index) + "] (";
     const int64_t n = int64_t(first.size());
     if (index < n) return s + first[size_t(index)] + ")";
-    if (index - n < kLayerTensors * count)
-      return s + unit + " " + std::to_string((index - n) / kLayerTensors) + "'s " + kLayerParts[(index - n) % kLayerTensors] +
-             ")";
+    const int64_t i = index - n;
+    if (i < kLayerTensors * count)
+      return s + unit + " " + std::to_string(i / kLayerTensors) + "'s " + kLayerParts[i % kLayerTensors] + ")";
     return s + last + ")";
   }
 };
@@ -147,8 +147,8 @@ inline std::string norm_stride_error(int64_t H, int64_t stride) {
 
 // Request b's T new tokens must fit the cache (capacity L) and the RoPE tables (P rows);
 // l_what / p_what say where L and P come from.
-inline std::string positions_error(const std::vector<int64_t>& lens, int64_t T, int64_t L, const char* l_what, int64_t P,
-                                   const char* p_what) {
+inline std::string positions_error(const std::vector<int64_t>& lens, int64_t T, int64_t L, const char* l_what,
+                                   int64_t P, const char* p_what) {
   for (size_t b = 0; b < lens.size(); ++b) {
     if (lens[b] + T > L)
       return message("request ", b, " would pass the cache capacity: cache_lens[", b, "] + T = ", lens[b], " + ", T,
