@@ -107,7 +107,7 @@ std::string named(const std::string& name, const std::string& msg) { return msg.
 bool decoder_norm(Checker& c, const std::string& name, const mtp_tensor* w, int64_t H, const mtp_tensor* x,
                   const void** out) {
   const char* nm = name.c_str();
-  if (!c.tensor(nm, w, 1, "[H]", same_as(x)) || !c.size(nm, w, 0, H, "H (x.sizes[2])") ||
+  if (!c.tensor(nm, w, 1, "[H]", same_as(x)) || !c.size(nm, w, 0, H, "H") ||
       !c.ok(named(name, norm_stride_error(H, w->strides[0]))))
     return false;
   *out = w->data;
