@@ -74,7 +74,9 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
                    src + ((i * n[1] + j) * n[2] + k) * n[3] * es, 1, n[3], es);
 }
 
-constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};  // of a decoder pass
+// Of a decoder pass: the activations, and the matrices (float, or int8 with Q8 scales).
+constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};
+constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8};
 
 // Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
 void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {
@@ -119,9 +121,9 @@ bool decoder_norm(Checker& c, const std::string& name, const mtp_tensor* w, int6
 bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bool q8, const mtp_tensor* scale,
                     int64_t N, const char* n_what, int64_t K, const char* k_what, DecoderMatrix* m,
                     const char* scales = "weight_scales") {
-  static constexpr std::initializer_list<mtp_dtype> ok = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}, f32 = {MTP_FLOAT32};
+  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
   const char* nm = name.c_str();
-  if (!c.tensor(nm, w, 2, "[N, K]", ok)) return false;
+  if (!c.tensor(nm, w, 2, "[N, K]", kMatrixTypes)) return false;
   if (q8 != (w->dtype == MTP_INT8))
     return c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype), " but ", scales,
                   q8 ? " is not empty: with scales the matrix is int8 (Q8)"
@@ -152,7 +154,7 @@ bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t off
   if (count > 0) {  // I from the first gate_up [2I, H]
     const mtp_tensor* gu = weights[offset + 4];
     const std::string name = names(offset + 4);
-    if (!c.tensor(name.c_str(), gu, 2, "[2I, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8})) return false;
+    if (!c.tensor(name.c_str(), gu, 2, "[2I, H]", kMatrixTypes)) return false;
     if (gu->sizes[0] % 2)
       return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
     *I = gu->sizes[0] / 2;
@@ -617,7 +619,7 @@ mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, con
         !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
         !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
         !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
-        !c.tensor("embedding", embedding, 2, "[V, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}))
+        !c.tensor("embedding", embedding, 2, "[V, H]", kMatrixTypes))
       return c.status;
     a.V = embedding->sizes[0];
     if (!decoder_matrix(c, "embedding", embedding, embedding_scale != nullptr, embedding_scale, a.V, "V", a.H,
@@ -639,7 +641,7 @@ mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, con
         !decoder_norm(c, names(n - 1), weights[n - 1], a.H, hidden, &a.out_norm) ||
         !decoder_matrix(c, names(2), weights[2], false, nullptr, a.H, "H", 2 * a.H, "2H", &a.proj) ||
         !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, a.Hq, a.Hkv, a.D, hidden, &a.I, &blocks) ||
-        !c.tensor("lm_head", lm_head, 2, "[V, H]", {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8}) ||
+        !c.tensor("lm_head", lm_head, 2, "[V, H]", kMatrixTypes) ||
         !decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.V, "V (embedding.sizes[0])",
                         a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
       return c.status;
