@@ -20,6 +20,17 @@ from mtp_kernels.models import checkpoint
 TOKENS = (1, 5, 9)
 
 
+def on_isa(isa, back, reset, run):
+    """(reset, run) with run on instruction set `isa`, then `back` again."""
+    def run_on():
+        mtp_kernels.set_isa(isa)
+        try:
+            return run()
+        finally:
+            mtp_kernels.set_isa(back)
+    return reset, run_on
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=120.0, help="time budget of the interleaved rounds")
@@ -42,6 +53,15 @@ def main():
     calls = {(name, T): pass_of("ours" if name.startswith("ours") else "transformers", m, c,
                                 prompt[:, CACHE:CACHE + T])
              for name, (m, c) in impls.items() for T in TOKENS}
+    # The default ISA's bf16 backbone again on the other AVX-512 path (the same weights and
+    # cache), so that the table shows what VDPBF16PS gives: avx512_bf16 <-> avx512.
+    isa = mtp_kernels.get_isa()
+    other = {"avx512_bf16": "avx512", "avx512": "avx512_bf16"}.get(isa)
+    if other in mtp_kernels.supported_isas():
+        name = f"ours (bf16, {other})"
+        impls[name], read[name] = impls["ours (bf16)"], read["ours (bf16)"]
+        for T in TOKENS:
+            calls[name, T] = on_isa(other, isa, *calls["ours (bf16)", T])
     _, read_bw = bandwidth()
     # Each call sets its cache back first, inside the timed call (~1 us for ours).
     medians = side_by_side([lambda reset=reset, run=run: (reset(), run()) for reset, run in calls.values()],

@@ -32,16 +32,24 @@ def table(groups):
     lines = []
     for name, b in bw.items():
         lines.append(f"- {name}: {gbps(b):.1f} GB/s (median of {b['stats']['rounds']})")
-    lines += ["", "| case | mtp median (us) | torch median (us) | speedup | mtp GB/s | % of read bandwidth |",
-              "|---|---:|---:|---:|---:|---:|"]
+    # mtp_avx512 (bench_linear.py): the bf16 cases again on the avx512 path, where they ran.
+    avx512 = any("mtp_avx512" in impls for impls in groups.values())
+    extra = " mtp on avx512 (us) | avx512 / mtp |" if avx512 else ""
+    lines += ["", "| case | mtp median (us) | torch median (us) | speedup | mtp GB/s | % of read bandwidth |" + extra,
+              "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if avx512 else "")]
     for group, impls in groups.items():
         if "mtp" not in impls or "torch" not in impls:
             continue
         ours, theirs = impls["mtp"], impls["torch"]
         ratio = theirs["stats"]["median"] / ours["stats"]["median"]
         share = f"{100 * gbps(ours) / read:.0f}%" if read else "n/a"
-        lines.append(f"| {group} | {ours['stats']['median'] * 1e6:.1f} | {theirs['stats']['median'] * 1e6:.1f} "
-                     f"| {ratio:.2f}x | {gbps(ours):.1f} | {share} |")
+        line = (f"| {group} | {ours['stats']['median'] * 1e6:.1f} | {theirs['stats']['median'] * 1e6:.1f} "
+                f"| {ratio:.2f}x | {gbps(ours):.1f} | {share} |")
+        if avx512:
+            other = impls.get("mtp_avx512")
+            line += (f" {other['stats']['median'] * 1e6:.1f} | {other['stats']['median'] / ours['stats']['median']:.2f}x |"
+                     if other else " | |")
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 // MTP_ISA (generic|avx2|avx512|avx512_bf16|neon|neon_fp16) asks for another, or set_isa() does
 // (tests run every path on one machine that way). Never compiled for the build machine's CPU.
 // Avx512Bf16 is Avx512 plus AVX512_BF16 (VDPBF16PS); only the linear layer uses it, and it
-// is chosen only on request (see best_isa).
+// is the default only where VDPBF16PS is as fast as an FMA (see prefers_vdpbf16ps).
 #pragma once
 #include <atomic>
 #include <cstdlib>
@@ -131,10 +131,19 @@ constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf1
 // Avx512Bf16 runs every kernel but the linear layer's bf16 path as Avx512.
 inline bool is_avx512(Isa isa) { return isa == Isa::Avx512 || isa == Isa::Avx512Bf16; }
 
+// Whether VDPBF16PS pays here: on AMD (Zen 4 measured: it issues one 512-bit instruction per
+// cycle, as the FMA does, so 32 products cost what 16 do with FMAs; bench/RESULTS.md "linear")
+// but not on the Intel Xeon measured before (half the FMA rate: no faster than two FMAs).
+inline bool prefers_vdpbf16ps() {
+#if defined(MTP_X86)
+  return __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
+
 inline Isa best_isa() {
-  // Avx512Bf16 is not preferred: on the Xeon we measured (bench/RESULTS.md "linear"), VDPBF16PS
-  // (32 products per instruction at half the FMA rate) was no faster than two FMAs per 32
-  // products, and slower from 5 rows on. MTP_ISA=avx512_bf16 selects it.
+  if (prefers_vdpbf16ps() && isa_supported(Isa::Avx512Bf16)) return Isa::Avx512Bf16;
   for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon})
     if (isa_supported(isa)) return isa;
   return Isa::Generic;

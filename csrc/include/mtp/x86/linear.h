@@ -52,6 +52,7 @@ struct Bf16Dot512 : Bf16Lanes {
   using X = __m512bh;
   using Wt = __m512bh;
   static constexpr int kChunk = 32;
+  static constexpr bool kWideTiles = true;
   MTP_TARGET_AVX512_BF16 static void load(__m512bh& out, const void* p, int64_t k) {
     out = (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
   }
