@@ -213,7 +213,7 @@ def select_methods(text: str | None, model: str | None, log) -> list[str]:
 def cmd_bench(args) -> int:
     import torch
 
-    from . import data, evaluate
+    from . import data, evaluate, get_isa
     from .models import checkpoint
     from .models.llama import DTYPES, Backbone
 
@@ -234,7 +234,8 @@ def cmd_bench(args) -> int:
     tasks = [r["task"] for r in picked]
     eos = tuple(cfg.eos_token_ids)
     res = {"command": "mtp bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "mtp bench",
-           "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, 1 request at a time, "
+           "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, CPU kernels "
+                    f"{get_isa()}, 1 request at a time, "
                     f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}",
            "methods": {}}
     if "llamacpp_greedy" in methods:
