@@ -3,6 +3,7 @@
 //   mtp_core_tests <case> [isa]     case: argmax | verify | accept_prefix | errors | threads | isa
 //                                   | attention | cache_append | linear | ops_errors (test_ops.cpp)
 // Exit 0 = pass, 1 = fail, 77 = the CPU lacks the requested isa (ctest reports it skipped).
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -449,6 +450,32 @@ void test_threads() {
       });
       for (int64_t i = 0; i < n; ++i) EXPECT(hits[size_t(i)] == 1, "threads=%d n=%lld: item %lld run %d times", threads, (long long)n, (long long)i, hits[size_t(i)]);
     }
+  // The pool: regions back to back (its workers parked and woken, grown from 2 to 8 threads),
+  // a region started inside a region, and two callers at once (one finds the pool busy and
+  // starts threads of its own). Every item exactly once each time.
+  auto count_items = [](int threads, int64_t n, std::vector<std::atomic<int>>& hits) {
+    mtp::ThreadParallelFor{threads}(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1, std::memory_order_relaxed);
+    });
+  };
+  constexpr int64_t n = 64;
+  std::vector<std::atomic<int>> hits(n);
+  for (int round = 0; round < 200; ++round) count_items(2 + round % 7, n, hits);
+  for (int64_t i = 0; i < n; ++i) EXPECT(hits[size_t(i)] == 200, "back to back: item %lld run %d times of 200", (long long)i, hits[size_t(i)].load());
+  std::vector<std::atomic<int>> nested(n * n);
+  mtp::ThreadParallelFor{2}(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      mtp::ThreadParallelFor{2}(n, [&](int64_t b2, int64_t e2) {
+        for (int64_t j = b2; j < e2; ++j) nested[size_t(i * n + j)].fetch_add(1);
+      });
+  });
+  for (int64_t i = 0; i < n * n; ++i) EXPECT(nested[size_t(i)] == 1, "nested: item %lld run %d times", (long long)i, nested[size_t(i)].load());
+  std::vector<std::atomic<int>> a(n), b(n);
+  std::thread other([&] { for (int r = 0; r < 300; ++r) count_items(3, n, a); });
+  for (int r = 0; r < 300; ++r) count_items(2, n, b);
+  other.join();
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT(a[size_t(i)] == 300 && b[size_t(i)] == 300, "two callers: item %lld run %d / %d times of 300", (long long)i, a[size_t(i)].load(), b[size_t(i)].load());
   std::printf("threads: checked\n");
 }
 

@@ -89,8 +89,8 @@ inline void write_row(const AttentionArgs& a, int64_t row, const float* st, bool
   for (int64_t d = 0; d < a.D; ++d) store_f32(a.out, a.dtype, row * a.D + d, any ? st[2 + d] / st[1] : 0.f);
 }
 
-// Below this many multiply-adds a call runs on the calling thread (thread start-up
-// would dominate); threads never change the bits.
+// Below this many multiply-adds a call runs on the calling thread (handing work to other
+// threads would dominate); threads never change the bits.
 constexpr int64_t kAttnSerialWork = int64_t(1) << 18;
 
 template <class K, class ParallelFor>

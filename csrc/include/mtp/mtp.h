@@ -82,7 +82,8 @@ static inline mtp_tensor mtp_contiguous(const void* data, mtp_dtype dtype, int32
  * (ties, NaN and -0.0 as torch.argmax); out_tokens[b] = the n drafts, the backbone's token at
  * position n, then pad_id. A draft id outside [0, V) never matches.
  * num_threads: 1 = serial on the calling thread, 0 = one per hardware thread; results never
- * depend on it. */
+ * depend on it. Threads come from a process-wide pool of parked workers (started on first use;
+ * a call made while another thread's call holds the pool starts threads of its own). */
 MTP_API mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* target_logits,
                               const mtp_tensor* num_drafts, int64_t pad_id, const mtp_tensor* accepted,
                               const mtp_tensor* out_tokens, int32_t num_threads);
@@ -191,7 +192,7 @@ MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weigh
  *   num_heads        Hq, a multiple of Hkv; D even;  eps finite and >= 0
  *   quantize_x       1: int8 weights take int8 activations too (as mtp_linear_q8dot)
  *   out              [B, T, H] output, x's dtype, any strides: the final normed hidden states
- * num_threads as mtp_verify (each parallel region starts its threads: there is no pool). */
+ * num_threads as mtp_verify. */
 MTP_API mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
                                       const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
                                       const mtp_tensor* rope_sin, const mtp_tensor* const* weights,

@@ -3,7 +3,7 @@
 // Exact by construction: each row is computed alone, in an operation order fixed by the
 // source (generic/rowwise.h), so its bits depend neither on the number of rows nor on the
 // instruction set. Single-threaded: a decode or verify step has a few rows of a few hundred
-// elements, far below what a thread start costs.
+// elements, far below what handing work to another thread costs.
 #pragma once
 #include "mtp/generic/rowwise.h"
 #include "mtp/isa.h"
