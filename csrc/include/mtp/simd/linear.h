@@ -25,7 +25,8 @@ namespace mtp::simd {
 // kPreparesX: load_x reads the row as prepare_x(float* out, x row, kv) wrote it, once per
 // call (kPreparedFloats floats per chunk), instead of converting it again for every weight tile.
 // kWideTiles: x is read from memory and a weight chunk takes at most two vectors, so wider
-// tiles fit the registers (V::linear_cols).
+// tiles fit the registers (V::linear_cols). kPrefetchL1: the weights ahead are prefetched into
+// L1 as well as L2 (see VecLinear::prefetch).
 // Vectors travel by reference: these functions have no target attribute of their own (they
 // are inlined into the flatten entry points), and returning a vector by value would change
 // the ABI between targets (-Wpsabi).
@@ -36,7 +37,7 @@ struct LaneDot {
   using X = F;
   using Wt = F;
   static constexpr int kChunk = V::W;
-  static constexpr bool kPadsTail = false, kPreparesX = false, kWideTiles = false;
+  static constexpr bool kPadsTail = false, kPreparesX = false, kWideTiles = false, kPrefetchL1 = true;
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride * dtype_size(WT); }
   static Col col(const LinearArgs& a, int64_t n) {
     return static_cast<const char*>(a.w) + weight_row(a, n) * row_bytes(a);
@@ -61,7 +62,7 @@ struct Q8Dot {
   using F = typename V::F;
   static constexpr int kChunk = int(kQ8Block), kVecs = kChunk / V::W, kPreparedFloats = kChunk;
   // bf16 / fp16 rows are widened to fp32 once per call, not once per weight tile.
-  static constexpr bool kPadsTail = false, kPreparesX = XT != DType::F32, kWideTiles = false;
+  static constexpr bool kPadsTail = false, kPreparesX = XT != DType::F32, kWideTiles = false, kPrefetchL1 = true;
   static_assert(kChunk % V::W == 0, "a Q8 block is whole vectors");
   struct Col {
     const int8_t* q;  // weight row n
@@ -108,7 +109,7 @@ struct Q8Dot {
 // padded to whole groups and the weight's last chunk is loaded masked (zeros past K, zero
 // scales past its last block), so there is no leftover.
 struct Int8DotBase {
-  static constexpr bool kPadsTail = true, kPreparesX = false, kWideTiles = false;
+  static constexpr bool kPadsTail = true, kPreparesX = false, kWideTiles = false, kPrefetchL1 = true;
   struct Col {
     const int8_t* q;  // weight row n
     const float* s;   // its scales
@@ -147,10 +148,10 @@ struct VecLinear {
   // that far past each chunk are prefetched (the tiles ahead): the hardware prefetchers alone
   // leave a core's stream half idle. Four times as far they are prefetched into L2 only: each
   // matrix of a pass is a new stream, which the hardware prefetchers pick up late
-  // (bench/RESULTS.md, "L2").
+  // (bench/RESULTS.md, "L2"). A step without kPrefetchL1 takes the L2 prefetch only.
   static void prefetch(const char* p, int64_t ahead) {
     if (!ahead) return;
-    V::prefetch(p + ahead);
+    if constexpr (D::kPrefetchL1) V::prefetch(p + ahead);
     V::prefetch_l2(p + 4 * ahead);
   }
   template <int R, int C>

@@ -48,11 +48,15 @@ struct PairDot512 : Bf16Lanes {
   }
 };
 
+// One VDPBF16PS per chunk, x read as given. Wide tiles (4 weight rows from 3 to 5 rows); the
+// weights ahead go to L2 only: with the L1 prefetch too, passes of 1-5 rows streaming their
+// weights from DRAM ran 4-12% slower than on `avx512` (AMD EPYC; without it 0.91x-1.08x,
+// bench/RESULTS.md "VDPBF16PS on AMD").
 struct Bf16Dot512 : Bf16Lanes {
   using X = __m512bh;
   using Wt = __m512bh;
   static constexpr int kChunk = 32;
-  static constexpr bool kWideTiles = true;
+  static constexpr bool kWideTiles = true, kPrefetchL1 = false;
   MTP_TARGET_AVX512_BF16 static void load(__m512bh& out, const void* p, int64_t k) {
     out = (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
   }
