@@ -132,8 +132,9 @@ constexpr Isa kAllIsas[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf1
 inline bool is_avx512(Isa isa) { return isa == Isa::Avx512 || isa == Isa::Avx512Bf16; }
 
 // Whether VDPBF16PS pays here: on AMD (Zen 4 measured: it issues one 512-bit instruction per
-// cycle, as the FMA does, so 32 products cost what 16 do with FMAs; bench/RESULTS.md "linear")
-// but not on the Intel Xeon measured before (half the FMA rate: no faster than two FMAs).
+// cycle, as the FMA does, so 32 products cost what 16 do with FMAs; bench/fma_peak.c,
+// bench/RESULTS.md "VDPBF16PS on AMD") but not on the Intel Xeon measured before (half the
+// FMA rate: no faster than two FMAs).
 inline bool prefers_vdpbf16ps() {
 #if defined(MTP_X86)
   return __builtin_cpu_is("amd");
