@@ -249,8 +249,13 @@ struct VecLinear {
           r += n;
         }
         for (int r = 0; r < rows; ++r) {
-          V::storeu(sums, V::sum_each(acc[r]));
+          const F sum = V::sum_each(acc[r]);
           float* y = a.y + (m0 + r) * a.y_stride + g;
+          if (kv >= a.K && cols == W) {  // no leftover elements (the usual K): one vector store
+            V::storeu(y, a.bias ? V::add(sum, V::loadu(a.bias + g)) : sum);
+            continue;
+          }
+          V::storeu(sums, sum);
           for (int c = 0; c < cols; ++c) {
             const float v = D::leftover(sums[c], xr[r], D::col(a, g + c), kv, a.K);
             y[c] = a.bias ? v + a.bias[g + c] : v;
