@@ -9,20 +9,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
+#include "mtp/common.h"
 #include "mtp/mtp.h"
 
 namespace {
 constexpr int64_t kLayers = 30, H = 576, Hq = 9, Hkv = 3, D = 64, I = 1536, L = 256, kCache = 200;
-
-uint16_t bf16(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);  // round to nearest even
-}
 
 struct Model {
   std::vector<std::vector<uint16_t>> tensors;  // per layer the 6 parts, then the final norm
@@ -39,7 +33,7 @@ struct Model {
       int64_t n = 1;
       for (int64_t s : shape) n *= s;
       std::vector<uint16_t> t(static_cast<size_t>(n));
-      for (auto& v : t) v = bf16(norm ? 1.f + 0.1f * normal(rng) : scale * normal(rng));
+      for (auto& v : t) v = mtp::f32_to_bf16(norm ? 1.f + 0.1f * normal(rng) : scale * normal(rng));
       tensors.push_back(std::move(t));
       sizes.push_back(std::move(shape));
     };
@@ -66,7 +60,7 @@ struct Model {
   // One pass over T tokens at positions len.. (random embeddings); returns its seconds.
   double pass(int64_t T, int64_t len, int threads) {
     std::vector<uint16_t> x(size_t(T * H)), out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) x[i] = bf16(float(int(i * 7919 % 1000) - 500) / 500.f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = mtp::f32_to_bf16(float(int(i * 7919 % 1000) - 500) / 500.f);
     const int64_t xs[3] = {1, T, H}, cs[5] = {kLayers, 1, Hkv, L, D}, one = 1, ts[2] = {L, D};
     const mtp_tensor xv = mtp_contiguous(x.data(), MTP_BFLOAT16, 3, xs), ov = mtp_contiguous(out.data(), MTP_BFLOAT16, 3, xs);
     const mtp_tensor kc = mtp_contiguous(k_cache.data(), MTP_BFLOAT16, 5, cs);

@@ -23,7 +23,8 @@ def main():
     p.add_argument("--calls", type=int, default=12, help="timed passes per T (and instruction set)")
     p.add_argument("--isas", default=None, help="comma-separated instruction sets to alternate (default: the current)")
     args = p.parse_args()
-    isas = args.isas.split(",") if args.isas else [mtp_kernels.get_isa()]
+    default = mtp_kernels.get_isa()
+    isas = args.isas.split(",") if args.isas else [default]
     missing = [i for i in isas if i not in mtp_kernels.supported_isas()]
     if missing:
         p.error(f"this CPU lacks {', '.join(missing)} (it has {', '.join(mtp_kernels.supported_isas())})")
@@ -31,7 +32,6 @@ def main():
     cfg, weights, _ = checkpoint.load(checkpoint.default_gguf_path())
     model = Backbone(cfg, weights, torch.bfloat16)
     cache = model.new_cache(1, max(args.tokens))
-    default = mtp_kernels.get_isa()
     lines = {isa: [] for isa in isas}
     for T in args.tokens:
         ids = torch.randint(0, cfg.vocab_size, (1, T), generator=torch.Generator().manual_seed(0))
