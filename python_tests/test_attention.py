@@ -220,6 +220,29 @@ def test_thread_count_invariance(isa, threads):
         assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1])
 
 
+@pytest.mark.parametrize("S", [0, 9])
+def test_token_slices_equal_decode_steps(isa, threads, S):
+    # A verify pass over a short cache: one chunk per (b, hkv), fewer than twice the threads,
+    # so the chunks are cut into slices of the tokens. Every row still equals its one-query
+    # call, on any thread count.
+    T = 9
+    q, k, v, lens, kl, vl = inputs(B=1, T=T, Hq=9, Hkv=3, L=300, S=S, lens=[209])
+    want = reference.head_attention(q, k, v, lens, kl, vl, causal=not S)
+    outs = []
+    for n in (1, 2, 3, 8):
+        torch.set_num_threads(n)
+        outs.append(attn(q, k, v, lens, kl, vl, causal=not S))
+    torch.testing.assert_close(outs[0], want, rtol=1e-5, atol=1e-5)
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+    for t in range(T):
+        if S:  # query t sees local entries 0..t
+            step = attn(q[:, t:t + 1], k, v, lens, kl[:, :, :t + 1], vl[:, :, :t + 1])
+        else:
+            step = attn(q[:, t:t + 1], k, v, lens - T + t + 1, causal=True)
+        assert torch.equal(step[:, 0], outs[-1][:, t])
+
+
 def test_zero_copy_no_large_allocation():
     # A permuted layer view of a big buffer: no copy, no contiguous(), no allocation of its size.
     q, k, v, lens, _, _ = inputs(B=2, L=4096, layout="permuted")

@@ -115,12 +115,13 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
     for (int64_t c = 0; c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) out->push_back(c);
     for (int64_t c = Cc; c < C; ++c) out->push_back(c);
   };
-  // Partials [R][P] of chunk c of bh into dst; n[r] = row r's keys in it (0: untouched).
-  auto compute_chunk = [&](int64_t bh, int64_t c, float* dst, float* s, int64_t* n) {
+  // Partials [R][P] of rows [r0, r1) of chunk c of bh into dst; n[r] = row r's keys in it
+  // (0: untouched).
+  auto compute_chunk = [&](int64_t bh, int64_t c, float* dst, float* s, int64_t* n, int64_t r0, int64_t r1) {
     const int64_t b = bh / Hkv, h = bh % Hkv;
     const bool local = c >= Cc;
     const int64_t c0 = (local ? c - Cc : c) * kAttnChunk;
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       const int64_t vis = local ? visible_local(a, r / G) : visible_cache(a, b, r / G);
       n[r] = std::clamp<int64_t>(vis - c0, 0, kAttnChunk);
     }
@@ -131,7 +132,7 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
     const char* vb = static_cast<const char*>(local ? a.v_local : a.v);
     KvRows kr{kb + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es, ks[2], ks[3], a.dtype};
     KvRows vr{vb + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es, vs[2], vs[3], a.dtype};
-    attend_chunk<K>(qp.data() + bh * R * D, R, n, kr, vr, D, a.scale, s, dst);
+    attend_chunk<K>(qp.data() + (bh * R + r0) * D, r1 - r0, n + r0, kr, vr, D, a.scale, s, dst + r0 * P);
   };
   auto out_row = [&](int64_t bh, int64_t r) { return ((bh / Hkv) * T + r / G) * a.Hq + (bh % Hkv) * G + r % G; };
   int64_t total = 0;
@@ -151,7 +152,7 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
         cs.clear();
         chunks_of(bh, &cs);
         for (int64_t c : cs) {
-          compute_chunk(bh, c, part.data(), s.data(), n.data());
+          compute_chunk(bh, c, part.data(), s.data(), n.data(), 0, R);
           for (int64_t r = 0; r < R; ++r)
             if (n[size_t(r)] > 0) fold_partial(st.data() + r * P, part.data() + r * P, D, &any[size_t(r)]);
         }
@@ -164,20 +165,25 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
   }
 
   // Few (b, hkv) pairs, long caches: chunks spread over the threads (flash-decoding), their
-  // partials kept, then each row's merged left to right.
+  // partials kept, then each row's merged left to right. Fewer chunks than twice the threads
+  // (a verify pass over a short cache: one per pair) are cut further into slices of the
+  // tokens, so that the threads get even shares (a row's bits never depend on the others').
   std::vector<int64_t> items;  // bh * C + c
   for (int64_t bh = 0; bh < B * Hkv; ++bh) {
     std::vector<int64_t> cs;
     chunks_of(bh, &cs);
     for (int64_t c : cs) items.push_back(bh * C + c);
   }
+  const int64_t chunks = int64_t(items.size());
+  const int64_t slices = std::clamp<int64_t>((2 * threads + chunks - 1) / chunks, 1, T);
   std::unique_ptr<float[]> part(new float[size_t(B * Hkv * C * R * P)]);
-  parallel_for(int64_t(items.size()), [&](int64_t begin, int64_t end) {
+  parallel_for(chunks * slices, [&](int64_t begin, int64_t end) {
     std::vector<float> s(static_cast<size_t>(R * kAttnChunk));
     std::vector<int64_t> n(static_cast<size_t>(R));
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t id = items[size_t(w)];
-      compute_chunk(id / C, id % C, part.get() + id * R * P, s.data(), n.data());
+      const int64_t id = items[size_t(w / slices)], slice = w % slices;
+      compute_chunk(id / C, id % C, part.get() + id * R * P, s.data(), n.data(), T * slice / slices * G,
+                    T * (slice + 1) / slices * G);
     }
   });
   parallel_for(B * Hkv * R, [&](int64_t begin, int64_t end) {

@@ -94,6 +94,9 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
   }
 }
 
+// a.y = the product. Calls parallel_for(linear_work_items(a), fn) once; fn(begin, end)
+// computes the column blocks [begin, end) of every row, on any thread (a caller may wrap
+// parallel_for to post-process the blocks where they were computed: decoder.h).
 template <class ParallelFor>
 void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
   if (a.quantize_x) {  // the rows quantized once, before the loop over the columns

@@ -155,15 +155,17 @@ struct VecLinear {
     V::prefetch_l2(p + 4 * ahead);
   }
   template <int R, int C>
-  static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead) {
+  static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead,
+                   int part, int parts) {
     F t[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) t[r][c] = V::zero();
-    for (int64_t k = 0; k < kv; k += D::kChunk) {
+    for (int64_t k = 0, i = 0; k < kv; k += D::kChunk, ++i) {
+      const int64_t ahead = i % parts == part ? prefetch_ahead : 0;
       if constexpr (R > C) {
         typename D::Wt ws[C];
         for (int c = 0; c < C; ++c) {
-          prefetch(D::address(w[c], k), prefetch_ahead);
+          prefetch(D::address(w[c], k), ahead);
           D::load_w(ws[c], w[c], k);
         }
         for (int r = 0; r < R; ++r) {
@@ -175,7 +177,7 @@ struct VecLinear {
         typename D::X xs[R];
         for (int r = 0; r < R; ++r) D::load_x(xs[r], x[r], k);
         for (int c = 0; c < C; ++c) {
-          prefetch(D::address(w[c], k), prefetch_ahead);
+          prefetch(D::address(w[c], k), ahead);
           typename D::Wt wc;
           D::load_w(wc, w[c], k);
           for (int r = 0; r < R; ++r) D::step(t[r][c], xs[r], wc);
@@ -191,24 +193,24 @@ struct VecLinear {
   // not for rows read through w_rows: the rows ahead are elsewhere).
   template <int R>
   static void row_group(const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv, F (*acc)[W],
-                        bool first) {
+                        int part, int parts) {
     constexpr int C = V::linear_cols(R, D::kWideTiles);
     static_assert(W % C == 0, "tiles must divide the column group");
-    const int64_t ahead = first && !a.w_rows ? 2 * C * D::row_bytes(a) : 0;
+    const int64_t ahead = !a.w_rows ? 2 * C * D::row_bytes(a) : 0;
     for (int c0 = 0; c0 < cols; c0 += C) {
       Col wc[C];  // columns past the group's end repeat its last one (discarded)
       for (int c = 0; c < C; ++c) wc[c] = D::col(a, g + std::min(c0 + c, cols - 1));
-      tile<R, C>(x, wc, kv, acc, c0, ahead);
+      tile<R, C>(x, wc, kv, acc, c0, ahead, part, parts);
     }
   }
 
   template <int R>
   static void row_group_of(int rows, const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv,
-                           F (*acc)[W], bool first) {
+                           F (*acc)[W], int part, int parts) {
     if constexpr (R > 1) {
-      if (rows < R) return row_group_of<R - 1>(rows, a, x, g, cols, kv, acc, first);
+      if (rows < R) return row_group_of<R - 1>(rows, a, x, g, cols, kv, acc, part, parts);
     }
-    row_group<R>(a, x, g, cols, kv, acc, first);
+    row_group<R>(a, x, g, cols, kv, acc, part, parts);
   }
 
   // Columns [n0, n1) of every row: row blocks of kRowBlock, column groups of W (one
@@ -245,7 +247,7 @@ struct VecLinear {
             for (int c = cols; c < W; ++c) acc[r][c] = V::zero();
         for (int i = 0, r = 0; i < groups; ++i) {
           const int n = (rows - r) / (groups - i);
-          row_group_of<kRows>(n, a, xt + r, g, cols, kv, acc + r, i == 0);
+          row_group_of<kRows>(n, a, xt + r, g, cols, kv, acc + r, i, groups);
           r += n;
         }
         for (int r = 0; r < rows; ++r) {
