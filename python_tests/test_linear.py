@@ -45,6 +45,30 @@ def test_shape_invariance_bitwise(isa, gen, x_dtype, w_dtype):
         assert torch.equal(torch.ops.mtp.linear(x[3:3 + M], w, bias), full[3:3 + M]), M
 
 
+def test_bf16_output_rounds_like_torch(isa, threads):
+    # A bf16 result is the fp32 sum rounded by the thread that computed its column block.
+    # Here every output is a + b * s exactly rounded once in fp32 (the other products are
+    # zeros, s a power of two), so it must be torch's fp32 -> bf16 of that sum: ties to even
+    # both ways, overflow to inf, NaN. N = 70: three column blocks, the last partial.
+    one = 1.0 + 2 ** -7  # odd last mantissa bit
+    big = (2 - 2 ** -7) * 2.0 ** 127  # bf16's largest finite value, odd too
+    a = torch.tensor([1.0, one, -one, big, -big, 0.0, float("nan"), 3.0, -2.5, 1e30, 0.0])
+    b = torch.tensor([2 ** -8, 2 ** -8, -2 ** -8, 2.0 ** 119, -2.0 ** 119, -0.0, 1.0, 2 ** -9, 2 ** -7, 1e22, 1.5])
+    s = 2.0 ** torch.arange(-3, 67).remainder(7).float()  # 1 .. 64, per column
+    K = 64
+    x = torch.zeros(len(a), K, dtype=torch.bfloat16)
+    x[:, 0], x[:, 1] = a, b
+    w = torch.zeros(len(s), K, dtype=torch.bfloat16)
+    w[:, 0], w[:, 1] = 1.0, s
+    want = (x[:, :1].float() + x[:, 1:2].float() * s).to(torch.bfloat16)
+    assert want.isinf().any() and want.isnan().any()
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        got = torch.ops.mtp.linear(x, w)
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan], want[~nan])
+
+
 def test_thread_count_and_layout_do_not_change_bits(gen, threads):
     x = torch.randn(2, 5, 576, generator=gen)
     w = torch.randn(1536, 576, generator=gen)

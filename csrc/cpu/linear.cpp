@@ -13,8 +13,15 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::
                       const c10::optional<at::Tensor>& weight_scale, bool quantize_x) {
   check_cpu(kLinear, "x", x);
   LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);
-  if (c.args.M > 0 && c.args.N > 0) linear(c.args, current_isa(), TorchParallelFor{});
-  return c.result();
+  if (c.args.M == 0 || c.args.N == 0) return c.result();
+  if (c.out_dtype != at::kBFloat16) {
+    linear(c.args, current_isa(), TorchParallelFor{});
+    return c.result();
+  }
+  // bf16 out: rounded where each column block was computed, not by a copy after the call
+  at::Tensor out = at::empty(c.out_shape, x.options());
+  linear_to_bf16(c.args, reinterpret_cast<uint16_t*>(out.data_ptr()), c.args.N, current_isa(), TorchParallelFor{});
+  return out;
 }
 
 }  // namespace

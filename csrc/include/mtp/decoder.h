@@ -102,19 +102,8 @@ struct LayerPass {
     l.y = dt == DType::F32 ? static_cast<float*>(out) : y.data();
     l.y_stride = N;
     l.quantize_x = quantize_x && m.dtype == DType::I8;
-    if (dt == DType::F32) return linear(l, isa, pf);
-    // bf16: each thread rounds the column blocks it has just computed (still in its cache),
-    // in the same parallel region. Element by element, so any split gives the same bits.
-    auto then_round = [&](int64_t items, auto&& fn) {
-      pf(items, [&](int64_t begin, int64_t end) {
-        fn(begin, end);
-        const int64_t c0 = begin * kLinearBlockN, c1 = std::min(N, end * kLinearBlockN);
-        uint16_t* o = static_cast<uint16_t*>(out);
-        for (int64_t r = 0; r < M; ++r)  // a plain loop of selects: it vectorises
-          for (int64_t c = r * N + c0; c < r * N + c1; ++c) o[c] = f32_to_bf16(y[size_t(c)]);
-      });
-    };
-    linear(l, isa, then_round);
+    if (dt == DType::F32) linear(l, isa, pf);
+    else linear_to_bf16(l, static_cast<uint16_t*>(out), N, isa, pf);
   }
   // fn(r0, r1) over the M rows: on this thread below kParallelRows rows (a parallel region
   // costs more than a few rows of these row-local steps), else split over the threads

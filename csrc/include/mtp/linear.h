@@ -95,8 +95,7 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
 }
 
 // a.y = the product. Calls parallel_for(linear_work_items(a), fn) once; fn(begin, end)
-// computes the column blocks [begin, end) of every row, on any thread (a caller may wrap
-// parallel_for to post-process the blocks where they were computed: decoder.h).
+// computes the column blocks [begin, end) of every row, on any thread.
 template <class ParallelFor>
 void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
   if (a.quantize_x) {  // the rows quantized once, before the loop over the columns
@@ -114,6 +113,25 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
     return;
   }
   parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) { linear_items(a, begin, end, isa); });
+}
+
+// linear(), then a.y rounded to bf16 into out [M, N] (rows out_stride apart) as torch's
+// .to(torch.bfloat16) does: each thread rounds the column blocks it has just computed (still
+// in its cache) in the same parallel region, instead of a pass over the whole output after
+// it. Element by element, so any split gives the same bits.
+template <class ParallelFor>
+void linear_to_bf16(const LinearArgs& a, uint16_t* out, int64_t out_stride, Isa isa, ParallelFor&& parallel_for) {
+  linear(a, isa, [&](int64_t items, auto&& fn) {
+    parallel_for(items, [&](int64_t begin, int64_t end) {
+      fn(begin, end);
+      const int64_t n0 = begin * kLinearBlockN, n1 = std::min(a.N, end * kLinearBlockN);
+      for (int64_t m = 0; m < a.M; ++m) {  // a plain loop of selects: it vectorises
+        const float* y = a.y + m * a.y_stride;
+        uint16_t* o = out + m * out_stride;
+        for (int64_t n = n0; n < n1; ++n) o[n] = f32_to_bf16(y[n]);
+      }
+    });
+  });
 }
 
 }  // namespace mtp
