@@ -154,14 +154,19 @@ struct VecLinear {
     if constexpr (D::kPrefetchL1) V::prefetch(p + ahead);
     V::prefetch_l2(p + 4 * ahead);
   }
+  // The tile of row group `part` of `parts` over the same weights prefetches every parts-th
+  // chunk from the part-th on: each line ahead is asked for once, and the requests are spread
+  // over all the groups' passes instead of coming in bursts during the first one.
   template <int R, int C>
   static void tile(const char* const* x, const Col* w, int64_t kv, F (*acc)[W], int c0, int64_t prefetch_ahead,
                    int part, int parts) {
     F t[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) t[r][c] = V::zero();
-    for (int64_t k = 0, i = 0; k < kv; k += D::kChunk, ++i) {
-      const int64_t ahead = i % parts == part ? prefetch_ahead : 0;
+    for (int64_t k = 0, i = 0, next = part; k < kv; k += D::kChunk, ++i) {
+      const bool mine = i == next;  // a counter, not i % parts: no division per chunk
+      if (mine) next += parts;
+      const int64_t ahead = mine ? prefetch_ahead : 0;
       if constexpr (R > C) {
         typename D::Wt ws[C];
         for (int c = 0; c < C; ++c) {
@@ -189,8 +194,9 @@ struct VecLinear {
   }
 
   // R rows x the `cols` columns from g: tiles of R x V::linear_cols(R, ...) (about as many
-  // independent chains whatever R). `first`: this group brings the weights in (prefetches;
-  // not for rows read through w_rows: the rows ahead are elsewhere).
+  // independent chains whatever R). This is row group `part` of `parts` over the column
+  // group: its share of the prefetches (see tile; none for rows read through w_rows: the
+  // rows ahead are elsewhere).
   template <int R>
   static void row_group(const LinearArgs& a, const char* const* x, int64_t g, int cols, int64_t kv, F (*acc)[W],
                         int part, int parts) {
