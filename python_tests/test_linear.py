@@ -35,13 +35,13 @@ def test_against_reference(isa, gen, x_dtype, w_dtype):
 @pytest.mark.parametrize("w_dtype", DTYPES)
 def test_shape_invariance_bitwise(isa, gen, x_dtype, w_dtype):
     N, K = 333, 576 + 19  # odd sizes: vector tails in both dimensions
-    x = torch.randn(33, K, generator=gen).to(x_dtype)
+    x = torch.randn(70, K, generator=gen).to(x_dtype)  # 70 rows: a span of 64 and a partial one
     w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(w_dtype)
     bias = torch.randn(N, generator=gen)
     full = torch.ops.mtp.linear(x, w, bias)
-    for i in range(33):
+    for i in range(70):
         assert torch.equal(torch.ops.mtp.linear(x[i:i + 1], w, bias), full[i:i + 1]), i
-    for M in (2, 3, 5, 9, 17):
+    for M in (2, 3, 5, 9, 17, 33, 65):
         assert torch.equal(torch.ops.mtp.linear(x[3:3 + M], w, bias), full[3:3 + M]), M
 
 

@@ -56,15 +56,15 @@ def test_reference_is_the_dequantised_weight(gen):
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 def test_shape_invariance_bitwise(isa, gen, x_dtype):
     N, K = 333, 576 + 19  # odd sizes: a partial last block, column tails
-    x = torch.randn(33, K, generator=gen).to(x_dtype)
+    x = torch.randn(70, K, generator=gen).to(x_dtype)  # 70 rows: a span of 64 and a partial one
     q, s = q8_weight(gen, N, K)
     bias = torch.randn(N, generator=gen)
     full = torch.ops.mtp.linear(x, q, bias, s)
-    for i in range(33):
+    for i in range(70):
         assert torch.equal(torch.ops.mtp.linear(x[i:i + 1], q, bias, s), full[i:i + 1]), i
-    for M in (2, 3, 5, 9, 17):
+    for M in (2, 3, 5, 9, 17, 33, 65):
         assert torch.equal(torch.ops.mtp.linear(x[3:3 + M], q, bias, s), full[3:3 + M]), M
-    assert torch.equal(torch.ops.mtp.linear(x.reshape(3, 11, K), q, bias, s).reshape(33, N), full)
+    assert torch.equal(torch.ops.mtp.linear(x.reshape(7, 10, K), q, bias, s).reshape(70, N), full)
 
 
 def test_thread_count_and_layout_do_not_change_bits(gen, threads):

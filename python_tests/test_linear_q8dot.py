@@ -142,16 +142,16 @@ def test_close_to_the_weight_only_result(gen):
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 def test_shape_invariance_bitwise(isa, gen, x_dtype):
     N, K = 333, 576 + 19  # a partial last block, a partial last 64-element chunk, column tails
-    x = torch.randn(33, K, generator=gen).to(x_dtype)
+    x = torch.randn(70, K, generator=gen).to(x_dtype)  # 70 rows: a span of 64 and a partial one
     q, s = q8_weight(gen, N, K)
     bias = torch.randn(N, generator=gen)
     full = linear_q8dot(x, q, bias, s)
-    for M in range(1, 34):
+    for M in [*range(1, 34), 64, 65]:
         part = linear_q8dot(x[:M], q, bias, s)
         assert torch.equal(part, full[:M]), (isa, M)
-    for i in range(33):
+    for i in range(70):
         assert torch.equal(linear_q8dot(x[i:i + 1], q, bias, s), full[i:i + 1]), (isa, i)
-    assert torch.equal(linear_q8dot(x.reshape(3, 11, K), q, bias, s).reshape(33, N), full)
+    assert torch.equal(linear_q8dot(x.reshape(7, 10, K), q, bias, s).reshape(70, N), full)
 
 
 @pytest.mark.parametrize("K", [0, 1, 20, 31, 32, 33, 63, 64, 65, 100])

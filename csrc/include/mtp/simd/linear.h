@@ -219,54 +219,66 @@ struct VecLinear {
     row_group<R>(a, x, g, cols, kv, acc, part, parts);
   }
 
-  // Columns [n0, n1) of every row: row blocks of kRowBlock, column groups of W (one
-  // sum_each per row and group), rows in equal groups of at most kRows inside (9 = 4 + 5,
-  // not 8 + 1: a thin group has too few FMA chains to hide their latency).
+  // Rows handled per pass over the columns: a span's rows (prepared, for kPreparesX) stay in
+  // L2 while each column group's weights, brought in from DRAM once, serve all of its row
+  // blocks from L1/L2. The weights are streamed once per call up to kRowSpan rows (a prefill:
+  // once per kRowSpan rows, not per kRowBlock).
+  static constexpr int kRowSpan = 4 * kRowBlock;
+  static int groups_of(int rows) { return (rows + kRows - 1) / kRows; }
+
+  // Columns [n0, n1) of every row: spans of kRowSpan rows; in a span, column groups of W (one
+  // sum_each per row and group), each over the span's row blocks of kRowBlock, rows in equal
+  // groups of at most kRows inside a block (9 = 4 + 5, not 8 + 1: a thin group has too few
+  // FMA chains to hide their latency). The row groups over one column group share its
+  // prefetches (tile). Any of these groupings gives every row the same bits.
   static void run(const LinearArgs& a, int64_t n0, int64_t n1) {
     const int64_t kv = D::kPadsTail ? (a.K + D::kChunk - 1) / D::kChunk * D::kChunk : a.K / D::kChunk * D::kChunk;
     const int64_t xb = a.x_stride * dtype_size(XT);
     const char* x0 = static_cast<const char*>(a.x);
     F acc[kRowBlock][W];
     alignas(64) float sums[W];
-    thread_local std::vector<float> prepared;  // kPreparesX: the row block in the step's layout
+    thread_local std::vector<float> prepared;  // kPreparesX: the span's rows in the step's layout
     int64_t prepared_row = 0;                  // floats per prepared row
     if constexpr (D::kPreparesX) {
       prepared_row = kv / D::kChunk * D::kPreparedFloats;
-      prepared.resize(size_t(kRowBlock * prepared_row));
+      prepared.resize(size_t(std::min<int64_t>(kRowSpan, a.M) * prepared_row));
     }
-    for (int64_t m0 = 0; m0 < a.M; m0 += kRowBlock) {
-      const int rows = int(std::min<int64_t>(kRowBlock, a.M - m0));
-      const int groups = (rows + kRows - 1) / kRows;
-      const char* xr[kRowBlock];  // the rows as given (leftovers) ...
-      const char* xt[kRowBlock];  // ... and as the tiles read them
-      for (int r = 0; r < rows; ++r) {
-        xt[r] = xr[r] = x0 + (m0 + r) * xb;
+    for (int64_t s0 = 0; s0 < a.M; s0 += kRowSpan) {
+      const int span = int(std::min<int64_t>(kRowSpan, a.M - s0));
+      const char* xr[kRowSpan];  // the rows as given (leftovers) ...
+      const char* xt[kRowSpan];  // ... and as the tiles read them
+      for (int r = 0; r < span; ++r) {
+        xt[r] = xr[r] = x0 + (s0 + r) * xb;
         if constexpr (D::kPreparesX) {
           D::prepare_x(prepared.data() + r * prepared_row, xr[r], kv);
           xt[r] = reinterpret_cast<const char*>(prepared.data() + r * prepared_row);
         }
       }
+      const int parts = span / kRowBlock * groups_of(kRowBlock) + groups_of(span % kRowBlock);
       for (int64_t g = n0; g < n1; g += W) {
         const int cols = int(std::min<int64_t>(W, n1 - g));
-        if (cols < W)  // lanes past the end: zeros, not stale values
-          for (int r = 0; r < rows; ++r)
-            for (int c = cols; c < W; ++c) acc[r][c] = V::zero();
-        for (int i = 0, r = 0; i < groups; ++i) {
-          const int n = (rows - r) / (groups - i);
-          row_group_of<kRows>(n, a, xt + r, g, cols, kv, acc + r, i, groups);
-          r += n;
-        }
-        for (int r = 0; r < rows; ++r) {
-          const F sum = V::sum_each(acc[r]);
-          float* y = a.y + (m0 + r) * a.y_stride + g;
-          if (kv >= a.K && cols == W) {  // no leftover elements (the usual K): one vector store
-            V::storeu(y, a.bias ? V::add(sum, V::loadu(a.bias + g)) : sum);
-            continue;
+        for (int b0 = 0, part = 0; b0 < span; b0 += kRowBlock) {
+          const int rows = std::min(kRowBlock, span - b0), groups = groups_of(rows);
+          if (cols < W)  // lanes past the end: zeros, not stale values
+            for (int r = 0; r < rows; ++r)
+              for (int c = cols; c < W; ++c) acc[r][c] = V::zero();
+          for (int i = 0, r = 0; i < groups; ++i, ++part) {
+            const int n = (rows - r) / (groups - i);
+            row_group_of<kRows>(n, a, xt + b0 + r, g, cols, kv, acc + r, part, parts);
+            r += n;
           }
-          V::storeu(sums, sum);
-          for (int c = 0; c < cols; ++c) {
-            const float v = D::leftover(sums[c], xr[r], D::col(a, g + c), kv, a.K);
-            y[c] = a.bias ? v + a.bias[g + c] : v;
+          for (int r = 0; r < rows; ++r) {
+            const F sum = V::sum_each(acc[r]);
+            float* y = a.y + (s0 + b0 + r) * a.y_stride + g;
+            if (kv >= a.K && cols == W) {  // no leftover elements (the usual K): one vector store
+              V::storeu(y, a.bias ? V::add(sum, V::loadu(a.bias + g)) : sum);
+              continue;
+            }
+            V::storeu(sums, sum);
+            for (int c = 0; c < cols; ++c) {
+              const float v = D::leftover(sums[c], xr[b0 + r], D::col(a, g + c), kv, a.K);
+              y[c] = a.bias ? v + a.bias[g + c] : v;
+            }
           }
         }
       }
