@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mtp {
@@ -33,6 +34,22 @@ inline void cpu_relax() {
 #elif defined(__aarch64__) || defined(__arm__)
   __asm__ __volatile__("yield");
 #endif
+}
+
+// Starts `out` running f, or returns false (nothing started) where the system refuses a thread:
+// resource limits throw std::system_error (a build without exceptions aborts instead).
+template <class F>
+bool start_thread(std::thread& out, F&& f) {
+#if defined(__cpp_exceptions)
+  try {
+    out = std::thread(std::forward<F>(f));
+  } catch (...) {
+    return false;
+  }
+#else
+  out = std::thread(std::forward<F>(f));
+#endif
+  return true;
 }
 
 // Worker threads started on first use and grown to the largest count asked for; between
@@ -104,15 +121,9 @@ class ThreadPool {
   bool grow(int count) {
     const uint64_t now = generation_.load(std::memory_order_relaxed);
     while (int(workers_) < count) {
-#if defined(__cpp_exceptions)
-      try {
-        std::thread(&ThreadPool::work, this, int(workers_) + 1, now).detach();
-      } catch (...) {
-        return false;
-      }
-#else
-      std::thread(&ThreadPool::work, this, int(workers_) + 1, now).detach();
-#endif
+      std::thread t;
+      if (!start_thread(t, [this, index = int(workers_) + 1, now] { work(index, now); })) return false;
+      t.detach();
       ++workers_;
     }
     return true;
@@ -169,15 +180,9 @@ struct ThreadParallelFor {
     pool.reserve(size_t(parts - 1));
     for (int64_t p = 1; p < parts; ++p) {
       const int64_t b = range_begin(n, p, parts), e = range_begin(n, p + 1, parts);
-#if defined(__cpp_exceptions)
-      try {
-        pool.emplace_back([&fn, b, e] { fn(b, e); });
-      } catch (...) {  // no thread to be had (resource limits): run that range here
-        fn(b, e);
-      }
-#else
-      pool.emplace_back([&fn, b, e] { fn(b, e); });
-#endif
+      std::thread t;
+      if (start_thread(t, [&fn, b, e] { fn(b, e); })) pool.push_back(std::move(t));
+      else fn(b, e);  // no thread to be had (resource limits): run that range here
     }
     fn(int64_t(0), range_begin(n, 1, parts));
     for (auto& t : pool) t.join();
