@@ -79,6 +79,14 @@ def test_thread_count_and_layout_do_not_change_bits(gen, threads):
     strided = torch.randn(2, 5, 1000, generator=gen)[..., 7:7 + 576]
     strided.copy_(x)
     assert torch.equal(torch.ops.mtp.linear(strided, w), full)
+    rows = torch.randn(10, 1000, generator=gen)[:, 7:7 + 576]  # 2-D rows 1000 apart: read in place
+    rows.copy_(x.reshape(10, 576))
+    assert torch.equal(torch.ops.mtp.linear(rows, w), full.reshape(10, 1536))
+    repeated = x[0, 3].expand(4, 576)  # row stride 0
+    assert torch.equal(torch.ops.mtp.linear(repeated, w), full[0, 3].expand(4, 1536))
+    q, scale = mtp_kernels.quantize_q8(w)
+    assert torch.equal(torch.ops.mtp.linear(rows, q, None, scale, quantize_x=True),
+                       torch.ops.mtp.linear(x.reshape(10, 576), q, None, scale, quantize_x=True))
     big = torch.randn(1536, 700, generator=gen)
     big[:, :576] = w
     with pytest.raises(RuntimeError, match="weight rows must be contiguous"):

@@ -149,8 +149,9 @@ IdView<I> ids(const at::Tensor& t) {
 // The number of rows of t [..., n]: the product of its leading sizes.
 inline int64_t leading_rows(const at::Tensor& t) { return c10::multiply_integers(t.sizes().slice(0, t.dim() - 1)); }
 
-// mtp.linear's tensors, checked, as kernel arguments: x viewed as [M, K] (copied only if
-// its rows are strided), bias as fp32, y an fp32 [M, N] buffer; `result()` is the output.
+// mtp.linear's tensors, checked, as kernel arguments: x as [M, K] rows (a 2-D x with unit
+// inner stride read in place, any other copied only if reshape must), bias as fp32, y an
+// fp32 [M, N] buffer; `result()` is the output.
 struct LinearCall {
   at::Tensor x2, bias, y;
   std::vector<int64_t> out_shape;
@@ -216,14 +217,15 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
     c.bias = bias->to(at::kFloat).contiguous();
   }
   const int64_t M = leading_rows(x);
-  c.x2 = x.reshape({M, K}).contiguous();  // activations are small: a copy only if strided
+  // Rows read in place with their stride; other layouts copied (activations are small).
+  c.x2 = x.dim() == 2 && x.stride(1) == 1 ? x : x.reshape({M, K}).contiguous();
   c.y = at::empty({M, N}, x.options().dtype(at::kFloat));
   c.out_shape = x.sizes().vec();
   c.out_shape.back() = N;
   c.out_dtype = x.scalar_type();
   LinearArgs& a = c.args;
   a.M = M; a.N = N; a.K = K;
-  a.x = c.x2.data_ptr(); a.x_dtype = to_dtype(x.scalar_type()); a.x_stride = K;
+  a.x = c.x2.data_ptr(); a.x_dtype = to_dtype(x.scalar_type()); a.x_stride = c.x2.stride(0);
   if (weight_scale.has_value())
     set_q8_weight(a, weight.data_ptr(), weight.stride(0), weight_scale->data_ptr<float>(), weight_scale->stride(0));
   else {
