@@ -76,7 +76,7 @@ def test_thread_count_and_layout_do_not_change_bits(gen, threads):
     assert full.shape == (2, 5, 1536)
     torch.set_num_threads(1)
     assert torch.equal(torch.ops.mtp.linear(x, w), full)
-    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7:7 + 576]
+    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7:7 + 576]  # rows 1000 apart: read in place
     strided.copy_(x)
     assert torch.equal(torch.ops.mtp.linear(strided, w), full)
     rows = torch.randn(10, 1000, generator=gen)[:, 7:7 + 576]  # 2-D rows 1000 apart: read in place

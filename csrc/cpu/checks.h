@@ -149,9 +149,9 @@ IdView<I> ids(const at::Tensor& t) {
 // The number of rows of t [..., n]: the product of its leading sizes.
 inline int64_t leading_rows(const at::Tensor& t) { return c10::multiply_integers(t.sizes().slice(0, t.dim() - 1)); }
 
-// mtp.linear's tensors, checked, as kernel arguments: x as [M, K] rows (a 2-D x with unit
-// inner stride read in place, any other copied only if reshape must), bias as fp32, y an
-// fp32 [M, N] buffer; `result()` is the output.
+// mtp.linear's tensors, checked, as kernel arguments: x as [M, K] rows (read in place when
+// each row is contiguous, whatever their stride), bias as fp32, y an fp32 [M, N] buffer;
+// `result()` is the output.
 struct LinearCall {
   at::Tensor x2, bias, y;
   std::vector<int64_t> out_shape;
@@ -217,8 +217,10 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
     c.bias = bias->to(at::kFloat).contiguous();
   }
   const int64_t M = leading_rows(x);
-  // Rows read in place with their stride; other layouts copied (activations are small).
-  c.x2 = x.dim() == 2 && x.stride(1) == 1 ? x : x.reshape({M, K}).contiguous();
+  // x as [M, K] rows: read in place when they have unit inner stride (any row stride, also
+  // when the leading dims collapse into one), else copied (activations are small).
+  c.x2 = x.dim() == 2 ? x : x.reshape({M, K});
+  if (c.x2.stride(1) != 1) c.x2 = c.x2.contiguous();
   c.y = at::empty({M, N}, x.options().dtype(at::kFloat));
   c.out_shape = x.sizes().vec();
   c.out_shape.back() = N;
