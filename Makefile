@@ -11,7 +11,7 @@ PIP     := .venv/bin/pip
 # torch is pinned: 2.13.0 is the CPU wheel on this disk; anything else downloads a CUDA build.
 STAMP   := .venv/.deps-installed
 # triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
-# transformers + accelerate: distillation (mtp train), the agreement tests and the baselines of
+# transformers + accelerate: the agreement tests and the baselines of
 # `mtp bench`; matplotlib: its plot.
 DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.8.0 \
            gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 \

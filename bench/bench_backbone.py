@@ -63,7 +63,7 @@ def ours_int8dot(gguf_path, prompt):
 def their_backbone(gguf_path, prompt):
     from transformers import DynamicCache
 
-    from mtp_kernels.train import hf_backbone
+    from mtp_kernels.evaluate import hf_backbone
 
     model = hf_backbone(gguf_path).to(torch.bfloat16)
     cache = DynamicCache(config=model.config)

@@ -256,9 +256,7 @@ def cmd_bench(args) -> int:
                if any(m.endswith("_int8dot") for m in methods) else None)
     hf = None
     if any(m.startswith("hf_") for m in methods):
-        from .train import hf_backbone
-
-        hf = hf_backbone(args.model or checkpoint.default_gguf_path()).to(DTYPES[args.dtype])
+        hf = evaluate.hf_backbone(args.model or checkpoint.default_gguf_path()).to(DTYPES[args.dtype])
     for m in methods:
         t = time.perf_counter()
         if m == "ours_greedy":

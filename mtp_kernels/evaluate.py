@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import time
 from typing import Callable
@@ -34,6 +35,15 @@ class Run:
     passes: int = 0         # backbone passes after the prefill (ours only)
     drafted: list[int] = dataclasses.field(default_factory=list)
     accepted: list[int] = dataclasses.field(default_factory=list)
+
+
+def hf_backbone(gguf_path: str):
+    """transformers' Llama on the same GGUF file, fp32 (the baselines' model)."""
+    import transformers
+
+    folder, name = os.path.split(gguf_path)
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
 def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0) -> list[Run]:

@@ -1,12 +1,11 @@
 """Training the MTP head on the frozen backbone (self-distillation).
 
-1. distill: the frozen backbone answers every training prompt greedily; those answers are
-   the targets (what the head must predict is exactly what verification will accept).
-   Runs through transformers' batched `generate` on the same GGUF weights (fast batched
-   GEMMs); its greedy tokens are the backbone's own up to float rounding.
-2. features: one teacher-forced pass over prompt + answer gives, per position, the
-   backbone's final hidden state and the K/V of the layer the head reads.
-3. train: the head is unrolled over `steps` draft steps exactly as `MTPHead.draft` runs
+1. distill: our frozen bf16 backbone answers every training prompt greedily, a batch of
+   prompts at a time; those answers are the targets, exactly what verification will
+   accept. What the passes compute on the way are the features, the head's inputs at
+   inference bit for bit: per position the backbone's final hidden state and the K/V of
+   the layer the head reads.
+2. train: the head is unrolled over `steps` draft steps exactly as `MTPHead.draft` runs
    them (step j of anchor p: input = embedding of token p+1+j and the previous step's
    hidden state, query at position p+1+j, attending to the backbone keys 0..p and to its
    own keys of steps 0..j), with cross-entropy against the backbone's tokens p+2+j over
@@ -26,7 +25,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .decoding import cut_at_eos
 from .models.head import HeadConfig, MTPHead
 from .models.llama import Backbone
 from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
@@ -34,47 +32,7 @@ from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
 IGNORE = -100
 
 
-# ---- 1. distillation -------------------------------------------------------------------
-def hf_backbone(gguf_path: str):
-    """transformers' Llama on the same GGUF file, fp32, for batched generation and features."""
-    import transformers
-
-    folder, name = os.path.split(gguf_path)
-    transformers.logging.set_verbosity_error()
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-
-
-@torch.no_grad()
-def distill(hf_model, prompt_ids: list[list[int]], max_new_tokens: int, eos_id: int, batch: int = 32,
-            done: dict[int, list[int]] | None = None, on_batch: Callable[[dict[int, list[int]]], None] | None = None,
-            log: Callable[[str], None] = print) -> list[list[int]]:
-    """The backbone's greedy answer (ending with EOS when it stopped) to every prompt.
-    `done` holds answers already computed (by prompt index); on_batch sees each new batch
-    of answers (to save them, so that an interrupted run resumes)."""
-    answers = dict(done or {})
-    todo = sorted((i for i in range(len(prompt_ids)) if i not in answers), key=lambda i: len(prompt_ids[i]))
-    t0 = time.perf_counter()
-    for start in range(0, len(todo), batch):
-        idx = todo[start:start + batch]
-        width = max(len(prompt_ids[i]) for i in idx)
-        ids = torch.full((len(idx), width), eos_id)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):  # left padding: every answer starts at column `width`
-            ids[r, width - len(prompt_ids[i]):] = torch.tensor(prompt_ids[i])
-            mask[r, width - len(prompt_ids[i]):] = 1
-        out = hf_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                pad_token_id=eos_id, eos_token_id=eos_id)
-        new = {}
-        for r, i in enumerate(idx):
-            new[i] = cut_at_eos(out[r, width:].tolist(), (eos_id,))
-        answers.update(new)
-        if on_batch:
-            on_batch(new)
-        log(f"distill: {len(answers)}/{len(prompt_ids)} prompts, {time.perf_counter() - t0:.0f} s")
-    return [answers[i] for i in range(len(prompt_ids))]
-
-
-# ---- 2. features -----------------------------------------------------------------------
+# ---- 1. distillation, which also gives the features ---------------------------------------
 @dataclasses.dataclass
 class Sequence:
     tokens: torch.Tensor   # [N] prompt + answer
@@ -88,27 +46,46 @@ class Sequence:
 
 
 @torch.no_grad()
-def features(hf_model, seqs: list[tuple[list[int], int]], kv_layer: int, batch: int = 16,
-             log: Callable[[str], None] = print) -> list[Sequence]:
-    """Teacher-forced features of (tokens, prompt_len) pairs (right padding: positions
-    start at 0 for every row, and causal attention never sees the padding)."""
-    out: list[Sequence | None] = [None] * len(seqs)
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+def distill(backbone: Backbone, prompt_ids: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...],
+            kv_layer: int, batch: int = 16, on_batch: Callable[[dict[int, Sequence]], None] | None = None,
+            log: Callable[[str], None] = print) -> list[Sequence]:
+    """Our backbone answers every prompt greedily, `batch` prompts of similar length at a
+    time, and what it computes on the way is kept: per position its final hidden state, its
+    argmax, and the K/V of layer kv_layer. Those are exactly what the head sees and must
+    predict at inference (a row has the same bits whatever the batch and the rows beside
+    it), and no second pass is needed. An answer ends with EOS when the backbone stopped.
+    on_batch sees each batch's sequences by prompt index (to cache the answers)."""
+    layer, eos = kv_layer % backbone.cfg.num_layers, set(eos_ids)
+    out: list[Sequence | None] = [None] * len(prompt_ids)
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     t0 = time.perf_counter()
     for start in range(0, len(order), batch):
         idx = order[start:start + batch]
-        width = max(len(seqs[i][0]) for i in idx)
-        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        cache = backbone.new_cache(len(idx), max(len(prompt_ids[i]) for i in idx) + max_new_tokens)
+        hidden = [[backbone(torch.tensor([prompt_ids[i]]), cache.select(r))[0]] for r, i in enumerate(idx)]
+        picks = [[backbone.logits(h[0]).argmax(-1)] for h in hidden]
+        answers: list[list[int]] = [[] for _ in idx]
+        token, live = torch.stack([p[0][-1] for p in picks]), list(range(len(idx)))
+        while live:
+            for r in live:
+                answers[r].append(int(token[r]))
+            # Every row runs (one batched pass); a finished row's extra positions are never read.
+            h = backbone(token[:, None], cache)[:, 0]
+            token = backbone.logits(h).argmax(-1)
+            for r in live:
+                hidden[r].append(h[r:r + 1])
+                picks[r].append(token[r:r + 1])
+            live = [r for r in live if answers[r][-1] not in eos and len(answers[r]) < max_new_tokens]
+        new = {}
         for r, i in enumerate(idx):
-            ids[r, :len(seqs[i][0])] = torch.tensor(seqs[i][0])
-        o = hf_model(input_ids=ids, output_hidden_states=True, use_cache=True)
-        layer = o.past_key_values.layers[kv_layer]
-        for r, i in enumerate(idx):
-            n = len(seqs[i][0])
-            out[i] = Sequence(ids[r, :n].clone(), seqs[i][1], o.hidden_states[-1][r, :n].bfloat16(),
-                              layer.keys[r, :, :n].bfloat16(), layer.values[r, :, :n].bfloat16(),
-                              o.logits[r, :n].argmax(-1))
-        log(f"features: {min(start + batch, len(order))}/{len(order)} sequences, {time.perf_counter() - t0:.0f} s")
+            n = len(prompt_ids[i]) + len(answers[r])
+            new[i] = Sequence(torch.tensor(prompt_ids[i] + answers[r]), len(prompt_ids[i]),
+                              torch.cat(hidden[r]).bfloat16(), cache.k[layer, r, :, :n].bfloat16().clone(),
+                              cache.v[layer, r, :, :n].bfloat16().clone(), torch.cat(picks[r]))
+            out[i] = new[i]
+        if on_batch:
+            on_batch(new)
+        log(f"distill: {min(start + batch, len(order))}/{len(order)} prompts, {time.perf_counter() - t0:.0f} s")
     return out  # type: ignore[return-value]
 
 
@@ -350,14 +327,21 @@ def split(rows: list, val_fraction: float = 0.04) -> tuple[list, list]:
     return rows[n_val:], rows[:n_val]
 
 
-def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int, cfg, tok,
-                   log: Callable[[str], None] = print, model: str | None = None) -> list[dict]:
+DISTILLED_BY = "bfloat16"  # cached answers of our bf16 backbone (older caches held transformers' fp32 ones)
+
+
+def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int,
+                   log: Callable[[str], None] = print, model: str | None = None,
+                   kv_layer: int | None = None) -> tuple[list[dict], list[Sequence] | None]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all), in
-    the prompts' order; answers cached in work_dir/distilled.jsonl (an interrupted run
-    resumes, a cached answer is reused when its prompt and length cap are the same).
-    cfg, tok: the config and tokenizer of `model` (None: the default model), already loaded."""
+    the prompts' order: our bf16 backbone's greedy answers (`model`, None: the default),
+    cached in work_dir/distilled.jsonl (an interrupted run resumes; a cached answer is
+    reused when its prompt, length cap and backbone are the same). With kv_layer also the
+    head's features of each row (distill's; for a cached answer one teacher-forced pass
+    over prompt + answer, the same bits), else None."""
     from . import data
     from .models import checkpoint
+    from .models.llama import DTYPES
 
     try:
         prompts = data.read_jsonl(prompts_path)[:num_prompts or None]
@@ -365,43 +349,52 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         raise ValueError(f"cannot read the prompts {prompts_path}: {e}") from e
     if not prompts or not all(isinstance(p, dict) and isinstance(p.get("prompt"), str) for p in prompts):
         raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt"')
+    cfg, weights, tok = checkpoint.load(model)
     ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
     position = {tuple(i): n for n, i in enumerate(ids)}
     done = {position[tuple(r["prompt_ids"])]: r["answer_ids"]
             for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
-            if tuple(r["prompt_ids"]) in position and r.get("max_new_tokens") == max_new_tokens}
+            if tuple(r["prompt_ids"]) in position and r.get("max_new_tokens") == max_new_tokens
+            and r.get("distilled_by") == DISTILLED_BY}
     log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
-    answers = [done.get(i) for i in range(len(ids))]
-    if len(done) < len(ids):
-        def append(new: dict[int, list[int]]) -> None:
+    backbone = Backbone(cfg, weights, DTYPES[DISTILLED_BY])
+    seqs: list[Sequence | None] = [None] * len(ids)
+    todo = [i for i in range(len(ids)) if i not in done]
+    if todo:
+        def append(new: dict[int, Sequence]) -> None:
             with open(cached, "a", encoding="utf-8") as f:
-                for i, a in new.items():
-                    f.write(json.dumps({"task": prompts[i]["task"], "prompt_ids": ids[i], "answer_ids": a,
-                                        "max_new_tokens": max_new_tokens}) + "\n")
+                for n, s in new.items():
+                    i = todo[n]
+                    done[i] = s.tokens[s.prompt_len:].tolist()
+                    f.write(json.dumps({"task": prompts[i]["task"], "prompt_ids": ids[i], "answer_ids": done[i],
+                                        "max_new_tokens": max_new_tokens, "distilled_by": DISTILLED_BY}) + "\n")
+                    seqs[i] = s if kv_layer is not None else None
 
-        answers = distill(hf_backbone(model or checkpoint.default_gguf_path()), ids, max_new_tokens, cfg.eos_token_ids[0],
-                          done=done, on_batch=append, log=log)
-    return [{"task": p.get("task", ""), "prompt_ids": i, "answer_ids": a} for p, i, a in zip(prompts, ids, answers)]
+        distill(backbone, [ids[i] for i in todo], max_new_tokens, tuple(cfg.eos_token_ids),
+                cfg.num_layers - 1 if kv_layer is None else kv_layer, on_batch=append, log=log)
+    rows = [{"task": p.get("task", ""), "prompt_ids": i, "answer_ids": done[n]} for n, (p, i) in enumerate(zip(prompts, ids))]
+    if kv_layer is None:
+        return rows, None
+    for n, r in enumerate(rows):
+        if seqs[n] is None:
+            seqs[n] = sequence_from_backbone(backbone, r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"]), kv_layer)
+    return rows, seqs  # type: ignore[return-value]
 
 
 def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 8192,
         kv_layer: int = -1, max_new_tokens: int = 96, num_prompts: int = 0,
         log: Callable[[str], None] = print) -> dict:
-    """distill (cached in work_dir) -> features -> train -> save the head to out_dir."""
+    """distill with features (answers cached in work_dir) -> train -> save the head to out_dir."""
     from .models import checkpoint
 
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    cfg, weights, tok = checkpoint.load(None)
-    rows = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, tok, log)
+    rows, seqs = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, log, kv_layer=kv_layer)
     t_distill = time.perf_counter() - t0
-    backbone = Backbone(cfg, weights, torch.float32)
-    seqs = features(hf_backbone(checkpoint.default_gguf_path()),
-                    [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in rows],
-                    kv_layer % cfg.num_layers, log=log)
-    t_features = time.perf_counter() - t0 - t_distill
+    cfg, weights, _ = checkpoint.load(None)
+    backbone = Backbone(cfg, weights, torch.float32)  # the embedding and LM head rows of the training graph
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
     head.set_draft_vocab(draft_vocabulary([r["answer_ids"] for r in train_rows], draft_vocab_size, cfg.vocab_size,
@@ -409,7 +402,7 @@ def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_v
     init_from_backbone(head, backbone)
     result = train_head(head, backbone, train_seqs, val_seqs, tc, log=log)
     head.save(out_dir, dtype=torch.bfloat16)  # ships in the package: half the bytes
-    result.update(distill_seconds=round(t_distill), feature_seconds=round(t_features), train_config=dataclasses.asdict(tc),
+    result.update(distill_seconds=round(t_distill), train_config=dataclasses.asdict(tc),
                   sequences=len(train_seqs), val_sequences=len(val_seqs), draft_vocab_size=draft_vocab_size,
                   kv_layer=kv_layer, head_parameters=sum(p.numel() for p in head.parameters()))
     save_json(os.path.join(out_dir, "training.json"), result)

@@ -173,7 +173,8 @@ def test_run_drafter_trains_on_the_cached_distilled_rows(tmp_path):
     # Cached answers (as distillation writes them): no backbone generation needed.
     (tmp_path / "distilled.jsonl").write_text("".join(
         json.dumps({"task": "t", "prompt_ids": tok.encode(tok.apply_chat_template(p)),
-                    "answer_ids": [10 + (i + j) % 5 for j in range(12)], "max_new_tokens": 12}) + "\n"
+                    "answer_ids": [10 + (i + j) % 5 for j in range(12)], "max_new_tokens": 12,
+                    "distilled_by": train.DISTILLED_BY}) + "\n"
         for i, p in enumerate(prompts)))
     tc = train.TrainConfig(batch=4, max_steps=3, minutes=1)
     result = train_drafter.run_drafter(str(tmp_path / "prompts.jsonl"), str(tmp_path / "out"), str(tmp_path), tc,

@@ -99,6 +99,57 @@ def test_sequence_greedy_is_the_backbones_argmax():
     assert torch.equal(s.greedy, model.logits(model(torch.tensor([seq]), cache)[0]).argmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_distill_is_greedy_decoding_and_its_features_are_the_teacher_forced_ones(dtype):
+    """Batched distillation gives each prompt exactly what greedy decoding gives it alone,
+    and the features it keeps on the way are bitwise those of one teacher-forced pass
+    over prompt + answer (hidden states, the layer's K/V, the argmax after each token)."""
+    from mtp_kernels import decoding
+
+    model = tiny_backbone(dtype)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(4, TINY.vocab_size, (n,), generator=g).tolist() for n in (5, 9, 1, 7, 12)]
+    plain = [decoding.generate(model, [p], 10)[0].tokens for p in prompts]
+    eos = (plain[1][3],)  # stops some requests early while the others go on in the same batch
+    want = [decoding.generate(model, [p], 10, eos_token_ids=eos)[0].tokens for p in prompts]
+    assert any(len(w) < 10 for w in want) and any(len(w) == 10 for w in want)
+    seqs = train.distill(model, prompts, 10, eos, kv_layer=1, batch=2, log=lambda m: None)
+    for p, w, s in zip(prompts, want, seqs):
+        assert s.prompt_len == len(p) and s.tokens.tolist() == p + w
+        r = train.sequence_from_backbone(model, s.tokens.tolist(), len(p), 1)
+        for name in ("hidden", "k", "v", "greedy"):
+            assert torch.equal(getattr(s, name), getattr(r, name)), name
+        assert s.greedy[len(p) - 1:-1].tolist() == w  # each answer token is the argmax after the one before
+
+
+def test_distilled_rows_cache_our_answers_and_ignore_other_backbones(tmp_path, monkeypatch):
+    import json
+
+    from tiny_model import write_tiny_folder
+    from mtp_kernels.models.checkpoint import load
+
+    write_tiny_folder(tmp_path / "tiny")
+    tok = load(str(tmp_path / "tiny"))[2]
+    prompts = [f"prompt {c}" for c in "abc"]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"task": "t", "prompt": p}) + "\n" for p in prompts))
+    ids = [tok.encode(tok.apply_chat_template(p)) for p in prompts]
+    # An answer cached by another backbone (no distilled_by) is not ours: it is distilled again.
+    (tmp_path / "distilled.jsonl").write_text(json.dumps({"task": "t", "prompt_ids": ids[0], "answer_ids": [9, 9],
+                                                          "max_new_tokens": 6}) + "\n")
+    args = (str(tmp_path / "prompts.jsonl"), str(tmp_path), 6, 0, lambda m: None, str(tmp_path / "tiny"))
+    rows, seqs = train.distilled_rows(*args, kv_layer=1)
+    assert [r["prompt_ids"] for r in rows] == ids and rows[0]["answer_ids"] != [9, 9]
+    cached = [json.loads(line) for line in (tmp_path / "distilled.jsonl").read_text().splitlines()]
+    assert len(cached) == 4 and all(c["distilled_by"] == train.DISTILLED_BY for c in cached[1:])
+    # The second run reuses every answer (no generation) and rebuilds the same features.
+    monkeypatch.setattr(train, "distill", lambda *a, **k: pytest.fail("cached answers distilled again"))
+    rows2, seqs2 = train.distilled_rows(*args, kv_layer=1)
+    assert rows2 == rows
+    for s, s2 in zip(seqs, seqs2):
+        assert all(torch.equal(getattr(s, n), getattr(s2, n)) for n in ("tokens", "hidden", "k", "v", "greedy"))
+    assert train.distilled_rows(*args)[1] is None  # the drafter's call: rows only
+
+
 def test_draft_vocabulary_is_by_frequency_and_keeps_eos():
     v = train.draft_vocabulary([[5, 5, 5, 7, 7, 9], [7, 5]], 3, 12, always=(3,))
     assert v.tolist() == [3, 5, 7]
