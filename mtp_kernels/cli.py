@@ -235,7 +235,7 @@ def cmd_bench(args) -> int:
     eos = tuple(cfg.eos_token_ids)
     res = {"command": "mtp bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "mtp bench",
            "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, CPU kernels "
-                    f"{get_isa()}, 1 request at a time, "
+                    f"{get_isa()}, 1 request at a time, the methods interleaved prompt by prompt, "
                     f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}",
            "methods": {}}
     if "llamacpp_greedy" in methods:
@@ -243,7 +243,6 @@ def cmd_bench(args) -> int:
 
         res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
                          "GGUF, its quantized weights run natively (ours are dequantized), same threads")
-    runs = {}
     # One head drafts for every backbone (same config and dtype; it reads each one's LM head in place).
     head_on_plain = "ours_mtp" in methods or bool(lenient)
     head = (load_head(args.head, model, log, args.model is None)
@@ -257,42 +256,44 @@ def cmd_bench(args) -> int:
     hf = None
     if any(m.startswith("hf_") for m in methods):
         hf = evaluate.hf_backbone(args.model or checkpoint.default_gguf_path()).to(DTYPES[args.dtype])
+    drafter = load_drafter(args.drafter_path, model, log) if "ours_drafter" in methods else None
+    llm = (evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
+                                  max(map(len, ids)) + args.max_new_tokens + 1) if "llamacpp_greedy" in methods else None)
+    n, k, lookup = args.max_new_tokens, args.k, args.lookup
+    ours = {"ours_greedy": (model, None, 0, 0), "ours_mtp": (model, head, k, 0), "ours_lookup": (model, None, 0, lookup),
+            "ours_mtp_lookup": (model, head, k, lookup), "ours_drafter": (model, drafter, k, 0),
+            "ours_greedy_int8": (quantized, None, 0, 0), "ours_mtp_int8": (quantized, head, k, 0),
+            "ours_greedy_int8dot": (int8dot, None, 0, 0), "ours_mtp_int8dot": (int8dot, head, k, 0),
+            "ours_mtp_lookup_int8dot": (int8dot, head, k, lookup)}
+
+    def run(m: str, i: int) -> list:
+        """Method m on prompt i: a list of one evaluate.Run."""
+        if m in ours:
+            backbone, drafter_, k_, lookup_ = ours[m]
+            return evaluate.run_ours(backbone, ids[i:i + 1], tasks[i:i + 1], n, eos, drafter_, k_, lookup=lookup_)
+        if m == "llamacpp_greedy":
+            return evaluate.run_llamacpp(llm, ids[i:i + 1], tasks[i:i + 1], n, eos)
+        return evaluate.run_transformers(hf, ids[i:i + 1], tasks[i:i + 1], n, eos,
+                                         prompt_lookup=args.prompt_lookup if m == "hf_prompt_lookup" else 0)
+
+    # Interleaved: each prompt runs through every method back to back (the order rotating), so
+    # a drift of this machine's speed over the minutes of a run moves every method alike; the
+    # first prompt runs once more before, untimed (one-time packing and allocation).
     for m in methods:
-        t = time.perf_counter()
-        if m == "ours_greedy":
-            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos)
-        elif m == "ours_mtp":
-            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k)
-        elif m == "ours_lookup":
-            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, lookup=args.lookup)
-        elif m == "ours_mtp_lookup":
-            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k, lookup=args.lookup)
-        elif m == "ours_mtp_lookup_int8dot":
-            runs[m] = evaluate.run_ours(int8dot, ids, tasks, args.max_new_tokens, eos, head, args.k,
-                                        lookup=args.lookup)
-        elif m == "ours_drafter":
-            runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos,
-                                        load_drafter(args.drafter_path, model, log), args.k)
-        elif m == "ours_greedy_int8":
-            runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos)
-        elif m == "ours_mtp_int8":
-            runs[m] = evaluate.run_ours(quantized, ids, tasks, args.max_new_tokens, eos, head, args.k)
-        elif m == "ours_greedy_int8dot":
-            runs[m] = evaluate.run_ours(int8dot, ids, tasks, args.max_new_tokens, eos)
-        elif m == "ours_mtp_int8dot":
-            runs[m] = evaluate.run_ours(int8dot, ids, tasks, args.max_new_tokens, eos, head, args.k)
-        elif m == "llamacpp_greedy":
-            llm = evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
-                                         max(map(len, ids)) + args.max_new_tokens + 1)
-            runs[m] = evaluate.run_llamacpp(llm, ids, tasks, args.max_new_tokens, eos)
-        else:
-            runs[m] = evaluate.run_transformers(hf, ids, tasks, args.max_new_tokens, eos,
-                                                prompt_lookup=args.prompt_lookup if m == "hf_prompt_lookup" else 0)
+        run(m, 0)
+    runs = {m: [] for m in methods}
+    seconds = dict.fromkeys(methods, 0.0)
+    for i in range(len(ids)):
+        for m in methods[i % len(methods):] + methods[:i % len(methods)]:
+            t = time.perf_counter()
+            runs[m] += run(m, i)
+            seconds[m] += time.perf_counter() - t
+    for m in methods:
         # The identity / agreement columns: a speculative method against the greedy it must equal
         # (its own backbone's), any other against our bf16/fp32 greedy.
         res["methods"][m] = evaluate.summarize(runs[m], None if m == "ours_greedy" else
                                                runs[EXACT_AGAINST.get(m, "ours_greedy")])
-        log(f"bench: {m} done in {time.perf_counter() - t:.0f} s: {json.dumps(res['methods'][m])}")
+        log(f"bench: {m} took {seconds[m]:.0f} s: {json.dumps(res['methods'][m])}")
     for top_k, ratio in lenient:  # NOT lossless: measured drift from greedy, never an error
         m = f"ours_mtp_lenient(top_k={top_k},min_ratio={ratio})"
         runs[m] = evaluate.run_ours(model, ids, tasks, args.max_new_tokens, eos, head, args.k, (top_k, ratio))

@@ -1,5 +1,6 @@
 """End-to-end benchmark (`mtp bench`): every method on the held-out evaluation set, one
-request at a time, side by side in one run.
+request at a time, side by side in one run (interleaved: each prompt through every method
+back to back, so that the machine's drift over a run moves all methods alike).
 
 Methods: our plain greedy, our MTP decoding (the shipped head; also with prompt-lookup drafts
 beside it, and lookup alone), the standalone drafter

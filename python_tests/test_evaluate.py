@@ -95,6 +95,31 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     assert "| y | ours_mtp |" in (tmp_path / "e2e.md").read_text()
 
 
+def test_cli_bench_interleaves_the_methods_prompt_by_prompt(tmp_path, capsys, monkeypatch):
+    """Every prompt runs through every method before the next prompt (so a drift of the
+    machine's speed moves all methods alike), after one untimed warm-up round on prompt 0."""
+    from mtp_kernels import evaluate
+
+    write_tiny_folder(tmp_path / "tiny")
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"task": "x", "prompt": p}) + "\n" for p in "abc"))
+    calls, run_ours = [], evaluate.run_ours
+
+    def logged(model, ids, tasks, *a, **kw):
+        calls.append((ids[0], kw.get("lookup", 0)))
+        return run_ours(model, ids, tasks, *a, **kw)
+
+    monkeypatch.setattr(evaluate, "run_ours", logged)
+    assert cli.main(["bench", "--model", str(tmp_path / "tiny"), "--eval-set", str(tmp_path / "eval.jsonl"),
+                     "--max-new-tokens", "3", "--methods", "ours_greedy,ours_lookup", "--lookup", "2",
+                     "--dtype", "float32", "--out", str(tmp_path / "e2e")]) == 0
+    prompts = []
+    for c in calls:
+        if c[0] not in prompts:
+            prompts.append(c[0])
+    p0, p1, p2 = prompts
+    assert calls == [(p0, 0), (p0, 2), (p0, 0), (p0, 2), (p1, 2), (p1, 0), (p2, 0), (p2, 2)]
+
+
 def test_cli_bench_bad_input(tmp_path, capsys):
     for extra, msg in [(["--methods", "ours_mtp"], "including ours_greedy"),
                        (["--methods", "ours_greedy,nope"], "expected a comma-separated subset"),
