@@ -330,17 +330,16 @@ def split(rows: list, val_fraction: float = 0.04) -> tuple[list, list]:
 DISTILLED_BY = "bfloat16"  # cached answers of our bf16 backbone (older caches held transformers' fp32 ones)
 
 
-def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int,
-                   log: Callable[[str], None] = print, model: str | None = None,
+def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int, cfg, weights, tok,
+                   log: Callable[[str], None] = print,
                    kv_layer: int | None = None) -> tuple[list[dict], list[Sequence] | None]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all), in
-    the prompts' order: our bf16 backbone's greedy answers (`model`, None: the default),
-    cached in work_dir/distilled.jsonl (an interrupted run resumes; a cached answer is
-    reused when its prompt, length cap and backbone are the same). With kv_layer also the
-    head's features of each row (distill's; for a cached answer one teacher-forced pass
-    over prompt + answer, the same bits), else None."""
+    the prompts' order: the bf16 backbone's greedy answers (cfg, weights, tok: the model as
+    checkpoint.load gives it, loaded once by the caller), cached in work_dir/distilled.jsonl
+    (an interrupted run resumes; a cached answer is reused when its prompt, length cap and
+    backbone are the same). With kv_layer also the head's features of each row (distill's;
+    for a cached answer one teacher-forced pass over prompt + answer, the same bits), else None."""
     from . import data
-    from .models import checkpoint
     from .models.llama import DTYPES
 
     try:
@@ -349,7 +348,6 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         raise ValueError(f"cannot read the prompts {prompts_path}: {e}") from e
     if not prompts or not all(isinstance(p, dict) and isinstance(p.get("prompt"), str) for p in prompts):
         raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt"')
-    cfg, weights, tok = checkpoint.load(model)
     ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
@@ -391,9 +389,10 @@ def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_v
 
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    rows, seqs = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, log, kv_layer=kv_layer)
+    cfg, weights, tok = checkpoint.load(None)
+    rows, seqs = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log,
+                                kv_layer=kv_layer)
     t_distill = time.perf_counter() - t0
-    cfg, weights, _ = checkpoint.load(None)
     backbone = Backbone(cfg, weights, torch.float32)  # the embedding and LM head rows of the training graph
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))

@@ -134,8 +134,8 @@ def run_drafter(prompts_path: str, out_dir: str, work_dir: str, tc: train.TrainC
     -> a default-size drafter over the most frequent answer tokens -> out_dir."""
     from .models import checkpoint
 
-    cfg = checkpoint.load(model)[0]
-    rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, log, model)[0]
+    cfg, weights, tok = checkpoint.load(model)
+    rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log)[0]
     seqs = [train.Sequence(torch.tensor(r["prompt_ids"] + r["answer_ids"]), len(r["prompt_ids"]),
                            *[torch.empty(0)] * 3) for r in rows]
     (train_rows, _), (train_seqs, val_seqs) = train.split(rows), train.split(seqs)

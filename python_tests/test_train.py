@@ -129,14 +129,14 @@ def test_distilled_rows_cache_our_answers_and_ignore_other_backbones(tmp_path, m
     from mtp_kernels.models.checkpoint import load
 
     write_tiny_folder(tmp_path / "tiny")
-    tok = load(str(tmp_path / "tiny"))[2]
+    cfg, weights, tok = load(str(tmp_path / "tiny"))
     prompts = [f"prompt {c}" for c in "abc"]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"task": "t", "prompt": p}) + "\n" for p in prompts))
     ids = [tok.encode(tok.apply_chat_template(p)) for p in prompts]
     # An answer cached by another backbone (no distilled_by) is not ours: it is distilled again.
     (tmp_path / "distilled.jsonl").write_text(json.dumps({"task": "t", "prompt_ids": ids[0], "answer_ids": [9, 9],
                                                           "max_new_tokens": 6}) + "\n")
-    args = (str(tmp_path / "prompts.jsonl"), str(tmp_path), 6, 0, lambda m: None, str(tmp_path / "tiny"))
+    args = (str(tmp_path / "prompts.jsonl"), str(tmp_path), 6, 0, cfg, weights, tok, lambda m: None)
     rows, seqs = train.distilled_rows(*args, kv_layer=1)
     assert [r["prompt_ids"] for r in rows] == ids and rows[0]["answer_ids"] != [9, 9]
     cached = [json.loads(line) for line in (tmp_path / "distilled.jsonl").read_text().splitlines()]
