@@ -104,9 +104,9 @@ def test_cli_bench_interleaves_the_methods_prompt_by_prompt(tmp_path, capsys, mo
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"task": "x", "prompt": p}) + "\n" for p in "abc"))
     calls, run_ours = [], evaluate.run_ours
 
-    def logged(model, ids, tasks, *a, **kw):
-        calls.append((ids[0], kw.get("lookup", 0)))
-        return run_ours(model, ids, tasks, *a, **kw)
+    def logged(model, ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0):
+        calls.append((ids[0], lookup))
+        return run_ours(model, ids, tasks, max_new, eos, drafter, k, lenient, lookup)
 
     monkeypatch.setattr(evaluate, "run_ours", logged)
     assert cli.main(["bench", "--model", str(tmp_path / "tiny"), "--eval-set", str(tmp_path / "eval.jsonl"),
