@@ -32,6 +32,20 @@ def timed(seconds: collections.Counter, label, fn):
     return wrapper
 
 
+def load_shipped():
+    """(cfg, tokenizer, the default backbone in bf16, the shipped head), 2 threads: as `mtp bench` runs them."""
+    torch.set_num_threads(2)
+    cfg, weights, tok = checkpoint.load(None)
+    model = Backbone(cfg, weights, DTYPES["bfloat16"])
+    return cfg, tok, model, load_head(None, model, print)
+
+
+def eval_prompts(tok, eval_set: str, task: str, n: int) -> list[list[int]]:
+    """The first n prompts of a task of the evaluation set, chat template applied, as token ids."""
+    return [tok.encode(tok.apply_chat_template(r["prompt"])) for r in data.read_jsonl(eval_set)
+            if r["task"] == task][:n]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="summary", choices=data.TASKS)
@@ -39,13 +53,9 @@ def main():
     p.add_argument("--eval-set", default="bench/eval_set.jsonl")
     p.add_argument("--answers", help="JSON lines with answer_ids (mtp train's runs/distilled.jsonl)")
     args = p.parse_args()
-    torch.set_num_threads(2)
-    cfg, weights, tok = checkpoint.load(None)
-    model = Backbone(cfg, weights, DTYPES["bfloat16"])
-    head = load_head(None, model, print)
+    cfg, tok, model, head = load_shipped()
     eos = tuple(cfg.eos_token_ids)
-    prompts = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in data.read_jsonl(args.eval_set)
-               if r["task"] == args.task][:args.prompts]
+    prompts = eval_prompts(tok, args.eval_set, args.task, args.prompts)
 
     # Each pass: lookup_drafts is asked first (once per pass at batch 1), then verify says
     # how many drafts were accepted.

@@ -159,7 +159,8 @@ def cmd_train(args) -> int:
         print(m, file=sys.stderr, flush=True)
 
     tc = train.TrainConfig(steps=args.unroll, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
-                           minutes=args.minutes, seed=args.seed, prompt_anchors=args.prompt_anchors)
+                           minutes=args.minutes, seed=args.seed, prompt_anchors=args.prompt_anchors,
+                           soft_targets=args.soft_targets)
     if not os.path.isfile(args.prompts):
         raise UsageError(f"--prompts {args.prompts}: no such file")
     common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log)
@@ -373,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompt-anchors", type=int, default=0,
                    help="head only: also draft from this many prompt positions per sequence and step, "
                         "against the backbone's greedy tokens there")
+    t.add_argument("--soft-targets", type=float, default=0.0,
+                   help="head only: weight (0..1) of a second loss against the backbone's own distribution over "
+                        "the draft vocabulary, beside its greedy tokens")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--draft-vocab", type=int, help="draft vocabulary size, most frequent tokens (default 8192)")
     t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
@@ -420,6 +424,10 @@ def main(argv=None) -> int:
         bad.append("--lookup drafts go with the MTP head or alone (--no-mtp), not with --drafter standalone")
     if getattr(args, "prompt_anchors", 0) and args.drafter == "standalone":
         bad.append("--prompt-anchors trains the head; the standalone drafter learns from every answer token")
+    if not 0 <= getattr(args, "soft_targets", 0.0) <= 1:
+        bad.append("--soft-targets must be between 0 and 1")
+    if getattr(args, "soft_targets", 0.0) and args.drafter == "standalone":
+        bad.append("--soft-targets trains the head; the standalone drafter learns from the greedy tokens only")
     if args.command == "generate" and args.lenient is not None:
         if args.temperature != 0:
             bad.append("--lenient is a greedy mode: it cannot be combined with --temperature > 0")

@@ -9,8 +9,9 @@
    them (step j of anchor p: input = embedding of token p+1+j and the previous step's
    hidden state, query at position p+1+j, attending to the backbone keys 0..p and to its
    own keys of steps 0..j), with cross-entropy against the backbone's tokens p+2+j over
-   the draft vocabulary. The backbone is never updated: its weights are buffers and the
-   features are computed under no_grad.
+   the draft vocabulary (optionally mixed with soft targets: the backbone's own
+   distribution there, from the hidden states already kept). The backbone is never
+   updated: its weights are buffers and the features are computed under no_grad.
 """
 from __future__ import annotations
 
@@ -197,6 +198,38 @@ def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, v
     return out
 
 
+@torch.no_grad()
+def soft_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_rows: torch.Tensor) -> list[torch.Tensor]:
+    """The backbone's own next-token distribution [B, A, len(vocab_rows)] for step j at anchor p,
+    restricted to the draft vocabulary: softmax of its logits after position p+1+j (its final
+    hidden state there times the LM head's rows), whose argmax is the hard target."""
+    hidden = pad_stack([s.hidden for s in batch], 0)
+    L = hidden.shape[1]
+    p = anchors.clamp(min=0)
+    out = []
+    for j in range(steps):
+        h = hidden.gather(1, (p + 1 + j).clamp(max=L - 1)[:, :, None].expand(-1, -1, hidden.shape[2]))
+        out.append(torch.softmax(h.float() @ vocab_rows.T, dim=-1))
+    return out
+
+
+def draft_loss(logits: list[torch.Tensor], targets: list[torch.Tensor], soft: list[torch.Tensor] | None,
+               soft_weight: float) -> torch.Tensor:
+    """Mean over draft steps of the cross-entropy against the hard targets, mixed with
+    soft_weight of the cross-entropy against the soft ones (at the same anchors: IGNORE
+    targets count in neither)."""
+    total = 0.0
+    for j, (lg, t) in enumerate(zip(logits, targets)):
+        lg, t = lg.flatten(0, 1), t.flatten()
+        loss = F.cross_entropy(lg, t, ignore_index=IGNORE)
+        if soft_weight:
+            keep = t != IGNORE
+            soft_ce = -(soft[j].flatten(0, 1)[keep] * F.log_softmax(lg[keep], dim=-1)).sum(-1).mean()
+            loss = (1 - soft_weight) * loss + soft_weight * soft_ce
+        total = total + loss
+    return total / len(logits)
+
+
 def draft_vocabulary(answers: list[list[int]], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
     """The `size` most frequent answer tokens, most frequent first (so any prefix is the
     best draft vocabulary of that smaller size), plus the `always` ids (EOS)."""
@@ -232,6 +265,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     anchors: int = 48         # anchors (draft start positions) drawn per sequence and step
     prompt_anchors: int = 0   # more anchors inside the prompt (greedy targets), per sequence and step
+    soft_targets: float = 0.0  # weight of the soft-target loss (the backbone's distribution), 0..1
     max_steps: int = 1000     # optimiser steps; the schedule depends on steps only (reproducible)
     minutes: float = 60.0     # safety cap on the wall clock: stops early (logged) when reached
     seed: int = 0
@@ -275,8 +309,8 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
             anchors = answer_anchors(batch, tc.anchors, rng, tc.prompt_anchors)
             logits = unrolled_logits(head, backbone, batch, anchors, tc.steps, rows)
             targets = unrolled_targets(batch, anchors, tc.steps, index)
-            loss = sum(F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=IGNORE)
-                       for lg, t in zip(logits, targets)) / tc.steps
+            soft = soft_targets(batch, anchors, tc.steps, rows) if tc.soft_targets else None
+            loss = draft_loss(logits, targets, soft, tc.soft_targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)

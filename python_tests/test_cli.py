@@ -113,6 +113,10 @@ def test_bad_input_exits_2_with_a_message(tiny, args, message):
 @pytest.mark.parametrize("args,message", [
     (["--prompt-anchors", "-1"], "--prompt-anchors must be >= 0"),
     (["--prompt-anchors", "4", "--drafter", "standalone"], "--prompt-anchors trains the head"),
+    (["--soft-targets", "1.5"], "--soft-targets must be between 0 and 1"),
+    (["--soft-targets", "-0.1"], "--soft-targets must be between 0 and 1"),
+    (["--soft-targets", "nan"], "--soft-targets must be between 0 and 1"),
+    (["--soft-targets", "0.5", "--drafter", "standalone"], "--soft-targets trains the head"),
     (["--max-steps", "0"], "--max-steps must be >= 1"),
 ])
 def test_bad_train_options_exit_2(args, message):
