@@ -36,11 +36,12 @@ def head_tree(head, model, cache, hidden, token):
     a = head.draft_args(model, cache, hidden.expand(M, -1), token.expand(M), D)
     a.update(k_cache=a["k_cache"].expand(M, -1, -1, -1), v_cache=a["v_cache"].expand(M, -1, -1, -1),
              cache_lens=cache.lens.repeat(M))
-    vocab, calls = a["draft_vocab"], []
+    vocab_size = a["draft_vocab"].numel() if a["draft_vocab"] is not None else a["lm_head"].shape[0]
+    calls = []
 
     def linear(x, w, *rest, **kw):
         out = ops.KERNELS.linear(x, w, *rest, **kw)
-        if w.shape[0] == vocab.numel() and not calls:  # the first step's LM head over the draft vocabulary
+        if w.shape[0] == vocab_size and not calls:  # the first step's LM head over the draft vocabulary
             calls.append(out)
             top = out[0, 0].float().sort(descending=True, stable=True).indices[:M]  # ties: the lower index first, as argmax
             out = out.clone()
@@ -48,6 +49,22 @@ def head_tree(head, model, cache, hidden, token):
         return out
 
     return reference.head_draft(**a, ops=SimpleNamespace(**{**vars(ops.KERNELS), "linear": linear}))
+
+
+def collect(model, head, prompt, eos, max_new_tokens=48):
+    """(greedy output, per output position i the head's tree after prompt + out[:i])."""
+    out = decoding.generate(model, [prompt], max_new_tokens, head=head, k=2, eos_token_ids=eos, lookup=6)[0].tokens
+    cache = model.new_cache(1, len(prompt) + len(out))
+    hidden = model(torch.tensor([prompt + out]), cache)[0]
+    trees = []
+    for i in range(len(out)):  # the head after prompt + out[:i], its next token out[i]
+        cache.lens.fill_(len(prompt) + i)
+        h, token = hidden[len(prompt) + i - 1][None], torch.tensor([out[i]])
+        tree = head_tree(head, model, cache, h, token)
+        assert torch.equal(tree[0], head.draft(model, cache, h, token, D)[0]), \
+            "the tree's first branch is not the head's own chain"
+        trees.append(tree.tolist())
+    return out, trees
 
 
 def replay(items, shape, lookup=6):
@@ -101,17 +118,7 @@ def main():
     for task in args.tasks.split(","):
         items = []
         for prompt in eval_prompts(tok, args.eval_set, task, args.prompts):
-            out = decoding.generate(model, [prompt], 48, head=head, k=2, eos_token_ids=eos, lookup=6)[0].tokens
-            cache = model.new_cache(1, len(prompt) + len(out))
-            hidden = model(torch.tensor([prompt + out]), cache)[0]
-            trees = []
-            for i in range(len(out)):  # the head after prompt + out[:i], its next token out[i]
-                cache.lens.fill_(len(prompt) + i)
-                tree = head_tree(head, model, cache, hidden[len(prompt) + i - 1][None], torch.tensor([out[i]]))
-                chain = head.draft(model, cache, hidden[len(prompt) + i - 1][None], torch.tensor([out[i]]), D)
-                assert torch.equal(tree[0], chain[0]), "the tree's first branch is not the head's own chain"
-                trees.append(tree.tolist())
-            items.append((prompt, out, trees))
+            items.append((prompt, *collect(model, head, prompt, eos)))
         results[task] = {shape: replay(items, shape) for shape in SHAPES}
     costs = pass_costs(model, sorted({T for r in results.values() for _, _, s in r.values() for T in s} | {1}))
     for task, by_shape in results.items():
