@@ -217,13 +217,16 @@ def draft_loss(logits: list[torch.Tensor], targets: list[torch.Tensor], soft: li
                soft_weight: float) -> torch.Tensor:
     """Mean over draft steps of the cross-entropy against the hard targets, mixed with
     soft_weight of the cross-entropy against the soft ones (at the same anchors: IGNORE
-    targets count in neither)."""
-    total = 0.0
+    targets count in neither). A step without any target adds 0 (a mean over nothing
+    would be NaN, and one NaN gradient ruins every weight)."""
+    total = logits[0].sum() * 0  # keeps the graph when no step has a target
     for j, (lg, t) in enumerate(zip(logits, targets)):
         lg, t = lg.flatten(0, 1), t.flatten()
+        keep = t != IGNORE
+        if not keep.any():
+            continue
         loss = F.cross_entropy(lg, t, ignore_index=IGNORE)
         if soft_weight:
-            keep = t != IGNORE
             soft_ce = -(soft[j].flatten(0, 1)[keep] * F.log_softmax(lg[keep], dim=-1)).sum(-1).mean()
             loss = (1 - soft_weight) * loss + soft_weight * soft_ce
         total = total + loss

@@ -199,6 +199,15 @@ def test_draft_loss_mixes_hard_and_soft_cross_entropy_at_the_same_anchors():
     changed = [q.clone() for q in soft]
     changed[0][0, 2] = torch.tensor([1.0, 0, 0, 0, 0])
     assert torch.equal(train.draft_loss(logits, targets, changed, 0.5), train.draft_loss(logits, targets, soft, 0.5))
+    # A step whose targets are all ignored (anchors near the end of short answers) adds 0, not NaN.
+    none = [targets[0], torch.full_like(targets[1], train.IGNORE)]
+    want = F.cross_entropy(logits[0].flatten(0, 1), targets[0].flatten(), ignore_index=train.IGNORE) / 2
+    assert torch.allclose(train.draft_loss(logits, none, None, 0.0), want)
+    assert torch.isfinite(train.draft_loss(logits, none, soft, 0.5))
+    leaf = [lg.clone().requires_grad_() for lg in logits]
+    nothing = train.draft_loss(leaf, [torch.full_like(t, train.IGNORE) for t in targets], soft, 0.5)
+    nothing.backward()
+    assert nothing.item() == 0 and torch.equal(leaf[0].grad, torch.zeros_like(leaf[0]))
 
 
 def test_draft_vocabulary_is_by_frequency_and_keeps_eos():
