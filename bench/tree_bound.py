@@ -37,12 +37,13 @@ def head_tree(head, model, cache, hidden, token):
     a.update(k_cache=a["k_cache"].expand(M, -1, -1, -1), v_cache=a["v_cache"].expand(M, -1, -1, -1),
              cache_lens=cache.lens.repeat(M))
     vocab_size = a["draft_vocab"].numel() if a["draft_vocab"] is not None else a["lm_head"].shape[0]
-    calls = []
+    forced = False
 
     def linear(x, w, *rest, **kw):
+        nonlocal forced
         out = ops.KERNELS.linear(x, w, *rest, **kw)
-        if w.shape[0] == vocab_size and not calls:  # the first step's LM head over the draft vocabulary
-            calls.append(out)
+        if w.shape[0] == vocab_size and not forced:  # the first step's LM head over the draft vocabulary
+            forced = True
             top = out[0, 0].float().sort(descending=True, stable=True).indices[:M]  # ties: the lower index first, as argmax
             out = out.clone()
             out[torch.arange(M), 0, top] = float("inf")
@@ -121,13 +122,15 @@ def main():
             items.append((prompt, *collect(model, head, prompt, eos)))
         results[task] = {shape: replay(items, shape) for shape in SHAPES}
     costs = pass_costs(model, sorted({T for r in results.values() for _, _, s in r.values() for T in s} | {1}))
+    def speed(tau, sizes):  # tokens per unit of pass cost
+        return tau * len(sizes) / sum(costs[T] for T in sizes)
+
     for task, by_shape in results.items():
-        chain_tau, _, chain_sizes = by_shape[(2,)]
-        chain_speed = chain_tau * len(chain_sizes) / sum(costs[T] for T in chain_sizes)
+        chain = speed(by_shape[(2,)][0], by_shape[(2,)][2])
         print(f"{task}:")
         for shape, (tau, drafts, sizes) in by_shape.items():
-            speed = tau * len(sizes) / sum(costs[T] for T in sizes)
-            print(f"  tree {shape}: tau {tau:.2f}, drafts per pass {drafts:.1f}, decode speed x{speed / chain_speed:.2f}")
+            print(f"  tree {shape}: tau {tau:.2f}, drafts per pass {drafts:.1f}, "
+                  f"decode speed x{speed(tau, sizes) / chain:.2f}")
     print("pass cost against T = 1: " + ", ".join(f"T={T} {c:.2f}" for T, c in sorted(costs.items())))
 
 
