@@ -28,11 +28,11 @@ TORCH_LIBRARY(mtp, m) {
   // A whole decoder pass (decoder.h): the ops above, every layer, in one call.
   m.def("decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
         " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
-        " bool quantize_x=False) -> Tensor");
+        " bool quantize_x=False, Tensor? tree_parents=None) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
   m.def("head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
         " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
-        " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps) -> Tensor");
+        " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

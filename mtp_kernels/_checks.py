@@ -263,3 +263,15 @@ def check_silu_mul_input(op, gate_up):
     check_dtype(op, "gate_up", gate_up, FLOAT_TYPES)
     check(gate_up.dim() >= 1, op, "gate_up must have at least 1 dimension [..., 2I], got a scalar")
     check(gate_up.size(-1) % 2 == 0, op, f"gate_up.size(-1) must be even [..., 2I] (gate, then up), got {gate_up.size(-1)}")
+
+
+def check_tree_parents(op, parents, B: int, T: int):
+    """tree_parents [B, T] of decoder_layers: row 0 of each request the root (-1), every other
+    row's parent an earlier row (csrc/cpu/decoder.cpp's checked_tree)."""
+    check(parents.dtype in ID_TYPES, op, f"tree_parents must be int32 or int64, got {_name(parents.dtype)}")
+    check(parents.dim() == 2 and tuple(parents.shape) == (B, T), op,
+          f"tree_parents must be [B, T] = [{B}, {T}] (x's first two sizes), got {list(parents.shape)}")
+    for b, row in enumerate(parents.tolist()):
+        for i, p in enumerate(row):
+            want = "-1 (row 0 is the root)" if i == 0 else f"an earlier row in [0, {i})"
+            check(p == -1 if i == 0 else 0 <= p < i, op, f"tree_parents[{b}][{i}] must be {want}, got {p}")

@@ -43,16 +43,22 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps, *,
-                   quantize_x=False):
+                   quantize_x=False, tree_parents=None):
+    if tree_parents is not None:
+        C.check_tree_parents("mtp.decoder_layers", tree_parents, x.shape[0], x.shape[1])
     return reference.decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales,
-                                    num_heads, eps, quantize_x=quantize_x, ops=ops.KERNELS)
+                                    num_heads, eps, quantize_x=quantize_x, tree_parents=tree_parents, ops=ops.KERNELS)
 
 
 def head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale, weights,
-               lm_head, lm_head_scale, draft_vocab, k, num_heads, eps):
+               lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0):
+    Vd = lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()
+    C.check(0 <= alternatives < Vd, "mtp.head_draft", f"alternatives must be in [0, {Vd}) (fewer than the draft "
+            f"vocabulary's {Vd} tokens), got {alternatives}")
+    C.check(alternatives == 0 or k >= 1, "mtp.head_draft", "alternatives are first drafts: they need k >= 1, got k = 0")
     return reference.head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
                                 embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
-                                ops=ops.KERNELS)
+                                alternatives=alternatives, ops=ops.KERNELS)
 
 
 FALLBACKS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_": rope_, "silu_mul": silu_mul,

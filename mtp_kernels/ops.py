@@ -109,20 +109,24 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
                    rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
                    weight_scales: list[torch.Tensor], num_heads: int, eps: float, *,
-                   quantize_x: bool = False) -> torch.Tensor:
+                   quantize_x: bool = False, tree_parents: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A whole Llama-family decoder pass over the embeddings x [B, T, H] in one call (CPU):
     per layer input_norm, qkv, o_proj, post_norm, gate_up, down_proj in ``weights`` (then the
     final norm), Q8 scales of the four matrices per layer in ``weight_scales`` (or none). The
     tokens go to positions cache_lens[b] + t of k_cache, v_cache [layers, B, Hkv, L, D]
-    (written in place; cache_lens is left for the caller to advance). Returns the final normed
-    hidden states, bitwise those of the op-by-op composition; see ``reference.decoder_layers``."""
+    (written in place; cache_lens is left for the caller to advance). tree_parents [B, T]
+    makes each request's tokens a tree (row 0 the root, -1; row t's parent an earlier row):
+    token t attends to the cache and its own path from the root, at position cache_lens[b] +
+    its depth, with a chain's bits. Returns the final normed hidden states, bitwise those of
+    the op-by-op composition; see ``reference.decoder_layers``."""
     return torch.ops.mtp.decoder_layers.default(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
-                                                weight_scales, num_heads, eps, quantize_x=quantize_x)
+                                                weight_scales, num_heads, eps, quantize_x=quantize_x,
+                                                tree_parents=tree_parents)
 
 
 @torch.library.register_fake("mtp::decoder_layers")
 def _decoder_layers_fake(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps,
-                         *, quantize_x=False):
+                         *, quantize_x=False, tree_parents=None):
     torch._check(x.dim() == 3, lambda: "mtp.decoder_layers: x must be 3-D [B, T, H]")
     torch._check(k_cache.dim() == 5, lambda: "mtp.decoder_layers: k_cache must be 5-D [layers, B, Hkv, L, D]")
     _check_same_device("mtp.decoder_layers", "x", x, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
@@ -133,22 +137,24 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
                cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
                embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
                lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
-               eps: float) -> torch.Tensor:
+               eps: float, *, alternatives: int = 0) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
     k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
-    draft_vocab of the backbone's lm_head [V, H] in place; see ``reference.head_draft``."""
+    draft_vocab of the backbone's lm_head [V, H] in place. alternatives = m appends the first
+    step's 2nd..(m+1)-th best drafts: [B, k + m] (a tree's other first drafts); see
+    ``reference.head_draft``."""
     return torch.ops.mtp.head_draft.default(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
                                             embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k,
-                                            num_heads, eps)
+                                            num_heads, eps, alternatives=alternatives)
 
 
 @torch.library.register_fake("mtp::head_draft")
 def _head_draft_fake(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale,
-                     weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps):
+                     weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0):
     torch._check(hidden.dim() == 2, lambda: "mtp.head_draft: hidden must be 2-D [B, H]")
     _check_same_device("mtp.head_draft", "hidden", hidden, token=token, k_cache=k_cache, v_cache=v_cache,
                        cache_lens=cache_lens)
-    return hidden.new_empty((hidden.shape[0], k), dtype=torch.int64)
+    return hidden.new_empty((hidden.shape[0], k + alternatives), dtype=torch.int64)
 
 
 def _norm_fake(op, x, weight, **others):

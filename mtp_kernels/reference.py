@@ -457,7 +457,7 @@ DECODER_PARTS = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_pr
 def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
                    rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
                    weight_scales: list[torch.Tensor], num_heads: int, eps: float, *, quantize_x: bool = False,
-                   ops=None) -> torch.Tensor:
+                   tree_parents: Optional[torch.Tensor] = None, ops=None) -> torch.Tensor:
     """A Llama-family decoder pass over the embeddings x [B, T, H] (fp32|bf16): the composition
     below of the layer ops. weights holds per layer DECODER_PARTS (norms [H] in x's dtype;
     qkv [(Hq + 2 Hkv) D, H] = the q, k, v heads' rows; o_proj [H, Hq D]; gate_up [2I, H] =
@@ -468,25 +468,59 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     k_cache, v_cache [layers, B, Hkv, L, D] in place; cache_lens is not advanced). Returns the
     final norm of the last residual stream, [B, T, H].
 
+    tree_parents [B, T] (row 0 of each request -1, row t's parent in [0, t); None: a chain)
+    makes the tokens a tree: token t is still stored at cache_lens[b] + t, but takes position
+    cache_lens[b] + its depth and attends to the cache's first cache_lens[b] keys, then the
+    keys of its path from the root: what a chain of its path's tokens would see.
+
     ``ops`` supplies linear, rope, cache_append, head_attention, rms_norm, add_rms_norm and
     silu_mul (default: this module's). With the kernels (``mtp_kernels.ops``, rope through
     rope_ on a copy) this composition gives mtp.decoder_layers's bits exactly."""
     ops = ops or _REFERENCE_OPS
     T = x.shape[1]
     layers = k_cache.shape[0]
-    positions = cache_lens.long()[:, None] + torch.arange(T, device=x.device)
+    paths = None if tree_parents is None else tree_paths(tree_parents)
+    depth = torch.arange(T, device=x.device).expand(x.shape[0], T) if paths is None else \
+        torch.tensor([[len(p) - 1 for p in row] for row in paths], device=x.device)
+    positions = cache_lens.long()[:, None] + depth
     cos, sin = rope_cos[positions], rope_sin[positions]
     new_lens = cache_lens + T
     h = ops.rms_norm(x, weights[0] if layers else weights[-1], eps)
     for i in range(layers):
         def attend(q, k, v):  # append the new keys/values, then attend causally over the cache
             ops.cache_append(k_cache[i], v_cache[i], k, v, cache_lens)
-            return ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
+            if paths is None:
+                return ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
+            return _tree_attention(ops, q, k_cache[i], v_cache[i], cache_lens, paths)
 
         scales = weight_scales[4 * i:4 * i + 4] if weight_scales else (None,) * 4
         x, h = _layer(ops, x, h, weights[6 * i:6 * i + 6], scales, weights[6 * i + 6], cos, sin, num_heads,
                       k_cache.shape[2], eps, quantize_x, attend)
     return h
+
+
+def tree_paths(tree_parents: torch.Tensor) -> list[list[list[int]]]:
+    """Per request b and row t of tree_parents [B, T], the rows from the root to t."""
+    paths = []
+    for row in tree_parents.tolist():
+        paths.append([])
+        for t, p in enumerate(row):
+            paths[-1].append((paths[-1][p] if p >= 0 else []) + [t])
+    return paths
+
+
+def _tree_attention(ops, q, k_cache, v_cache, cache_lens, paths):
+    """Each query (b, t) over the cache's first cache_lens[b] keys, then its path's keys (rows
+    cache_lens[b] + u of the cache), gathered into one key sequence: a chain's view."""
+    out = torch.empty_like(q)
+    for b, rows in enumerate(paths):
+        L0 = int(cache_lens[b])
+        for t, path in enumerate(rows):
+            index = torch.cat([torch.arange(L0), L0 + torch.tensor(path)]).to(q.device)
+            k, v = k_cache[b:b + 1, :, index], v_cache[b:b + 1, :, index]
+            lens = torch.tensor([len(index)], device=q.device)
+            out[b:b + 1, t:t + 1] = ops.head_attention(q[b:b + 1, t:t + 1], k, v, lens)
+    return out
 
 
 def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, eps, quantize_x, attend):
@@ -512,7 +546,7 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
                cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
                embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
                lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
-               eps: float, *, ops=None) -> torch.Tensor:
+               eps: float, *, alternatives: int = 0, ops=None) -> torch.Tensor:
     """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
     token, at position cache_lens[b], not yet in the cache) from hidden [B, H] (fp32|bf16,
     the backbone's last hidden state): the composition below of the layer ops.
@@ -527,7 +561,9 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     that token and h = x. embedding [V, H]: float rows, or int8 with embedding_scale (Q8 rows:
     q * scale in fp32, then rounded to hidden's dtype); lm_head likewise float, or int8 with
     lm_head_scale (Q8 weights of mtp.linear). The kernel reads the draft vocabulary's rows of
-    lm_head in place (no copy of them).
+    lm_head in place (no copy of them). alternatives = m (k >= 1) appends the first step's next
+    m best drafts, [B, k + m]: its logits in torch.argmax's order (NaN first, then larger
+    values, ties to the lower draft-vocabulary index), the first draft left out.
 
     ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
     drafts exactly."""
@@ -538,7 +574,7 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     embed_norm, hidden_norm, proj, out_norm = weights[0], weights[1], weights[2], weights[-1]
     local = [(k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]), k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]))
              for _ in blocks]
-    drafts = torch.empty(B, k, dtype=torch.int64, device=hidden.device)
+    drafts = torch.empty(B, k + alternatives, dtype=torch.int64, device=hidden.device)
     h = hidden[:, None]  # [B, 1, H]: one token per request
     rows, scales = lm_head, lm_head_scale
     if draft_vocab is not None:  # this composition copies them; the kernel does not
@@ -559,10 +595,24 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
             after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
             x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend)
         h = x
-        best = ops.linear(a, rows, None, scales)[:, 0].argmax(-1)
+        logits = ops.linear(a, rows, None, scales)[:, 0]
+        best = logits.argmax(-1)
         token = draft_vocab[best] if draft_vocab is not None else best
         drafts[:, j] = token
+        if j == 0 and alternatives:
+            order = argmax_order(logits)[:, 1:alternatives + 1]
+            drafts[:, k:] = draft_vocab[order] if draft_vocab is not None else order
     return drafts
+
+
+def argmax_order(logits: torch.Tensor) -> torch.Tensor:
+    """The indices of each row of logits [B, V] in torch.argmax's order: NaNs first, then
+    larger values first, equal values (-0.0 == +0.0) by lower index; column 0 is argmax."""
+    v = logits.double()
+    nan = torch.isnan(v)
+    by_value = torch.sort(torch.where(nan, 0.0, v) + 0.0, dim=-1, descending=True, stable=True).indices
+    return torch.gather(by_value, -1, torch.sort(nan.gather(-1, by_value).int(), dim=-1, descending=True,
+                                                  stable=True).indices)
 
 
 _REFERENCE_OPS = SimpleNamespace(linear=linear, rope=rope, cache_append=cache_append, head_attention=head_attention,

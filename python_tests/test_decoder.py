@@ -4,6 +4,7 @@ and is close to the same composition of the reference ops. Across dtypes, float 
 int8-dot weights, ragged cache lengths, every instruction set, thread counts, strided cache
 views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad input.
 mtp.head_draft likewise against reference.head_draft (the MTP head's draft steps)."""
+import dataclasses
 import re
 
 import pytest
@@ -27,10 +28,11 @@ class Pass:
     """The arguments of one decoder pass of the tiny backbone, with caches holding random
     history, so that several calls can start from the same state."""
 
-    def __init__(self, dtype, quantize, int8_dot, lens, T, seed=0):
+    def __init__(self, dtype, quantize, int8_dot, lens, T, seed=0, capacity=32):
         g = torch.Generator().manual_seed(seed)
-        self.model = m = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
-        self.cache = m.new_cache(len(lens), 32)
+        cfg = dataclasses.replace(TINY, max_position=max(TINY.max_position, capacity))  # same weights
+        self.model = m = tiny_backbone(dtype, cfg, quantize=quantize, int8_dot=int8_dot)
+        self.cache = m.new_cache(len(lens), capacity)
         self.cache.k.copy_(torch.randn(self.cache.k.shape, generator=g))
         self.cache.v.copy_(torch.randn(self.cache.v.shape, generator=g))
         self.cache.lens.copy_(torch.tensor(lens))

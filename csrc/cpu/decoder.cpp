@@ -100,10 +100,29 @@ std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, i
   return layers;
 }
 
+// tree_parents [B, T] (int32 or int64) as int64 values, checked: each request's row 0 is
+// the root (-1) and every other row's parent an earlier row.
+std::vector<int64_t> checked_tree(const char* op, const at::Tensor& t, int64_t B, int64_t T) {
+  check_cpu(op, "tree_parents", t);
+  TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, op,
+              ": tree_parents must be int32 or int64, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == T, op, ": tree_parents must be [B, T] = [", B, ", ", T,
+              "] (x's first two sizes), got ", t.sizes());
+  const at::Tensor v = t.to(at::kLong).contiguous();
+  std::vector<int64_t> parents(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + B * T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t p = parents[size_t(b * T + i)];
+      TORCH_CHECK(i == 0 ? p == -1 : p >= 0 && p < i, op, ": tree_parents[", b, "][", i, "] must be ",
+                  i == 0 ? "-1 (row 0 is the root)" : "an earlier row in [0, " + std::to_string(i) + ")", ", got ", p);
+    }
+  return parents;
+}
+
 at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& cache_lens, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
                               at::TensorList weights, at::TensorList weight_scales, int64_t num_heads, double eps,
-                              bool quantize_x) {
+                              bool quantize_x, const std::optional<at::Tensor>& tree_parents) {
   check_cpu(kDecoder, "x", x);
   check_dtype(kDecoder, "x", x, {at::kFloat, at::kBFloat16});
   check_dim(kDecoder, "x", x, 3, "[B, T, H]");
@@ -155,6 +174,9 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
     a.v_stride[d] = v_cache.stride(d);
   }
   a.cache_lens = lens.data();
+  const std::vector<int64_t> parents =
+      tree_parents ? checked_tree(kDecoder, *tree_parents, a.B, a.T) : std::vector<int64_t>();
+  a.tree_parents = tree_parents ? parents.data() : nullptr;
   a.layer = layers.data();
   a.final_norm = final_norm.data_ptr();
   a.eps = float(eps);
@@ -187,7 +209,7 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
                           const c10::optional<at::Tensor>& embedding_scale, at::TensorList weights,
                           const at::Tensor& lm_head, const c10::optional<at::Tensor>& lm_head_scale,
                           const c10::optional<at::Tensor>& draft_vocab, int64_t k,
-                          int64_t num_heads, double eps) {
+                          int64_t num_heads, double eps, int64_t alternatives) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
   check_dtype(op, "hidden", hidden, {at::kFloat, at::kBFloat16});
@@ -237,9 +259,13 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
     TORCH_CHECK(a.Vd >= 1, op, ": draft_vocab must hold at least one token id, got shape ", draft_vocab->sizes());
     vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (its length)", a.V, "V (embedding.size(0))");
   }
+  TORCH_CHECK(alternatives >= 0 && alternatives < a.Vd, op, ": alternatives must be in [0, ", a.Vd,
+              ") (fewer than the draft vocabulary's ", a.Vd, " tokens), got ", alternatives);
+  TORCH_CHECK(alternatives == 0 || k >= 1, op, ": alternatives are first drafts: they need k >= 1, got k = 0");
+  a.alternatives = alternatives;
 
   const at::Tensor hc = hidden.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
-  at::Tensor drafts = at::empty({a.B, k}, token.options().dtype(at::kLong));
+  at::Tensor drafts = at::empty({a.B, k + alternatives}, token.options().dtype(at::kLong));
   a.hidden = hc.data_ptr();
   a.token = tokens.data();
   a.rope_cos = cos.data_ptr<float>();

@@ -29,13 +29,30 @@
 namespace mtp {
 
 // Rows of keys (or values) of one (request, kv head): row j starts at element
-// j * key_stride of base, its element d at d * d_stride.
+// j * key_stride of base (map: at map[j] * key_stride, a tree query's path), its element d
+// at d * d_stride.
 struct KvRows {
   const void* base;
   int64_t key_stride, d_stride;
   DType dtype;
+  const int64_t* map = nullptr;
   const void* row(int64_t j) const {
-    return static_cast<const char*>(base) + j * key_stride * dtype_size(dtype);
+    return static_cast<const char*>(base) + (map ? map[j] : j) * key_stride * dtype_size(dtype);
+  }
+};
+
+// The tree of AttentionArgs::parents: per (b, t) its depth and its path from the root
+// (path[(b * T + t) * T + d] = the row at depth d, d <= depth).
+struct TreePaths {
+  std::vector<int64_t> depth, path;
+  TreePaths(const int64_t* parents, int64_t B, int64_t T) : depth(size_t(B * T)), path(size_t(B * T * T)) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t p = parents[b * T + t], i = b * T + t;
+        depth[size_t(i)] = p < 0 ? 0 : depth[size_t(b * T + p)] + 1;
+        if (p >= 0) std::copy_n(&path[size_t((b * T + p) * T)], depth[size_t(i)], &path[size_t(i * T)]);
+        path[size_t(i * T + depth[size_t(i)])] = t;
+      }
   }
 };
 
@@ -107,6 +124,11 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
         for (int64_t d = 0; d < D; ++d) dst[d] = load_f32(a.q, a.dtype, base + d * a.q_stride[3]);
       }
 
+  // Cache keys visible to query t of request b: a tree query's its depth decides.
+  const std::unique_ptr<TreePaths> tree(a.parents ? new TreePaths(a.parents, B, T) : nullptr);
+  auto visible = [&](int64_t b, int64_t t) {
+    return tree ? a.cache_lens[b] - T + tree->depth[size_t(b * T + t)] + 1 : visible_cache(a, b, t);
+  };
   // Chunk c of (b, hkv) = bh: cache chunks [0, Cc), then the local segment's [Cc, C).
   int64_t lmax = 0;
   for (int64_t b = 0; b < B; ++b) lmax = std::max(lmax, a.cache_lens[b]);
@@ -122,7 +144,7 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
     const bool local = c >= Cc;
     const int64_t c0 = (local ? c - Cc : c) * kAttnChunk;
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t vis = local ? visible_local(a, r / G) : visible_cache(a, b, r / G);
+      const int64_t vis = local ? visible_local(a, r / G) : visible(b, r / G);
       n[r] = std::clamp<int64_t>(vis - c0, 0, kAttnChunk);
     }
     const int64_t* ks = local ? a.kl_stride : a.k_stride;
@@ -132,7 +154,17 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
     const char* vb = static_cast<const char*>(local ? a.v_local : a.v);
     KvRows kr{kb + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es, ks[2], ks[3], a.dtype};
     KvRows vr{vb + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es, vs[2], vs[3], a.dtype};
-    attend_chunk<K>(qp.data() + (bh * R + r0) * D, r1 - r0, n + r0, kr, vr, D, a.scale, s, dst + r0 * P);
+    const int64_t base = a.cache_lens[b] - T;  // a tree's first new key
+    if (!tree || local || c0 + kAttnChunk <= base)
+      return attend_chunk<K>(qp.data() + (bh * R + r0) * D, r1 - r0, n + r0, kr, vr, D, a.scale, s, dst + r0 * P);
+    // The chunk holds new keys: each query's G rows read the keys of its own path.
+    std::vector<int64_t> map(static_cast<size_t>(kAttnChunk));
+    for (int64_t t = r0 / G; t < (r1 + G - 1) / G; ++t) {
+      const int64_t* path = &tree->path[size_t((b * T + t) * T)];
+      for (int64_t j = 0; j < n[t * G]; ++j) map[size_t(j)] = c0 + j < base ? j : base + path[c0 + j - base] - c0;
+      kr.map = vr.map = map.data();
+      attend_chunk<K>(qp.data() + (bh * R + t * G) * D, G, n + t * G, kr, vr, D, a.scale, s, dst + t * G * P);
+    }
   };
   auto out_row = [&](int64_t bh, int64_t r) { return ((bh / Hkv) * T + r / G) * a.Hq + (bh % Hkv) * G + r % G; };
   int64_t total = 0;
@@ -192,7 +224,7 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
       const int64_t bh = i / R, r = i % R, b = bh / Hkv, t = r / G;
       const float* pb = part.get() + (bh * C * R + r) * P;  // chunk c at + c*R*P
       bool any = false;
-      for (int64_t c = 0; c < attn_chunks(visible_cache(a, b, t)); ++c) fold_partial(st.data(), pb + c * R * P, D, &any);
+      for (int64_t c = 0; c < attn_chunks(visible(b, t)); ++c) fold_partial(st.data(), pb + c * R * P, D, &any);
       for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c) fold_partial(st.data(), pb + (Cc + c) * R * P, D, &any);
       write_row(a, out_row(bh, r), st.data(), any);
     }

@@ -25,6 +25,11 @@ struct AttentionArgs {
   int64_t kl_stride[4] = {0, 0, 0, 0}, vl_stride[4] = {0, 0, 0, 0};
   float scale = 1.f;
   bool causal = false;  // query t sees cache keys [0, cache_lens[b] - T + t]
+  // causal only, CPU only: [B, T] or nullptr (a chain). Request b's T queries form a tree:
+  // parents[b][0] = -1 (the root), parents[b][t] in [0, t). Query t sees the cache's first
+  // cache_lens[b] - T keys, then the keys of its path from the root (row u's key stored at
+  // cache_lens[b] - T + u), read as if they sat at the next positions: a chain's bits.
+  const int64_t* parents = nullptr;
   void* out = nullptr;  // contiguous [B, T, Hq, D]
 };
 

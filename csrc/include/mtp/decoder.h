@@ -52,6 +52,9 @@ struct DecoderArgs {
   // [B]: request b's tokens go to positions cache_lens[b] + t, which must be < min(L, P)
   // (the caller checks). Not advanced: the caller owns the lengths.
   const int64_t* cache_lens = nullptr;
+  // [B, T] or nullptr (a chain): each request's tokens as a tree (AttentionArgs::parents);
+  // token t sits at position cache_lens[b] + its depth and is stored at cache_lens[b] + t.
+  const int64_t* tree_parents = nullptr;
   const DecoderLayer* layer = nullptr;  // [layers]
   const void* final_norm = nullptr;
   float eps = 0.f;
@@ -202,11 +205,13 @@ struct LayerPass {
   }
 };
 
-// The RoPE angles [B*T, D] of positions lens[b] + offset + t, rows of the tables [P, D].
+// The RoPE angles [B*T, D] of positions lens[b] + offset + t (with depth [B*T]: lens[b] +
+// offset + depth[b*T + t]), rows of the tables [P, D].
 inline void gather_angles(const float* table, const int64_t* lens, int64_t offset, int64_t B, int64_t T, int64_t D,
-                          float* out) {
+                          float* out, const int64_t* depth = nullptr) {
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) std::copy_n(table + (lens[b] + offset + t) * D, D, out + (b * T + t) * D);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(table + (lens[b] + offset + (depth ? depth[b * T + t] : t)) * D, D, out + (b * T + t) * D);
 }
 
 // out = the final norm of the last layer's residual stream. Writes the new keys/values into
@@ -219,8 +224,9 @@ void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
   LayerPass<ParallelFor> p(M, a.T, a.H, a.Hq, a.Hkv, D, a.I, a.dtype, a.eps, a.quantize_x, isa, pf);
   const int64_t es = dtype_size(a.dtype);
   std::vector<float> cos(size_t(M * D)), sin(size_t(M * D));
-  gather_angles(a.rope_cos, a.cache_lens, 0, a.B, a.T, D, cos.data());
-  gather_angles(a.rope_sin, a.cache_lens, 0, a.B, a.T, D, sin.data());
+  const std::vector<int64_t> depth = a.tree_parents ? TreePaths(a.tree_parents, a.B, a.T).depth : std::vector<int64_t>();
+  gather_angles(a.rope_cos, a.cache_lens, 0, a.B, a.T, D, cos.data(), a.tree_parents ? depth.data() : nullptr);
+  gather_angles(a.rope_sin, a.cache_lens, 0, a.B, a.T, D, sin.data(), a.tree_parents ? depth.data() : nullptr);
   std::vector<int64_t> new_lens(size_t(a.B));  // the lengths once the tokens are in
   for (int64_t b = 0; b < a.B; ++b) new_lens[b] = a.cache_lens[b] + a.T;
   p.x = a.x;
@@ -232,6 +238,7 @@ void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
       p.append_heads(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, a.L, a.cache_lens);
       AttentionArgs at = p.attention_args(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, new_lens.data());
       at.causal = true;
+      at.parents = a.tree_parents;
       attention(at, threads, isa, pf);
     };
     const bool last = i + 1 == a.layers;

@@ -6,6 +6,8 @@
 // the same order as reference.head_draft's composition of the ops, so the same drafts;
 // what it saves is ~25 dispatches per draft step.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "mtp/argmax.h"
@@ -35,8 +37,25 @@ struct HeadDraftArgs {
   DecoderMatrix lm_head;              // [V, H]: float, or Q8; only the draft vocabulary's rows are read
   const int64_t* draft_vocab = nullptr;  // [Vd] token ids (rows of lm_head), or nullptr: every token (Vd == V)
   float eps = 0.f;
-  int64_t* drafts = nullptr;  // [B, K] contiguous
+  int64_t alternatives = 0;   // the first step's next best drafts also wanted (K >= 1, < Vd)
+  int64_t* drafts = nullptr;  // [B, K + alternatives] contiguous: the K steps, then the first step's
+                              // 2nd, 3rd, ... best drafts (torch.argmax's order over the rest)
 };
+
+// The best of the n logits of `row` by torch.argmax's rules, leaving out the indices
+// skip[0..m): the next best after them (scalar: the first step's few alternatives).
+inline int64_t argmax_skipping(const void* row, DType dt, int64_t n, const int64_t* skip, int64_t m) {
+  ArgmaxResult best = argmax_empty(0);
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::find(skip, skip + m, i) != skip + m) continue;
+    const float v = load_f32(row, dt, i);
+    const ArgmaxResult r{v, i, std::isnan(v)};
+    best = any ? argmax_merge(best, r) : r;
+    any = true;
+  }
+  return best.idx;
+}
 
 // Row `id` of the embedding, in dt (a Q8 row: q * scale in fp32, rounded once).
 inline void embedding_row(const DecoderMatrix& e, int64_t H, int64_t id, DType dt, void* out) {
@@ -97,7 +116,14 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
       const char* row = reinterpret_cast<const char*>(logits.data()) + b * a.Vd * es;
       const ArgmaxResult best = argmax_range(row, a.dtype, 1, 0, a.Vd, isa);
       token[size_t(b)] = a.draft_vocab ? a.draft_vocab[best.idx] : best.idx;
-      a.drafts[b * a.K + j] = token[size_t(b)];
+      const int64_t width = a.K + a.alternatives;
+      a.drafts[b * width + j] = token[size_t(b)];
+      if (j > 0 || a.alternatives == 0) continue;
+      std::vector<int64_t> taken{best.idx};  // draft-vocabulary indices
+      for (int64_t m = 0; m < a.alternatives; ++m) {
+        taken.push_back(argmax_skipping(row, a.dtype, a.Vd, taken.data(), int64_t(taken.size())));
+        a.drafts[b * width + a.K + m] = a.draft_vocab ? a.draft_vocab[taken.back()] : taken.back();
+      }
     }
   }
 }
