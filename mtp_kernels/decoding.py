@@ -6,6 +6,12 @@ accepts the longest prefix equal to the backbone's own greedy choices and adds t
 backbone's token at the first mismatch (or the bonus token after a full match). The cache
 keeps t0 and the accepted drafts: its length is set back past the rejected ones.
 
+Tree drafts (branches=M > 1, greedy): the pass also verifies the head's 2nd..M-th best first
+drafts, each a leaf beside the chain (mtp.decoder_layers with tree_parents: every token gets
+the bits a chain of its path would). When the chain's first draft is wrong and one of them is
+the backbone's token, it is accepted with its own next token, and its K/V moves into the
+place after t0.
+
 Prompt lookup (lookup=N): where the request's last tokens occurred before in its prompt or
 output, the up to N tokens that followed them there are the drafts instead (proofreading and
 summaries copy their input); the head drafts elsewhere. Any drafts keep the output exact.
@@ -45,6 +51,7 @@ class Generation:
     prefill_seconds: float = 0.0
     drafted: list[int] = dataclasses.field(default_factory=list)   # drafts offered at position j
     accepted: list[int] = dataclasses.field(default_factory=list)  # drafts accepted at position j
+    leaves_accepted: int = 0   # tree passes whose first accepted draft was a leaf, not the chain's
 
     @property
     def tokens_per_pass(self) -> float:
@@ -130,10 +137,18 @@ def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: in
     return need
 
 
+def tree_parents(B: int, chain: int, leaves: int) -> torch.Tensor:
+    """[B, 1 + chain + leaves]: row 0 the root, rows 1..chain a chain from it, then `leaves`
+    children of the root."""
+    row = [-1] + list(range(chain)) + [0] * leaves
+    return torch.tensor([row] * B)
+
+
 def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, head: Optional[MTPHead] = None,
              k: int = 3, eos_token_ids: tuple[int, ...] = (),
              on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
-             seed: int = 0, lenient: Optional[tuple[int, float]] = None, lookup: int = 0) -> list[Generation]:
+             seed: int = 0, lenient: Optional[tuple[int, float]] = None, lookup: int = 0,
+             branches: int = 1) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
     one with `begin(prompts, capacity)` gets it right after the backbone's prefill, timed
@@ -143,19 +158,27 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     lenient=(top_k, min_ratio) verifies drafts with mtp.verify_lenient (greedy only, with a
     head): NOT lossless, the output may differ from greedy decoding; (1, x) is exact.
     lookup=N > 0 drafts up to N tokens by prompt lookup (lookup_drafts) where the context
-    repeats itself, the head (if any) elsewhere; exact like any drafts."""
+    repeats itself, the head (if any) elsewhere; exact like any drafts. branches=M > 1 (greedy,
+    an MTP head) verifies the head's M best first drafts in each of its passes: its chain of k
+    and M - 1 leaves (see the module's docstring)."""
     if head is not None and k < 1:
         raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
+    if branches < 1:
+        raise ValueError(f"branches (first drafts per head pass) must be >= 1, got {branches}")
+    if branches > 1 and (head is None or hasattr(head, "begin") or temperature != 0 or lenient is not None):
+        raise ValueError("branches > 1 (tree drafts) needs the MTP head and greedy verification "
+                         "(temperature 0, not lenient)")
     if lookup < 0:
         raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {lookup}")
     if lookup and hasattr(head, "begin"):
         raise ValueError("lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
                          "every committed token was its own draft")
     K = k if head is not None else 0
-    width = max(K, lookup)  # the most drafts one pass verifies
+    A = branches - 1  # the leaves beside the head's chain
+    width = max(K, lookup)  # the longest chain one pass verifies
     B = len(prompts)
     pick = _Sampler(B, temperature, seed, lenient)
-    cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, width + 1))
+    cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, width + A + 1))
     eos = set(eos_token_ids)
     t0 = time.perf_counter()
     hidden, token = _prefill(model, cache, prompts, pick)
@@ -164,17 +187,21 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     out = [Generation(tokens=[], drafted=[0] * width, accepted=[0] * width) for _ in range(B)]
     done = [False] * B
 
-    def propose() -> tuple[torch.Tensor, torch.Tensor]:
-        """Drafts [B, W] and how many of each request's to verify (none past max_new_tokens)."""
+    def propose() -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+        """Drafts [B, W], how many of each request's to verify (none past max_new_tokens) and
+        each request's other first drafts (tree leaves; [] for lookup drafts)."""
         found = [lookup_drafts(prompts[b] + out[b].tokens, lookup) if lookup and not done[b] else []
                  for b in range(B)]
-        rows = found
+        rows, leaves = found, [[] for _ in range(B)]
         if head is not None and not all(found[b] or done[b] for b in range(B)):
-            rows = [f or d for f, d in zip(found, head.draft(model, cache, hidden, token, K).tolist())]
+            drafted = head.draft(model, cache, hidden, token, K, A) if A else head.draft(model, cache, hidden, token, K)
+            rows = [f or d[:K] for f, d in zip(found, drafted.tolist())]
+            leaves = [[] if f else d[K:] for f, d in zip(found, drafted.tolist())]
         num = [0 if done[b] else min(len(rows[b]), max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]
         W = max(num)
+        leaves = [leaves[b] if num[b] else [] for b in range(B)]
         return torch.tensor([r[:W] + [0] * (W - len(r[:W])) for r in rows], dtype=torch.long).view(B, W), \
-            torch.tensor(num)
+            torch.tensor(num), leaves
 
     def commit(b: int, ids: list[int]) -> None:
         ids = cut_at_eos(ids[:max_new_tokens - len(out[b].tokens)], eos)
@@ -199,21 +226,41 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
                 if not done[b]:
                     commit(b, [int(token[b])])
             continue
-        drafts, num = propose()
-        h = model(torch.cat([token[:, None], drafts], dim=1), cache)
-        accepted, tokens = pick.verify(drafts, model.logits(h), num, start + 1)
+        drafts, num, leaves = propose()
+        W, leaf_count = drafts.shape[1], max(map(len, leaves))
+        rows = [token[:, None], drafts]
+        if leaf_count:  # a tree: the chain, then the leaves (children of t0)
+            rows.append(torch.tensor([ls + [0] * (leaf_count - len(ls)) for ls in leaves], dtype=torch.long))
+        parents = tree_parents(B, W, leaf_count) if leaf_count else None
+        h = model(torch.cat(rows, dim=1), cache, parents)
+        logits = model.logits(h)
+        accepted, tokens = pick.verify(drafts, logits[:, :W + 1], num, start + 1)
         # Keep t0 and the accepted drafts; the rejected drafts' K/V are dropped by length.
         cache.lens.copy_(torch.where(active, start + 1 + accepted, start))
         hidden = h[torch.arange(B), accepted]
         token = tokens[torch.arange(B), accepted]
+        # A leaf that is the backbone's token (the chain's first draft was not): its row
+        # (0: none) is accepted with its own next token, and its K/V moves after t0.
+        leaf_row = [1 + W + leaves[b].index(int(tokens[b, 0])) if not done[b] and int(accepted[b]) == 0
+                    and int(tokens[b, 0]) in leaves[b] else 0 for b in range(B)]
+        after_leaf = pick(logits[torch.arange(B), leaf_row], start + 2) if any(leaf_row) else None
         for b in range(B):
             if done[b]:
                 continue
             n = int(accepted[b])
+            committed = tokens[b, :n + 1].tolist()
+            if leaf_row[b]:
+                row, s = leaf_row[b], int(start[b])
+                cache.k[:, b, :, s + 1] = cache.k[:, b, :, s + row]
+                cache.v[:, b, :, s + 1] = cache.v[:, b, :, s + row]
+                cache.lens[b] = s + 2
+                n, hidden[b], token[b] = 1, h[b, row], after_leaf[b]
+                out[b].leaves_accepted += 1
+                committed.append(int(token[b]))
             for j in range(int(num[b])):
                 out[b].drafted[j] += 1
                 out[b].accepted[j] += j < n
-            commit(b, tokens[b, :n + 1].tolist())
+            commit(b, committed)
     t2 = time.perf_counter()
     for g in out:
         g.seconds, g.prefill_seconds = t2 - t1, t1 - t0

@@ -57,6 +57,57 @@ def test_speculative_equals_greedy_on_20_prompts(dtype, quantize, int8_dot, k):
     assert single[0].tokens == want[5]
 
 
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
+@pytest.mark.parametrize("k,branches,lookup", [(1, 2, 0), (3, 3, 0), (2, 4, 3)])
+def test_tree_drafts_equal_greedy_on_20_prompts(dtype, quantize, int8_dot, k, branches, lookup):
+    """The head's chain and branches - 1 leaves per pass (batched, ragged; beside prompt
+    lookup's chains too): the tokens of plain greedy, with leaves accepted."""
+    model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist() * (1 + int(n) % 2)
+               for n in torch.randint(1, 20, (20,), generator=g)]
+    max_new = 24
+    want = greedy_reference(model, prompts, max_new)
+    futures = {b: prompts[b] + want[b] for b in range(len(prompts))}
+    got = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k,
+                            eos_token_ids=TINY.eos_token_ids, branches=branches, lookup=lookup)
+    assert [r.tokens for r in got] == want
+    assert sum(r.leaves_accepted for r in got) > 0
+    assert sum(r.passes for r in got) < sum(len(w) for w in want)  # drafts were accepted
+    single = decoding.generate(model, [prompts[5]], max_new, head=OracleHead({0: futures[5]}, TINY.vocab_size),
+                               k=k, eos_token_ids=TINY.eos_token_ids, branches=branches, lookup=lookup)
+    assert single[0].tokens == want[5]
+
+
+def test_tree_drafts_of_a_trained_shape_head_equal_greedy():
+    """A real MTPHead (random weights) through mtp.head_draft's alternatives: greedy's tokens."""
+    model = tiny_backbone(torch.bfloat16)
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 30, (6,), generator=g)]
+    want = greedy_reference(model, prompts, 16)
+    got = decoding.generate(model, prompts, 16, head=head, k=2, branches=3, eos_token_ids=TINY.eos_token_ids)
+    assert [r.tokens for r in got] == want
+
+
+def test_tree_drafts_bad_input():
+    model = tiny_backbone()
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+
+    class Standalone(OracleHead):
+        def begin(self, prompts, capacity):
+            pass
+
+    with pytest.raises(ValueError, match=r"branches \(first drafts per head pass\) must be >= 1, got 0"):
+        decoding.generate(model, [[1, 2]], 4, head=head, branches=0)
+    for kwargs in [dict(head=None), dict(head=Standalone({0: [1, 2]}, 97)), dict(head=head, temperature=0.5),
+                   dict(head=head, lenient=(2, 0.5))]:
+        with pytest.raises(ValueError, match=r"branches > 1 \(tree drafts\) needs the MTP head and greedy"):
+            decoding.generate(model, [[1, 2]], 4, branches=2, **kwargs)
+
+
 @pytest.mark.parametrize("quantize,int8_dot", [(False, False), (True, False), (True, True)])
 def test_mtp_head_drafts_from_the_cache_in_place_and_keeps_greedy_output(quantize, int8_dot):
     model = tiny_backbone(quantize=quantize, int8_dot=int8_dot)

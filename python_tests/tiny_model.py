@@ -27,15 +27,16 @@ def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY, quantize: bool =
 
 class OracleHead:
     """A stand-in draft head that knows the greedy continuation and corrupts some drafts,
-    so that every acceptance length (0..K) occurs."""
+    so that every acceptance length (0..K) occurs. Its `alternatives` other first drafts hold
+    the true one, when the first is wrong, half of the time (a tree's leaves)."""
 
     def __init__(self, greedy_by_prompt_len: dict, vocab: int, seed: int = 0):
         self.future = greedy_by_prompt_len  # prompt length -> full greedy sequence (prompt + output)
         self.vocab = vocab
         self.g = torch.Generator().manual_seed(seed)
 
-    def draft(self, model, cache, hidden, token, k):
-        out = torch.empty(len(token), k, dtype=torch.int64)
+    def draft(self, model, cache, hidden, token, k, alternatives=0):
+        out = torch.empty(len(token), k + alternatives, dtype=torch.int64)
         for b in range(len(token)):
             seq = self.future[b]
             pos = int(cache.lens[b]) + 1  # the pending token sits at cache.lens[b]
@@ -44,6 +45,13 @@ class OracleHead:
                 wrong = torch.rand(1, generator=self.g).item() < 0.25
                 out[b, j] = (true + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.g))) % self.vocab \
                     if wrong else true
+            if alternatives:  # distinct from the first draft and each other
+                true = seq[pos] if pos < len(seq) else 0
+                others = [t for t in torch.randperm(self.vocab, generator=self.g).tolist()
+                          if t not in (true, int(out[b, 0]))][:alternatives]
+                if int(out[b, 0]) != true and torch.rand(1, generator=self.g).item() < 0.5:
+                    others[int(torch.randint(0, alternatives, (1,), generator=self.g))] = true
+                out[b, k:] = torch.tensor(others)
         return out
 
 

@@ -168,10 +168,12 @@ class Backbone(torch.nn.Module):
         return weights, scales
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
         """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the
         cache and advances cache.lens by T. Returns the final normed hidden states
         [B, T, hidden] (the LM head's input; `logits()` turns them into logits).
+        tree_parents [B, T]: the tokens form a tree instead (mtp.decoder_layers); token t
+        still goes to cache.lens[b] + t, with the bits a chain of its path would give.
         All layers run in one mtp.decoder_layers call (reference.decoder_layers: the same
         bits as the op-by-op composition, without ~11 dispatches per layer)."""
         B, T = tokens.shape
@@ -184,6 +186,6 @@ class Backbone(torch.nn.Module):
         weights, scales = self._decoder_weights
         h = torch.ops.mtp.decoder_layers(self.embed(tokens), cache.k, cache.v, cache.lens, self.rope_cos,
                                          self.rope_sin, weights, scales, self.cfg.num_heads, self.cfg.rms_norm_eps,
-                                         quantize_x=self.int8_dot)
+                                         quantize_x=self.int8_dot, tree_parents=tree_parents)
         cache.lens.add_(T)
         return h
