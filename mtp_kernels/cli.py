@@ -121,6 +121,8 @@ def cmd_generate(args) -> int:
                                      else load_head(args.head, model, log, args.model is None))
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
+    if args.branches > 1:
+        how += f", {args.branches} first drafts per head pass"
     if args.lookup:
         how += f", prompt lookup up to {args.lookup}"
     if args.lenient and head is not None:
@@ -137,12 +139,12 @@ def cmd_generate(args) -> int:
 
         g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=args.k, eos_token_ids=eos,
                               on_tokens=on_tokens, temperature=args.temperature,
-                              seed=args.seed, lenient=args.lenient, lookup=args.lookup)[0]
+                              seed=args.seed, lenient=args.lenient, lookup=args.lookup, branches=args.branches)[0]
         if args.json:
             print(json.dumps({"prompt": prompt, "tokens": g.tokens, "text": tokenizer.decode(g.tokens),
                               "passes": g.passes, "seconds": round(g.seconds, 4),
                               "tokens_per_pass": round(g.tokens_per_pass, 3), "accepted_by_position": g.accepted,
-                              "drafted_by_position": g.drafted}), flush=True)
+                              "drafted_by_position": g.drafted, "leaves_accepted": g.leaves_accepted}), flush=True)
         else:
             print(flush=True)
             rate = len(g.tokens) / g.seconds if g.seconds else float("inf")
@@ -176,12 +178,16 @@ def cmd_train(args) -> int:
 
 
 DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass (bench/RESULTS.md, "Prompt lookup beside the head")
-ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_drafter", "ours_lookup", "ours_mtp_lookup", "hf_greedy",
+# The fastest head passes measured (bench/RESULTS.md, "Tree drafts"): greedy, a tree of the
+# head's chain of 3 and its 2nd and 3rd best first drafts; a chain of 2 where trees do not go.
+TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
+ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_mtp_tree", "ours_drafter", "ours_lookup", "ours_mtp_lookup",
+               "ours_mtp_lookup_tree", "hf_greedy",
                "hf_prompt_lookup", "llamacpp_greedy", "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot",
                "ours_mtp_int8dot", "ours_mtp_lookup_int8dot")
 # Speculative method -> the plain greedy run its output must equal token for token.
 EXACT_AGAINST = {"ours_mtp": "ours_greedy", "ours_drafter": "ours_greedy", "ours_lookup": "ours_greedy",
-                 "ours_mtp_lookup": "ours_greedy", "ours_mtp_int8": "ours_greedy_int8",
+                 "ours_mtp_lookup": "ours_greedy", "ours_mtp_tree": "ours_greedy", "ours_mtp_lookup_tree": "ours_greedy", "ours_mtp_int8": "ours_greedy_int8",
                  "ours_mtp_int8dot": "ours_greedy_int8dot", "ours_mtp_lookup_int8dot": "ours_greedy_int8dot"}
 
 
@@ -237,7 +243,9 @@ def cmd_bench(args) -> int:
     res = {"command": "mtp bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "mtp bench",
            "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, CPU kernels "
                     f"{get_isa()}, 1 request at a time, the methods interleaved prompt by prompt, "
-                    f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}",
+                    f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}"
+                    + (f"; *_tree: the head's chain of {args.tree_k} and its {args.branches} best first drafts"
+                       if any(m.endswith("_tree") for m in methods) else ""),
            "methods": {}}
     if "llamacpp_greedy" in methods:
         import llama_cpp
@@ -260,23 +268,27 @@ def cmd_bench(args) -> int:
     drafter = load_drafter(args.drafter_path, model, log) if "ours_drafter" in methods else None
     llm = (evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
                                   max(map(len, ids)) + args.max_new_tokens + 1) if "llamacpp_greedy" in methods else None)
-    n, k, lookup = args.max_new_tokens, args.k, args.lookup
-    # (backbone, drafter, K, lookup, lenient) of each of our methods.
-    ours = {"ours_greedy": (model, None, 0, 0, None), "ours_mtp": (model, head, k, 0, None),
-            "ours_lookup": (model, None, 0, lookup, None), "ours_mtp_lookup": (model, head, k, lookup, None),
-            "ours_drafter": (model, drafter, k, 0, None), "ours_greedy_int8": (quantized, None, 0, 0, None),
-            "ours_mtp_int8": (quantized, head, k, 0, None), "ours_greedy_int8dot": (int8dot, None, 0, 0, None),
-            "ours_mtp_int8dot": (int8dot, head, k, 0, None), "ours_mtp_lookup_int8dot": (int8dot, head, k, lookup, None)}
+    n, k, lookup, tk, tb = args.max_new_tokens, args.k, args.lookup, args.tree_k, args.branches
+    # (backbone, drafter, K, lookup, lenient, branches) of each of our methods.
+    ours = {"ours_greedy": (model, None, 0, 0, None, 1), "ours_mtp": (model, head, k, 0, None, 1),
+            "ours_mtp_tree": (model, head, tk, 0, None, tb),
+            "ours_lookup": (model, None, 0, lookup, None, 1), "ours_mtp_lookup": (model, head, k, lookup, None, 1),
+            "ours_mtp_lookup_tree": (model, head, tk, lookup, None, tb),
+            "ours_drafter": (model, drafter, k, 0, None, 1), "ours_greedy_int8": (quantized, None, 0, 0, None, 1),
+            "ours_mtp_int8": (quantized, head, k, 0, None, 1), "ours_greedy_int8dot": (int8dot, None, 0, 0, None, 1),
+            "ours_mtp_int8dot": (int8dot, head, k, 0, None, 1),
+            "ours_mtp_lookup_int8dot": (int8dot, head, k, lookup, None, 1)}
     for top_k, ratio in lenient:  # NOT lossless: measured drift from greedy, never an error
         m = f"ours_mtp_lenient(top_k={top_k},min_ratio={ratio})"
-        ours[m] = (model, head, k, 0, (top_k, ratio))
+        ours[m] = (model, head, k, 0, (top_k, ratio), 1)
         methods.append(m)
 
     def run(m: str, i: int) -> list:
         """Method m on prompt i: a list of one evaluate.Run."""
         if m in ours:
-            backbone, drafter_, k_, lookup_, lenient_ = ours[m]
-            return evaluate.run_ours(backbone, ids[i:i + 1], tasks[i:i + 1], n, eos, drafter_, k_, lenient_, lookup_)
+            backbone, drafter_, k_, lookup_, lenient_, branches_ = ours[m]
+            return evaluate.run_ours(backbone, ids[i:i + 1], tasks[i:i + 1], n, eos, drafter_, k_, lenient_, lookup_,
+                                     branches_)
         if m == "llamacpp_greedy":
             return evaluate.run_llamacpp(llm, ids[i:i + 1], tasks[i:i + 1], n, eos)
         return evaluate.run_transformers(hf, ids[i:i + 1], tasks[i:i + 1], n, eos,
@@ -308,7 +320,8 @@ def cmd_bench(args) -> int:
         sub = [i for i, r in enumerate(picked) if sum(x["task"] == r["task"] for x in picked[:i]) < args.sweep_per_task]
         res["sweep"] = evaluate.sweep(model, head, [ids[i] for i in sub], [tasks[i] for i in sub], args.max_new_tokens,
                                       eos, ks=range(1, 6), vocab_sizes=(1024, 2048, 4096), k_for_vocab=args.k,
-                                      lookups=(3, 4, 6, 8, 10), log=log)
+                                      lookups=(3, 4, 6, 8, 10), trees=((2, 3), (3, 2), (3, 3), (3, 4), (4, 3)),
+                                      tree_lookup=args.lookup, log=log)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     evaluate.save(res, args.out + ".json")
     with open(args.out + ".md", "w") as f:
@@ -328,7 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompts-file", help='JSON lines, one {"prompt": ...} per line')
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--no-mtp", action="store_true", help="plain greedy decoding with the same backbone")
-    g.add_argument("--k", type=int, default=2, help="draft tokens per backbone pass (default 2: the fastest in bench/RESULTS.md)")
+    g.add_argument("--k", type=int, help=f"draft tokens per backbone pass in the head's chain (default {TREE_K} "
+                                         f"in a tree, else {CHAIN_K}: the fastest in bench/RESULTS.md)")
+    g.add_argument("--branches", type=int,
+                   help=f"the head's best first drafts verified per pass: its chain of K, the others as leaves (a "
+                        f"tree; default {TREE_BRANCHES} with the MTP head in greedy mode, else 1 = a chain)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
@@ -387,7 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--eval-set", default=os.path.join(repo, "bench", "eval_set.jsonl"))
     b.add_argument("--per-task", type=int, default=30, help="prompts per task")
     b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--k", type=int, default=3, help="drafts per pass (head and standalone drafter)")
+    b.add_argument("--k", type=int, default=3, help="drafts per pass (head and standalone drafter, chains)")
+    b.add_argument("--tree-k", type=int, default=TREE_K, help=f"the head's chain in the *_tree methods (default {TREE_K})")
+    b.add_argument("--branches", type=int, default=TREE_BRANCHES,
+                   help=f"first drafts per head pass in the *_tree methods (default {TREE_BRANCHES})")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--methods", help=f"comma-separated, including ours_greedy (default: {','.join(ALL_METHODS)}; "
@@ -412,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # Integer options that must be positive (those the command has), then the rest.
-    positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab", "per_task", "threads"]
+    positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab", "per_task", "threads", "tree_k",
+                "branches"]
     given = {n: getattr(args, n, None) for n in positive}
     bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]
     if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
@@ -435,6 +456,13 @@ def main(argv=None) -> int:
             args.lenient = parse_lenient(args.lenient)
         except ValueError as e:
             bad.append(str(e))
+    if args.command == "generate":  # trees where they go (greedy, the MTP head), else chains
+        tree_ok = not args.no_mtp and args.drafter == "head" and args.temperature == 0 and args.lenient is None
+        if (args.branches or 1) > 1 and not tree_ok:
+            bad.append("--branches > 1 (tree drafts) needs the MTP head in greedy mode (not --no-mtp, --drafter "
+                       "standalone, --temperature > 0 or --lenient)")
+        args.branches = args.branches or (TREE_BRANCHES if tree_ok else 1)
+        args.k = args.k or (TREE_K if args.branches > 1 else CHAIN_K)
     if bad:
         print(f"mtp: error: {bad[0]}", file=sys.stderr)
         return 2

@@ -47,11 +47,12 @@ def hf_backbone(gguf_path: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
-def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0) -> list[Run]:
+def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0,
+             branches=1) -> list[Run]:
     out = []
     for ids, task in zip(prompt_ids, tasks):
         g = decoding.generate(model, [ids], max_new, head=drafter, k=k or 1, eos_token_ids=eos, lenient=lenient,
-                              lookup=lookup)[0]
+                              lookup=lookup, branches=branches)[0]
         out.append(Run(task, g.tokens, g.seconds + g.prefill_seconds, g.seconds, g.passes, g.drafted, g.accepted))
     return out
 
@@ -154,19 +155,22 @@ def restrict_vocab(head, size: int) -> None:
 
 
 def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_vocab, lookups,
-          log: Callable[[str], None]) -> list[dict]:
+          log: Callable[[str], None], trees=(), tree_lookup=0) -> list[dict]:
     """tau and decode tokens/s for each K (full draft vocabulary), each draft vocabulary size
     (at k_for_vocab) below the head's own (a prefix of its draft vocabulary; a head over the
-    full vocabulary has none to cut) and each most number of prompt-lookup drafts (at
-    k_for_vocab, the full draft vocabulary)."""
+    full vocabulary has none to cut), each most number of prompt-lookup drafts (at
+    k_for_vocab, the full draft vocabulary) and each tree (K, branches) with tree_lookup
+    prompt-lookup drafts."""
     rows = []
     full = int(head.draft_vocab.numel())
-    for k, vs, lookup in ([(k, 0, 0) for k in ks] + [(k_for_vocab, v, 0) for v in vocab_sizes if v < full]
-                          + [(k_for_vocab, 0, n) for n in lookups]):
+    for k, vs, lookup, branches in ([(k, 0, 0, 1) for k in ks] + [(k_for_vocab, v, 0, 1) for v in vocab_sizes if v < full]
+                                    + [(k_for_vocab, 0, n, 1) for n in lookups]
+                                    + [(k, 0, tree_lookup, b) for k, b in trees]):
         restrict_vocab(head, vs)
-        rs = run_ours(model, prompt_ids, tasks, max_new, eos, head, k, lookup=lookup)
+        rs = run_ours(model, prompt_ids, tasks, max_new, eos, head, k, lookup=lookup, branches=branches)
         passes = sum(r.passes for r in rs)
-        rows.append({"k": k, "draft_vocab": int(head.draft_vocab.numel()) or model.cfg.vocab_size, "lookup": lookup,
+        rows.append({"k": k, "branches": branches,
+                     "draft_vocab": int(head.draft_vocab.numel()) or model.cfg.vocab_size, "lookup": lookup,
                      "tau": sum(len(r.tokens) - 1 for r in rs) / passes,
                      "decode_tokens_per_s": sum(len(r.tokens) - 1 for r in rs) / sum(r.decode_seconds for r in rs)})
         log(f"sweep: {rows[-1]}")
@@ -201,9 +205,11 @@ def markdown(results: dict) -> str:
                           f"check); ours_greedy_{q} with the unquantized ours_greedy (its token agreement is the "
                           "accuracy of that quantization)."]
     if results.get("sweep"):
-        lines += ["", "Sweep (subset of the evaluation set): K, draft vocabulary size, prompt-lookup drafts", "",
-                  "| K | draft vocabulary | lookup | tau | decode tokens/s |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['k']} | {r['draft_vocab']} | {r.get('lookup', 0)} | {r['tau']:.2f} | "
+        lines += ["", "Sweep (subset of the evaluation set): K, first drafts per head pass (branches > 1: a tree), "
+                      "draft vocabulary size, prompt-lookup drafts", "",
+                  "| K | branches | draft vocabulary | lookup | tau | decode tokens/s |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['k']} | {r.get('branches', 1)} | {r['draft_vocab']} | {r.get('lookup', 0)} | {r['tau']:.2f} | "
                   f"{r['decode_tokens_per_s']:.1f} |" for r in results["sweep"]]
     return "\n".join(lines) + "\n"
 

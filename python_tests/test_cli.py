@@ -65,6 +65,25 @@ def test_lookup_generate_equals_no_mtp(tiny):
     assert len(runs[("--lookup", 4, "--no-mtp")]["drafted_by_position"]) == 4
 
 
+def test_tree_drafts_by_default_in_greedy_mode(tiny):
+    """`mtp generate` verifies trees (the head's chain of 3 and its 2nd and 3rd best first drafts)
+    in greedy mode by default, chains of 2 with --branches 1 or where trees do not go; the
+    tokens are --no-mtp's either way."""
+    runs = {}
+    for flags in ([], ["--branches", 1], ["--branches", 4, "--k", 1], ["--no-mtp"]):
+        r = mtp("generate", "--model", tiny, "--prompt", "abcab", "--max-new-tokens", 10, "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        runs[tuple(flags)] = json.loads(r.stdout)
+        runs[tuple(flags)]["stderr"] = r.stderr
+    assert "MTP, K=3, 3 first drafts per head pass" in runs[()]["stderr"]
+    assert "MTP, K=2, prompt lookup" in runs[("--branches", 1)]["stderr"]
+    assert "MTP, K=1, 4 first drafts per head pass" in runs[("--branches", 4, "--k", 1)]["stderr"]
+    assert len({tuple(r["tokens"]) for r in runs.values()}) == 1
+    assert runs[()]["leaves_accepted"] >= 0 and "leaves_accepted" in runs[("--branches", 1)]
+    sampled = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--temperature", 1)
+    assert sampled.returncode == 0 and "MTP, K=2," in sampled.stderr and "first drafts" not in sampled.stderr
+
+
 def test_int8_dot_generate_mtp_equals_no_mtp(tiny):
     runs = {}
     for flag in ([], ["--no-mtp"]):
@@ -99,6 +118,12 @@ def test_generate_streams_text_and_stats(tiny):
     (["--prompt", "x", "--int8-dot"], "--int8-dot quantizes the activations for int8 weights: use it with --int8"),
     (["--prompt", "x", "--lookup", "-1"], "--lookup must be >= 0"),
     (["--prompt", "x", "--lookup", "2", "--drafter", "standalone"], "--lookup drafts go with the MTP head or alone"),
+    (["--prompt", "x", "--branches", "0"], "--branches must be >= 1"),
+    (["--prompt", "x", "--branches", "2", "--temperature", "1"], "--branches > 1 (tree drafts) needs the MTP head in "
+                                                               "greedy mode"),
+    (["--prompt", "x", "--branches", "2", "--no-mtp"], "--branches > 1 (tree drafts) needs the MTP head"),
+    (["--prompt", "x", "--branches", "2", "--drafter", "standalone"], "--branches > 1 (tree drafts) needs the MTP"),
+    (["--prompt", "x", "--branches", "3", "--lenient", "top_k=2"], "--branches > 1 (tree drafts) needs the MTP head"),
 ])
 def test_bad_input_exits_2_with_a_message(tiny, args, message):
     if "--model" not in args:

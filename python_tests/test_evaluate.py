@@ -68,16 +68,16 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     out = tmp_path / "e2e"
     args = ["bench", "--model", str(tmp_path / "tiny"), "--head", str(tmp_path / "head"), "--eval-set",
             str(tmp_path / "eval.jsonl"), "--max-new-tokens", "6", "--methods",
-            "ours_greedy,ours_mtp,ours_drafter,ours_lookup,ours_mtp_lookup,ours_greedy_int8,ours_mtp_int8,"
-            "ours_greedy_int8dot,ours_mtp_int8dot,ours_mtp_lookup_int8dot", "--lookup", "3",
+            "ours_greedy,ours_mtp,ours_mtp_tree,ours_drafter,ours_lookup,ours_mtp_lookup,ours_mtp_lookup_tree,"
+            "ours_greedy_int8,ours_mtp_int8,ours_greedy_int8dot,ours_mtp_int8dot,ours_mtp_lookup_int8dot", "--lookup", "3",
             "--drafter-path", str(tmp_path / "drafter"), "--lenient", "top_k=2", "--out", str(out),
             "--dtype", "float32", "--sweep-per-task", "1", "--plot"]
     assert cli.main(args) == 0
     res = json.loads((tmp_path / "e2e.json").read_text())
-    assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_drafter", "ours_lookup", "ours_mtp_lookup",
-                                   "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot", "ours_mtp_int8dot",
+    assert set(res["methods"]) == {"ours_greedy", "ours_mtp", "ours_mtp_tree", "ours_drafter", "ours_lookup",
+                                   "ours_mtp_lookup", "ours_mtp_lookup_tree", "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot", "ours_mtp_int8dot",
                                    "ours_mtp_lookup_int8dot", "ours_mtp_lenient(top_k=2,min_ratio=0.0)"}
-    for m in ("ours_mtp", "ours_lookup", "ours_mtp_lookup"):
+    for m in ("ours_mtp", "ours_mtp_tree", "ours_lookup", "ours_mtp_lookup", "ours_mtp_lookup_tree"):
         assert res["methods"][m]["x"]["identical_to_greedy"] == 2, m
     assert len(res["methods"]["ours_lookup"]["x"]["acceptance_by_position"]) == 3  # --lookup 3
     # MTP on the Q8 backbone equals that backbone's greedy; the Q8 greedy is measured against bf16/fp32.
@@ -89,10 +89,14 @@ def test_cli_bench_on_a_tiny_model(tmp_path, capsys):
     assert 0 <= res["methods"]["ours_greedy_int8dot"]["x"]["token_agreement"] <= 1
     drafter = res["methods"]["ours_drafter"]["x"]
     assert drafter["identical_to_greedy"] == 2 and drafter["tau"] > 1  # a perfect drafter is accepted
-    # K = 1..5; no vocabulary rows: this head drafts over the whole (tiny) vocabulary; then lookups
-    assert [(r["k"], r["lookup"]) for r in res["sweep"]] == [(k, 0) for k in range(1, 6)] + \
-        [(3, n) for n in (3, 4, 6, 8, 10)] and (tmp_path / "e2e.png").stat().st_size > 1000
-    assert "| y | ours_mtp |" in (tmp_path / "e2e.md").read_text()
+    # K = 1..5; no vocabulary rows: this head drafts over the whole (tiny) vocabulary; then lookups,
+    # then trees (K, branches) beside --lookup
+    assert [(r["k"], r["lookup"], r["branches"]) for r in res["sweep"]] == [(k, 0, 1) for k in range(1, 6)] + \
+        [(3, n, 1) for n in (3, 4, 6, 8, 10)] + [(k, 3, b) for k, b in ((2, 3), (3, 2), (3, 3), (3, 4), (4, 3))]
+    assert (tmp_path / "e2e.png").stat().st_size > 1000
+    md = (tmp_path / "e2e.md").read_text()
+    assert "| y | ours_mtp |" in md and "| y | ours_mtp_lookup_tree |" in md
+    assert "*_tree: the head's chain of 3 and its 3 best first drafts" in md
 
 
 def test_cli_bench_interleaves_the_methods_prompt_by_prompt(tmp_path, capsys, monkeypatch):
@@ -104,9 +108,9 @@ def test_cli_bench_interleaves_the_methods_prompt_by_prompt(tmp_path, capsys, mo
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"task": "x", "prompt": p}) + "\n" for p in "abc"))
     calls, run_ours = [], evaluate.run_ours
 
-    def logged(model, ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0):
+    def logged(model, ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0, branches=1):
         calls.append((ids[0], lookup))
-        return run_ours(model, ids, tasks, max_new, eos, drafter, k, lenient, lookup)
+        return run_ours(model, ids, tasks, max_new, eos, drafter, k, lenient, lookup, branches)
 
     monkeypatch.setattr(evaluate, "run_ours", logged)
     assert cli.main(["bench", "--model", str(tmp_path / "tiny"), "--eval-set", str(tmp_path / "eval.jsonl"),
