@@ -88,9 +88,10 @@ struct Cache {
   int64_t B() const { return int64_t(lens.size()); }
 };
 
-// One pass of T tokens (x: [B, T, H] in the model's dtype) with `threads`; returns the output
-// and advances the lengths.
-std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
+// One pass of T tokens (x: [B, T, H] in the model's dtype; a tree with parents [B, T]) with
+// `threads`; returns the output and advances the lengths.
+std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads,
+                       const int64_t* parents = nullptr) {
   mtp::DecoderArgs a;
   a.B = c.B(); a.T = T; a.H = kH; a.Hq = kHq; a.Hkv = kHkv; a.D = kD; a.I = kI;
   a.layers = kLayers; a.L = kL; a.P = kP; a.dtype = m.t;
@@ -100,6 +101,7 @@ std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int
   std::copy_n(strides, 5, a.k_stride);
   std::copy_n(strides, 5, a.v_stride);
   a.cache_lens = c.lens.data();
+  a.tree_parents = parents;
   a.layer = m.views.data(); a.final_norm = m.final_norm.data();
   a.eps = 1e-5f; a.quantize_x = m.quantize_x;
   std::vector<char> out(x.size());
@@ -154,6 +156,44 @@ void check_decoder(DType t, bool q8, bool quantize_x) {
     EXPECT(same_cache(batch, b, alone, 0, prompt[b] + T, t), "%s: request %lld: cache entries differ", what,
            (long long)b);
   }
+}
+
+// A tree pass (one request: a chain of 3 from the root and two leaves; the other a deeper
+// tree) gives each token the bits of a chain of its path, one token at a time, alone; its
+// cache entry too.
+void check_tree(DType t, bool q8, bool quantize_x) {
+  const Model m(t, q8, quantize_x);
+  const char* what = q8 ? (quantize_x ? "q8dot" : "q8") : mtp::dtype_size(t) == 4 ? "f32" : "bf16";
+  const std::vector<int64_t> prompt = {5, 9};
+  constexpr int64_t T = 6, B = 2, P0 = 9;
+  const int64_t parents[B * T] = {-1, 0, 1, 2, 0, 0, -1, 0, 0, 2, 1, 4};
+  const std::vector<char> x = values(t, B * P0 * kH, 1.f), next = values(t, B * T * kH, 1.f);
+  Cache batch(t, B, {0, 0});
+  pass(m, batch, x, P0, 2);
+  batch.lens = prompt;
+  const std::vector<char> out = pass(m, batch, next, T, 2, parents);
+  const size_t row = size_t(kH * mtp::dtype_size(t)), es = size_t(mtp::dtype_size(t));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < T; ++j) {
+      std::vector<int64_t> path;
+      for (int64_t u = j; u >= 0; u = parents[b * T + u]) path.insert(path.begin(), u);
+      Cache alone(t, 1, {0});
+      pass(m, alone, rows(x, t, P0, b, 0, prompt[b]), prompt[b], 1);
+      std::vector<char> o;
+      for (int64_t u : path) o = pass(m, alone, rows(next, t, T, b, u, u + 1), 1, 1);
+      EXPECT(std::memcmp(o.data(), out.data() + (b * T + j) * row, row) == 0,
+             "%s: request %lld tree token %lld != a chain of its path", what, (long long)b, (long long)j);
+      const int64_t at = prompt[b] + j, chain_at = prompt[b] + int64_t(path.size()) - 1;  // stored / chain position
+      bool same = true;
+      for (int64_t i = 0; i < kLayers; ++i)
+        for (int64_t h = 0; h < kHkv; ++h) {
+          const size_t ob = size_t((((i * B + b) * kHkv + h) * kL + at) * kD) * es;
+          const size_t oa = size_t(((i * kHkv + h) * kL + chain_at) * kD) * es;
+          same = same && !std::memcmp(batch.k.data() + ob, alone.k.data() + oa, size_t(kD) * es) &&
+                 !std::memcmp(batch.v.data() + ob, alone.v.data() + oa, size_t(kD) * es);
+        }
+      EXPECT(same, "%s: request %lld tree token %lld: cache entry != the chain's", what, (long long)b, (long long)j);
+    }
 }
 
 // A contiguous mtp_tensor over p (DType values are mtp_dtype values).
@@ -426,6 +466,8 @@ void test_decoder() {
     check_decoder(t, false, false);
     check_decoder(t, true, false);
     check_decoder(t, true, true);
+    check_tree(t, false, false);
+    check_tree(t, true, true);
     check_head_draft(t, false);
     check_head_draft(t, true);
     check_capi_decoder(t, false, false);
