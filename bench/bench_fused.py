@@ -1,7 +1,10 @@
 """One call per pass against the same kernels called one op at a time (reference.decoder_layers
 and reference.head_draft with ops=mtp_kernels.ops.KERNELS, which give the same bits): a
 SmolLM2-135M backbone pass (bf16, and Q8 weights with int8 activations) of T = 1 and 3 tokens
-at a cache of CACHE positions, and the shipped MTP head's draft of K = 1 and 2 tokens.
+at a cache of CACHE positions, and the shipped MTP head's draft of K = 1 and 2 tokens. And
+what a tree costs: the generate loop's tree pass (t0, the head's chain of 3, two leaves: 6
+rows) against chain passes of 3 rows (K = 2) and 6 rows, and the head's draft of 3 with and
+without its 2 alternative first drafts.
 
     python -m pytest bench/bench_fused.py --benchmark-only -q --benchmark-json=fused.json
     python bench/report.py fused.json    # ms per call, op by op / one call
@@ -33,7 +36,7 @@ def backbone(request, loaded):
     cfg, weights, _ = loaded
     quantized = request.param == "int8dot"
     model = Backbone(cfg, weights, torch.bfloat16, quantize=quantized, int8_dot=quantized)
-    prompt = torch.randint(0, cfg.vocab_size, (1, CACHE + 3), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, cfg.vocab_size, (1, CACHE + 6), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache(1, CACHE + 16)
     hidden = model(prompt[:, :CACHE], cache)[:, -1]
     return request.param, model, cache, prompt[:, CACHE:], hidden
@@ -83,3 +86,38 @@ def test_head_draft(benchmark, backbone, impl, k):
     benchmark.extra_info.update({"fused": "head_draft", "tokens": k})
     drafts = benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=2)
     assert torch.equal(drafts, torch.ops.mtp.head_draft(**args))
+
+
+@pytest.mark.parametrize("impl", ["chain3", "chain6", "tree6"])
+def test_tree_pass(benchmark, backbone, impl):
+    mode, model, cache, tokens, _ = backbone
+    T = int(impl[-1])
+    parents = torch.tensor([[-1, 0, 1, 2, 0, 0]]) if impl == "tree6" else None
+
+    def run():
+        return model(tokens[:, :T], cache, parents)
+
+    def reset():
+        cache.lens.fill_(CACHE)
+
+    benchmark.group = f"tree pass cache={CACHE} {mode}"
+    benchmark.extra_info.update({"tree": "decoder_layers", "tokens": T})
+    h = benchmark.pedantic(run, setup=reset, rounds=ROUNDS, warmup_rounds=2)
+    assert h.shape[1] == T
+
+
+@pytest.mark.parametrize("impl", ["chain", "tree"])
+def test_head_draft_alternatives(benchmark, backbone, impl):
+    from mtp_kernels.cli import load_head
+
+    mode, model, cache, tokens, hidden = backbone
+    head = load_head(None, model, log=lambda m: None)
+    alternatives = 2 if impl == "tree" else 0
+
+    def run():
+        return head.draft(model, cache, hidden, tokens[:, 0], 3, alternatives)
+
+    benchmark.group = f"head draft k=3 (+2 alternatives) cache={CACHE} {mode}"
+    benchmark.extra_info.update({"tree": "head_draft", "tokens": 3 + alternatives})
+    drafts = benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=2)
+    assert drafts.shape == (1, 3 + alternatives)

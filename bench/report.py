@@ -3,7 +3,7 @@ torch implementation, with GB/s of the bytes each case declares next to the band
 measured in the same run (bench_bandwidth.py); and the backbone passes of
 bench_backbone.py: ms per pass, ours against transformers, and the cost of a verify pass
 relative to a one-token step; and bench_fused.py: one call per pass against the same kernels
-op by op.
+op by op, and what a tree pass and the head's alternatives cost over chains.
 
     python bench/report.py results.json
 """
@@ -88,9 +88,20 @@ def fused_table(groups):
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def tree_table(groups):
+    """The tree groups of bench_fused.py (extra_info tree): ms per call, each against the first."""
+    lines = ["| case | ms per call (median), each / the first |", "|---|---|"]
+    for group in [g for g, impls in groups.items() if "tree" in next(iter(impls.values()))["extra_info"]]:
+        med = {impl: b["stats"]["median"] for impl, b in groups.pop(group).items()}
+        first = next(iter(med.values()))
+        lines.append(f"| {group} | " + ", ".join(f"{impl} {m * 1e3:.2f} ({m / first:.2f}x)" for impl, m in med.items())
+                     + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv):
     _, groups = load(argv[1])
-    sections = [backbone_table(groups), fused_table(groups)]
+    sections = [backbone_table(groups), fused_table(groups), tree_table(groups)]
     if groups:
         sections.insert(0, table(groups))
     print("\n\n".join(s for s in sections if s))

@@ -228,11 +228,11 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
             continue
         drafts, num, leaves = propose()
         W, leaf_count = drafts.shape[1], max(map(len, leaves))
-        rows = [token[:, None], drafts]
+        parts = [token[:, None], drafts]
         if leaf_count:  # a tree: the chain, then the leaves (children of t0)
-            rows.append(torch.tensor([ls + [0] * (leaf_count - len(ls)) for ls in leaves], dtype=torch.long))
+            parts.append(torch.tensor([ls + [0] * (leaf_count - len(ls)) for ls in leaves], dtype=torch.long))
         parents = tree_parents(B, W, leaf_count) if leaf_count else None
-        h = model(torch.cat(rows, dim=1), cache, parents)
+        h = model(torch.cat(parts, dim=1), cache, parents)
         logits = model.logits(h)
         accepted, tokens = pick.verify(drafts, logits[:, :W + 1], num, start + 1)
         # Keep t0 and the accepted drafts; the rejected drafts' K/V are dropped by length.
