@@ -178,8 +178,9 @@ def cmd_train(args) -> int:
 
 
 DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass (bench/RESULTS.md, "Prompt lookup beside the head")
-# The fastest head passes measured (bench/RESULTS.md, "Tree drafts"): greedy, a tree of the
-# head's chain of 3 and its 2nd and 3rd best first drafts; a chain of 2 where trees do not go.
+# The fastest head passes measured (bench/RESULTS.md, "Tree drafts"): greedy on the bf16
+# backbone, a tree of the head's chain of 3 and its 2nd and 3rd best first drafts; else a
+# chain of 2.
 TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_mtp_tree", "ours_drafter", "ours_lookup", "ours_mtp_lookup",
                "ours_mtp_lookup_tree", "hf_greedy",
@@ -345,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          f"in a tree, else {CHAIN_K}: the fastest in bench/RESULTS.md)")
     g.add_argument("--branches", type=int,
                    help=f"the head's best first drafts verified per pass: its chain of K, the others as leaves (a "
-                        f"tree; default {TREE_BRANCHES} with the MTP head in greedy mode, else 1 = a chain)")
+                        f"tree; default {TREE_BRANCHES} with the MTP head in greedy mode on the bf16 backbone, "
+                        "else 1 = a chain)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
@@ -456,12 +458,15 @@ def main(argv=None) -> int:
             args.lenient = parse_lenient(args.lenient)
         except ValueError as e:
             bad.append(str(e))
-    if args.command == "generate":  # trees where they go (greedy, the MTP head), else chains
+    if args.command == "generate":  # trees where they go (greedy, the MTP head) and pay, else chains
         tree_ok = not args.no_mtp and args.drafter == "head" and args.temperature == 0 and args.lenient is None
         if (args.branches or 1) > 1 and not tree_ok:
             bad.append("--branches > 1 (tree drafts) needs the MTP head in greedy mode (not --no-mtp, --drafter "
                        "standalone, --temperature > 0 or --lenient)")
-        args.branches = args.branches or (TREE_BRANCHES if tree_ok else 1)
+        # By default on the bf16 backbone only: there a pass of 6 rows costs about one of 3; in
+        # fp32 or with Q8 weights 1.4x-1.9x (bench/RESULTS.md "Tree drafts").
+        tree_pays = tree_ok and args.dtype == "bfloat16" and not args.int8
+        args.branches = args.branches or (TREE_BRANCHES if tree_pays else 1)
         args.k = args.k or (TREE_K if args.branches > 1 else CHAIN_K)
     if bad:
         print(f"mtp: error: {bad[0]}", file=sys.stderr)

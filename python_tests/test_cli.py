@@ -65,13 +65,14 @@ def test_lookup_generate_equals_no_mtp(tiny):
     assert len(runs[("--lookup", 4, "--no-mtp")]["drafted_by_position"]) == 4
 
 
-def test_tree_drafts_by_default_in_greedy_mode(tiny):
+def test_tree_drafts_by_default_in_greedy_bf16(tiny):
     """`mtp generate` verifies trees (the head's chain of 3 and its 2nd and 3rd best first drafts)
-    in greedy mode by default, chains of 2 with --branches 1 or where trees do not go; the
-    tokens are --no-mtp's either way."""
+    by default in greedy mode on the bf16 backbone; chains of 2 with --branches 1, in fp32,
+    with Q8 weights or where trees do not go; the tokens are --no-mtp's either way."""
     runs = {}
     for flags in ([], ["--branches", 1], ["--branches", 4, "--k", 1], ["--no-mtp"]):
-        r = mtp("generate", "--model", tiny, "--prompt", "abcab", "--max-new-tokens", 10, "--json", *flags)
+        r = mtp("generate", "--model", tiny, "--prompt", "abcab", "--max-new-tokens", 10, "--json",
+                "--dtype", "bfloat16", *flags)
         assert r.returncode == 0, r.stderr
         runs[tuple(flags)] = json.loads(r.stdout)
         runs[tuple(flags)]["stderr"] = r.stderr
@@ -80,8 +81,11 @@ def test_tree_drafts_by_default_in_greedy_mode(tiny):
     assert "MTP, K=1, 4 first drafts per head pass" in runs[("--branches", 4, "--k", 1)]["stderr"]
     assert len({tuple(r["tokens"]) for r in runs.values()}) == 1
     assert runs[()]["leaves_accepted"] >= 0 and "leaves_accepted" in runs[("--branches", 1)]
-    sampled = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--temperature", 1)
-    assert sampled.returncode == 0 and "MTP, K=2," in sampled.stderr and "first drafts" not in sampled.stderr
+    for flags in (["--temperature", 1], ["--dtype", "float32"], ["--dtype", "bfloat16", "--int8"]):
+        r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, *flags)
+        assert r.returncode == 0 and "MTP, K=2," in r.stderr and "first drafts" not in r.stderr, (flags, r.stderr)
+    r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--branches", 2)  # fp32 on request
+    assert r.returncode == 0 and "MTP, K=3, 2 first drafts per head pass" in r.stderr
 
 
 def test_int8_dot_generate_mtp_equals_no_mtp(tiny):
