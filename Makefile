@@ -40,7 +40,7 @@ bench: build
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=median,rounds -q
 
 demo: build
-	.venv/bin/mtp generate --prompt "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked." --max-new-tokens 64
+	.venv/bin/mtp generate --prompt "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked." --max-new-tokens 64 --dtype bfloat16
 
 # ---- torch-free core (cmake + ninja from the system or the venv; no torch, no Python)
 CMAKE   := $(shell command -v cmake 2>/dev/null || echo .venv/bin/cmake)

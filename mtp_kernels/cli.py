@@ -150,7 +150,9 @@ def cmd_generate(args) -> int:
             rate = len(g.tokens) / g.seconds if g.seconds else float("inf")
             log(f"[{len(g.tokens)} tokens in {g.seconds:.2f} s = {rate:.1f} tokens/s; {g.passes} backbone passes, "
                 f"{g.tokens_per_pass:.2f} tokens/pass; prefill {len(prompt_ids)} tokens in {g.prefill_seconds:.2f} s"
-                + (f"; accepted by draft position {g.accepted} of {g.drafted}" if head is not None else "") + "]")
+                + (f"; accepted by draft position {g.accepted} of {g.drafted}" if head is not None else "")
+                + (f"; {g.leaves_accepted} passes won by another first draft (a leaf)" if args.branches > 1 else "")
+                + "]")
     return 0
 
 

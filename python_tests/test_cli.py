@@ -86,6 +86,7 @@ def test_tree_drafts_by_default_in_greedy_bf16(tiny):
         assert r.returncode == 0 and "MTP, K=2," in r.stderr and "first drafts" not in r.stderr, (flags, r.stderr)
     r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--branches", 2)  # fp32 on request
     assert r.returncode == 0 and "MTP, K=3, 2 first drafts per head pass" in r.stderr
+    assert "passes won by another first draft (a leaf)" in r.stderr
 
 
 def test_int8_dot_generate_mtp_equals_no_mtp(tiny):
