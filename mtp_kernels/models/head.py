@@ -130,7 +130,7 @@ class MTPHead(torch.nn.Module):
         return dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
 
     def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
-                   k: int, alternatives: int = 0) -> dict:
+                   k: int) -> dict:
         """mtp.head_draft's arguments (by name) for `draft`'s inputs."""
         c, dt = self.cfg, backbone.dtype
         layer = c.kv_layer % backbone.cfg.num_layers
@@ -140,7 +140,7 @@ class MTPHead(torch.nn.Module):
                     embedding=backbone.w(name), embedding_scale=backbone.scale(name), weights=self.draft_weights(dt),
                     lm_head=backbone.w(backbone.lm_head_name), lm_head_scale=backbone.scale(backbone.lm_head_name),
                     draft_vocab=self.draft_vocab if self.draft_vocab.numel() else None, k=k, num_heads=c.num_heads,
-                    eps=c.rms_norm_eps, alternatives=alternatives)
+                    eps=c.rms_norm_eps)
 
     @torch.no_grad()
     def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int,
@@ -150,7 +150,7 @@ class MTPHead(torch.nn.Module):
         cache.lens - 1, then `alternatives` more columns: the first step's next best drafts
         (a tree's other first drafts). Reads the cache in place and changes nothing in it: one
         mtp.head_draft call (reference.head_draft is its op-by-op composition)."""
-        return torch.ops.mtp.head_draft(**self.draft_args(backbone, cache, hidden, token, k, alternatives))
+        return torch.ops.mtp.head_draft(**self.draft_args(backbone, cache, hidden, token, k), alternatives=alternatives)
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:
     """The parts' rows stacked in `dtype`; parts already in `dtype` then live in it as row views
