@@ -124,7 +124,7 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
         for (int64_t d = 0; d < D; ++d) dst[d] = load_f32(a.q, a.dtype, base + d * a.q_stride[3]);
       }
 
-  // Cache keys visible to query t of request b: a tree query's its depth decides.
+  // Cache keys visible to query t of request b (a tree query: by its depth).
   const std::unique_ptr<TreePaths> tree(a.parents ? new TreePaths(a.parents, B, T) : nullptr);
   auto visible = [&](int64_t b, int64_t t) {
     return tree ? a.cache_lens[b] - T + tree->depth[size_t(b * T + t)] + 1 : visible_cache(a, b, t);
