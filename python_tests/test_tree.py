@@ -138,3 +138,33 @@ def test_head_draft_alternatives_opcheck_and_bad_input():
                                 (0, 1, "alternatives are first drafts: they need k >= 1, got k = 0")]:
             with pytest.raises(RuntimeError, match=re.escape("mtp.head_draft: " + message)):
                 fn(**d.args(k), alternatives=alt)
+
+
+def test_cuda_fallbacks_take_trees_and_alternatives_on_cpu_tensors():
+    """On CUDA both ops run fallback.py's composition of the kernels; here on CPU tensors it
+    gives the fused ops' bits for a tree and for alternative first drafts."""
+    from mtp_kernels import fallback
+
+    p, tree = tree_pass(torch.bfloat16, False, False, *TREES[1])
+    assert torch.equal(fallback.decoder_layers(*p.args(), tree_parents=tree),
+                       torch.ops.mtp.decoder_layers(*p.args(), tree_parents=tree))
+    d = Draft(torch.float32, True, [3, 9], 1, 40)
+    assert torch.equal(fallback.head_draft(**d.args(3), alternatives=2),
+                       torch.ops.mtp.head_draft(**d.args(3), alternatives=2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: needs CUDA")
+def test_cuda_tree_pass_equals_chains_of_its_paths():
+    """On a GPU: each token of a tree pass equals, bitwise, the last of a chain pass of its path."""
+    p, tree = tree_pass(torch.float32, False, False, *TREES[1])
+
+    def cuda(args):
+        return [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t
+                for t in args]
+
+    got = torch.ops.mtp.decoder_layers(*cuda(p.args()), tree_parents=tree.cuda())
+    for b, rows in enumerate(reference.tree_paths(tree)):
+        for t, path in enumerate(rows):
+            chain = cuda(p.args(x=p.x[b:b + 1, path]))
+            chain[1], chain[2], chain[3] = chain[1][:, b:b + 1], chain[2][:, b:b + 1], chain[3][b:b + 1]
+            assert torch.equal(got[b, t], torch.ops.mtp.decoder_layers(*chain)[0, -1])
