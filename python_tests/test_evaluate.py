@@ -131,6 +131,8 @@ def test_cli_bench_bad_input(tmp_path, capsys):
                        (["--lenient", "top_k=x"], "--lenient expects"),
                        (["--per-task", "0"], "--per-task must be >= 1"),
                        (["--lookup", "-2"], "--lookup must be >= 0"),
+                       (["--branches", "0"], "--branches must be >= 1"),
+                       (["--tree-k", "0"], "--tree-k must be >= 1"),
                        (["--methods", "ours_greedy,ours_mtp_lookup_int8dot"], "list both"),
                        (["--methods", "ours_greedy,ours_mtp_int8"], "list both"),
                        (["--methods", "ours_greedy,ours_mtp_int8dot"], "ours_mtp_int8dot is checked against ours_greedy_int8dot")]:
