@@ -3,8 +3,8 @@ and reference.head_draft with ops=mtp_kernels.ops.KERNELS, which give the same b
 SmolLM2-135M backbone pass (bf16, and Q8 weights with int8 activations) of T = 1 and 3 tokens
 at a cache of CACHE positions, and the shipped MTP head's draft of K = 1 and 2 tokens. And
 what a tree costs: the generate loop's tree pass (t0, the head's chain of 3, two leaves: 6
-rows) against chain passes of 3 rows (K = 2) and 6 rows, and the head's draft of 3 with and
-without its 2 alternative first drafts.
+rows) against chain passes of 3 rows (K = 2) and 6 rows (also in fp32 and with Q8 weights
+alone), and the head's draft of 3 with and without its 2 alternative first drafts.
 
     python -m pytest bench/bench_fused.py --benchmark-only -q --benchmark-json=fused.json
     python bench/report.py fused.json    # ms per call, op by op / one call
@@ -28,18 +28,32 @@ def loaded():
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="module", params=["bf16", "int8dot"])
-def backbone(request, loaded):
+# bf16 and int8dot for every case; the tree cases also in fp32 and with Q8 weights alone.
+MODES = {"bf16": (torch.bfloat16, False, False), "int8dot": (torch.bfloat16, True, True),
+         "fp32": (torch.float32, False, False), "q8": (torch.bfloat16, True, False)}
+
+
+def _backbone(mode, loaded):
     """(mode, model, cache holding CACHE positions, the next tokens, the last hidden state)."""
     from mtp_kernels.models.llama import Backbone
 
     cfg, weights, _ = loaded
-    quantized = request.param == "int8dot"
-    model = Backbone(cfg, weights, torch.bfloat16, quantize=quantized, int8_dot=quantized)
+    dtype, quantize, int8_dot = MODES[mode]
+    model = Backbone(cfg, weights, dtype, quantize=quantize, int8_dot=int8_dot)
     prompt = torch.randint(0, cfg.vocab_size, (1, CACHE + 6), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache(1, CACHE + 16)
     hidden = model(prompt[:, :CACHE], cache)[:, -1]
-    return request.param, model, cache, prompt[:, CACHE:], hidden
+    return mode, model, cache, prompt[:, CACHE:], hidden
+
+
+@pytest.fixture(scope="module", params=["bf16", "int8dot"])
+def backbone(request, loaded):
+    return _backbone(request.param, loaded)
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def any_backbone(request, loaded):
+    return _backbone(request.param, loaded)
 
 
 @pytest.mark.parametrize("impl", ["one_call", "op_by_op"])
@@ -89,8 +103,8 @@ def test_head_draft(benchmark, backbone, impl, k):
 
 
 @pytest.mark.parametrize("impl", ["chain3", "chain6", "tree6"])
-def test_tree_pass(benchmark, backbone, impl):
-    mode, model, cache, tokens, _ = backbone
+def test_tree_pass(benchmark, any_backbone, impl):
+    mode, model, cache, tokens, _ = any_backbone
     T = int(impl[-1])
     parents = torch.tensor([[-1, 0, 1, 2, 0, 0]]) if impl == "tree6" else None
 

@@ -185,13 +185,14 @@ DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass (bench/RESULTS.md, "Pro
 # chain of 2.
 TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_mtp_tree", "ours_drafter", "ours_lookup", "ours_mtp_lookup",
-               "ours_mtp_lookup_tree", "hf_greedy",
-               "hf_prompt_lookup", "llamacpp_greedy", "ours_greedy_int8", "ours_mtp_int8", "ours_greedy_int8dot",
-               "ours_mtp_int8dot", "ours_mtp_lookup_int8dot")
+               "ours_mtp_lookup_tree", "hf_greedy", "hf_prompt_lookup", "llamacpp_greedy", "ours_greedy_int8",
+               "ours_mtp_int8", "ours_greedy_int8dot", "ours_mtp_int8dot", "ours_mtp_lookup_int8dot")
 # Speculative method -> the plain greedy run its output must equal token for token.
 EXACT_AGAINST = {"ours_mtp": "ours_greedy", "ours_drafter": "ours_greedy", "ours_lookup": "ours_greedy",
-                 "ours_mtp_lookup": "ours_greedy", "ours_mtp_tree": "ours_greedy", "ours_mtp_lookup_tree": "ours_greedy", "ours_mtp_int8": "ours_greedy_int8",
-                 "ours_mtp_int8dot": "ours_greedy_int8dot", "ours_mtp_lookup_int8dot": "ours_greedy_int8dot"}
+                 "ours_mtp_lookup": "ours_greedy", "ours_mtp_tree": "ours_greedy",
+                 "ours_mtp_lookup_tree": "ours_greedy",
+                 "ours_mtp_int8": "ours_greedy_int8", "ours_mtp_int8dot": "ours_greedy_int8dot",
+                 "ours_mtp_lookup_int8dot": "ours_greedy_int8dot"}
 
 
 def select_methods(text: str | None, model: str | None, log) -> list[str]:
@@ -409,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--per-task", type=int, default=30, help="prompts per task")
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--k", type=int, default=3, help="drafts per pass (head and standalone drafter, chains)")
-    b.add_argument("--tree-k", type=int, default=TREE_K, help=f"the head's chain in the *_tree methods (default {TREE_K})")
+    b.add_argument("--tree-k", type=int, default=TREE_K,
+                   help=f"the head's chain in the *_tree methods (default {TREE_K})")
     b.add_argument("--branches", type=int, default=TREE_BRANCHES,
                    help=f"first drafts per head pass in the *_tree methods (default {TREE_BRANCHES})")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")

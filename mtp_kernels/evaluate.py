@@ -163,9 +163,9 @@ def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_v
     prompt-lookup drafts."""
     rows = []
     full = int(head.draft_vocab.numel())
-    for k, vs, lookup, branches in ([(k, 0, 0, 1) for k in ks] + [(k_for_vocab, v, 0, 1) for v in vocab_sizes if v < full]
-                                    + [(k_for_vocab, 0, n, 1) for n in lookups]
-                                    + [(k, 0, tree_lookup, b) for k, b in trees]):
+    runs = ([(k, 0, 0, 1) for k in ks] + [(k_for_vocab, v, 0, 1) for v in vocab_sizes if v < full]
+            + [(k_for_vocab, 0, n, 1) for n in lookups] + [(k, 0, tree_lookup, b) for k, b in trees])
+    for k, vs, lookup, branches in runs:
         restrict_vocab(head, vs)
         rs = run_ours(model, prompt_ids, tasks, max_new, eos, head, k, lookup=lookup, branches=branches)
         passes = sum(r.passes for r in rs)
