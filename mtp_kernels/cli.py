@@ -468,7 +468,7 @@ def main(argv=None) -> int:
             bad.append("--branches > 1 (tree drafts) needs the MTP head in greedy mode (not --no-mtp, --drafter "
                        "standalone, --temperature > 0 or --lenient)")
         # By default on the bf16 backbone only: there a pass of 6 rows costs about one of 3; in
-        # fp32 or with Q8 weights 1.4x-1.9x (bench/RESULTS.md "Tree drafts").
+        # fp32 or with Q8 weights 1.3x-1.7x (bench/RESULTS.md "Tree drafts").
         tree_pays = tree_ok and args.dtype == "bfloat16" and not args.int8
         args.branches = args.branches or (TREE_BRANCHES if tree_pays else 1)
         args.k = args.k or (TREE_K if args.branches > 1 else CHAIN_K)
