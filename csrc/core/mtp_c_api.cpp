@@ -324,6 +324,195 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
   return MTP_OK;
 }
 
+// tree_parents [B, T] (int32/int64, any strides) -> int64 values, checked (op_args.h).
+bool tree_of(Checker& c, const mtp_tensor* t, int64_t B, int64_t T, std::vector<int64_t>* out) {
+  if (!c.tensor("tree_parents", t, 2, "[B, T]", kIdTypes) || !c.size("tree_parents", t, 0, B, "B (x.sizes[0])") ||
+      !c.size("tree_parents", t, 1, T, "T (x.sizes[1])"))
+    return false;
+  out->resize(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) (*out)[size_t(b * T + i)] = load_id(t, b * t->strides[0] + i * t->strides[1]);
+  return c.ok(tree_parents_error(*out, B, T));
+}
+
+mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_tensor* k_cache,
+                               const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                               const mtp_tensor* rope_sin, const mtp_tensor* const* weights, int32_t num_weights,
+                               const mtp_tensor* const* weight_scales, int32_t num_weight_scales, int64_t num_heads,
+                               float eps, int32_t quantize_x, const mtp_tensor* tree_parents, const mtp_tensor* out,
+                               int32_t num_threads) {
+  return guarded(op, [&](Checker& c) {
+    if (!c.tensor("x", x, 3, "[B, T, H]", kActivationTypes) ||
+        !c.tensor("k_cache", k_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
+        !c.size("k_cache", k_cache, 1, x->sizes[0], "B (x.sizes[0])") ||
+        !c.tensor("v_cache", v_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
+        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
+      return c.status;
+    DecoderArgs a;
+    a.B = x->sizes[0]; a.T = x->sizes[1]; a.H = x->sizes[2];
+    a.layers = k_cache->sizes[0]; a.Hkv = k_cache->sizes[2]; a.L = k_cache->sizes[3]; a.D = k_cache->sizes[4];
+    a.Hq = num_heads;
+    a.dtype = float_dtype(x->dtype);
+    std::vector<int64_t> lens;
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
+        !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[4])", &a.P) ||
+        !c.counts("cache_lens", cache_lens, a.B, "B (x.sizes[0])", a.L, "L (k_cache.sizes[3])", &lens))
+      return c.status;
+    if (!c.ok(positions_error(lens, a.T, a.L, "k_cache.sizes[3]", a.P, "rope_cos.sizes[0]"))) return c.status;
+    std::vector<int64_t> parents;
+    if (tree_parents && !tree_of(c, tree_parents, a.B, a.T, &parents)) return c.status;
+
+    const int64_t want = kLayerTensors * a.layers + 1;
+    if (num_weights != want || !weights)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors, " tensors per layer (input_norm, "
+                    "qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers, " layers of k_cache, then the "
+                    "final norm: ", want, " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
+    const bool q8 = num_weight_scales != 0;
+    if (q8 && (num_weight_scales != kLayerMatrices * a.layers || !weight_scales))
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights) or hold the Q8 scales of "
+                    "the ", kLayerMatrices, " matrices of each layer (qkv, o_proj, gate_up, down_proj): ",
+                    kLayerMatrices * a.layers, " tensors, got num_weight_scales = ", num_weight_scales,
+                    weight_scales ? "" : " and NULL");
+    if (quantize_x && !q8)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got float "
+                    "weights (num_weight_scales = 0)");
+    const WeightNames names{{}, a.layers, "layer", "the final norm"};
+    std::vector<DecoderLayer> layers;
+    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, a.Hq, a.Hkv, a.D, x,
+                           &a.I, &layers))
+      return c.status;
+    int threads = 1;
+    if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
+        !c.tensor("out", out, 3, "[B, T, H]", same_as(x)) || !c.same_sizes("out", out, "x", x) ||
+        !c.threads(num_threads, &threads))
+      return c.status;
+    if (is_empty(x)) return MTP_OK;
+
+    // The core reads contiguous x and RoPE tables and writes a contiguous out: views that are
+    // not are packed (the tables only when strided: they are the model's, built once).
+    std::vector<char> xpack, cos_pack, sin_pack, out_tmp;
+    a.x = contiguous3(x, &xpack);
+    a.rope_cos = contiguous_table(rope_cos, &cos_pack);
+    a.rope_sin = contiguous_table(rope_sin, &sin_pack);
+    a.k_cache = k_cache->data;
+    a.v_cache = v_cache->data;
+    std::copy_n(k_cache->strides, 5, a.k_stride);
+    std::copy_n(v_cache->strides, 5, a.v_stride);
+    a.cache_lens = lens.data();
+    a.tree_parents = tree_parents ? parents.data() : nullptr;
+    a.layer = layers.data();
+    a.eps = eps;
+    a.quantize_x = quantize_x != 0;
+    const int64_t es = dtype_size(a.dtype);
+    if (is_contiguous(out)) {
+      a.out = out->data;
+    } else {
+      out_tmp.resize(size_t(a.B * a.T * a.H * es));
+      a.out = out_tmp.data();
+    }
+    decoder(a, threads, current_isa(), ThreadParallelFor{threads});
+    if (!out_tmp.empty()) {
+      const int64_t packed[3] = {a.T * a.H, a.H, 1};
+      copy3(out_tmp.data(), packed, bytes(out), out->strides, out->sizes, es);
+    }
+    return MTP_OK;
+  });
+}
+
+mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_tensor* token,
+                           const mtp_tensor* k_cache, const mtp_tensor* v_cache, const mtp_tensor* cache_lens,
+                           const mtp_tensor* rope_cos, const mtp_tensor* rope_sin, const mtp_tensor* embedding,
+                           const mtp_tensor* embedding_scale, const mtp_tensor* const* weights, int32_t num_weights,
+                           const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab,
+                           int64_t k, int64_t num_heads, float eps, int64_t alternatives, const mtp_tensor* drafts,
+                           int32_t num_threads) {
+  return guarded(op, [&](Checker& c) {
+    if (!c.tensor("hidden", hidden, 2, "[B, H]", kActivationTypes)) return c.status;
+    HeadDraftArgs a;
+    a.B = hidden->sizes[0]; a.H = hidden->sizes[1]; a.K = k; a.Hq = num_heads;
+    a.dtype = float_dtype(hidden->dtype);
+    if (k < 0) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "k (draft steps) must be >= 0, got ", k);
+    std::vector<int64_t> lens, tokens, vocab;
+    if (!c.tensor("k_cache", k_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
+        !c.size("k_cache", k_cache, 0, a.B, "B (hidden.sizes[0])") ||
+        !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
+        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
+      return c.status;
+    a.Hkv = k_cache->sizes[1]; a.L = k_cache->sizes[2]; a.D = k_cache->sizes[3];
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
+        !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
+        !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
+        !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
+        !c.tensor("embedding", embedding, 2, "[V, H]", kMatrixTypes))
+      return c.status;
+    a.V = embedding->sizes[0];
+    if (!decoder_matrix(c, "embedding", embedding, embedding_scale != nullptr, embedding_scale, a.V, "V", a.H,
+                        "H (hidden.sizes[1])", &a.embedding, "embedding_scale") ||
+        !token_ids(c, "token", token, a.B, "B (hidden.sizes[0])", a.V, "V (embedding.sizes[0])", &tokens))
+      return c.status;
+    if (num_weights < 4 || (num_weights - 4) % kLayerTensors != 0 || !weights)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold embed_norm, hidden_norm, proj, then ",
+                       kLayerTensors, " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), "
+                       "then out_norm: 4 + ", kLayerTensors, " x blocks tensors, got num_weights = ", num_weights,
+                       weights ? "" : " and NULL");
+    a.blocks = (num_weights - 4) / kLayerTensors;
+    const int64_t n = num_weights;
+    const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
+    std::vector<DecoderLayer> blocks;
+    int threads = 1;
+    if (!decoder_norm(c, names(0), weights[0], a.H, hidden, &a.embed_norm) ||
+        !decoder_norm(c, names(1), weights[1], a.H, hidden, &a.hidden_norm) ||
+        !decoder_norm(c, names(n - 1), weights[n - 1], a.H, hidden, &a.out_norm) ||
+        !decoder_matrix(c, names(2), weights[2], false, nullptr, a.H, "H", 2 * a.H, "2H", &a.proj) ||
+        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, a.Hq, a.Hkv, a.D, hidden, &a.I, &blocks) ||
+        !c.tensor("lm_head", lm_head, 2, "[V, H]", kMatrixTypes) ||
+        !decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.V, "V (embedding.sizes[0])",
+                        a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
+      return c.status;
+    a.Vd = a.V;
+    if (draft_vocab) {
+      if (!c.tensor("draft_vocab", draft_vocab, 1, "[Vd]", kIdTypes)) return c.status;
+      a.Vd = draft_vocab->sizes[0];
+      if (a.Vd < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "draft_vocab must hold at least one token id");
+      if (!token_ids(c, "draft_vocab", draft_vocab, a.Vd, "Vd", a.V, "V (embedding.sizes[0])", &vocab)) return c.status;
+    }
+    const int64_t width = k + alternatives;  // drafts' columns
+    if (!c.ok(alternatives_error(alternatives, a.Vd, k)) ||
+        !c.tensor("drafts", drafts, 2, alternatives ? "[B, k + alternatives]" : "[B, k]", kIdTypes) ||
+        !c.size("drafts", drafts, 0, a.B, "B (hidden.sizes[0])") ||
+        !c.size("drafts", drafts, 1, width, alternatives ? "k + alternatives" : "k") || !c.threads(num_threads, &threads))
+      return c.status;
+    if (a.B == 0 || k == 0) return MTP_OK;
+
+    std::vector<char> hidden_pack, cos_pack, sin_pack;
+    const mtp_tensor hidden3 = {hidden->data, hidden->dtype, 3, {1, a.B, a.H},
+                                {0, hidden->strides[0], hidden->strides[1]}};
+    a.hidden = contiguous3(&hidden3, &hidden_pack);
+    a.token = tokens.data();
+    a.rope_cos = contiguous_table(rope_cos, &cos_pack);
+    a.rope_sin = contiguous_table(rope_sin, &sin_pack);
+    a.k_cache = k_cache->data;
+    a.v_cache = v_cache->data;
+    std::copy_n(k_cache->strides, 4, a.k_stride);
+    std::copy_n(v_cache->strides, 4, a.v_stride);
+    a.cache_lens = lens.data();
+    a.block = blocks.data();
+    a.draft_vocab = vocab.empty() ? nullptr : vocab.data();
+    a.eps = eps;
+    a.alternatives = alternatives;
+    std::vector<int64_t> out(size_t(a.B * width));
+    a.drafts = out.data();
+    head_draft(a, threads, current_isa(), ThreadParallelFor{threads});
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t offset = b * drafts->strides[0] + j * drafts->strides[1], id = out[size_t(b * width + j)];
+        if (drafts->dtype == MTP_INT32) static_cast<int32_t*>(drafts->data)[offset] = int32_t(id);
+        else static_cast<int64_t*>(drafts->data)[offset] = id;
+      }
+    return MTP_OK;
+  });
+}
+
 }  // namespace
 }  // namespace mtp::capi
 
@@ -521,79 +710,20 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
                               const mtp_tensor* const* weights, int32_t num_weights,
                               const mtp_tensor* const* weight_scales, int32_t num_weight_scales, int64_t num_heads,
                               float eps, int32_t quantize_x, const mtp_tensor* out, int32_t num_threads) {
-  return guarded("mtp_decoder_layers", [&](Checker& c) {
-    if (!c.tensor("x", x, 3, "[B, T, H]", kActivationTypes) ||
-        !c.tensor("k_cache", k_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
-        !c.size("k_cache", k_cache, 1, x->sizes[0], "B (x.sizes[0])") ||
-        !c.tensor("v_cache", v_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
-        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
-      return c.status;
-    DecoderArgs a;
-    a.B = x->sizes[0]; a.T = x->sizes[1]; a.H = x->sizes[2];
-    a.layers = k_cache->sizes[0]; a.Hkv = k_cache->sizes[2]; a.L = k_cache->sizes[3]; a.D = k_cache->sizes[4];
-    a.Hq = num_heads;
-    a.dtype = float_dtype(x->dtype);
-    std::vector<int64_t> lens;
-    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
-        !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[4])", &a.P) ||
-        !c.counts("cache_lens", cache_lens, a.B, "B (x.sizes[0])", a.L, "L (k_cache.sizes[3])", &lens))
-      return c.status;
-    if (!c.ok(positions_error(lens, a.T, a.L, "k_cache.sizes[3]", a.P, "rope_cos.sizes[0]"))) return c.status;
+  return decoder_layers_call("mtp_decoder_layers", x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
+                             num_weights, weight_scales, num_weight_scales, num_heads, eps, quantize_x, nullptr, out,
+                             num_threads);
+}
 
-    const int64_t want = kLayerTensors * a.layers + 1;
-    if (num_weights != want || !weights)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors, " tensors per layer (input_norm, "
-                    "qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers, " layers of k_cache, then the "
-                    "final norm: ", want, " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
-    const bool q8 = num_weight_scales != 0;
-    if (q8 && (num_weight_scales != kLayerMatrices * a.layers || !weight_scales))
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights) or hold the Q8 scales of "
-                    "the ", kLayerMatrices, " matrices of each layer (qkv, o_proj, gate_up, down_proj): ",
-                    kLayerMatrices * a.layers, " tensors, got num_weight_scales = ", num_weight_scales,
-                    weight_scales ? "" : " and NULL");
-    if (quantize_x && !q8)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got float "
-                    "weights (num_weight_scales = 0)");
-    const WeightNames names{{}, a.layers, "layer", "the final norm"};
-    std::vector<DecoderLayer> layers;
-    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, a.Hq, a.Hkv, a.D, x,
-                           &a.I, &layers))
-      return c.status;
-    int threads = 1;
-    if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
-        !c.tensor("out", out, 3, "[B, T, H]", same_as(x)) || !c.same_sizes("out", out, "x", x) ||
-        !c.threads(num_threads, &threads))
-      return c.status;
-    if (is_empty(x)) return MTP_OK;
-
-    // The core reads contiguous x and RoPE tables and writes a contiguous out: views that are
-    // not are packed (the tables only when strided: they are the model's, built once).
-    std::vector<char> xpack, cos_pack, sin_pack, out_tmp;
-    a.x = contiguous3(x, &xpack);
-    a.rope_cos = contiguous_table(rope_cos, &cos_pack);
-    a.rope_sin = contiguous_table(rope_sin, &sin_pack);
-    a.k_cache = k_cache->data;
-    a.v_cache = v_cache->data;
-    std::copy_n(k_cache->strides, 5, a.k_stride);
-    std::copy_n(v_cache->strides, 5, a.v_stride);
-    a.cache_lens = lens.data();
-    a.layer = layers.data();
-    a.eps = eps;
-    a.quantize_x = quantize_x != 0;
-    const int64_t es = dtype_size(a.dtype);
-    if (is_contiguous(out)) {
-      a.out = out->data;
-    } else {
-      out_tmp.resize(size_t(a.B * a.T * a.H * es));
-      a.out = out_tmp.data();
-    }
-    decoder(a, threads, current_isa(), ThreadParallelFor{threads});
-    if (!out_tmp.empty()) {
-      const int64_t packed[3] = {a.T * a.H, a.H, 1};
-      copy3(out_tmp.data(), packed, bytes(out), out->strides, out->sizes, es);
-    }
-    return MTP_OK;
-  });
+mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                   const mtp_tensor* cache_lens, const mtp_tensor* rope_cos, const mtp_tensor* rope_sin,
+                                   const mtp_tensor* const* weights, int32_t num_weights,
+                                   const mtp_tensor* const* weight_scales, int32_t num_weight_scales,
+                                   int64_t num_heads, float eps, int32_t quantize_x, const mtp_tensor* tree_parents,
+                                   const mtp_tensor* out, int32_t num_threads) {
+  return decoder_layers_call("mtp_decoder_layers_tree", x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
+                             num_weights, weight_scales, num_weight_scales, num_heads, eps, quantize_x, tree_parents,
+                             out, num_threads);
 }
 
 mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
@@ -602,87 +732,22 @@ mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, con
                           const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
                           const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k,
                           int64_t num_heads, float eps, const mtp_tensor* drafts, int32_t num_threads) {
-  return guarded("mtp_head_draft", [&](Checker& c) {
-    if (!c.tensor("hidden", hidden, 2, "[B, H]", kActivationTypes)) return c.status;
-    HeadDraftArgs a;
-    a.B = hidden->sizes[0]; a.H = hidden->sizes[1]; a.K = k; a.Hq = num_heads;
-    a.dtype = float_dtype(hidden->dtype);
-    if (k < 0) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "k (draft steps) must be >= 0, got ", k);
-    std::vector<int64_t> lens, tokens, vocab;
-    if (!c.tensor("k_cache", k_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
-        !c.size("k_cache", k_cache, 0, a.B, "B (hidden.sizes[0])") ||
-        !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
-        !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
-      return c.status;
-    a.Hkv = k_cache->sizes[1]; a.L = k_cache->sizes[2]; a.D = k_cache->sizes[3];
-    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
-        !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
-        !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
-        !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
-        !c.tensor("embedding", embedding, 2, "[V, H]", kMatrixTypes))
-      return c.status;
-    a.V = embedding->sizes[0];
-    if (!decoder_matrix(c, "embedding", embedding, embedding_scale != nullptr, embedding_scale, a.V, "V", a.H,
-                        "H (hidden.sizes[1])", &a.embedding, "embedding_scale") ||
-        !token_ids(c, "token", token, a.B, "B (hidden.sizes[0])", a.V, "V (embedding.sizes[0])", &tokens))
-      return c.status;
-    if (num_weights < 4 || (num_weights - 4) % kLayerTensors != 0 || !weights)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold embed_norm, hidden_norm, proj, then ",
-                       kLayerTensors, " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), "
-                       "then out_norm: 4 + ", kLayerTensors, " x blocks tensors, got num_weights = ", num_weights,
-                       weights ? "" : " and NULL");
-    a.blocks = (num_weights - 4) / kLayerTensors;
-    const int64_t n = num_weights;
-    const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
-    std::vector<DecoderLayer> blocks;
-    int threads = 1;
-    if (!decoder_norm(c, names(0), weights[0], a.H, hidden, &a.embed_norm) ||
-        !decoder_norm(c, names(1), weights[1], a.H, hidden, &a.hidden_norm) ||
-        !decoder_norm(c, names(n - 1), weights[n - 1], a.H, hidden, &a.out_norm) ||
-        !decoder_matrix(c, names(2), weights[2], false, nullptr, a.H, "H", 2 * a.H, "2H", &a.proj) ||
-        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, a.Hq, a.Hkv, a.D, hidden, &a.I, &blocks) ||
-        !c.tensor("lm_head", lm_head, 2, "[V, H]", kMatrixTypes) ||
-        !decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.V, "V (embedding.sizes[0])",
-                        a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
-      return c.status;
-    a.Vd = a.V;
-    if (draft_vocab) {
-      if (!c.tensor("draft_vocab", draft_vocab, 1, "[Vd]", kIdTypes)) return c.status;
-      a.Vd = draft_vocab->sizes[0];
-      if (a.Vd < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "draft_vocab must hold at least one token id");
-      if (!token_ids(c, "draft_vocab", draft_vocab, a.Vd, "Vd", a.V, "V (embedding.sizes[0])", &vocab)) return c.status;
-    }
-    if (!c.tensor("drafts", drafts, 2, "[B, k]", kIdTypes) || !c.size("drafts", drafts, 0, a.B, "B (hidden.sizes[0])") ||
-        !c.size("drafts", drafts, 1, k, "k") || !c.threads(num_threads, &threads))
-      return c.status;
-    if (a.B == 0 || k == 0) return MTP_OK;
+  return head_draft_call("mtp_head_draft", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
+                         embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
+                         0, drafts, num_threads);
+}
 
-    std::vector<char> hidden_pack, cos_pack, sin_pack;
-    const mtp_tensor hidden3 = {hidden->data, hidden->dtype, 3, {1, a.B, a.H},
-                                {0, hidden->strides[0], hidden->strides[1]}};
-    a.hidden = contiguous3(&hidden3, &hidden_pack);
-    a.token = tokens.data();
-    a.rope_cos = contiguous_table(rope_cos, &cos_pack);
-    a.rope_sin = contiguous_table(rope_sin, &sin_pack);
-    a.k_cache = k_cache->data;
-    a.v_cache = v_cache->data;
-    std::copy_n(k_cache->strides, 4, a.k_stride);
-    std::copy_n(v_cache->strides, 4, a.v_stride);
-    a.cache_lens = lens.data();
-    a.block = blocks.data();
-    a.draft_vocab = vocab.empty() ? nullptr : vocab.data();
-    a.eps = eps;
-    std::vector<int64_t> out(size_t(a.B * k));
-    a.drafts = out.data();
-    head_draft(a, threads, current_isa(), ThreadParallelFor{threads});
-    for (int64_t b = 0; b < a.B; ++b)
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t offset = b * drafts->strides[0] + j * drafts->strides[1], id = out[size_t(b * k + j)];
-        if (drafts->dtype == MTP_INT32) static_cast<int32_t*>(drafts->data)[offset] = int32_t(id);
-        else static_cast<int64_t*>(drafts->data)[offset] = id;
-      }
-    return MTP_OK;
-  });
+mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
+                                       const mtp_tensor* v_cache, const mtp_tensor* cache_lens,
+                                       const mtp_tensor* rope_cos, const mtp_tensor* rope_sin,
+                                       const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
+                                       const mtp_tensor* const* weights, int32_t num_weights,
+                                       const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale,
+                                       const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
+                                       int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads) {
+  return head_draft_call("mtp_head_draft_alternatives", hidden, token, k_cache, v_cache, cache_lens, rope_cos,
+                         rope_sin, embedding, embedding_scale, weights, num_weights, lm_head, lm_head_scale,
+                         draft_vocab, k, num_heads, eps, alternatives, drafts, num_threads);
 }
 
 mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias, const mtp_tensor* y,

@@ -110,12 +110,7 @@ std::vector<int64_t> checked_tree(const char* op, const at::Tensor& t, int64_t B
               "] (x's first two sizes), got ", t.sizes());
   const at::Tensor v = t.to(at::kLong).contiguous();
   std::vector<int64_t> parents(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + B * T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t p = parents[size_t(b * T + i)];
-      TORCH_CHECK(i == 0 ? p == -1 : p >= 0 && p < i, op, ": tree_parents[", b, "][", i, "] must be ",
-                  i == 0 ? "-1 (row 0 is the root)" : "an earlier row in [0, " + std::to_string(i) + ")", ", got ", p);
-    }
+  check_ok(op, tree_parents_error(parents, B, T));
   return parents;
 }
 
@@ -259,9 +254,7 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
     TORCH_CHECK(a.Vd >= 1, op, ": draft_vocab must hold at least one token id, got shape ", draft_vocab->sizes());
     vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (its length)", a.V, "V (embedding.size(0))");
   }
-  TORCH_CHECK(alternatives >= 0 && alternatives < a.Vd, op, ": alternatives must be in [0, ", a.Vd,
-              ") (fewer than the draft vocabulary's ", a.Vd, " tokens), got ", alternatives);
-  TORCH_CHECK(alternatives == 0 || k >= 1, op, ": alternatives are first drafts: they need k >= 1, got k = 0");
+  check_ok(op, alternatives_error(alternatives, a.Vd, k));
   a.alternatives = alternatives;
 
   const at::Tensor hc = hidden.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();

@@ -215,7 +215,7 @@ void check_head_draft(DType t, bool q8) {
   Cache cache(t, B, {0, 0});
   pass(m, cache, values(t, B * 11 * kH, 1.f), 11, 1);
   cache.lens = prompt;
-  auto draft = [&](int64_t b0, int64_t n, int threads) {  // requests [b0, b0 + n) of the batch
+  auto draft = [&](int64_t b0, int64_t n, int threads, int64_t alternatives = 0) {  // requests [b0, b0 + n)
     mtp::HeadDraftArgs a;
     a.B = n; a.K = K; a.H = kH; a.Hq = kHq; a.Hkv = kHkv; a.D = kD; a.I = kI; a.blocks = 1;
     a.L = kL; a.P = kP; a.V = kV; a.Vd = Vd; a.dtype = t;
@@ -233,7 +233,8 @@ void check_head_draft(DType t, bool q8) {
     a.embed_norm = embed_norm.data(); a.hidden_norm = hidden_norm.data();
     a.proj = proj.m; a.block = &block_view; a.out_norm = out_norm.data();
     a.lm_head = embedding.m; a.draft_vocab = vocab.data(); a.eps = 1e-5f;
-    std::vector<int64_t> drafts(size_t(n * K), -1);
+    a.alternatives = alternatives;
+    std::vector<int64_t> drafts(size_t(n * (K + alternatives)), -1);
     a.drafts = drafts.data();
     mtp::head_draft(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
     return drafts;
@@ -264,8 +265,12 @@ void check_head_draft(DType t, bool q8) {
     std::vector<const mtp_tensor*> wp;
     mtp_tensor hidden, token, k, v, lens, cos, sin, emb, emb_scale, vocab, drafts;
     const mtp_tensor* scale;
-    int64_t k_steps = K, heads = kHq;
+    int64_t k_steps = K, heads = kHq, alternatives = -1;  // >= 0: mtp_head_draft_alternatives
     mtp_status run() const {
+      if (alternatives >= 0)
+        return mtp_head_draft_alternatives(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(),
+                                           int32_t(wp.size()), &emb, scale, &vocab, k_steps, heads, 1e-5f,
+                                           alternatives, &drafts, 2);
       return mtp_head_draft(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(), int32_t(wp.size()),
                             &emb, scale, &vocab, k_steps, heads, 1e-5f, &drafts, 2);
     }
@@ -327,6 +332,28 @@ void check_head_draft(DType t, bool q8) {
     bad([](Call& c) { c.scale = nullptr; }, MTP_ERROR_UNSUPPORTED_DTYPE,
         "embedding is int8 but embedding_scale is empty");
   out = good;
+
+  // mtp_head_draft_alternatives: the core's chain and first-step alternatives, into [B, K + 2].
+  const std::vector<int64_t> tree = draft(0, B, 2, 2);
+  std::vector<int64_t> with_alt(size_t(B * (K + 2)), -7);
+  Call ca = call();
+  ca.alternatives = 2;
+  ca.drafts = view(with_alt.data(), DType::F32, {B, K + 2});
+  ca.drafts.dtype = MTP_INT64;
+  EXPECT(ca.run() == MTP_OK, "%s alternatives: %s", what, mtp_last_error());
+  EXPECT(with_alt == tree, "%s: mtp_head_draft_alternatives != the core's drafts", what);
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT(std::equal(both.begin() + b * K, both.begin() + (b + 1) * K, tree.begin() + b * (K + 2)),
+           "%s: the chain changed with alternatives", what);
+    const int64_t* first = &tree[size_t(b * (K + 2))];
+    EXPECT(first[0] != first[K] && first[0] != first[K + 1] && first[K] != first[K + 1],
+           "%s: request %lld: first drafts repeat", what, (long long)b);
+  }
+  ca.alternatives = Vd;
+  expect_error(ca.run(), MTP_ERROR_INVALID_ARGUMENT, "alternatives must be in [0, 20)", what);
+  ca.alternatives = 2;
+  ca.drafts.sizes[1] = K;
+  expect_error(ca.run(), MTP_ERROR_INVALID_ARGUMENT, "drafts.sizes[1] must equal k + alternatives = 5", what);
 }
 
 // ---- mtp_decoder_layers (the C API): the core's bits through mtp_tensor views, and bad input
@@ -365,11 +392,56 @@ struct CapiCall {
     sin = view(m.sin.data(), DType::F32, {kP, kD});
     out = view(o.data(), m.t, {c.B(), T, kH});
   }
+  const mtp_tensor* tree = nullptr;  // tree_parents: mtp_decoder_layers_tree
   mtp_status run(int threads = 2) const {
+    if (tree)
+      return mtp_decoder_layers_tree(&x, &k, &v, &lens, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
+                                     int32_t(sp.size()), heads, eps, quantize_x, tree, &out, threads);
     return mtp_decoder_layers(&x, &k, &v, &lens, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
                               int32_t(sp.size()), heads, eps, quantize_x, &out, threads);
   }
 };
+
+// mtp_decoder_layers_tree: the core's tree pass through a strided int32 tree_parents view,
+// and bad trees (a status and message, nothing written).
+void check_capi_tree(DType t, bool q8, bool quantize_x) {
+  const Model m(t, q8, quantize_x);
+  const char* what = q8 ? (quantize_x ? "tree q8dot" : "tree q8") : mtp::dtype_size(t) == 4 ? "tree f32" : "tree bf16";
+  constexpr int64_t B = 2, T = 6;
+  const int64_t parents[B * T] = {-1, 0, 1, 2, 0, 0, -1, 0, 0, 2, 1, 4};
+  std::vector<int32_t> every_other(size_t(2 * B * T), 99);  // [B, T] in every other column
+  for (int64_t i = 0; i < B * T; ++i) every_other[size_t(2 * i)] = int32_t(parents[i]);
+  mtp_tensor tree = view(every_other.data(), DType::F32, {B, T});
+  tree.dtype = MTP_INT32;
+  tree.strides[0] = 2 * T;
+  tree.strides[1] = 2;
+  const std::vector<char> x = values(t, B * T * kH, 1.f);
+  Cache core(t, B, {3, 7}), capi(t, B, {3, 7});
+  const std::vector<char> want = pass(m, core, x, T, 2, parents);
+  std::vector<char> got(want.size());
+  CapiCall call(m, capi, x, T, got);
+  call.tree = &tree;
+  EXPECT(call.run() == MTP_OK, "%s: %s", what, mtp_last_error());
+  EXPECT(got == want && capi.k == core.k && capi.v == core.v, "%s: mtp_decoder_layers_tree != the core's pass", what);
+  auto bad = [&](int64_t at, int32_t value, int64_t cols, mtp_status status, const char* needle) {
+    std::vector<int32_t> p = every_other;
+    p[size_t(2 * at)] = value;
+    mtp_tensor bad_tree = tree;
+    bad_tree.data = p.data();
+    bad_tree.sizes[1] = cols;
+    Cache c(t, B, {3, 7});
+    std::vector<char> o(want.size(), char(0x11));
+    const std::vector<char> o0 = o, k0 = c.k;
+    CapiCall bc(m, c, x, T, o);
+    bc.tree = &bad_tree;
+    expect_error(bc.run(), status, needle, what);
+    EXPECT(c.k == k0 && o == o0, "%s: written on failure (%s)", what, needle);
+  };
+  bad(0, 0, T, MTP_ERROR_INVALID_ARGUMENT, "mtp_decoder_layers_tree: tree_parents[0][0] must be -1 (row 0 is the root)");
+  bad(T + 3, 4, T, MTP_ERROR_INVALID_ARGUMENT, "tree_parents[1][3] must be an earlier row in [0, 3), got 4");
+  bad(2, -1, T, MTP_ERROR_INVALID_ARGUMENT, "tree_parents[0][2] must be an earlier row in [0, 2), got -1");
+  bad(0, -1, T - 1, MTP_ERROR_INVALID_ARGUMENT, "tree_parents.sizes[1] must equal T (x.sizes[1])");
+}
 
 // xs [rows, H] laid out with rows H + pad elements apart (the pad filled with 0x55 bytes).
 std::vector<char> padded(const std::vector<char>& xs, DType t, int64_t rows, int64_t pad) {
@@ -468,6 +540,8 @@ void test_decoder() {
     check_decoder(t, true, true);
     check_tree(t, false, false);
     check_tree(t, true, true);
+    check_capi_tree(t, false, false);
+    check_capi_tree(t, true, true);
     check_head_draft(t, false);
     check_head_draft(t, true);
     check_capi_decoder(t, false, false);

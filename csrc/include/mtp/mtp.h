@@ -200,6 +200,21 @@ MTP_API mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_c
                                       int32_t num_weight_scales, int64_t num_heads, float eps, int32_t quantize_x,
                                       const mtp_tensor* out, int32_t num_threads);
 
+/* mtp_decoder_layers over a tree of tokens per request (torch.ops.mtp.decoder_layers with
+ * tree_parents; the drafts of several first candidates verified in one pass):
+ *   tree_parents     [B, T] int32 | int64, any strides: row 0 of each request -1 (the root), row
+ *                    t's parent an earlier row; NULL: a chain (mtp_decoder_layers)
+ * Token t is stored at cache_lens[b] + t but takes position cache_lens[b] + its depth and attends to
+ * the cache and its own path from the root: it gets the bits of a chain of its path's tokens (output
+ * and cache entry). Other arguments as mtp_decoder_layers. */
+MTP_API mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                           const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                           const mtp_tensor* rope_sin, const mtp_tensor* const* weights,
+                                           int32_t num_weights, const mtp_tensor* const* weight_scales,
+                                           int32_t num_weight_scales, int64_t num_heads, float eps,
+                                           int32_t quantize_x, const mtp_tensor* tree_parents, const mtp_tensor* out,
+                                           int32_t num_threads);
+
 /* The MTP head's k draft steps in one call (torch.ops.mtp.head_draft, the same drafts): per step
  * the embedding of the current token and the last hidden state, each normed, concatenated and
  * projected; the head's blocks (decoder layers whose attention reads one backbone layer's cache in
@@ -227,6 +242,22 @@ MTP_API mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* to
                                   int32_t num_weights, const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale,
                                   const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
                                   const mtp_tensor* drafts, int32_t num_threads);
+
+/* mtp_head_draft, and the first step's next best drafts (a tree's other first candidates):
+ *   alternatives     m in [0, Vd), k >= 1 when m > 0
+ *   drafts           [B, k + m] output: the k steps, then the first step's 2nd..(m+1)-th best drafts
+ *                    (torch.argmax's order over what is left: NaN first, larger, ties to the lower
+ *                    draft-vocabulary index)
+ * Other arguments as mtp_head_draft. */
+MTP_API mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const mtp_tensor* token,
+                                               const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                               const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                               const mtp_tensor* rope_sin, const mtp_tensor* embedding,
+                                               const mtp_tensor* embedding_scale, const mtp_tensor* const* weights,
+                                               int32_t num_weights, const mtp_tensor* lm_head,
+                                               const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab,
+                                               int64_t k, int64_t num_heads, float eps, int64_t alternatives,
+                                               const mtp_tensor* drafts, int32_t num_threads);
 
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */

@@ -169,6 +169,28 @@ inline std::string draft_positions_error(const std::vector<int64_t>& lens, int64
   return "";
 }
 
+// tree_parents [B, T] of a decoder pass (row-major values): each request's row 0 the root
+// (-1), every other row's parent an earlier row.
+inline std::string tree_parents_error(const std::vector<int64_t>& parents, int64_t B, int64_t T) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t p = parents[size_t(b * T + i)];
+      if (i == 0 && p != -1) return message("tree_parents[", b, "][0] must be -1 (row 0 is the root), got ", p);
+      if (i > 0 && !(p >= 0 && p < i))
+        return message("tree_parents[", b, "][", i, "] must be an earlier row in [0, ", i, "), got ", p);
+    }
+  return "";
+}
+
+// head_draft's alternatives: the first step's next best drafts, fewer than the Vd tokens.
+inline std::string alternatives_error(int64_t alternatives, int64_t Vd, int64_t k) {
+  if (alternatives < 0 || alternatives >= Vd)
+    return message("alternatives must be in [0, ", Vd, ") (fewer than the draft vocabulary's ", Vd, " tokens), got ",
+                   alternatives);
+  if (alternatives > 0 && k < 1) return "alternatives are first drafts: they need k >= 1, got k = 0";
+  return "";
+}
+
 inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D, double eps) {
   if (num_heads < 1) return message("num_heads must be >= 1, got ", num_heads);
   if (std::string e = gqa_error(num_heads, Hkv); !e.empty()) return e;
