@@ -267,7 +267,7 @@ def check_silu_mul_input(op, gate_up):
 
 def check_tree_parents(op, parents, B: int, T: int):
     """tree_parents [B, T] of decoder_layers: row 0 of each request the root (-1), every other
-    row's parent an earlier row (csrc/cpu/decoder.cpp's checked_tree)."""
+    row's parent an earlier row (the messages of tree_parents_error in mtp/op_args.h)."""
     check(parents.dtype in ID_TYPES, op, f"tree_parents must be int32 or int64, got {_name(parents.dtype)}")
     check(parents.dim() == 2 and tuple(parents.shape) == (B, T), op,
           f"tree_parents must be [B, T] = [{B}, {T}] (x's first two sizes), got {list(parents.shape)}")
@@ -275,3 +275,10 @@ def check_tree_parents(op, parents, B: int, T: int):
         for i, p in enumerate(row):
             want = "-1 (row 0 is the root)" if i == 0 else f"an earlier row in [0, {i})"
             check(p == -1 if i == 0 else 0 <= p < i, op, f"tree_parents[{b}][{i}] must be {want}, got {p}")
+
+
+def check_alternatives(op, alternatives: int, Vd: int, k: int):
+    """head_draft's alternatives (the messages of alternatives_error in mtp/op_args.h)."""
+    check(0 <= alternatives < Vd, op, f"alternatives must be in [0, {Vd}) (fewer than the draft vocabulary's {Vd} "
+          f"tokens), got {alternatives}")
+    check(alternatives == 0 or k >= 1, op, "alternatives are first drafts: they need k >= 1, got k = 0")

@@ -53,9 +53,7 @@ def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
 def head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale, weights,
                lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0):
     Vd = lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()
-    C.check(0 <= alternatives < Vd, "mtp.head_draft", f"alternatives must be in [0, {Vd}) (fewer than the draft "
-            f"vocabulary's {Vd} tokens), got {alternatives}")
-    C.check(alternatives == 0 or k >= 1, "mtp.head_draft", "alternatives are first drafts: they need k >= 1, got k = 0")
+    C.check_alternatives("mtp.head_draft", alternatives, Vd, k)
     return reference.head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
                                 embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
                                 alternatives=alternatives, ops=ops.KERNELS)
