@@ -194,9 +194,10 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
                  for b in range(B)]
         rows, leaves = found, [[] for _ in range(B)]
         if head is not None and not all(found[b] or done[b] for b in range(B)):
-            drafted = head.draft(model, cache, hidden, token, K, A) if A else head.draft(model, cache, hidden, token, K)
-            rows = [f or d[:K] for f, d in zip(found, drafted.tolist())]
-            leaves = [[] if f else d[K:] for f, d in zip(found, drafted.tolist())]
+            drafted = (head.draft(model, cache, hidden, token, K, A) if A else
+                       head.draft(model, cache, hidden, token, K)).tolist()
+            rows = [f or d[:K] for f, d in zip(found, drafted)]
+            leaves = [[] if f else d[K:] for f, d in zip(found, drafted)]
         num = [0 if done[b] else min(len(rows[b]), max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]
         W = max(num)
         leaves = [leaves[b] if num[b] else [] for b in range(B)]
