@@ -287,12 +287,17 @@ def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
     assert torch.equal(fallback.head_draft(**d.args(3)), torch.ops.mtp.head_draft(**d.args(3)))
 
 
+def to_cuda(args) -> list:
+    """A pass's arguments with every tensor (and tensor list) on the GPU."""
+    return [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t
+            for t in args]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: needs CUDA")
 def test_cuda_pass_is_shape_invariant():
     """On a GPU: a pass over 3 tokens equals 3 one-token passes bitwise, close to the CPU's."""
     p = Pass(torch.float32, False, False, [3, 7], 3)
-    c = [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t
-         for t in p.args()]
+    c = to_cuda(p.args())
     whole = torch.ops.mtp.decoder_layers(*c)
     steps = []
     lens = c[3].clone()

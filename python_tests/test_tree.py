@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtp_kernels import reference
-from test_decoder import KERNEL_OPS, VARIANTS, Draft, Pass
+from test_decoder import KERNEL_OPS, VARIANTS, Draft, Pass, to_cuda
 from test_rowwise import assert_bitwise
 
 # (cache lengths before the pass, parents per request): a chain, the generate loop's shape (a
@@ -157,14 +157,9 @@ def test_cuda_fallbacks_take_trees_and_alternatives_on_cpu_tensors():
 def test_cuda_tree_pass_equals_chains_of_its_paths():
     """On a GPU: each token of a tree pass equals, bitwise, the last of a chain pass of its path."""
     p, tree = tree_pass(torch.float32, False, False, *TREES[1])
-
-    def cuda(args):
-        return [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t
-                for t in args]
-
-    got = torch.ops.mtp.decoder_layers(*cuda(p.args()), tree_parents=tree.cuda())
+    got = torch.ops.mtp.decoder_layers(*to_cuda(p.args()), tree_parents=tree.cuda())
     for b, rows in enumerate(reference.tree_paths(tree)):
         for t, path in enumerate(rows):
-            chain = cuda(p.args(x=p.x[b:b + 1, path]))
+            chain = to_cuda(p.args(x=p.x[b:b + 1, path]))
             chain[1], chain[2], chain[3] = chain[1][:, b:b + 1], chain[2][:, b:b + 1], chain[3][b:b + 1]
             assert torch.equal(got[b, t], torch.ops.mtp.decoder_layers(*chain)[0, -1])
