@@ -51,6 +51,9 @@ void test_linear_q8();
 void test_linear_q8dot();
 void test_ops_errors();
 
+// test_gguf.cpp
+void test_gguf();
+
 // test_rowwise.cpp
 void test_rowwise();
 

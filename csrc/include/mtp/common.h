@@ -16,10 +16,17 @@
 namespace mtp {
 
 // I8: int8, the weights of the linear layer only (Q8 blocks, see linear_args.h); with_dtype and
-// load_f32 cover the three float types, which every other kernel takes.
-enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2, I8 = 5 };
+// load_f32 cover the three float types, which every other kernel takes. Q4_0 .. Q6_K: GGUF
+// block-quantized weights as stored in the file (gguf.h), 100 + their GGML type number; their
+// strides count bytes (dtype_size 1).
+enum class DType : int32_t {
+  F32 = 0, BF16 = 1, F16 = 2, I8 = 5,
+  Q4_0 = 102, Q4_1 = 103, Q8_0 = 108, Q4_K = 112, Q6_K = 114
+};
 
-MTP_HOST_DEVICE inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : t == DType::I8 ? 1 : 2; }
+MTP_HOST_DEVICE inline int64_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : (t == DType::BF16 || t == DType::F16) ? 2 : 1;
+}
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

@@ -10,13 +10,16 @@
 #include <vector>
 
 #include "mtp/common.h"
+#include "mtp/gguf.h"
 #include "mtp/linear_args.h"
 #include "mtp/isa.h"
 
 #include "mtp/generic/linear.h"
 #if defined(MTP_X86)
+#include "mtp/x86/gguf.h"
 #include "mtp/x86/linear.h"
 #elif defined(MTP_ARM64)
+#include "mtp/neon/gguf.h"
 #include "mtp/neon/linear.h"
 #endif
 
@@ -47,6 +50,18 @@ inline void linear_items(const LinearArgs& a, int64_t begin, int64_t end, Isa is
   if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::linear_neon(a, n0, n1);
 #endif
   generic::linear(a, n0, n1);
+}
+
+// The columns [n0, n1) of every row for a GGUF block-type weight (gguf.h), x quantized in xq.
+inline void gguf_items(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1, Isa isa) {
+#if defined(MTP_X86)
+  if (is_avx512(isa)) return x86::gguf_linear_avx512(a, xq, n0, n1);
+  if (isa == Isa::Avx2) return x86::gguf_linear_avx2(a, xq, n0, n1);
+#elif defined(MTP_ARM64)
+  if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::gguf_linear_neon(a, xq, n0, n1);
+#endif
+  (void)isa;
+  generic::gguf_linear(a, xq, n0, n1);
 }
 
 // v rounded to an integer, ties to even, for |v| <= 2^22: adding 1.5 * 2^23 leaves no
@@ -98,6 +113,15 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
 // computes the column blocks [begin, end) of every row, on any thread.
 template <class ParallelFor>
 void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
+  if (is_block_type(a.w_dtype)) {  // GGUF blocks: the rows quantized once (gguf.h), then the columns
+    thread_local QuantRows rows;  // reused across calls; the workers read this thread's copy
+    QuantRows& xq = rows;         // (a lambda names a thread_local by its own thread's instance)
+    quantize_rows(a.x, a.x_dtype, a.x_stride, a.M, a.K, xq);
+    parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) {
+      gguf_items(a, xq, begin * kLinearBlockN, std::min(a.N, end * kLinearBlockN), isa);
+    });
+    return;
+  }
   if (a.quantize_x) {  // the rows quantized once, before the loop over the columns
     const int64_t row_bytes = xq_row_bytes(a.K);
     std::vector<float> rows(size_t(a.M * row_bytes / 4));  // float: the scales' alignment

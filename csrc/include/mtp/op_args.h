@@ -113,6 +113,44 @@ inline void set_q8_weight(LinearArgs& a, const void* w, int64_t w_stride, const 
   a.w_scale_stride = scale_stride;
 }
 
+// ---- GGUF block-type weights (gguf.h): uint8 [N, row bytes], read in place
+
+// The DType of a GGML type number: 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (false otherwise).
+inline bool gguf_dtype(int64_t ggml_type, DType* out) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+    if (int64_t(t) - 100 == ggml_type) return *out = t, true;
+  return false;
+}
+inline const char* block_type_name(DType t) {
+  switch (t) {
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
+    case DType::Q8_0: return "Q8_0";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q6_K: return "Q6_K";
+    default: return "not a block type";
+  }
+}
+constexpr const char* kGgufTypes = "2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K) or 14 (Q6_K)";
+inline std::string gguf_type_error(int64_t ggml_type) {
+  DType t;
+  if (gguf_dtype(ggml_type, &t)) return "";
+  return message("GGML type ", ggml_type, " is not supported: expected ", kGgufTypes);
+}
+
+// A matrix of K-element rows stored as bytes [N, row_bytes] with strides [stride0, stride1].
+inline std::string gguf_weight_error(DType t, int64_t K, int64_t row_bytes, int64_t stride0, int64_t stride1) {
+  const int64_t e = block_elems(t);
+  if (K % e != 0)
+    return message("K = ", K, " is not a multiple of ", block_type_name(t), "'s blocks of ", e, " elements");
+  if (row_bytes != block_row_bytes(t, K))
+    return message("a ", block_type_name(t), " row of K = ", K, " elements is ", block_row_bytes(t, K),
+                   " bytes, got weight rows of ", row_bytes, " bytes");
+  if (stride1 != 1 && row_bytes > 1)
+    return message("weight bytes must be contiguous along a row (stride 1), got strides [", stride0, ", ", stride1, "]");
+  return "";
+}
+
 // ---- decoder_layers (and head_draft's blocks)
 
 // A layer's weights are these tensors in this order; decoder_layers's weight_scales hold,

@@ -1,0 +1,256 @@
+// GGUF block-quantized weights, read exactly as stored in the file (no repack, no float copy).
+//
+// A matrix [N, K] of a block type is N rows of row_bytes(K) bytes (rows `stride` bytes apart);
+// a row is K / block_elems blocks laid out as ggml writes them (ggml-common.h):
+//   Q4_0 (18 B / 32):  fp16 d, 16 bytes of nibbles            w = d * (q - 8)
+//   Q4_1 (20 B / 32):  fp16 d, fp16 m, 16 bytes of nibbles    w = d * q + m
+//   Q8_0 (34 B / 32):  fp16 d, 32 int8                        w = d * q
+//   Q4_K (144 B / 256): fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+//                      sub-block j of 32: w = (d * sc_j) * q - dmin * m_j
+//   Q6_K (210 B / 256): 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, fp16 d
+//                      element e: w = d * sc[e / 16] * (q - 32)
+// Every format is read as blocks of 32 elements, each with an fp32 scale d_b, an fp32 offset
+// m_b (0 without one), integer values q and an integer multiplier per half-block (Q6_K's
+// scales, 1 elsewhere): element = d_b * (mul * q) + m_b. All of these are exact in fp32.
+//
+// The product (linear.h with a block-type weight) quantizes each activation row to int8 in
+// blocks of 32 (quantize_block_q8: scale dx_b = amax / 127, like quantize_x) and computes per
+// output element, in this fixed order on every instruction set:
+//   lanes l = 0..7 of block b:  L = mul * sum_{i<4} q[4l+i] * xq[4l+i]     (exact int32)
+//   acc[l] = fma(float(L), d_b * dx_b, acc[l])                       (blocks in order)
+//   accm   = fma(m_b, dx_b * float(sum_i xq[i]), accm)               (formats with an offset)
+//   y      = sum8(acc) + accm (+ bias)
+// sum8 = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). The integers are exact whatever
+// instructions compute them, so every ISA path gives the same bits (generic, AVX2, AVX-512,
+// NEON with or without SDOT), and a row's bits depend on neither M nor the threads.
+// reference.gguf_linear is the executable form of this contract.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "mtp/common.h"
+
+namespace mtp {
+
+constexpr bool is_block_type(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
+}
+
+// Elements and bytes of one stored block; 0 for a type that is not a block type.
+constexpr int64_t block_elems(DType t) {
+  return t == DType::Q4_K || t == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
+}
+constexpr int64_t block_bytes(DType t) {
+  switch (t) {
+    case DType::Q4_0: return 18;
+    case DType::Q4_1: return 20;
+    case DType::Q8_0: return 34;
+    case DType::Q4_K: return 144;
+    case DType::Q6_K: return 210;
+    default: return 0;
+  }
+}
+constexpr bool block_has_offset(DType t) { return t == DType::Q4_1 || t == DType::Q4_K; }
+// Bytes of a row of K elements (K a multiple of block_elems(t)).
+constexpr int64_t block_row_bytes(DType t, int64_t K) { return K / block_elems(t) * block_bytes(t); }
+
+inline float fp16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes (ggml's layout).
+inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Block b (of 32 elements) of a row: its scale, offset and per-half multipliers (the
+// canonical form above). The values are decoded by block_values.
+struct Block32 {
+  float d = 0.f, m = 0.f;
+  int32_t mul[2] = {1, 1};
+};
+
+inline Block32 block_params(DType t, const uint8_t* row, int64_t b) {
+  Block32 p;
+  switch (t) {
+    case DType::Q4_0: p.d = fp16_at(row + b * 18); break;
+    case DType::Q4_1: p.d = fp16_at(row + b * 20); p.m = fp16_at(row + b * 20 + 2); break;
+    case DType::Q8_0: p.d = fp16_at(row + b * 34); break;
+    case DType::Q4_K: {
+      const uint8_t* s = row + b / 8 * 144;
+      int sc, m;
+      q4k_scale_min(s + 4, int(b % 8), &sc, &m);
+      p.d = fp16_at(s) * float(sc);  // fp16 (11 bits) x 6 bits: exact
+      p.m = -(fp16_at(s + 2) * float(m));
+      break;
+    }
+    case DType::Q6_K: {
+      const uint8_t* s = row + b / 8 * 210;
+      p.d = fp16_at(s + 208);
+      p.mul[0] = int8_t(s[192 + 2 * (b % 8)]);
+      p.mul[1] = int8_t(s[192 + 2 * (b % 8) + 1]);
+      break;
+    }
+    default: break;
+  }
+  return p;
+}
+
+// The 32 integer values q of block b (offsets applied: Q4_0's -8, Q6_K's -32).
+inline void block_values(DType t, const uint8_t* row, int64_t b, int8_t* q) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1: {
+      const int64_t bytes = block_bytes(t);
+      const uint8_t* qs = row + b * bytes + (bytes - 16);
+      const int off = t == DType::Q4_0 ? 8 : 0;
+      for (int i = 0; i < 16; ++i) {
+        q[i] = int8_t((qs[i] & 0xF) - off);
+        q[i + 16] = int8_t((qs[i] >> 4) - off);
+      }
+      break;
+    }
+    case DType::Q8_0: std::memcpy(q, row + b * 34 + 2, 32); break;
+    case DType::Q4_K: {
+      const uint8_t* qs = row + b / 8 * 144 + 16 + (b % 8) / 2 * 32;
+      const int shift = (b % 2) * 4;
+      for (int i = 0; i < 32; ++i) q[i] = int8_t((qs[i] >> shift) & 0xF);
+      break;
+    }
+    case DType::Q6_K: {
+      const uint8_t* s = row + b / 8 * 210;
+      const int h = int(b % 8) / 4, g = int(b % 4);
+      const uint8_t* ql = s + 64 * h + 32 * (g & 1);
+      const uint8_t* qh = s + 128 + 32 * h;
+      for (int i = 0; i < 32; ++i)
+        q[i] = int8_t((((ql[i] >> (g >= 2 ? 4 : 0)) & 0xF) | (((qh[i] >> (2 * g)) & 3) << 4)) - 32);
+      break;
+    }
+    default: break;
+  }
+}
+
+// Row `row` dequantized to fp32 (K elements): d_b * (mul * q) + m_b, the product exact, one
+// rounding; bitwise what the `gguf` package's dequantizer gives.
+inline void dequantize_row(DType t, const uint8_t* row, int64_t K, float* out) {
+  int8_t q[32];
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const Block32 p = block_params(t, row, b);
+    block_values(t, row, b, q);
+    for (int i = 0; i < 32; ++i) out[b * 32 + i] = p.d * float(p.mul[i / 16] * q[i]) + p.m;
+  }
+}
+
+// ---- activations: each row quantized to int8 blocks of 32 (row-local) ----------------------
+
+// One block of 32 fp32 values -> q, returns its scale (quantize_x's rule, linear.h:
+// amax / 127, round half to even, clamp to 127; 0 -> all zero; a NaN or infinity -> NaN and 0).
+inline float quantize_block_q8(const float* v, int8_t* q) {
+  uint32_t amax_bits = 0;
+  for (int i = 0; i < 32; ++i) {
+    uint32_t u;
+    std::memcpy(&u, v + i, 4);
+    amax_bits = std::max(amax_bits, u & 0x7fffffffu);
+  }
+  float amax;
+  std::memcpy(&amax, &amax_bits, 4);
+  const float scale = amax_bits < 0x7f800000u ? amax / 127.f : NAN;
+  if (!(scale > 0.f)) {
+    std::fill(q, q + 32, int8_t(0));
+    return scale;
+  }
+  for (int i = 0; i < 32; ++i) {
+    const float r = (v[i] / scale + 12582912.f) - 12582912.f;  // round half to even (|v / scale| <= 127)
+    q[i] = int8_t(std::min(127.f, std::max(-127.f, r)));
+  }
+  return scale;
+}
+
+// The quantized activation rows of one call, laid out for the kernels: per row, K int8
+// values, then per block of 32 its scale dx, s = dx * float(sum of its q) (the offset term's
+// factor) and the eight 4-element sums of q (the integer corrections of the SIMD paths).
+struct QuantRows {
+  int64_t M = 0, K = 0, nb = 0;
+  std::vector<int8_t> q;     // [M, K]
+  std::vector<float> dx, s;  // [M, nb]
+  std::vector<int32_t> sum4;  // [M, nb, 8]
+  const int8_t* qrow(int64_t m) const { return q.data() + m * K; }
+  const float* dxrow(int64_t m) const { return dx.data() + m * nb; }
+  const float* srow(int64_t m) const { return s.data() + m * nb; }
+  const int32_t* sum4row(int64_t m) const { return sum4.data() + m * nb * 8; }
+};
+
+// x [M, K] (fp32, bf16 or fp16, rows x_stride elements apart), K a multiple of 32.
+inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
+  out.M = M; out.K = K; out.nb = K / 32;
+  out.q.resize(size_t(M * K));
+  out.dx.resize(size_t(M * out.nb));
+  out.s.resize(size_t(M * out.nb));
+  out.sum4.resize(size_t(M * out.nb * 8));
+  float v[32];
+  for (int64_t m = 0; m < M; ++m) {
+    const char* xm = static_cast<const char*>(x) + m * x_stride * dtype_size(dt);
+    for (int64_t b = 0; b < out.nb; ++b) {
+      with_dtype(dt, [&](auto t) {
+        for (int i = 0; i < 32; ++i) v[i] = load_f32(xm, decltype(t)::value, b * 32 + i);
+      });
+      int8_t* q = out.q.data() + m * K + b * 32;
+      const float dx = quantize_block_q8(v, q);
+      int32_t* s4 = out.sum4.data() + (m * out.nb + b) * 8;
+      int32_t total = 0;
+      for (int l = 0; l < 8; ++l) {
+        s4[l] = q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
+        total += s4[l];
+      }
+      out.dx[size_t(m * out.nb + b)] = dx;
+      out.s[size_t(m * out.nb + b)] = dx * float(total);
+    }
+  }
+}
+
+// The fixed reduction of the eight lane accumulators.
+inline float sum8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+namespace generic {
+
+// y[m, n] for the columns [n0, n1) of a block-type weight, the canonical order (above).
+// w: row n at w + weight_row(n) * w_stride bytes.
+template <class Args>
+void gguf_linear(const Args& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / 32;
+  const bool offset = block_has_offset(a.w_dtype);
+  int8_t q[32];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + weight_row(a, n) * a.w_stride;
+    for (int64_t m = 0; m < a.M; ++m) {
+      const int8_t* x = xq.qrow(m);
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, accm = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const Block32 p = block_params(a.w_dtype, w, b);
+        block_values(a.w_dtype, w, b, q);
+        const float scale = p.d * xq.dxrow(m)[b];
+        for (int l = 0; l < 8; ++l) {
+          int32_t L = 0;
+          for (int i = 4 * l; i < 4 * l + 4; ++i) L += int32_t(q[i]) * int32_t(x[b * 32 + i]);
+          acc[l] = std::fma(float(L * p.mul[l / 4]), scale, acc[l]);
+        }
+        if (offset) accm = std::fma(p.m, xq.srow(m)[b], accm);
+      }
+      const float y = sum8(acc) + accm;
+      a.y[m * a.y_stride + n] = a.bias ? y + a.bias[n] : y;
+    }
+  }
+}
+
+}  // namespace generic
+}  // namespace mtp

@@ -1,0 +1,165 @@
+// GGUF block-type weights (gguf.h): the current instruction set's product gives the generic
+// kernel's bits (the canonical order) for every format, shape and row count; a row's bits do
+// not depend on M, the thread split or a row map; the product is the dequantized weights'
+// within the int8 activations' error; dequantize_row is d * q + m.
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "mtp/linear.h"
+#include "test_util.h"
+
+namespace {
+
+constexpr mtp::DType kBlockTypes[] = {mtp::DType::Q4_0, mtp::DType::Q4_1, mtp::DType::Q8_0, mtp::DType::Q4_K,
+                                      mtp::DType::Q6_K};
+
+const char* type_name(mtp::DType t) {
+  switch (t) {
+    case mtp::DType::Q4_0: return "Q4_0";
+    case mtp::DType::Q4_1: return "Q4_1";
+    case mtp::DType::Q8_0: return "Q8_0";
+    case mtp::DType::Q4_K: return "Q4_K";
+    default: return "Q6_K";
+  }
+}
+
+uint16_t random_f16_scale(bool negative_ok) {  // a normal fp16 in about [2^-10, 2^-4)
+  const uint16_t exp = uint16_t(uniform(5, 10)), man = uint16_t(uniform(0, 1023));
+  const uint16_t sign = negative_ok && uniform(0, 3) == 0 ? 0x8000 : 0;
+  return uint16_t(sign | (exp << 10) | man);
+}
+
+// N rows of random blocks: random quant bytes, fp16 scales in a realistic range.
+std::vector<uint8_t> random_rows(mtp::DType t, int64_t N, int64_t K) {
+  const int64_t rb = mtp::block_row_bytes(t, K), bb = mtp::block_bytes(t);
+  std::vector<uint8_t> w(size_t(N * rb));
+  for (auto& v : w) v = uint8_t(uniform(0, 255));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < rb / bb; ++b) {
+      uint8_t* blk = w.data() + n * rb + b * bb;
+      auto put = [](uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); };
+      if (t == mtp::DType::Q6_K) put(blk + 208, random_f16_scale(true));
+      else put(blk, random_f16_scale(true));
+      if (t == mtp::DType::Q4_1 || t == mtp::DType::Q4_K) put(blk + 2, random_f16_scale(true));
+    }
+  return w;
+}
+
+struct Case {
+  mtp::DType t;
+  int64_t M, N, K;
+  std::vector<uint8_t> w;
+  std::vector<float> x, bias;
+  Case(mtp::DType t_, int64_t M_, int64_t N_, int64_t K_) : t(t_), M(M_), N(N_), K(K_), w(random_rows(t_, N_, K_)) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    x.resize(size_t(M * K));
+    for (auto& v : x) v = nd(rng);
+    bias.resize(size_t(N));
+    for (auto& v : bias) v = nd(rng);
+  }
+  mtp::LinearArgs args(std::vector<float>& y, bool with_bias, int64_t m0 = 0, int64_t rows = -1) const {
+    mtp::LinearArgs a;
+    a.M = rows < 0 ? M : rows; a.N = N; a.K = K;
+    a.x = x.data() + m0 * K; a.x_dtype = mtp::DType::F32; a.x_stride = K;
+    a.w = w.data(); a.w_dtype = t; a.w_stride = mtp::block_row_bytes(t, K);
+    a.bias = with_bias ? bias.data() : nullptr;
+    y.assign(size_t(a.M * N), -1.f);
+    a.y = y.data(); a.y_stride = N;
+    return a;
+  }
+};
+
+auto serial = [](int64_t n, auto&& fn) { fn(int64_t(0), n); };
+
+void run(const mtp::LinearArgs& a, mtp::Isa isa, int threads = 1) {
+  if (threads == 1) return mtp::linear(a, isa, serial);
+  mtp::linear(a, isa, [&](int64_t n, auto&& fn) {  // items split over real threads
+    std::vector<std::thread> ts;
+    for (int i = 0; i < threads; ++i) ts.emplace_back([&, i] { fn(n * i / threads, n * (i + 1) / threads); });
+    for (auto& th : ts) th.join();
+  });
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+void test_gguf() {
+  const mtp::Isa isa = mtp::current_isa();
+  int checked = 0;
+  for (mtp::DType t : kBlockTypes) {
+    const int64_t e = mtp::block_elems(t);
+    for (int64_t K : {e, 2 * e, 576 / e * e == 576 ? int64_t(576) : 3 * e}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+        Case c(t, M, 37, K);
+        const bool bias = M % 2 == 1;
+        std::vector<float> want, got;
+        run(c.args(want, bias), mtp::Isa::Generic);
+        run(c.args(got, bias), isa, 1 + M % 3);
+        EXPECT(same_bits(want, got), "%s M=%lld K=%lld: %s differs from generic", type_name(t), (long long)M,
+               (long long)K, mtp::isa_name(isa));
+        for (int64_t m = 0; m < M; ++m) {  // shape invariance: row m alone
+          std::vector<float> one;
+          run(c.args(one, bias, m, 1), isa);
+          EXPECT(std::memcmp(one.data(), got.data() + m * c.N, size_t(c.N) * 4) == 0, "%s row %lld alone differs",
+                 type_name(t), (long long)m);
+        }
+        // against the dequantized weights in fp64: within the int8 activations' error
+        std::vector<float> wd(size_t(c.N * K));
+        for (int64_t n = 0; n < c.N; ++n)
+          mtp::dequantize_row(t, c.w.data() + n * mtp::block_row_bytes(t, K), K, wd.data() + n * K);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < c.N; ++n) {
+            double exact = bias ? c.bias[size_t(n)] : 0.0, mag = 0.0, xmax = 0.0;
+            for (int64_t k = 0; k < K; ++k) {
+              exact += double(c.x[size_t(m * K + k)]) * wd[size_t(n * K + k)];
+              mag += std::fabs(double(wd[size_t(n * K + k)]));
+              xmax = std::max(xmax, double(std::fabs(c.x[size_t(m * K + k)])));
+            }
+            const double err = std::fabs(double(got[size_t(m * c.N + n)]) - exact);
+            EXPECT(err <= mag * xmax / 127.0 * 0.5 + 1e-4 * (std::fabs(exact) + 1), "%s (%lld, %lld): %g vs %g",
+                   type_name(t), (long long)m, (long long)n, double(got[size_t(m * c.N + n)]), exact);
+          }
+        ++checked;
+      }
+    }
+    // a row map (the draft vocabulary's rows read in place) gives those rows' bits
+    Case c(t, 2, 40, 2 * e);
+    std::vector<float> full, sub;
+    run(c.args(full, false), isa);
+    std::vector<int64_t> rows = {39, 0, 7, 7, 20};
+    mtp::LinearArgs a = c.args(sub, false);
+    a.N = int64_t(rows.size());
+    a.w_rows = rows.data();
+    sub.assign(size_t(2 * a.N), 0.f);
+    a.y = sub.data(); a.y_stride = a.N;
+    run(a, isa);
+    for (int64_t m = 0; m < 2; ++m)
+      for (size_t i = 0; i < rows.size(); ++i)
+        EXPECT(std::memcmp(&sub[m * a.N + i], &full[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows", type_name(t));
+  }
+  // bf16 activations are widened exactly: the same bits as their fp32 values
+  {
+    Case c(mtp::DType::Q4_1, 3, 33, 64);
+    std::vector<uint16_t> xb(c.x.size());
+    for (size_t i = 0; i < xb.size(); ++i) xb[i] = mtp::f32_to_bf16(c.x[i]), c.x[i] = mtp::bf16_to_f32(xb[i]);
+    std::vector<float> y32, y16;
+    run(c.args(y32, true), isa);
+    mtp::LinearArgs a = c.args(y16, true);
+    a.x = xb.data(); a.x_dtype = mtp::DType::BF16;
+    run(a, isa);
+    EXPECT(same_bits(y32, y16), "bf16 activations differ from their fp32 values");
+  }
+  // a NaN in a row makes that row's outputs NaN, and only that row's
+  {
+    Case c(mtp::DType::Q8_0, 2, 5, 32);
+    c.x[3] = NAN;
+    std::vector<float> y;
+    run(c.args(y, false), isa);
+    for (int n = 0; n < 5; ++n) EXPECT(std::isnan(y[size_t(n)]) && !std::isnan(y[size_t(5 + n)]), "NaN row %d", n);
+  }
+  std::printf("gguf: %s == generic bitwise on %d shapes\n", mtp::isa_name(isa), checked);
+}
