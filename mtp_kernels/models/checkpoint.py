@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import struct
 
 import numpy as np
 import torch
@@ -35,18 +36,24 @@ def default_gguf_path() -> str:
     return path
 
 
-def load(path: str | None = None) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
-    """(config, fp32 weights, tokenizer) from a .gguf file or a safetensors folder."""
+def load(path: str | None = None, native: bool = False) -> tuple[LlamaConfig, dict, Tokenizer]:
+    """(config, weights, tokenizer) from a .gguf file or a safetensors folder. Weights: fp32
+    tensors; with native=True a GGUF's block-quantized matrices are `gguf.QuantTensor`s over
+    the file's own bytes, in place (load_gguf); a safetensors folder gives fp32 either way."""
     path = path or default_gguf_path()
     if os.path.isdir(path):
         return load_safetensors_dir(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"no model at {path!r}: expected a .gguf file or a folder with config.json, "
                               "model.safetensors and tokenizer.json")
-    return load_gguf(path)
+    return load_gguf(path, native)
 
 
 # ---- GGUF ------------------------------------------------------------------------------
+# The file is parsed here (not with gguf.GGUFReader, which builds a numpy object per metadata
+# string: +160 MB and ~4 s for the default model's tokenizer) and treated as untrusted: every
+# length and offset is checked against the file before anything is read, so a bad file is a
+# CheckpointError naming what is wrong, never an arbitrary exception or a read past its end.
 
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -54,15 +61,153 @@ _GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# GGUF metadata value types: scalars (struct format), 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                 12: "<d"}
+_GGUF_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+               12: "<f8"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_FLOATS = {0: (torch.float32, np.float32), 1: (torch.float16, np.float16), 30: (torch.bfloat16, None)}
+_GGUF_MAX_DIMS = 4
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
+def _ggml_sizes() -> dict[int, tuple[str, int, int]]:
+    """GGML type number -> (name, elements per block, bytes per block), every type the gguf
+    package knows (the dequantizing loader reads any it can dequantize)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return {int(t): (t.name, int(b), int(s)) for t, (b, s) in GGML_QUANT_SIZES.items()}
+
+
+class _GGUFTensor:
+    __slots__ = ("name", "dims", "type", "offset", "nbytes")
+
+    def __init__(self, name, dims, type_, offset):
+        self.name, self.dims, self.type, self.offset, self.nbytes = name, dims, type_, offset, 0
+
+    @property
+    def shape(self) -> list[int]:
+        """The numpy/torch shape (GGUF lists dimensions innermost first)."""
+        return list(reversed(self.dims))
+
+
+class _GGUFParser:
+    """Metadata and tensor table of a GGUF (v2/v3, little-endian) file, bounds-checked."""
+
+    def __init__(self, path: str, buf):
+        self.path, self.buf, self.pos, self.end = path, buf, 0, len(buf)
+
+    def fail(self, msg: str):
+        raise CheckpointError(f"{self.path}: {msg}")
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or self.pos + n > self.end:
+            self.fail(f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file ({self.end} bytes): "
+                      "truncated or not a GGUF file")
+        p, self.pos = self.pos, self.pos + n
+        return p
+
+    def scalar(self, fmt: str, what: str):
+        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.scalar("<Q", what)
+        p = self.take(n, what)
+        try:
+            return self.buf[p:p + n].decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(f"{what} is not valid UTF-8 ({e})")
+
+    def value(self, vtype: int, what: str):
+        if vtype in _GGUF_SCALARS:
+            return self.scalar(_GGUF_SCALARS[vtype], what)
+        if vtype == _GGUF_STRING:
+            return self.string(what)
+        if vtype != _GGUF_ARRAY:
+            self.fail(f"{what} has an unknown value type {vtype}")
+        itype, count = self.scalar("<I", what), self.scalar("<Q", what)
+        if itype in _GGUF_NUMPY:
+            dt = np.dtype(_GGUF_NUMPY[itype])
+            p = self.take(count * dt.itemsize, what)
+            return np.frombuffer(self.buf, dt, count, p).tolist()
+        if count * 8 > self.end - self.pos:  # each item is at least 8 bytes (a string's or array's length)
+            self.fail(f"{what}: an array of {count} items cannot fit in the rest of the file")
+        return [self.value(itype, what) for _ in range(count)]
+
+    def parse(self) -> tuple[dict, list[_GGUFTensor], int]:
+        """(metadata, tensors with validated offsets and sizes, alignment)."""
+        if self.end < 24 or bytes(self.buf[:4]) != b"GGUF":
+            self.fail("not a readable GGUF file (no GGUF magic)")
+        self.pos = 4
+        version = self.scalar("<I", "version")
+        if version not in (2, 3):
+            self.fail(f"GGUF version {version} is not supported (2 or 3, little-endian)")
+        n_tensors, n_kv = self.scalar("<Q", "tensor count"), self.scalar("<Q", "metadata count")
+        if n_tensors > self.end or n_kv > self.end:
+            self.fail(f"implausible counts ({n_tensors} tensors, {n_kv} metadata entries)")
+        meta = {}
+        for _ in range(n_kv):
+            key = self.string("a metadata key")
+            if key in meta:
+                self.fail(f"metadata key {key!r} appears twice")
+            meta[key] = self.value(self.scalar("<I", f"metadata {key!r}"), f"metadata {key!r}")
+        tensors, names = [], set()
+        for _ in range(n_tensors):
+            name = self.string("a tensor name")
+            if name in names:
+                self.fail(f"tensor {name!r} appears twice")
+            names.add(name)
+            n_dims = self.scalar("<I", f"tensor {name!r}")
+            if not 1 <= n_dims <= _GGUF_MAX_DIMS:
+                self.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {_GGUF_MAX_DIMS})")
+            dims = [self.scalar("<Q", f"tensor {name!r}") for _ in range(n_dims)]
+            tensors.append(_GGUFTensor(name, dims, self.scalar("<I", f"tensor {name!r}"),
+                                       self.scalar("<Q", f"tensor {name!r}")))
+        align = meta.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            self.fail(f"general.alignment {align!r} is not a power of two")
+        start = -(-self.pos // align) * align
+        sizes = _ggml_sizes()
+        for t in tensors:
+            if t.type not in sizes:
+                self.fail(f"tensor {t.name!r} has an unknown GGML type {t.type}")
+            tname, elems, nbytes = sizes[t.type]
+            if any(d <= 0 for d in t.dims):
+                self.fail(f"tensor {t.name!r} has an empty dimension: {t.shape}")
+            if t.dims[0] % elems:
+                self.fail(f"tensor {t.name!r}: its row length {t.dims[0]} is not a multiple of {tname}'s blocks of "
+                          f"{elems} elements")
+            if t.offset % align:
+                self.fail(f"tensor {t.name!r}: its data offset {t.offset} is not aligned to {align} bytes "
+                          "(general.alignment)")
+            t.nbytes = int(np.prod(t.dims, dtype=object)) // elems * nbytes
+            t.offset += start
+            if t.offset + t.nbytes > self.end:
+                self.fail(f"tensor {t.name!r} ({tname} {t.shape}: {t.nbytes} bytes at byte {t.offset}) lies past the "
+                          f"end of the file ({self.end} bytes): truncated?")
+        ordered = sorted(tensors, key=lambda t: t.offset)
+        for a, b in zip(ordered, ordered[1:]):
+            if a.offset + a.nbytes > b.offset:
+                self.fail(f"tensors {a.name!r} and {b.name!r} overlap ({a.nbytes} bytes at {a.offset}, then "
+                          f"{b.name!r} at {b.offset}): the shapes do not match the data")
+        return meta, tensors, align
+
+
+def _field(meta: dict, path: str, key: str, default=None, kind=None):
+    if key not in meta:
         if default is None:
-            raise CheckpointError(f"GGUF metadata lacks {key!r}: not a Llama-family model file?")
+            raise CheckpointError(f"{path}: GGUF metadata lacks {key!r}: not a Llama-family model file?")
         return default
-    return f.contents()
+    v = meta[key]
+    if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+        raise CheckpointError(f"{path}: GGUF metadata {key!r} = {v!r} must be a positive integer")
+    if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise CheckpointError(f"{path}: GGUF metadata {key!r} = {v!r} must be a number")
+    if kind is list and not isinstance(v, list):
+        raise CheckpointError(f"{path}: GGUF metadata {key!r} must be an array")
+    if kind is str and not isinstance(v, str):
+        raise CheckpointError(f"{path}: GGUF metadata {key!r} must be a string")
+    return v
 
 
 def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -72,58 +217,128 @@ def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
-    import gguf
+def _our_name(gguf_name: str) -> str | None:
+    parts = gguf_name.split(".")
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_LAYER_NAMES \
+            and parts[3] == "weight":
+        return f"model.layers.{int(parts[1])}.{_GGUF_LAYER_NAMES[parts[2]]}.weight"
+    return None  # e.g. rope_freqs: not used by this model family
 
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the gguf package raises assorted errors on bad files
-        raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
-    arch = _field(reader, "general.architecture")
+
+def _map_file(path: str, size: int) -> torch.Tensor:
+    """The whole file as a uint8 tensor over a private, read-on-demand memory map (nothing is
+    read until touched; every view keeps the map alive through its storage). Private: a write
+    into it would copy that page, never change the file."""
+    return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+
+
+def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Tokenizer]:
+    """native=False: every weight dequantized to fp32 (gguf's dequantizer). native=True:
+    2-D tensors of a block type (gguf.BLOCK_TYPES) are QuantTensors whose data are views into
+    the file's memory map (zero-copy), except Q and K: llama.cpp permutes their rows for its
+    RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
+    SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors."""
+    import mmap
+
+    size = os.path.getsize(path)
+    if size < 24:
+        raise CheckpointError(f"{path}: not a readable GGUF file ({size} bytes)")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        meta, tensors, _ = _GGUFParser(path, buf).parse()
+    arch = _field(meta, path, "general.architecture", kind=str)
     if arch != "llama":
         raise CheckpointError(f"{path}: architecture {arch!r} is not supported (expected 'llama')")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    heads, kv_heads = int(_field(reader, "llama.attention.head_count")), int(_field(reader, "llama.attention.head_count_kv"))
-    hidden = int(_field(reader, "llama.embedding_length"))
-    eos = int(_field(reader, "tokenizer.ggml.eos_token_id"))
-    cfg = LlamaConfig(
-        vocab_size=len(tokens), hidden_size=hidden, intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_layers=int(_field(reader, "llama.block_count")), num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=int(_field(reader, "llama.rope.dimension_count", hidden // heads)),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        max_position=int(_field(reader, "llama.context_length")),
-        tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id", -1)), eos_token_ids=(eos,))
+    tokens = _field(meta, path, "tokenizer.ggml.tokens", kind=list)
+    heads = _field(meta, path, "llama.attention.head_count", kind=int)
+    kv_heads = _field(meta, path, "llama.attention.head_count_kv", kind=int)
+    hidden = _field(meta, path, "llama.embedding_length", kind=int)
+    eos = _field(meta, path, "tokenizer.ggml.eos_token_id")
+    if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < len(tokens):
+        raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.eos_token_id' = {eos!r} is not a token id")
+    bos = meta.get("tokenizer.ggml.bos_token_id", -1)
+    try:
+        cfg = LlamaConfig(
+            vocab_size=len(tokens), hidden_size=hidden,
+            intermediate_size=_field(meta, path, "llama.feed_forward_length", kind=int),
+            num_layers=_field(meta, path, "llama.block_count", kind=int), num_heads=heads, num_kv_heads=kv_heads,
+            head_dim=_field(meta, path, "llama.rope.dimension_count", hidden // heads, kind=int),
+            rms_norm_eps=float(_field(meta, path, "llama.attention.layer_norm_rms_epsilon", kind=float)),
+            rope_theta=float(_field(meta, path, "llama.rope.freq_base", 10000.0, kind=float)),
+            max_position=_field(meta, path, "llama.context_length", kind=int),
+            tie_embeddings=not any(t.name == "output.weight" for t in tensors),
+            bos_token_id=bos if isinstance(bos, int) else -1, eos_token_ids=(eos,))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: inconsistent model shape ({e})") from e
+    if cfg.head_dim % 2:
+        raise CheckpointError(f"{path}: head dimension {cfg.head_dim} must be even (RoPE)")
 
+    from ..gguf import BLOCK_TYPES, QuantTensor
+
+    sizes = _ggml_sizes()
+    mapped = _map_file(path, size)
     weights = {}
-    for t in reader.tensors:
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise CheckpointError(f"{path}: tensor {t.name!r} cannot be read ({type(e).__name__}: {e}); "
-                                  "the file may be truncated") from e
-        w = np.asarray(w, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
-        parts = t.name.split(".")
-        if t.name == "token_embd.weight":
-            name = "model.embed_tokens.weight"
-        elif t.name == "output_norm.weight":
-            name = "model.norm.weight"
-        elif t.name == "output.weight":
-            name = "lm_head.weight"
-        elif parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
-            name = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.weight"
-            if parts[2] == "attn_q":
-                w = _unpermute_rope(w, heads)
-            elif parts[2] == "attn_k":
-                w = _unpermute_rope(w, kv_heads)
-        else:
-            continue  # e.g. rope_freqs: not used by this model family
-        weights[name] = torch.from_numpy(np.array(w, copy=True))  # the file is memory-mapped read-only
+    for t in tensors:
+        name = _our_name(t.name)
+        if name is None:
+            continue
+        raw = mapped[t.offset:t.offset + t.nbytes]
+        tname, elems, nbytes = sizes[t.type]
+        shape = t.shape
+        rows_of = heads if name.endswith("q_proj.weight") else kv_heads if name.endswith("k_proj.weight") else 0
+        if rows_of and (len(shape) != 2 or shape[0] % (2 * rows_of)):
+            raise CheckpointError(f"{path}: tensor {t.name!r} of shape {shape} cannot hold {rows_of} RoPE heads")
+        if native and len(shape) == 2 and t.type not in _GGUF_FLOATS:
+            if t.type not in BLOCK_TYPES:
+                raise CheckpointError(
+                    f"{path}: tensor {t.name!r} is {tname} (GGML type {t.type}): its weights cannot run as stored "
+                    f"(supported: {', '.join(n for n, _, _ in BLOCK_TYPES.values())}, F32, F16, BF16); use "
+                    "--dtype float32|bfloat16 to dequantize them")
+            data = raw.view(shape[0], shape[1] // elems * nbytes)
+            if rows_of:  # the rows in the original order: a copy of their bytes (QuantTensor.rows,
+                # gathered in numpy: torch's gather costs ~15 ms per matrix on some machines)
+                data = torch.from_numpy(np.ascontiguousarray(_unpermute_rope(data.numpy(), rows_of)))
+            weights[name] = QuantTensor(data, t.type)
+            continue
+        if native and t.type in _GGUF_FLOATS:  # norms (small): a copy in their own dtype
+            arr = raw.numpy().copy()
+            w = torch.from_numpy(arr).view(_GGUF_FLOATS[t.type][0]).view(shape)
+            if rows_of:
+                w = torch.from_numpy(np.ascontiguousarray(_unpermute_rope(w.float().numpy(), rows_of))).to(w.dtype)
+            weights[name] = w
+            continue
+        # Dequantized to fp32 by the gguf package (bitwise reference.gguf_dequantize for the block types).
+        import gguf
 
-    tokenizer = Tokenizer.from_gguf_fields(
-        tokens, list(_field(reader, "tokenizer.ggml.token_type")), list(_field(reader, "tokenizer.ggml.merges")),
-        str(_field(reader, "tokenizer.ggml.pre", "default")), _field(reader, "tokenizer.chat_template", ""), (eos,))
+        arr = raw.numpy()
+        if t.type in (0, 1):
+            arr = arr.view(_GGUF_FLOATS[t.type][1]).reshape(shape)
+        else:
+            arr = arr.reshape(*shape[:-1], shape[-1] // elems * nbytes)
+        try:
+            w = gguf.quants.dequantize(arr, gguf.GGMLQuantizationType(t.type))
+        except Exception as e:
+            raise CheckpointError(f"{path}: tensor {t.name!r} ({tname}) cannot be read ({type(e).__name__}: {e})") from e
+        w = np.asarray(w, dtype=np.float32).reshape(shape)
+        if rows_of:
+            w = _unpermute_rope(w, rows_of)
+        weights[name] = torch.from_numpy(np.array(w, copy=True))  # never a view of the map
+
+    try:
+        tokenizer = Tokenizer.from_gguf_fields(
+            tokens, list(_field(meta, path, "tokenizer.ggml.token_type", kind=list)),
+            list(_field(meta, path, "tokenizer.ggml.merges", kind=list)),
+            str(_field(meta, path, "tokenizer.ggml.pre", "default")),
+            _field(meta, path, "tokenizer.chat_template", ""), (eos,))
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{path}: its tokenizer cannot be built ({type(e).__name__}: {e})") from e
     _check_weights(path, cfg, weights)
     return cfg, weights, tokenizer
 
