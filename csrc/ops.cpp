@@ -15,7 +15,11 @@ TORCH_LIBRARY(mtp, m) {
   m.def("verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
         " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? weight_scale=None, *, bool quantize_x=False) -> Tensor");
+  // gguf_type (linear), weight_types (decoder_layers), embedding_type / lm_head_type (head_draft):
+  // GGML type numbers of uint8 weights stored as in a .gguf file (mtp/gguf.h); -1 / None: a
+  // float (or Q8 int8) weight.
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? weight_scale=None, *, bool quantize_x=False,"
+        " int? gguf_type=None) -> Tensor");
   m.def("head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
         " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
   m.def("cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor cache_lens) -> ()");
@@ -28,11 +32,12 @@ TORCH_LIBRARY(mtp, m) {
   // A whole decoder pass (decoder.h): the ops above, every layer, in one call.
   m.def("decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
         " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
-        " bool quantize_x=False, Tensor? tree_parents=None) -> Tensor");
+        " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
   m.def("head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
         " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
-        " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0) -> Tensor");
+        " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0,"
+        " int embedding_type=-1, int lm_head_type=-1) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

@@ -93,6 +93,7 @@ def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -
     return num_drafts.to(torch.int64).contiguous()
 
 
+GGUF_CPU_ONLY = "GGUF block-type weights (gguf_type) run on the CPU only: call it on CPU tensors"
 INT8_CPU_ONLY = ("int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or "
                  "dequantize (mtp_kernels.dequantize_q8) for the GPU")
 

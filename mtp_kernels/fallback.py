@@ -43,7 +43,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps, *,
-                   quantize_x=False, tree_parents=None):
+                   quantize_x=False, tree_parents=None, weight_types=None):
+    C.check(not weight_types or all(t == -1 for t in weight_types), "mtp.decoder_layers", C.GGUF_CPU_ONLY)
     if tree_parents is not None:
         C.check_tree_parents("mtp.decoder_layers", tree_parents, x.shape[0], x.shape[1])
     return reference.decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales,
@@ -51,7 +52,9 @@ def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
 
 
 def head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale, weights,
-               lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0):
+               lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0, embedding_type=-1,
+               lm_head_type=-1):
+    C.check(embedding_type == -1 and lm_head_type == -1, "mtp.head_draft", C.GGUF_CPU_ONLY)
     Vd = lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()
     C.check_alternatives("mtp.head_draft", alternatives, Vd, k)
     return reference.head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,

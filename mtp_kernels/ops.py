@@ -46,16 +46,28 @@ def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False) -> torch.Tensor:
+           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False,
+           gguf_type: Optional[int] = None) -> torch.Tensor:
     """Shape-invariant ``x @ weight.T + bias``; an int8 weight takes ``weight_scale`` (Q8 blocks
     of 32 along K, ``mtp_kernels.quantize_q8``), and with ``quantize_x=True`` the activations
-    are quantized the same way (row by row) for integer dot products. See ``reference.linear``."""
-    return torch.ops.mtp.linear.default(x, weight, bias, weight_scale, quantize_x=quantize_x)
+    are quantized the same way (row by row) for integer dot products. See ``reference.linear``.
+    ``gguf_type`` (a GGML type number, ``mtp_kernels.gguf.BLOCK_TYPES``): weight is the uint8
+    bytes [N, row_bytes] of a GGUF block-quantized matrix as stored in the file, read in place
+    (CPU); see ``reference.gguf_linear``."""
+    return torch.ops.mtp.linear.default(x, weight, bias, weight_scale, quantize_x=quantize_x, gguf_type=gguf_type)
 
 
 @torch.library.register_fake("mtp::linear")
-def _linear_fake(x, weight, bias=None, weight_scale=None, *, quantize_x=False):
+def _linear_fake(x, weight, bias=None, weight_scale=None, *, quantize_x=False, gguf_type=None):
     _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
+    if gguf_type is not None:
+        from .gguf import BLOCK_TYPES, row_bytes
+        torch._check(gguf_type in BLOCK_TYPES, lambda: f"mtp.linear: GGML type {gguf_type} is not supported")
+        torch._check(weight.dtype == torch.uint8 and weight.dim() == 2 and x.dim() >= 1
+                     and weight.shape[1] == row_bytes(gguf_type, x.shape[-1]),
+                     lambda: f"mtp.linear: a GGML type {gguf_type} weight must be uint8 [N, row bytes of K], got "
+                             f"{weight.dtype} {tuple(weight.shape)} for x {tuple(x.shape)}")
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
     torch._check(weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
                  lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
     torch._check((weight.dtype == torch.int8) == (weight_scale is not None),
@@ -109,7 +121,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
                    rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
                    weight_scales: list[torch.Tensor], num_heads: int, eps: float, *,
-                   quantize_x: bool = False, tree_parents: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   quantize_x: bool = False, tree_parents: Optional[torch.Tensor] = None,
+                   weight_types: Optional[list[int]] = None) -> torch.Tensor:
     """A whole Llama-family decoder pass over the embeddings x [B, T, H] in one call (CPU):
     per layer input_norm, qkv, o_proj, post_norm, gate_up, down_proj in ``weights`` (then the
     final norm), Q8 scales of the four matrices per layer in ``weight_scales`` (or none). The
@@ -118,15 +131,16 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     makes each request's tokens a tree (row 0 the root, -1; row t's parent an earlier row):
     token t attends to the cache and its own path from the root, at position cache_lens[b] +
     its depth, with a chain's bits. Returns the final normed hidden states, bitwise those of
-    the op-by-op composition; see ``reference.decoder_layers``."""
+    the op-by-op composition; see ``reference.decoder_layers``. weight_types: per matrix (4 per
+    layer) the GGML type number of a GGUF block-type matrix given as its uint8 bytes, or -1."""
     return torch.ops.mtp.decoder_layers.default(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
                                                 weight_scales, num_heads, eps, quantize_x=quantize_x,
-                                                tree_parents=tree_parents)
+                                                tree_parents=tree_parents, weight_types=weight_types)
 
 
 @torch.library.register_fake("mtp::decoder_layers")
 def _decoder_layers_fake(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps,
-                         *, quantize_x=False, tree_parents=None):
+                         *, quantize_x=False, tree_parents=None, weight_types=None):
     torch._check(x.dim() == 3, lambda: "mtp.decoder_layers: x must be 3-D [B, T, H]")
     torch._check(k_cache.dim() == 5, lambda: "mtp.decoder_layers: k_cache must be 5-D [layers, B, Hkv, L, D]")
     _check_same_device("mtp.decoder_layers", "x", x, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
@@ -137,20 +151,24 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
                cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
                embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
                lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
-               eps: float, *, alternatives: int = 0) -> torch.Tensor:
+               eps: float, *, alternatives: int = 0, embedding_type: int = -1,
+               lm_head_type: int = -1) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
     k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
     draft_vocab of the backbone's lm_head [V, H] in place. alternatives = m appends the first
     step's 2nd..(m+1)-th best drafts: [B, k + m] (a tree's other first drafts); see
-    ``reference.head_draft``."""
+    ``reference.head_draft``. embedding_type / lm_head_type: the GGML type number of an
+    embedding / LM head given as GGUF block-type bytes (``mtp_kernels.gguf``), or -1."""
     return torch.ops.mtp.head_draft.default(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
                                             embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k,
-                                            num_heads, eps, alternatives=alternatives)
+                                            num_heads, eps, alternatives=alternatives,
+                                            embedding_type=embedding_type, lm_head_type=lm_head_type)
 
 
 @torch.library.register_fake("mtp::head_draft")
 def _head_draft_fake(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale,
-                     weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0):
+                     weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0,
+                     embedding_type=-1, lm_head_type=-1):
     torch._check(hidden.dim() == 2, lambda: "mtp.head_draft: hidden must be 2-D [B, H]")
     _check_same_device("mtp.head_draft", "hidden", hidden, token=token, k_cache=k_cache, v_cache=v_cache,
                        cache_lens=cache_lens)

@@ -91,7 +91,8 @@ def q8_block_sums(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False) -> torch.Tensor:
+           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False,
+           gguf_type: Optional[int] = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias), x [..., K] fp32|bf16, weight [N, K] fp32|bf16, bias [N];
     products summed in fp32 (here: fp64, then rounded), result in x's dtype.
 
@@ -109,7 +110,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
     The kernel's promise beyond this value: each output row has the same bits whatever
     the number of rows in the call (shape invariance), which torch's fp32 F.linear lacks.
+
+    gguf_type: weight is a GGUF block-type matrix's bytes; ``gguf_linear`` (bitwise).
     """
+    if gguf_type is not None:
+        return gguf_linear(x, weight, gguf_type, bias)
     if quantize_x:
         if weight.dtype != torch.int8:
             raise ValueError(f"reference.linear: quantize_x=True needs an int8 weight, got {weight.dtype}")
@@ -128,6 +133,112 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)
+
+
+# ---- GGUF block-type weights (mtp_kernels.gguf; the contract: csrc/include/mtp/gguf.h) -------
+
+def _f16_at(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    """The fp16 at byte `offset` of each block [..., bytes] -> fp32 [...] (exact)."""
+    return blocks[..., offset:offset + 2].contiguous().view(torch.float16)[..., 0].float()
+
+
+def _q4k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 packed bytes [..., 12] -> 6-bit scales and mins [..., 8] (ggml's layout)."""
+    s = s.to(torch.int32)
+    lo_sc, lo_m = s[..., 0:4] & 63, s[..., 4:8] & 63
+    hi_sc = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
+    hi_m = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return torch.cat([lo_sc, hi_sc], -1), torch.cat([lo_m, hi_m], -1)
+
+
+def gguf_blocks(data: torch.Tensor, gguf_type: int):
+    """The canonical form of gguf.h: rows of bytes [N, row_bytes] -> per block of 32
+    (q int32 [N, nb, 32] with offsets applied, d fp32 [N, nb], m fp32 [N, nb] (0 without an
+    offset), mul int32 [N, nb, 2] (Q6_K's scale per half-block, else 1)); element =
+    d * (mul * q) + m, the product exact in fp32."""
+    from .gguf import BLOCK_TYPES
+    name, elems, nbytes = BLOCK_TYPES[gguf_type]
+    N = data.shape[0]
+    blocks = data.contiguous().view(N, -1, nbytes)
+    ones = torch.ones(N, blocks.shape[1] * elems // 32, 2, dtype=torch.int32)
+    if name in ("Q4_0", "Q4_1"):
+        qs = blocks[..., nbytes - 16:].to(torch.int32)
+        q = torch.cat([qs & 0xF, qs >> 4], -1) - (8 if name == "Q4_0" else 0)
+        d = _f16_at(blocks, 0)
+        m = _f16_at(blocks, 2) if name == "Q4_1" else torch.zeros_like(d)
+        return q, d, m, ones
+    if name == "Q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.int32)
+        d = _f16_at(blocks, 0)
+        return q, d, torch.zeros_like(d), ones
+    ns = blocks.shape[1]
+    if name == "Q4_K":
+        sc, mn = _q4k_scale_min(blocks[..., 4:16])                      # [N, ns, 8]
+        qs = blocks[..., 16:].to(torch.int32).view(N, ns, 4, 1, 32)
+        q = torch.cat([qs & 0xF, qs >> 4], 3).view(N, ns * 8, 32)       # sub-block 2c: low, 2c+1: high
+        d = (_f16_at(blocks, 0)[..., None] * sc.float()).view(N, ns * 8)
+        m = -(_f16_at(blocks, 2)[..., None] * mn.float()).view(N, ns * 8)
+        return q, d, m, ones
+    # Q6_K: 32-block b of a superblock: half h = b // 4, g = b % 4
+    ql = blocks[..., 0:128].to(torch.int32).view(N, ns, 2, 2, 32)    # [h, g & 1]
+    qh = blocks[..., 128:192].to(torch.int32).view(N, ns, 2, 1, 32)  # [h]
+    nib = torch.stack([ql[:, :, :, 0] & 0xF, ql[:, :, :, 1] & 0xF, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], 3)
+    top = (qh >> torch.tensor([0, 2, 4, 6]).view(1, 1, 1, 4, 1)) & 3
+    q = (nib | (top << 4)).view(N, ns * 8, 32) - 32
+    mul = blocks[..., 192:208].contiguous().view(torch.int8).to(torch.int32).view(N, ns * 8, 2)
+    d = _f16_at(blocks, 208)[..., None].expand(N, ns, 8).reshape(N, ns * 8)
+    return q, d, torch.zeros_like(d), mul
+
+
+def gguf_dequantize(data: torch.Tensor, gguf_type: int) -> torch.Tensor:
+    """Rows of a GGUF block type [N, row_bytes] uint8 -> fp32 [N, K]: d * (mul * q) + m, one
+    rounding (bitwise the `gguf` package's dequantizer and the kernels' embedding rows)."""
+    q, d, m, mul = gguf_blocks(data, gguf_type)
+    w = (q * mul.repeat_interleave(16, -1)).float() * d[..., None] + m[..., None]
+    return w.view(data.shape[0], -1)
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 fused multiply-add, correctly rounded: a * b is exact in fp64; the fp64 sum is
+    made round-to-odd (its exact error by TwoSum), so rounding it to fp32 rounds once."""
+    p, c64 = a.double() * b.double(), c.double()
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)
+    even = (s.view(torch.int64) & 1) == 0
+    towards = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    s = torch.where((err != 0) & even & torch.isfinite(s), torch.nextafter(s, towards), s)
+    return s.float()
+
+
+def gguf_linear(x: torch.Tensor, data: torch.Tensor, gguf_type: int,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``mtp.linear(x, data, bias, gguf_type=gguf_type)`` bit for bit: x [..., K] fp32|bf16,
+    data [N, row_bytes] uint8 (a GGUF block type). x is quantized row by row
+    (``quantize_rows_q8``); per output element, blocks of 32 in order, lanes l = 0..7:
+    ``L = mul * sum of the 4 products`` (exact), ``acc[l] = fma(L, d * dx, acc[l])``;
+    ``accm = fma(m, dx * sum(xq), accm)``; ``y = sum8(acc) + accm (+ bias)`` in fp32, then x's dtype."""
+    q, d, m, mul = gguf_blocks(data, gguf_type)                   # [N, nb, 32], [N, nb], ...
+    K, N, nb = x.shape[-1], data.shape[0], q.shape[1]
+    if K != nb * 32:
+        raise ValueError(f"reference.gguf_linear: x has K = {K}, the weight rows hold {nb * 32} elements")
+    x2 = x.reshape(-1, K)
+    xq, dx = quantize_rows_q8(x2)
+    xq = xq.to(torch.int64).view(-1, nb, 8, 4)
+    s = dx * xq.sum(dim=(2, 3)).float()                              # [M, nb]
+    lanes = torch.einsum("mblk,nblk->mnbl", xq, q.to(torch.int64).view(N, nb, 8, 4))
+    lanes = (lanes * mul.to(torch.int64).repeat_interleave(4, -1)[None]).float()  # [M, N, nb, 8], exact
+    p = d[None] * dx[:, None]                                        # [M, N, nb] fp32
+    acc = torch.zeros(x2.shape[0], N, 8)
+    accm = torch.zeros(x2.shape[0], N)
+    for b in range(nb):
+        acc = fma32(lanes[:, :, b], p[:, :, b, None].expand_as(acc), acc)
+        accm = fma32(m[None, :, b].expand_as(accm), s[:, None, b].expand_as(accm), accm)
+    a = acc.unbind(-1)
+    y = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + accm
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], N)
 
 
 def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
@@ -457,7 +568,8 @@ DECODER_PARTS = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_pr
 def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
                    rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
                    weight_scales: list[torch.Tensor], num_heads: int, eps: float, *, quantize_x: bool = False,
-                   tree_parents: Optional[torch.Tensor] = None, ops=None) -> torch.Tensor:
+                   tree_parents: Optional[torch.Tensor] = None, weight_types: Optional[list[int]] = None,
+                   ops=None) -> torch.Tensor:
     """A Llama-family decoder pass over the embeddings x [B, T, H] (fp32|bf16): the composition
     below of the layer ops. weights holds per layer DECODER_PARTS (norms [H] in x's dtype;
     qkv [(Hq + 2 Hkv) D, H] = the q, k, v heads' rows; o_proj [H, Hq D]; gate_up [2I, H] =
@@ -472,6 +584,9 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     makes the tokens a tree: token t is still stored at cache_lens[b] + t, but takes position
     cache_lens[b] + its depth and attends to the cache's first cache_lens[b] keys, then the
     keys of its path from the root: what a chain of its path's tokens would see.
+
+    weight_types: per matrix (4 per layer), the GGML type number of a GGUF block-type matrix
+    given as its bytes (``gguf_linear``), or -1.
 
     ``ops`` supplies linear, rope, cache_append, head_attention, rms_norm, add_rms_norm and
     silu_mul (default: this module's). With the kernels (``mtp_kernels.ops``, rope through
@@ -494,8 +609,9 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             return _tree_attention(ops, q, k_cache[i], v_cache[i], cache_lens, paths)
 
         scales = weight_scales[4 * i:4 * i + 4] if weight_scales else (None,) * 4
+        types = weight_types[4 * i:4 * i + 4] if weight_types else (-1,) * 4
         x, h = _layer(ops, x, h, weights[6 * i:6 * i + 6], scales, weights[6 * i + 6], cos, sin, num_heads,
-                      k_cache.shape[2], eps, quantize_x, attend)
+                      k_cache.shape[2], eps, quantize_x, attend, types)
     return h
 
 
@@ -523,7 +639,8 @@ def _tree_attention(ops, q, k_cache, v_cache, cache_lens, paths):
     return out
 
 
-def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, eps, quantize_x, attend):
+def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, eps, quantize_x, attend,
+           types=(-1,) * 4):
     """One decoder layer (weights w = DECODER_PARTS, Q8 scales of its four matrices or Nones)
     on the residual stream x [B, T, H] whose input norm is h: the qkv projection, RoPE of the
     q and k heads, attend(q, k, v) -> [B, T, Hq, D], the output projection and residual add
@@ -531,14 +648,16 @@ def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, e
     B, T, _ = x.shape
     Hq, Hkv = num_heads, num_kv_heads
 
-    def project(a, m, s):
+    def project(a, m, s, t):
+        if t >= 0:
+            return ops.linear(a, m, None, None, gguf_type=t)
         return ops.linear(a, m, None, s, quantize_x=quantize_x and s is not None)
 
-    qkv = project(h, w[1], scales[0]).view(B, T, Hq + 2 * Hkv, -1)
+    qkv = project(h, w[1], scales[0], types[0]).view(B, T, Hq + 2 * Hkv, -1)
     qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
     a = attend(qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:])
-    x, m = ops.add_rms_norm(x, project(a.reshape(B, T, -1), w[2], scales[1]), w[3], eps)
-    mlp = project(ops.silu_mul(project(m, w[4], scales[2])), w[5], scales[3])
+    x, m = ops.add_rms_norm(x, project(a.reshape(B, T, -1), w[2], scales[1], types[1]), w[3], eps)
+    mlp = project(ops.silu_mul(project(m, w[4], scales[2], types[2])), w[5], scales[3], types[3])
     return ops.add_rms_norm(x, mlp, next_norm, eps)
 
 
@@ -546,7 +665,8 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
                cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
                embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
                lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
-               eps: float, *, alternatives: int = 0, ops=None) -> torch.Tensor:
+               eps: float, *, alternatives: int = 0, embedding_type: int = -1, lm_head_type: int = -1,
+               ops=None) -> torch.Tensor:
     """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
     token, at position cache_lens[b], not yet in the cache) from hidden [B, H] (fp32|bf16,
     the backbone's last hidden state): the composition below of the layer ops.
@@ -564,6 +684,8 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     lm_head in place (no copy of them). alternatives = m (k >= 1) appends the first step's next
     m best drafts, [B, k + m]: its logits in torch.argmax's order (NaN first, then larger
     values, ties to the lower draft-vocabulary index), the first draft left out.
+    embedding_type / lm_head_type >= 0: that matrix is a GGUF block type's bytes (embedding
+    rows ``gguf_dequantize`` in fp32, then rounded; logits ``gguf_linear``).
 
     ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
     drafts exactly."""
@@ -582,7 +704,10 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     for j in range(k):
         positions = cache_lens.long()[:, None] + j
         cos, sin = rope_cos[positions], rope_sin[positions]  # [B, 1, D]
-        e = embedding[token] if embedding_scale is None else dequantize_q8(embedding[token], embedding_scale[token])
+        if embedding_type >= 0:
+            e = gguf_dequantize(embedding[token], embedding_type)
+        else:
+            e = embedding[token] if embedding_scale is None else dequantize_q8(embedding[token], embedding_scale[token])
         x = ops.linear(torch.cat([ops.rms_norm(e.to(hidden.dtype)[:, None], embed_norm, eps),
                                   ops.rms_norm(h, hidden_norm, eps)], dim=-1), proj)
         a = ops.rms_norm(x, blocks[0][0] if blocks else out_norm, eps)
@@ -595,7 +720,8 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
             after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
             x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend)
         h = x
-        logits = ops.linear(a, rows, None, scales)[:, 0]
+        logits = (ops.linear(a, rows, None, None, gguf_type=lm_head_type) if lm_head_type >= 0
+                  else ops.linear(a, rows, None, scales))[:, 0]
         best = logits.argmax(-1)
         token = draft_vocab[best] if draft_vocab is not None else best
         drafts[:, j] = token

@@ -195,20 +195,43 @@ inline void check_quantize_x(const char* op, const at::Tensor& weight, bool quan
               weight.scalar_type(), " weight");
 }
 
+// A GGUF block-type weight (GGML type number `type`): uint8 [N, row bytes of K elements],
+// bytes contiguous within a row, no scales (they are in the blocks). Returns its DType.
+inline DType check_gguf_weight(const char* op, const char* name, const at::Tensor& w, int64_t type, int64_t K) {
+  check_ok(op, gguf_type_error(type));
+  DType t;
+  gguf_dtype(type, &t);
+  TORCH_CHECK(w.scalar_type() == at::kByte, op, ": ", name, " of GGML type ", type, " (", block_type_name(t),
+              ") must be its uint8 bytes [N, row bytes], got ", w.scalar_type());
+  check_dim(op, name, w, 2, "[N, row bytes]");
+  const std::string e = gguf_weight_error(t, K, w.size(1), w.stride(0), w.stride(1));
+  TORCH_CHECK(e.empty(), op, ": ", name, ": ", e);
+  return t;
+}
+
 inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
                                  const c10::optional<at::Tensor>& bias,
-                                 const c10::optional<at::Tensor>& weight_scale, bool quantize_x = false) {
+                                 const c10::optional<at::Tensor>& weight_scale, bool quantize_x = false,
+                                 c10::optional<int64_t> gguf_type = c10::nullopt) {
   const at::Device device = x.device();
   check_device(op, "weight", weight, device);
   check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
-  check_dtype(op, "weight", weight, {at::kFloat, at::kBFloat16, at::kChar});
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a scalar");
-  check_dim(op, "weight", weight, 2, "[N, K]");
-  const int64_t K = x.size(-1), N = weight.size(0);
-  check_size(op, "weight", weight, 1, K, "K (x.size(-1))");
-  check_ok(op, weight_rows_error(K, weight.stride(0), weight.stride(1)));
-  check_weight_scale(op, weight, weight_scale, device);
-  check_quantize_x(op, weight, quantize_x);
+  const int64_t K = x.size(-1), N = weight.dim() == 2 ? weight.size(0) : 0;
+  DType block = DType::F32;
+  if (gguf_type.has_value()) {
+    block = check_gguf_weight(op, "weight", weight, *gguf_type, K);
+    TORCH_CHECK(!weight_scale.has_value(), op, ": a GGUF block-type weight carries its scales; weight_scale must be None");
+    TORCH_CHECK(!quantize_x, op, ": quantize_x is for Q8 (int8) weights; a GGUF block-type weight always takes "
+                "its activations as int8 rows");
+  } else {
+    check_dtype(op, "weight", weight, {at::kFloat, at::kBFloat16, at::kChar});
+    check_dim(op, "weight", weight, 2, "[N, K]");
+    check_size(op, "weight", weight, 1, K, "K (x.size(-1))");
+    check_ok(op, weight_rows_error(K, weight.stride(0), weight.stride(1)));
+    check_weight_scale(op, weight, weight_scale, device);
+    check_quantize_x(op, weight, quantize_x);
+  }
   LinearCall c;
   if (bias.has_value()) {
     check_device(op, "bias", *bias, device);
@@ -228,7 +251,9 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   LinearArgs& a = c.args;
   a.M = M; a.N = N; a.K = K;
   a.x = c.x2.data_ptr(); a.x_dtype = to_dtype(x.scalar_type()); a.x_stride = c.x2.stride(0);
-  if (weight_scale.has_value())
+  if (gguf_type.has_value()) {
+    a.w = weight.data_ptr(); a.w_dtype = block; a.w_stride = weight.stride(0);
+  } else if (weight_scale.has_value())
     set_q8_weight(a, weight.data_ptr(), weight.stride(0), weight_scale->data_ptr<float>(), weight_scale->stride(0));
   else {
     a.w = weight.data_ptr(); a.w_dtype = to_dtype(weight.scalar_type()); a.w_stride = weight.stride(0);

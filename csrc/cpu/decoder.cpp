@@ -26,12 +26,23 @@ void check_norm(const char* op, const at::Tensor& w, const std::string& name, in
 }
 
 // A matrix [N, K] (with its Q8 scales [N, ceil(K/32)] when int8, from the argument
-// `scales`), read in place like mtp.linear's weight.
+// `scales`; or, type >= 0, the uint8 bytes of a GGUF block type), read in place like
+// mtp.linear's weight.
 DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                      const std::string& name, int64_t N, const char* n_what, int64_t K, const char* k_what,
-                     const char* scales = "weight_scales") {
+                     const char* scales = "weight_scales", int64_t type = -1) {
   const char* nm = name.c_str();
   check_cpu(op, nm, w);
+  if (type >= 0) {
+    DecoderMatrix m;
+    m.dtype = check_gguf_weight(op, nm, w, type, K);
+    check_size(op, nm, w, 0, N, n_what);
+    TORCH_CHECK(!scale.has_value(), op, ": ", name, " is a GGUF block type (it carries its scales) but ", scales,
+                " is not empty");
+    m.w = w.data_ptr();
+    m.stride = w.stride(0);
+    return m;
+  }
   check_dtype(op, nm, w, {at::kFloat, at::kBFloat16, at::kChar});
   check_dim(op, nm, w, 2, "[N, K]");
   check_size(op, nm, w, 0, N, n_what);
@@ -75,7 +86,8 @@ int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor&
 // matrix j, or none), checked; sets I (the MLP width, from the first gate_up).
 std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, int64_t offset, int64_t count,
                                        at::TensorList scales, const WeightNames& names, int64_t H, int64_t Hq,
-                                       int64_t Hkv, int64_t D, const at::Tensor& x, const char* x_name, int64_t* I) {
+                                       int64_t Hkv, int64_t D, const at::Tensor& x, const char* x_name, int64_t* I,
+                                       const std::vector<int64_t>& types = {}) {
   if (count > 0) {
     const at::Tensor& gu = weights[offset + 4];
     const std::string name = names(offset + 4);
@@ -83,6 +95,7 @@ std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, i
     TORCH_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
     *I = gu.size(0) / 2;
   }
+  auto type = [&](int64_t i, int64_t j) { return types.empty() ? int64_t(-1) : types[size_t(kLayerMatrices * i + j)]; };
   std::vector<DecoderLayer> layers(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const int64_t w0 = offset + kLayerTensors * i, s0 = kLayerMatrices * i;
@@ -92,10 +105,11 @@ std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, i
     DecoderLayer& l = layers[size_t(i)];
     l.input_norm = weights[w0].data_ptr();
     l.post_norm = weights[w0 + 3].data_ptr();
-    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H, "H");
-    l.o = matrix(op, weights[w0 + 2], scale(1), names(w0 + 2), H, "H", Hq * D, "Hq D");
-    l.gate_up = matrix(op, weights[w0 + 4], scale(2), names(w0 + 4), 2 * *I, "2I", H, "H");
-    l.down = matrix(op, weights[w0 + 5], scale(3), names(w0 + 5), H, "H", *I, "I");
+    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H, "H",
+                   "weight_scales", type(i, 0));
+    l.o = matrix(op, weights[w0 + 2], scale(1), names(w0 + 2), H, "H", Hq * D, "Hq D", "weight_scales", type(i, 1));
+    l.gate_up = matrix(op, weights[w0 + 4], scale(2), names(w0 + 4), 2 * *I, "2I", H, "H", "weight_scales", type(i, 2));
+    l.down = matrix(op, weights[w0 + 5], scale(3), names(w0 + 5), H, "H", *I, "I", "weight_scales", type(i, 3));
   }
   return layers;
 }
@@ -117,7 +131,8 @@ std::vector<int64_t> checked_tree(const char* op, const at::Tensor& t, int64_t B
 at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& cache_lens, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
                               at::TensorList weights, at::TensorList weight_scales, int64_t num_heads, double eps,
-                              bool quantize_x, const std::optional<at::Tensor>& tree_parents) {
+                              bool quantize_x, const std::optional<at::Tensor>& tree_parents,
+                              at::OptionalIntArrayRef weight_types) {
   check_cpu(kDecoder, "x", x);
   check_dtype(kDecoder, "x", x, {at::kFloat, at::kBFloat16});
   check_dim(kDecoder, "x", x, 3, "[B, T, H]");
@@ -151,9 +166,19 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
               " tensors, got ", weight_scales.size());
   TORCH_CHECK(!quantize_x || q8, kDecoder,
               ": quantize_x=True needs int8 weights with their scales (mtp_kernels.quantize_q8), got float weights");
+  std::vector<int64_t> types;
+  if (weight_types.has_value()) {
+    types = weight_types->vec();
+    TORCH_CHECK(int64_t(types.size()) == kLayerMatrices * a.layers, kDecoder, ": weight_types must hold one GGML type "
+                "number (or -1: a float or Q8 matrix) per matrix, ", kLayerMatrices,
+                " per layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers, " values, got ", types.size());
+    for (size_t i = 0; i < types.size(); ++i)
+      TORCH_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i, "]: ",
+                  gguf_type_error(types[i]), " (or -1)");
+  }
   const WeightNames names{{}, a.layers, "layer", "the final norm"};
   std::vector<DecoderLayer> layers =
-      parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, a.Hq, a.Hkv, a.D, x, "x", &a.I);
+      parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, a.Hq, a.Hkv, a.D, x, "x", &a.I, types);
   const at::Tensor& final_norm = weights[want - 1];
   check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
 
@@ -204,7 +229,8 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
                           const c10::optional<at::Tensor>& embedding_scale, at::TensorList weights,
                           const at::Tensor& lm_head, const c10::optional<at::Tensor>& lm_head_scale,
                           const c10::optional<at::Tensor>& draft_vocab, int64_t k,
-                          int64_t num_heads, double eps, int64_t alternatives) {
+                          int64_t num_heads, double eps, int64_t alternatives, int64_t embedding_type,
+                          int64_t lm_head_type) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
   check_dtype(op, "hidden", hidden, {at::kFloat, at::kBFloat16});
@@ -226,8 +252,12 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   check_cpu(op, "embedding", embedding);
   check_dim(op, "embedding", embedding, 2, "[V, H]");
   a.V = embedding.size(0);
+  TORCH_CHECK(embedding_type == -1 || gguf_type_error(embedding_type).empty(), op, ": embedding_type: ",
+              gguf_type_error(embedding_type), " (or -1)");
+  TORCH_CHECK(lm_head_type == -1 || gguf_type_error(lm_head_type).empty(), op, ": lm_head_type: ",
+              gguf_type_error(lm_head_type), " (or -1)");
   a.embedding = matrix(op, embedding, embedding_scale, "embedding", a.V, "V", a.H, "H (hidden.size(1))",
-                       "embedding_scale");
+                       "embedding_scale", embedding_type);
   const std::vector<int64_t> tokens = checked_ids(op, "token", token, a.B, "B (hidden.size(0))", a.V, "V (embedding.size(0))");
 
   const int64_t n = int64_t(weights.size());
@@ -246,7 +276,7 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
 
   // The LM head, read in place: the draft vocabulary's rows only (no copy of them).
   a.lm_head = matrix(op, lm_head, lm_head_scale, "lm_head", a.V, "V (embedding.size(0))", a.H, "H (hidden.size(1))",
-                     "lm_head_scale");
+                     "lm_head_scale", lm_head_type);
   a.Vd = a.V;
   std::vector<int64_t> vocab;
   if (draft_vocab.has_value()) {

@@ -1,4 +1,5 @@
-// CPU binding of mtp.linear: the shape-invariant small-M linear layer (float or int8 Q8 weights).
+// CPU binding of mtp.linear: the shape-invariant small-M linear layer (float, int8 Q8 or GGUF
+// block-type weights).
 #include <torch/library.h>
 
 #include "checks.h"
@@ -10,9 +11,9 @@ namespace {
 constexpr const char* kLinear = "mtp.linear";
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                      const c10::optional<at::Tensor>& weight_scale, bool quantize_x) {
+                      const c10::optional<at::Tensor>& weight_scale, bool quantize_x, c10::optional<int64_t> gguf_type) {
   check_cpu(kLinear, "x", x);
-  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);
+  LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x, gguf_type);
   if (c.args.M == 0 || c.args.N == 0) return c.result();
   if (c.out_dtype != at::kBFloat16) {
     linear(c.args, current_isa(), TorchParallelFor{});

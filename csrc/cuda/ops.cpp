@@ -22,6 +22,8 @@ constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kLinear = "mtp.linear";
 // The same words as the Triton launcher's (mtp_kernels/_checks.py).
+constexpr const char* kGgufCpuOnly =
+    "GGUF block-type weights (gguf_type) run on the CPU only: call it on CPU tensors";
 constexpr const char* kInt8CpuOnly =
     "int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or dequantize "
     "(mtp_kernels.dequantize_q8) for the GPU";
@@ -106,8 +108,9 @@ at::Tensor accept_prefix_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                       const c10::optional<at::Tensor>& weight_scale, bool quantize_x) {
+                       const c10::optional<at::Tensor>& weight_scale, bool quantize_x, c10::optional<int64_t> gguf_type) {
   TORCH_CHECK(x.is_cuda(), kLinear, ": x must be on a CUDA device like the other arguments, got ", x.device());
+  TORCH_CHECK(!gguf_type.has_value(), kLinear, ": ", kGgufCpuOnly, ", got weight on ", weight.device());
   const c10::cuda::CUDAGuard guard(x.device());
   // quantize_x needs an int8 weight (checked here), which is refused below: CPU only.
   LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);

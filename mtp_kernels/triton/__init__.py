@@ -118,10 +118,12 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False) -> torch.Tensor:
+           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False,
+           gguf_type: Optional[int] = None) -> torch.Tensor:
     """``mtp.linear`` in Triton: fp32 accumulation, each row's bits independent of M. Float
     weights only: an int8 weight (with weight_scale, with or without quantize_x) is checked,
-    then refused (CPU only)."""
+    then refused (CPU only), and so is a GGUF block-type one."""
+    C.check(gguf_type is None, "mtp.linear", f"{C.GGUF_CPU_ONLY}, got weight on {weight.device}")
     C.check_linear_inputs("mtp.linear", x, weight, bias, weight_scale, quantize_x)
     C.check(weight.dtype != torch.int8, "mtp.linear", f"{C.INT8_CPU_ONLY}, got weight on {weight.device}")
     K, N = x.shape[-1], weight.shape[0]
