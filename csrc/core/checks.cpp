@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include "mtp/op_args.h"
 #include "mtp/parallel.h"
 
 namespace mtp::capi {
@@ -17,6 +18,11 @@ const char* dtype_name(int32_t dtype) {
     case MTP_INT32: return "int32";
     case MTP_INT64: return "int64";
     case MTP_INT8: return "int8";
+    case MTP_Q4_0:
+    case MTP_Q4_1:
+    case MTP_Q8_0:
+    case MTP_Q4_K:
+    case MTP_Q6_K: return block_type_name(DType(dtype));
     default: return "unknown";
   }
 }
@@ -74,6 +80,19 @@ bool Checker::same_sizes(const char* name, const mtp_tensor* t, const char* ref_
     if (t->sizes[d] != ref->sizes[d])
       return fail(MTP_ERROR_INVALID_ARGUMENT, name, " must have ", ref_name, "'s sizes ", sizes_of(ref), ", got ",
                   sizes_of(t));
+  return true;
+}
+
+bool Checker::block_rows(const std::string& name, const mtp_tensor* t) {
+  const DType dt = DType(t->dtype);
+  const int64_t N = t->sizes[0], K = t->sizes[1];
+  const int64_t row_bytes = K % block_elems(dt) == 0 ? block_row_bytes(dt, K) : 0;
+  if (std::string e = gguf_weight_error(dt, K, row_bytes, t->strides[0], t->strides[1]); !e.empty())
+    return fail(MTP_ERROR_INVALID_ARGUMENT, name, ": ", e);
+  if (N > 1 && t->strides[0] < row_bytes)
+    return fail(MTP_ERROR_INVALID_ARGUMENT, name, ": a ", block_type_name(dt), " row of K = ", K, " elements is ",
+                row_bytes, " bytes, so strides[0] (bytes between rows, for a block dtype) must be >= ", row_bytes,
+                ", got ", t->strides[0]);
   return true;
 }
 

@@ -20,6 +20,13 @@ inline DType float_dtype(int32_t dtype) { return DType(dtype); }  // mtp_dtype f
 
 constexpr std::initializer_list<mtp_dtype> kIdTypes = {MTP_INT32, MTP_INT64};
 constexpr std::initializer_list<mtp_dtype> kFloatTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16};
+// GGUF block-quantized weights (mtp/gguf.h): sizes in elements, strides[0] in bytes.
+constexpr std::initializer_list<mtp_dtype> kBlockTypes = {MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K, MTP_Q6_K};
+inline bool is_block_dtype(int32_t dtype) {
+  for (mtp_dtype d : kBlockTypes)
+    if (dtype == d) return true;
+  return false;
+}
 
 class Checker {
  public:
@@ -48,6 +55,11 @@ class Checker {
 
   // Every size equal to ref's ("v_cache must have k_cache's sizes").
   bool same_sizes(const char* name, const mtp_tensor* t, const char* ref_name, const mtp_tensor* ref);
+
+  // A weight view [N, K] of a block dtype (already checked by tensor()): K a multiple of the
+  // block, strides[1] = 1 (gguf_weight_error's wording), rows strides[0] >= the row's bytes
+  // apart. Messages start with `name`.
+  bool block_rows(const std::string& name, const mtp_tensor* t);
 
   // A [B] int32/int64 view (shape already checked to be 1-D) -> int64 values, each checked
   // to lie in [0, hi]; hi_what says where hi comes from ("K", "L (k_cache.sizes[2])").

@@ -16,6 +16,10 @@ static_assert(int(MTP_FLOAT32) == int(mtp::DType::F32) && int(MTP_BFLOAT16) == i
                   int(MTP_FLOAT16) == int(mtp::DType::F16),
               "mtp_dtype float values must equal mtp::DType");
 static_assert(int(MTP_INT8) == int(mtp::DType::I8), "MTP_INT8 must equal mtp::DType::I8");
+static_assert(int(MTP_Q4_0) == int(mtp::DType::Q4_0) && int(MTP_Q4_1) == int(mtp::DType::Q4_1) &&
+                  int(MTP_Q8_0) == int(mtp::DType::Q8_0) && int(MTP_Q4_K) == int(mtp::DType::Q4_K) &&
+                  int(MTP_Q6_K) == int(mtp::DType::Q6_K),
+              "mtp_dtype block values must equal mtp::DType (100 + the GGML type number)");
 
 namespace mtp::capi {
 namespace {
@@ -74,9 +78,14 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
                    src + ((i * n[1] + j) * n[2] + k) * n[3] * es, 1, n[3], es);
 }
 
-// Of a decoder pass: the activations, and the matrices (float, or int8 with Q8 scales).
+// Of a decoder pass: the activations, and the matrices (float, int8 with Q8 scales, or GGUF
+// block types).
 constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};
-constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8};
+constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8, MTP_Q4_0,
+                                                           MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K, MTP_Q6_K};
+// mtp_linear's weights: float, or GGUF block types (int8: mtp_linear_q8).
+constexpr std::initializer_list<mtp_dtype> kLinearWeightTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_Q4_0,
+                                                                 MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K};
 
 // Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
 void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {
@@ -116,20 +125,22 @@ bool decoder_norm(Checker& c, const std::string& name, const mtp_tensor* w, int6
   return true;
 }
 
-// A matrix [N, K] of a decoder pass, rows unit-stride (read in place): float32 | bfloat16, or
-// (q8) int8 with its scales [N, ceil(K/32)].
+// A matrix [N, K] of a decoder pass, rows unit-stride (read in place): float32 | bfloat16 or a
+// GGUF block type (strides[0] in bytes), or (q8) int8 with its scales [N, ceil(K/32)].
 bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bool q8, const mtp_tensor* scale,
                     int64_t N, const char* n_what, int64_t K, const char* k_what, DecoderMatrix* m,
                     const char* scales = "weight_scales") {
   static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
   const char* nm = name.c_str();
   if (!c.tensor(nm, w, 2, "[N, K]", kMatrixTypes)) return false;
+  const bool block = is_block_dtype(w->dtype);
   if (q8 != (w->dtype == MTP_INT8))
     return c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype), " but ", scales,
                   q8 ? " is not empty: with scales the matrix is int8 (Q8)"
-                     : " is empty: int8 (Q8) weights need their scales");
+                     : " is empty: int8 (Q8) weights need their scales",
+                  block ? " (a GGUF block type carries its own scales: give it without)" : "");
   if (!c.size(nm, w, 0, N, n_what) || !c.size(nm, w, 1, K, k_what) ||
-      !c.ok(named(name, weight_rows_error(K, w->strides[0], w->strides[1]))))
+      !(block ? c.block_rows(name, w) : c.ok(named(name, weight_rows_error(K, w->strides[0], w->strides[1])))))
     return false;
   m->w = w->data;
   m->dtype = DType(w->dtype);
@@ -251,11 +262,13 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
                        int32_t num_threads, bool quantize_x = false) {
   static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i8 = {MTP_INT8};
   int threads = 1;
-  if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) || !c.tensor("weight", weight, 2, "[N, K]", q8 ? i8 : kFloatTypes) ||
+  if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) ||
+      !c.tensor("weight", weight, 2, "[N, K]", q8 ? i8 : kLinearWeightTypes) ||
       !c.size("weight", weight, 1, x->sizes[1], "K (x.sizes[1])"))
     return c.status;
   const int64_t M = x->sizes[0], K = x->sizes[1], N = weight->sizes[0];
-  if (!c.ok(weight_rows_error(K, weight->strides[0], weight->strides[1])))
+  if (is_block_dtype(weight->dtype) ? !c.block_rows("weight", weight)
+                                    : !c.ok(weight_rows_error(K, weight->strides[0], weight->strides[1])))
     return c.status;
   if (q8 && (!c.tensor("weight_scale", weight_scale, 2, kWeightScaleShape, f32) ||
              !c.size("weight_scale", weight_scale, 0, N, "N (weight.sizes[0])") ||
@@ -294,9 +307,9 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
   } else if (q8) {
     set_q8_weight(a, weight->data, weight->strides[0], static_cast<const float*>(weight_scale->data),
                   weight_scale->strides[0]);
-  } else {
+  } else {  // float, or a GGUF block type (its stride in bytes, as LinearArgs takes it)
     a.w = K ? weight->data : &kNothing;
-    a.w_dtype = float_dtype(weight->dtype);
+    a.w_dtype = DType(weight->dtype);
     a.w_stride = K ? weight->strides[0] : 0;
   }
   std::vector<float> b;
@@ -322,6 +335,12 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
       for (int64_t n = 0; n < N; ++n)
         store_f32(y->data, float_dtype(y->dtype), m * y->strides[0] + n * y->strides[1], ytmp[size_t(m * N + n)]);
   return MTP_OK;
+}
+
+// mtp_linear_q8 / q8dot given a GGUF block-type weight: it goes to mtp_linear.
+mtp_status block_weight_to_linear(Checker& c, const mtp_tensor* weight) {
+  return fail_with(c, MTP_ERROR_UNSUPPORTED_DTYPE, "weight is ", dtype_name(weight->dtype),
+                   ", a GGUF block type with its own scales: call mtp_linear (no weight_scale)");
 }
 
 // tree_parents [B, T] (int32/int64, any strides) -> int64 values, checked (op_args.h).
@@ -374,8 +393,8 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
                     kLayerMatrices * a.layers, " tensors, got num_weight_scales = ", num_weight_scales,
                     weight_scales ? "" : " and NULL");
     if (quantize_x && !q8)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got float "
-                    "weights (num_weight_scales = 0)");
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got none "
+                    "(num_weight_scales = 0; GGUF block-type matrices quantize the activations anyway)");
     const WeightNames names{{}, a.layers, "layer", "the final norm"};
     std::vector<DecoderLayer> layers;
     if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, a.Hq, a.Hkv, a.D, x,
@@ -763,13 +782,16 @@ mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_t
 
 mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
                          const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads) {
-  return guarded("mtp_linear_q8",
-                 [&](Checker& c) { return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads); });
+  return guarded("mtp_linear_q8", [&](Checker& c) {
+    if (weight && is_block_dtype(weight->dtype)) return block_weight_to_linear(c, weight);
+    return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads);
+  });
 }
 
 mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
                             const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads) {
   return guarded("mtp_linear_q8dot", [&](Checker& c) {
+    if (weight && is_block_dtype(weight->dtype)) return block_weight_to_linear(c, weight);
     return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads, /*quantize_x=*/true);
   });
 }

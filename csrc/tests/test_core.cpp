@@ -544,7 +544,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -580,6 +580,8 @@ int main(int argc, char** argv) {
   else if (which == "rowwise") test_rowwise();
   else if (which == "decoder") test_decoder();
   else if (which == "gguf") test_gguf();
+  else if (which == "gguf_capi") test_gguf_capi();
+  else if (which == "gguf_capi_errors") test_gguf_capi_errors();
   else {
     std::fprintf(stderr, "unknown test case '%s'\n", which.c_str());
     return 2;

@@ -54,6 +54,10 @@ void test_ops_errors();
 // test_gguf.cpp
 void test_gguf();
 
+// test_gguf_capi.cpp
+void test_gguf_capi();
+void test_gguf_capi_errors();
+
 // test_rowwise.cpp
 void test_rowwise();
 

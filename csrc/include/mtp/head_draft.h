@@ -57,8 +57,16 @@ inline int64_t argmax_skipping(const void* row, DType dt, int64_t n, const int64
   return best.idx;
 }
 
-// Row `id` of the embedding, in dt (a Q8 row: q * scale in fp32, rounded once).
+// Row `id` of the embedding, in dt (a Q8 row: q * scale in fp32, rounded once; a GGUF
+// block-type row, e.stride bytes apart: dequantize_row in fp32, rounded once).
 inline void embedding_row(const DecoderMatrix& e, int64_t H, int64_t id, DType dt, void* out) {
+  if (is_block_type(e.dtype)) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(H));
+    dequantize_row(e.dtype, static_cast<const uint8_t*>(e.w) + id * e.stride, H, row.data());
+    for (int64_t k = 0; k < H; ++k) store_f32(out, dt, k, row[size_t(k)]);
+    return;
+  }
   for (int64_t k = 0; k < H; ++k) {
     const float v = e.dtype == DType::I8
                         ? float(static_cast<const int8_t*>(e.w)[id * e.stride + k]) * e.scale[id * e.scale_stride + k / kQ8Block]

@@ -40,7 +40,20 @@ typedef enum mtp_dtype {
   MTP_FLOAT16 = 2,
   MTP_INT32 = 3,
   MTP_INT64 = 4,
-  MTP_INT8 = 5 /* int8 weights of mtp_linear_q8 */
+  MTP_INT8 = 5, /* int8 weights of mtp_linear_q8 */
+  /* GGUF block-quantized weights, read in place exactly as stored in the .gguf file:
+   * 100 + the GGML type number. A weight view of a block dtype has sizes [N, K] in ELEMENTS
+   * (the logical shape; K a multiple of the block: 32, or 256 for the K-quants), strides[0] =
+   * BYTES between rows (>= the row's K / block * block-bytes; a tensor's rows are packed in the
+   * file, so that row size) and strides[1] = 1; data points to the first row's first block.
+   * Weights only (mtp_linear, the matrices of mtp_decoder_layers and mtp_head_draft); their
+   * product quantizes each activation row to int8 in blocks of 32 and sums in a fixed order
+   * (mtp/gguf.h): a row's bits never depend on M, num_threads or the instruction set. */
+  MTP_Q4_0 = 102, /* 18 bytes per 32: fp16 d, 16 bytes of nibbles */
+  MTP_Q4_1 = 103, /* 20 bytes per 32: fp16 d, fp16 m, 16 bytes of nibbles */
+  MTP_Q8_0 = 108, /* 34 bytes per 32: fp16 d, 32 int8 */
+  MTP_Q4_K = 112, /* 144 bytes per 256 */
+  MTP_Q6_K = 114  /* 210 bytes per 256 */
 } mtp_dtype;
 
 #define MTP_MAX_DIMS 6
@@ -52,10 +65,11 @@ typedef struct mtp_tensor {
   int32_t dtype;
   int32_t ndim;
   int64_t sizes[MTP_MAX_DIMS];
-  int64_t strides[MTP_MAX_DIMS]; /* in elements */
+  int64_t strides[MTP_MAX_DIMS]; /* in elements (a block dtype's strides[0]: bytes, see mtp_dtype) */
 } mtp_tensor;
 
-/* A row-major contiguous view of `ndim` (<= MTP_MAX_DIMS) sizes. */
+/* A row-major contiguous view of `ndim` (<= MTP_MAX_DIMS) sizes (float and integer dtypes;
+ * a block dtype's view: mtp_gguf_matrix). */
 static inline mtp_tensor mtp_contiguous(const void* data, mtp_dtype dtype, int32_t ndim, const int64_t* sizes) {
   mtp_tensor t;
   int32_t d;
@@ -69,6 +83,33 @@ static inline mtp_tensor mtp_contiguous(const void* data, mtp_dtype dtype, int32
     t.strides[d] = stride;
     stride *= sizes[d];
   }
+  return t;
+}
+
+/* A [rows, cols] weight view of a block dtype whose rows are packed, as a .gguf file stores a
+ * tensor: strides {row bytes, 1}, row bytes = cols / block elements * block bytes (0 when the
+ * dtype is not a block dtype or cols not a multiple of its block: the call using the view then
+ * reports it). Any other dtype: mtp_contiguous's [rows, cols] view. */
+static inline mtp_tensor mtp_gguf_matrix(const void* data, mtp_dtype dtype, int64_t rows, int64_t cols) {
+  int64_t elems = 0, bytes = 0;
+  mtp_tensor t;
+  int32_t d;
+  switch (dtype) {
+    case MTP_Q4_0: elems = 32; bytes = 18; break;
+    case MTP_Q4_1: elems = 32; bytes = 20; break;
+    case MTP_Q8_0: elems = 32; bytes = 34; break;
+    case MTP_Q4_K: elems = 256; bytes = 144; break;
+    case MTP_Q6_K: elems = 256; bytes = 210; break;
+    default: break;
+  }
+  t.data = (void*)data;
+  t.dtype = (int32_t)dtype;
+  t.ndim = 2;
+  for (d = 0; d < MTP_MAX_DIMS; ++d) { t.sizes[d] = 0; t.strides[d] = 0; }
+  t.sizes[0] = rows;
+  t.sizes[1] = cols;
+  t.strides[0] = !elems ? cols : cols % elems == 0 ? cols / elems * bytes : 0;
+  t.strides[1] = 1;
   return t;
 }
 
@@ -143,7 +184,10 @@ MTP_API mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor*
 /* y[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) (torch.ops.mtp.linear on 2-D x), fp32
  * accumulation in a fixed order per element: row m's bits never depend on M or num_threads.
  *   x      [M, K] float32 | bfloat16 | float16, any strides
- *   weight [N, K] float32 | bfloat16 | float16, rows unit-stride (read in place); int8: mtp_linear_q8
+ *   weight [N, K] float32 | bfloat16 | float16, rows unit-stride (read in place); int8: mtp_linear_q8;
+ *                 or a GGUF block dtype (MTP_Q4_0 .. MTP_Q6_K, read in place as stored: sizes in
+ *                 elements, strides[0] in bytes, see mtp_dtype), K a multiple of its block; x is
+ *                 then quantized to int8 per row in blocks of 32 (mtp/gguf.h's fixed order)
  *   bias   [N]    float32 | bfloat16 | float16, or NULL
  *   y      [M, N] output, float32 or x's dtype (rounded to nearest even), any strides */
 MTP_API mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias,
@@ -186,7 +230,9 @@ MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weigh
  *                    [(Hq + 2 Hkv) D, H] (the q heads' rows, then k's, then v's), o_proj [H, Hq D],
  *                    post_norm [H], gate_up [2I, H] (the gate rows, then the up rows), down_proj
  *                    [H, I]; then the final norm [H]. Norms in x's dtype, unit stride; matrices
- *                    float32 | bfloat16 with unit-stride rows, or all int8 (Q8) with their scales
+ *                    float32 | bfloat16 with unit-stride rows, or all int8 (Q8) with their scales;
+ *                    without scales each matrix may also be a GGUF block dtype (any mix of them and
+ *                    float: e.g. Q4_K and Q6_K), its K (H, Hq D or I) a multiple of its block
  *   weight_scales    num_weight_scales = 0 (float matrices) or 4 * layers views: the Q8 scales
  *                    [N, ceil(K/32)] float32 of each layer's qkv, o_proj, gate_up, down_proj
  *   num_heads        Hq, a multiple of Hkv; D even;  eps finite and >= 0
@@ -226,10 +272,11 @@ MTP_API mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor
  *   cache_lens       [B] int32 | int64 in [0, L], with cache_lens[b] + k <= P
  *   rope_cos, rope_sin [P, D] float32 (as mtp_decoder_layers)
  *   embedding        [V, H] float32 | bfloat16 with unit-stride rows, or int8 with embedding_scale
- *                    [V, ceil(H/32)] float32 (else NULL)
+ *                    [V, ceil(H/32)] float32 (else NULL), or a GGUF block dtype (H a multiple of its
+ *                    block): the token's row dequantized in fp32, then rounded to hidden's dtype
  *   weights          num_weights = 4 + 6 * blocks views: embed_norm [H], hidden_norm [H], proj
- *                    [H, 2H] (float), each block's 6 tensors as in mtp_decoder_layers (float
- *                    matrices), then out_norm [H]; norms in hidden's dtype, unit stride
+ *                    [H, 2H], each block's 6 tensors as in mtp_decoder_layers, then out_norm [H];
+ *                    matrices float or GGUF block dtypes (no int8); norms in hidden's dtype, unit stride
  *   lm_head          [V, H] as embedding, with lm_head_scale (or NULL)
  *   draft_vocab      [Vd] int32 | int64 token ids in [0, V) (rows of lm_head), or NULL: all V
  *   k                draft steps >= 0;  num_heads, eps as mtp_decoder_layers

@@ -1,0 +1,587 @@
+// GGUF block-type weights (MTP_Q4_0 .. MTP_Q6_K) through the C API: mtp_linear gives the
+// core's canonical product (mtp::generic::gguf_linear) bit for bit on every instruction set,
+// for every format, x dtype, bias, y dtype, strided views and rows padded apart;
+// mtp_decoder_layers(_tree) runs with block-type matrices (any mix, float ones too) and gives
+// the core's pass, a token the same bits in a T = 3 pass as in three T = 1 passes; the head
+// drafts with a Q8_0 embedding / lm_head (and block-type matrices of its own) what it drafts
+// with that embedding given as its fp32 dequantized rows. Bad input: a status and message,
+// nothing written (gguf_capi_errors).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "mtp/decoder.h"
+#include "mtp/gguf.h"
+#include "mtp/linear.h"
+#include "mtp/mtp.h"
+#include "mtp/parallel.h"
+#include "test_util.h"
+
+namespace {
+
+using mtp::DType;
+
+constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+
+const char* tname(DType t) {
+  switch (t) {
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
+    case DType::Q8_0: return "Q8_0";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q6_K: return "Q6_K";
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    default: return "f16";
+  }
+}
+
+mtp_dtype capi(DType t) { return mtp_dtype(int(t)); }
+
+// A normal fp16 in [2^e, 2^(e+1)), negative when asked.
+uint16_t f16_in(int e, bool negative) {
+  return uint16_t((negative ? 0x8000 : 0) | ((e + 15) << 10) | int(uniform(0, 1023)));
+}
+
+// N rows of K elements of random blocks, rows `stride` bytes apart (the padding 0xAB): random
+// quant bytes, fp16 scales chosen so that a weight is about 0.05 (a realistic matrix).
+std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, int64_t stride = -1) {
+  const int64_t rb = mtp::block_row_bytes(t, K), bb = mtp::block_bytes(t);
+  if (stride < 0) stride = rb;
+  std::vector<uint8_t> w(size_t(std::max<int64_t>(N * stride, 1)), 0xAB);
+  auto put = [](uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); };
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < rb / bb; ++b) {
+      uint8_t* blk = w.data() + n * stride + b * bb;
+      for (int64_t i = 0; i < bb; ++i) blk[i] = uint8_t(uniform(0, 255));
+      switch (t) {
+        case DType::Q4_0: put(blk, f16_in(-7, uniform(0, 1))); break;
+        case DType::Q4_1: put(blk, f16_in(-7, uniform(0, 1))); put(blk + 2, f16_in(-4, true)); break;
+        case DType::Q8_0: put(blk, f16_in(-10, uniform(0, 1))); break;
+        case DType::Q4_K: put(blk, f16_in(-11, uniform(0, 1))); put(blk + 2, f16_in(-11, false)); break;
+        default: put(blk + 208, f16_in(-14, uniform(0, 1))); break;  // Q6_K
+      }
+    }
+  return w;
+}
+
+// Bytes holding n random values of a float type, of scale s around offset.
+std::vector<char> values(DType t, int64_t n, float s, float offset = 0.f) {
+  std::vector<char> out(size_t(std::max<int64_t>(n, 1) * mtp::dtype_size(t)));
+  for (int64_t i = 0; i < n; ++i)
+    mtp::store_f32(out.data(), t, i, offset + s * std::ldexp(float(int64_t(rng() >> 44) - (1 << 19)), -19));
+  return out;
+}
+
+mtp_tensor view(const void* p, DType t, std::initializer_list<int64_t> sizes) {
+  return mtp_contiguous(p, capi(t), int32_t(sizes.size()), sizes.begin());
+}
+
+// ---------------------------------------------------------------- mtp_linear
+
+// y = mtp_linear(x, w, bias) against the core's generic product, bitwise.
+void check_linear(DType wt, DType xt, int64_t M, int64_t N, int64_t K, bool with_bias, bool y_f32, int64_t pad,
+                  bool strided_x, int threads) {
+  const int64_t rb = mtp::block_row_bytes(wt, K), stride = rb + pad;
+  const std::vector<uint8_t> w = random_blocks(wt, N, K, stride);
+  const int64_t xcols = strided_x ? 2 * K : K;  // strided: x's elements 2 apart
+  const std::vector<char> x = values(xt, M * xcols, 2.f);
+  const DType bt = xt;
+  const std::vector<char> bias = values(bt, N, 1.f);
+  const DType yt = y_f32 ? DType::F32 : xt;
+  const int64_t ycols = N + 3;  // y's rows padded
+  std::vector<char> y(size_t(std::max<int64_t>(M * ycols, 1) * mtp::dtype_size(yt)), char(0x5A));
+
+  mtp_tensor xv = view(x.data(), xt, {M, K});
+  if (strided_x) xv.strides[0] = xcols, xv.strides[1] = 2;
+  mtp_tensor wv = mtp_gguf_matrix(w.data(), capi(wt), N, K);
+  wv.strides[0] = stride;
+  const mtp_tensor bv = view(bias.data(), bt, {N});
+  mtp_tensor yv = view(y.data(), yt, {M, N});
+  yv.strides[0] = ycols;
+  const mtp_status st = mtp_linear(&xv, &wv, with_bias ? &bv : nullptr, &yv, threads);
+  char what[160];
+  std::snprintf(what, sizeof what, "mtp_linear %s x %s M=%lld N=%lld K=%lld bias=%d y=%s pad=%lld strided=%d threads=%d",
+                tname(wt), tname(xt), (long long)M, (long long)N, (long long)K, int(with_bias), tname(yt),
+                (long long)pad, int(strided_x), threads);
+  EXPECT(st == MTP_OK, "%s: %s", what, mtp_last_error());
+
+  // The reference: x packed to contiguous rows of its dtype, the generic canonical product.
+  std::vector<char> xc(size_t(std::max<int64_t>(M * K, 1) * mtp::dtype_size(xt)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      mtp::store_f32(xc.data(), xt, m * K + k, mtp::load_f32(x.data(), xt, m * xcols + k * (strided_x ? 2 : 1)));
+  std::vector<float> b(static_cast<size_t>(N)), want(static_cast<size_t>(M * N));
+  for (int64_t n = 0; n < N; ++n) b[size_t(n)] = mtp::load_f32(bias.data(), bt, n);
+  mtp::LinearArgs a;
+  a.M = M; a.N = N; a.K = K;
+  a.x = xc.data(); a.x_dtype = xt; a.x_stride = K;
+  a.w = w.data(); a.w_dtype = wt; a.w_stride = stride;
+  a.bias = with_bias ? b.data() : nullptr;
+  a.y = want.data(); a.y_stride = N;
+  mtp::QuantRows xq;
+  mtp::quantize_rows(a.x, xt, K, M, K, xq);
+  mtp::generic::gguf_linear(a, xq, 0, N);
+
+  int bad = 0;
+  const int64_t es = mtp::dtype_size(yt);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<char> expect(static_cast<size_t>(es));
+      mtp::store_f32(expect.data(), yt, 0, want[size_t(m * N + n)]);
+      if (std::memcmp(expect.data(), y.data() + (m * ycols + n) * es, size_t(es)) && bad++ < 3)
+        EXPECT(false, "%s: y[%lld, %lld] = %g, the core's product %g", what, (long long)m, (long long)n,
+               double(mtp::load_f32(y.data(), yt, m * ycols + n)), double(want[size_t(m * N + n)]));
+    }
+    for (int64_t n = N; n < ycols; ++n)
+      EXPECT(std::all_of(y.data() + (m * ycols + n) * es, y.data() + (m * ycols + n + 1) * es,
+                         [](char c) { return c == char(0x5A); }),
+             "%s: wrote y's padding", what);
+  }
+}
+
+void check_linear_all() {
+  for (DType wt : kBlockTypes) {
+    const int64_t e = mtp::block_elems(wt);
+    for (DType xt : {DType::F32, DType::BF16, DType::F16}) {
+      check_linear(wt, xt, 3, 70, 2 * e, true, true, 0, false, 2);
+      check_linear(wt, xt, 1, 5, e, false, false, 6, true, 1);
+    }
+    check_linear(wt, DType::F32, 7, 130, 3 * e, true, false, 2, false, 3);
+    check_linear(wt, DType::BF16, 2, 1, 4 * e, false, true, 0, true, 0);
+    check_linear(wt, DType::F32, 0, 4, e, true, true, 0, false, 1);   // M = 0
+    check_linear(wt, DType::F32, 2, 0, e, true, true, 0, false, 1);   // N = 0
+    check_linear(wt, DType::F32, 2, 3, 0, true, true, 0, false, 1);   // K = 0: the bias
+  }
+}
+
+// ---------------------------------------------------------------- decoder passes
+
+// A matrix [N, K]: a GGUF block type (rows `pad` bytes apart beyond their size), or float.
+struct Mat {
+  DType t;
+  int64_t N, K, stride;
+  std::vector<uint8_t> bytes;
+  std::vector<char> floats;
+  Mat(DType t_, int64_t N_, int64_t K_, int64_t pad = 0) : t(t_), N(N_), K(K_) {
+    if (mtp::is_block_type(t)) {
+      stride = mtp::block_row_bytes(t, K) + pad;
+      bytes = random_blocks(t, N, K, stride);
+    } else {
+      stride = K;
+      floats = values(t, N * K, 1.f / std::sqrt(float(K)));
+    }
+  }
+  const void* data() const { return bytes.empty() ? static_cast<const void*>(floats.data()) : bytes.data(); }
+  mtp_tensor view() const {
+    mtp_tensor v = mtp_gguf_matrix(data(), capi(t), N, K);
+    v.strides[0] = stride;
+    return v;
+  }
+  mtp::DecoderMatrix core() const { return {data(), t, stride, nullptr, 0}; }
+};
+
+struct Dims {
+  int64_t H, Hq, Hkv, D, I, L, P;
+};
+
+// Decoder layers with the given matrix types (4 per layer: qkv, o_proj, gate_up, down_proj),
+// the C API's weight views and the core's layers over the same bytes.
+struct Model {
+  Dims d;
+  DType t;
+  std::vector<std::vector<char>> norms;  // 2 per layer, then the final one
+  std::vector<Mat> mats;
+  std::vector<float> cos, sin;
+  std::vector<mtp_tensor> w;
+  std::vector<const mtp_tensor*> wp;
+  std::vector<mtp::DecoderLayer> layers;
+  Model(Dims d_, DType t_, const std::vector<DType>& types) : d(d_), t(t_) {
+    const int64_t n = int64_t(types.size()) / 4;
+    for (int64_t i = 0; i < n; ++i) {
+      const DType* m = &types[size_t(4 * i)];
+      mats.emplace_back(m[0], (d.Hq + 2 * d.Hkv) * d.D, d.H, 4 * i);  // some rows padded apart
+      mats.emplace_back(m[1], d.H, d.Hq * d.D);
+      mats.emplace_back(m[2], 2 * d.I, d.H, 2);
+      mats.emplace_back(m[3], d.H, d.I);
+    }
+    for (int64_t i = 0; i < 2 * n + 1; ++i) norms.push_back(values(t, d.H, 0.25f, 1.f));
+    for (int64_t i = 0; i < n; ++i) {
+      w.push_back(view(norms[size_t(2 * i)].data(), t, {d.H}));
+      for (int j = 0; j < 4; ++j) {
+        if (j == 2) w.push_back(view(norms[size_t(2 * i + 1)].data(), t, {d.H}));
+        w.push_back(mats[size_t(4 * i + j)].view());
+      }
+      layers.push_back({norms[size_t(2 * i)].data(), mats[size_t(4 * i)].core(), mats[size_t(4 * i + 1)].core(),
+                        norms[size_t(2 * i + 1)].data(), mats[size_t(4 * i + 2)].core(),
+                        mats[size_t(4 * i + 3)].core()});
+    }
+    w.push_back(view(norms.back().data(), t, {d.H}));
+    for (auto& v : w) wp.push_back(&v);
+    for (int64_t p = 0; p < d.P; ++p)
+      for (int64_t j = 0; j < d.D; ++j) {
+        const double a = p * std::pow(10000.0, -double(2 * (j % (d.D / 2))) / double(d.D));
+        cos.push_back(float(std::cos(a)));
+        sin.push_back(float(std::sin(a)));
+      }
+  }
+  int64_t nlayers() const { return int64_t(layers.size()); }
+};
+
+struct Cache {
+  std::vector<char> k, v;
+  std::vector<int64_t> lens;
+  Cache(const Model& m, std::vector<int64_t> l)
+      : k(size_t(m.nlayers() * int64_t(l.size()) * m.d.Hkv * m.d.L * m.d.D * mtp::dtype_size(m.t))), v(k.size()),
+        lens(std::move(l)) {}
+  int64_t B() const { return int64_t(lens.size()); }
+};
+
+// mtp_decoder_layers (tree: mtp_decoder_layers_tree) of T tokens; the lengths are left as
+// they were (the caller advances them).
+mtp_status capi_pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, std::vector<char>& out,
+                     int threads, const int64_t* tree = nullptr) {
+  const int64_t B = c.B();
+  const mtp_tensor xv = view(x.data(), m.t, {B, T, m.d.H}), ov = view(out.data(), m.t, {B, T, m.d.H}),
+                   kv = view(c.k.data(), m.t, {m.nlayers(), B, m.d.Hkv, m.d.L, m.d.D}),
+                   vv = view(c.v.data(), m.t, {m.nlayers(), B, m.d.Hkv, m.d.L, m.d.D}),
+                   cv = view(m.cos.data(), DType::F32, {m.d.P, m.d.D}),
+                   sv = view(m.sin.data(), DType::F32, {m.d.P, m.d.D});
+  mtp_tensor lv = view(c.lens.data(), DType::F32, {B}), tv = view(tree, DType::F32, {B, T});
+  lv.dtype = MTP_INT64;
+  tv.dtype = MTP_INT64;
+  if (tree)
+    return mtp_decoder_layers_tree(&xv, &kv, &vv, &lv, &cv, &sv, m.wp.data(), int32_t(m.wp.size()), nullptr, 0,
+                                   m.d.Hq, 1e-5f, 0, &tv, &ov, threads);
+  return mtp_decoder_layers(&xv, &kv, &vv, &lv, &cv, &sv, m.wp.data(), int32_t(m.wp.size()), nullptr, 0, m.d.Hq,
+                            1e-5f, 0, &ov, threads);
+}
+
+// The core's pass (mtp::decoder) over the same bytes.
+std::vector<char> core_pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
+  mtp::DecoderArgs a;
+  a.B = c.B(); a.T = T; a.H = m.d.H; a.Hq = m.d.Hq; a.Hkv = m.d.Hkv; a.D = m.d.D; a.I = m.d.I;
+  a.layers = m.nlayers(); a.L = m.d.L; a.P = m.d.P; a.dtype = m.t;
+  a.x = x.data(); a.rope_cos = m.cos.data(); a.rope_sin = m.sin.data();
+  a.k_cache = c.k.data(); a.v_cache = c.v.data();
+  const int64_t strides[5] = {c.B() * m.d.Hkv * m.d.L * m.d.D, m.d.Hkv * m.d.L * m.d.D, m.d.L * m.d.D, m.d.D, 1};
+  std::copy_n(strides, 5, a.k_stride);
+  std::copy_n(strides, 5, a.v_stride);
+  a.cache_lens = c.lens.data();
+  a.layer = m.layers.data(); a.final_norm = m.norms.back().data();
+  a.eps = 1e-5f;
+  std::vector<char> out(x.size());
+  a.out = out.data();
+  mtp::decoder(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
+  return out;
+}
+
+bool all_finite(const std::vector<char>& v, DType t) {
+  for (int64_t i = 0; i < int64_t(v.size()) / mtp::dtype_size(t); ++i)
+    if (!std::isfinite(mtp::load_f32(v.data(), t, i))) return false;
+  return true;
+}
+
+void check_decoder(const char* what, Dims d, DType t, const std::vector<DType>& types) {
+  const Model m(d, t, types);
+  const int64_t B = 2, P0 = 5, T = 3, es = mtp::dtype_size(t), row = d.H * es;
+  // Prefill (ragged: request 0 keeps 2 of its 5 positions).
+  Cache base(m, {0, 0});
+  const std::vector<char> prompt = values(t, B * P0 * d.H, 1.f), next = values(t, B * T * d.H, 1.f);
+  std::vector<char> pre(prompt.size());
+  EXPECT(capi_pass(m, base, prompt, P0, pre, 2) == MTP_OK, "%s prefill: %s", what, mtp_last_error());
+  EXPECT(all_finite(pre, t), "%s: the prefill's output is not finite", what);
+  base.lens = {2, 5};
+
+  // (a) one T = 3 pass: the core's bits.
+  Cache batched = base, core = base;
+  std::vector<char> out(next.size());
+  EXPECT(capi_pass(m, batched, next, T, out, 2) == MTP_OK, "%s T=3: %s", what, mtp_last_error());
+  EXPECT(all_finite(out, t), "%s: the output is not finite", what);
+  EXPECT(core_pass(m, core, next, T, 1) == out && core.k == batched.k && core.v == batched.v,
+         "%s: mtp_decoder_layers != the core's pass", what);
+
+  // (b) three T = 1 passes, one thread: each token's bits, and the same cache.
+  Cache steps = base;
+  for (int64_t j = 0; j < T; ++j) {
+    std::vector<char> x1(size_t(B * row)), o1(x1.size());
+    for (int64_t b = 0; b < B; ++b) std::memcpy(x1.data() + b * row, next.data() + (b * T + j) * row, size_t(row));
+    EXPECT(capi_pass(m, steps, x1, 1, o1, 1) == MTP_OK, "%s T=1: %s", what, mtp_last_error());
+    for (int64_t b = 0; b < B; ++b)
+      EXPECT(std::memcmp(o1.data() + b * row, out.data() + (b * T + j) * row, size_t(row)) == 0,
+             "%s: request %lld token %lld: the T=3 pass != a T=1 pass", what, (long long)b, (long long)j);
+    for (auto& n : steps.lens) ++n;
+  }
+  EXPECT(steps.k == batched.k && steps.v == batched.v, "%s: the caches of T=3 and 3 x T=1 differ", what);
+
+  // mtp_decoder_layers_tree with a chain for a tree: the chain's bits.
+  Cache tree = base;
+  const int64_t chain[B * T] = {-1, 0, 1, -1, 0, 1};
+  std::vector<char> tout(next.size());
+  EXPECT(capi_pass(m, tree, next, T, tout, 2, chain) == MTP_OK, "%s tree: %s", what, mtp_last_error());
+  EXPECT(tout == out && tree.k == batched.k, "%s: mtp_decoder_layers_tree of a chain != the chain", what);
+}
+
+// ---------------------------------------------------------------- the head
+
+struct Head {
+  Dims d;
+  DType t;
+  int64_t B = 2, V = 50, Vd = 20, K = 3;
+  Mat embedding, proj;
+  Model block;  // one block: its 4 matrices and 2 norms (its final norm: the head's out_norm)
+  std::vector<char> embed_norm, hidden_norm, hidden, kc, vc;
+  std::vector<float> dequantized;  // the embedding's rows in fp32
+  std::vector<int64_t> token = {7, 31}, lens = {3, 6}, vocab;
+  std::vector<mtp_tensor> w;
+  std::vector<const mtp_tensor*> wp;
+  Head(Dims d_, DType t_, DType emb, DType proj_t, const std::vector<DType>& types)
+      : d(d_), t(t_), embedding(emb, V, d.H), proj(proj_t, d.H, 2 * d.H), block(d, t, types),
+        embed_norm(values(t, d.H, 0.25f, 1.f)), hidden_norm(values(t, d.H, 0.25f, 1.f)),
+        hidden(values(t, B * d.H, 1.f)), kc(values(t, B * d.Hkv * d.L * d.D, 1.f)), vc(values(t, B * d.Hkv * d.L * d.D, 1.f)) {
+    dequantized.resize(size_t(V * d.H));
+    for (int64_t v = 0; v < V; ++v)
+      if (mtp::is_block_type(emb))
+        mtp::dequantize_row(emb, embedding.bytes.data() + v * embedding.stride, d.H, dequantized.data() + v * d.H);
+      else
+        for (int64_t k = 0; k < d.H; ++k) dequantized[size_t(v * d.H + k)] = mtp::load_f32(embedding.data(), emb, v * d.H + k);
+    for (int64_t i = 0; i < Vd; ++i) vocab.push_back((i * 7 + 3) % V);
+    w = {view(embed_norm.data(), t, {d.H}), view(hidden_norm.data(), t, {d.H}), proj.view()};
+    w.insert(w.end(), block.w.begin(), block.w.end());  // 6 tensors, then the final norm: out_norm
+    for (auto& v : w) wp.push_back(&v);
+  }
+  // The drafts [B, K + alternatives] (int64) of the embedding `emb` (lm_head: the embedding).
+  mtp_status run(const mtp_tensor& emb, int64_t alternatives, std::vector<int64_t>* drafts) const {
+    const mtp_tensor hv = view(hidden.data(), t, {B, d.H}), kv = view(kc.data(), t, {B, d.Hkv, d.L, d.D}),
+                     vv = view(vc.data(), t, {B, d.Hkv, d.L, d.D}),
+                     cv = view(block.cos.data(), DType::F32, {d.P, d.D}),
+                     sv = view(block.sin.data(), DType::F32, {d.P, d.D}), lm = embedding.view();
+    mtp_tensor tv = view(token.data(), DType::F32, {B}), lv = view(lens.data(), DType::F32, {B}),
+               vocv = view(vocab.data(), DType::F32, {Vd}), dv = view(drafts->data(), DType::F32, {B, K + alternatives});
+    tv.dtype = lv.dtype = vocv.dtype = dv.dtype = MTP_INT64;
+    if (alternatives)
+      return mtp_head_draft_alternatives(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(),
+                                         int32_t(wp.size()), &lm, nullptr, &vocv, K, d.Hq, 1e-5f, alternatives, &dv,
+                                         2);
+    return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(), int32_t(wp.size()), &lm,
+                          nullptr, &vocv, K, d.Hq, 1e-5f, &dv, 2);
+  }
+};
+
+void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const std::vector<DType>& types) {
+  const Head h(d, t, emb, proj, types);
+  std::vector<int64_t> drafts(size_t(h.B * h.K), -1), floats(drafts.size(), -2);
+  EXPECT(h.run(h.embedding.view(), 0, &drafts) == MTP_OK, "%s: %s", what, mtp_last_error());
+  for (int64_t v : drafts)
+    EXPECT(std::find(h.vocab.begin(), h.vocab.end(), v) != h.vocab.end(), "%s: draft %lld not in the draft vocabulary",
+           what, (long long)v);
+  // The embedding as its fp32 dequantized rows: the same drafts (a row is rounded once either way).
+  const mtp_tensor f32 = view(h.dequantized.data(), DType::F32, {h.V, d.H});
+  EXPECT(h.run(f32, 0, &floats) == MTP_OK, "%s fp32 embedding: %s", what, mtp_last_error());
+  EXPECT(drafts == floats, "%s: drafts with the %s embedding != with its dequantized fp32 rows", what, tname(emb));
+  std::vector<int64_t> alt(size_t(h.B * (h.K + 2)), -1);
+  EXPECT(h.run(h.embedding.view(), 2, &alt) == MTP_OK, "%s alternatives: %s", what, mtp_last_error());
+  for (int64_t b = 0; b < h.B; ++b)
+    EXPECT(std::equal(drafts.begin() + b * h.K, drafts.begin() + (b + 1) * h.K, alt.begin() + b * (h.K + 2)),
+           "%s: request %lld: the chain changed with alternatives", what, (long long)b);
+}
+
+}  // namespace
+
+void test_gguf_capi() {
+  check_linear_all();
+  using D = DType;
+  const Dims small{64, 4, 2, 16, 96, 16, 16}, wide{256, 4, 2, 64, 256, 16, 16};
+  for (DType t : {DType::F32, DType::BF16}) {
+    check_decoder(t == D::F32 ? "decoder Q4_1 f32" : "decoder Q4_1 bf16", small, t,
+                  {D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1});
+    check_decoder(t == D::F32 ? "decoder mixed f32" : "decoder mixed bf16", wide, t,
+                  {D::Q4_K, D::Q6_K, D::Q4_1, D::Q8_0, D::Q4_0, t, D::Q6_K, D::Q4_K});
+    check_head(t == D::F32 ? "head Q8_0 f32" : "head Q8_0 bf16", small, t, D::Q8_0, t,
+               {D::Q4_1, D::Q8_0, D::Q4_0, D::Q4_1});
+    check_head(t == D::F32 ? "head K-quants f32" : "head K-quants bf16", wide, t, D::Q8_0, D::Q4_K,
+               {D::Q4_K, D::Q6_K, D::Q4_K, D::Q6_K});
+    check_head(t == D::F32 ? "head Q6_K embedding f32" : "head Q6_K embedding bf16", wide, t, D::Q6_K, t,
+               {D::Q4_0, D::Q4_1, D::Q8_0, D::Q4_K});
+  }
+}
+
+// ---------------------------------------------------------------- bad input
+
+namespace {
+
+// mtp_linear(x [2, 64] f32, weight Q4_0 [4, 64], y [2, 4] f32), valid until mutated.
+struct LinearCall {
+  std::vector<float> xs = std::vector<float>(2 * 64, 0.5f), ys = std::vector<float>(8, -3.f),
+                     bs = std::vector<float>(4, 1.f);
+  std::vector<uint8_t> ws = random_blocks(DType::Q4_0, 4, 64);
+  mtp_tensor x = view(xs.data(), DType::F32, {2, 64}), w = mtp_gguf_matrix(ws.data(), MTP_Q4_0, 4, 64),
+             y = view(ys.data(), DType::F32, {2, 4}), b = view(bs.data(), DType::F32, {4});
+  const mtp_tensor* bias = nullptr;
+  int q8 = 0;  // 1: mtp_linear_q8, 2: mtp_linear_q8dot
+  mtp_status run() const {
+    if (q8 == 1) return mtp_linear_q8(&x, &w, nullptr, bias, &y, 1);
+    if (q8 == 2) return mtp_linear_q8dot(&x, &w, nullptr, bias, &y, 1);
+    return mtp_linear(&x, &w, bias, &y, 1);
+  }
+  bool untouched() const { return std::all_of(ys.begin(), ys.end(), [](float v) { return v == -3.f; }); }
+};
+
+// mtp_decoder_layers(_tree) of one Q4_1 layer (H 64, Hq D 64, I 96), B = 1, T = 1.
+struct DecoderCall {
+  Model m{Dims{64, 4, 2, 16, 96, 8, 8}, DType::F32, {DType::Q4_1, DType::Q4_1, DType::Q4_1, DType::Q4_1}};
+  std::vector<mtp_tensor> w = m.w;
+  std::vector<const mtp_tensor*> wp, sp;
+  std::vector<char> xs = values(DType::F32, 64, 1.f), os = std::vector<char>(64 * 4, char(0x11));
+  std::vector<char> kc = std::vector<char>(size_t(2 * 8 * 16 * 4), char(0x22)), vc = kc;
+  std::vector<int64_t> lens = {2}, parents = {-1};
+  std::vector<float> scale = std::vector<float>(64 * 2, 1.f);
+  mtp_tensor x = view(xs.data(), DType::F32, {1, 1, 64}), out = view(os.data(), DType::F32, {1, 1, 64}),
+             k = view(kc.data(), DType::F32, {1, 1, 2, 8, 16}), v = view(vc.data(), DType::F32, {1, 1, 2, 8, 16}),
+             cos = view(m.cos.data(), DType::F32, {8, 16}), sin = view(m.sin.data(), DType::F32, {8, 16}),
+             lv = view(lens.data(), DType::F32, {1}), tree = view(parents.data(), DType::F32, {1, 1}),
+             sc = view(scale.data(), DType::F32, {64, 2});
+  bool with_tree = false;
+  int32_t quantize_x = 0;
+  DecoderCall() {
+    lv.dtype = tree.dtype = MTP_INT64;
+    for (auto& t : w) wp.push_back(&t);
+  }
+  mtp_status run() const {
+    if (with_tree)
+      return mtp_decoder_layers_tree(&x, &k, &v, &lv, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
+                                     int32_t(sp.size()), 4, 1e-5f, quantize_x, &tree, &out, 1);
+    return mtp_decoder_layers(&x, &k, &v, &lv, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
+                              int32_t(sp.size()), 4, 1e-5f, quantize_x, &out, 1);
+  }
+  bool untouched() const {
+    return std::all_of(os.begin(), os.end(), [](char c) { return c == char(0x11); }) &&
+           std::all_of(kc.begin(), kc.end(), [](char c) { return c == char(0x22); }) && vc == kc;
+  }
+};
+
+// mtp_head_draft with a Q8_0 embedding / lm_head and Q4_1 matrices (H 64).
+struct HeadCall {
+  Head h{Dims{64, 4, 2, 16, 96, 16, 16}, DType::F32, DType::Q8_0, DType::Q4_1,
+         {DType::Q4_1, DType::Q4_1, DType::Q4_1, DType::Q4_1}};
+  std::vector<mtp_tensor> w = h.w;
+  std::vector<const mtp_tensor*> wp;
+  std::vector<int64_t> drafts = std::vector<int64_t>(size_t(2 * 3), -7);
+  std::vector<float> scale = std::vector<float>(50 * 2, 1.f);
+  mtp_tensor emb = h.embedding.view(), lm = h.embedding.view(), sc = view(scale.data(), DType::F32, {50, 2});
+  const mtp_tensor *emb_scale = nullptr, *lm_scale = nullptr;
+  HeadCall() {
+    for (auto& t : w) wp.push_back(&t);
+  }
+  mtp_status run() const {
+    const Dims& d = h.d;
+    const mtp_tensor hv = view(h.hidden.data(), h.t, {h.B, d.H}), kv = view(h.kc.data(), h.t, {h.B, d.Hkv, d.L, d.D}),
+                     vv = view(h.vc.data(), h.t, {h.B, d.Hkv, d.L, d.D}),
+                     cv = view(h.block.cos.data(), DType::F32, {d.P, d.D}),
+                     sv = view(h.block.sin.data(), DType::F32, {d.P, d.D});
+    mtp_tensor tv = view(h.token.data(), DType::F32, {h.B}), lv = view(h.lens.data(), DType::F32, {h.B}),
+               dv = view(drafts.data(), DType::F32, {h.B, h.K});
+    tv.dtype = lv.dtype = dv.dtype = MTP_INT64;
+    return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, emb_scale, wp.data(), int32_t(wp.size()), &lm,
+                          lm_scale, nullptr, h.K, d.Hq, 1e-5f, &dv, 1);
+  }
+  bool untouched() const { return std::all_of(drafts.begin(), drafts.end(), [](int64_t v) { return v == -7; }); }
+};
+
+}  // namespace
+
+void test_gguf_capi_errors() {
+  constexpr auto INVALID = MTP_ERROR_INVALID_ARGUMENT;
+  constexpr auto DTYPE = MTP_ERROR_UNSUPPORTED_DTYPE;
+  // The valid calls run (else every error case below would prove nothing).
+  {
+    LinearCall c;
+    EXPECT(c.run() == MTP_OK && !c.untouched(), "valid mtp_linear call: %s", mtp_last_error());
+    DecoderCall d;
+    EXPECT(d.run() == MTP_OK && !d.untouched(), "valid mtp_decoder_layers call: %s", mtp_last_error());
+    d.with_tree = true;
+    EXPECT(d.run() == MTP_OK, "valid mtp_decoder_layers_tree call: %s", mtp_last_error());
+    HeadCall h;
+    EXPECT(h.run() == MTP_OK && !h.untouched(), "valid mtp_head_draft call: %s", mtp_last_error());
+  }
+  // mtp_gguf_matrix: packed rows.
+  {
+    const mtp_tensor q4k = mtp_gguf_matrix(nullptr, MTP_Q4_K, 3, 512), bad = mtp_gguf_matrix(nullptr, MTP_Q6_K, 3, 100),
+                     f = mtp_gguf_matrix(nullptr, MTP_BFLOAT16, 3, 100);
+    EXPECT(q4k.ndim == 2 && q4k.sizes[0] == 3 && q4k.sizes[1] == 512 && q4k.strides[0] == 288 && q4k.strides[1] == 1,
+           "mtp_gguf_matrix Q4_K [3, 512]: strides [%lld, %lld]", (long long)q4k.strides[0], (long long)q4k.strides[1]);
+    EXPECT(bad.strides[0] == 0 && f.strides[0] == 100 && f.strides[1] == 1, "mtp_gguf_matrix: other strides");
+  }
+
+  // mtp_linear
+  BAD_CALL(LinearCall, c.w.sizes[1] = c.x.sizes[1] = 48, INVALID,
+           "mtp_linear: weight: K = 48 is not a multiple of Q4_0's blocks of 32 elements");
+  BAD_CALL(LinearCall, c.w.dtype = MTP_Q4_K, INVALID, "weight: K = 64 is not a multiple of Q4_K's blocks of 256 elements");
+  BAD_CALL(LinearCall, c.w.dtype = MTP_Q6_K, INVALID, "K = 64 is not a multiple of Q6_K's blocks of 256 elements");
+  BAD_CALL(LinearCall, c.w.strides[1] = 2, INVALID,
+           "weight: weight bytes must be contiguous along a row (stride 1), got strides [36, 2]");
+  BAD_CALL(LinearCall, c.w.strides[0] = 18, INVALID,
+           "weight: a Q4_0 row of K = 64 elements is 36 bytes, so strides[0] (bytes between rows, for a block dtype) "
+           "must be >= 36, got 18");
+  BAD_CALL(LinearCall, (c.w.dtype = MTP_Q8_0, c.w.strides[0] = 64), INVALID,  // element strides where bytes are due
+           "a Q8_0 row of K = 64 elements is 68 bytes, so strides[0] (bytes between rows, for a block dtype) must be "
+           ">= 68, got 64");
+  BAD_CALL(LinearCall, c.w.strides[0] = INT64_MAX / 2, INVALID, "weight of sizes [4, 64] has an extent beyond int64 bytes");
+  BAD_CALL(LinearCall, c.w.data = nullptr, MTP_ERROR_NULL_POINTER, "mtp_linear: weight.data is NULL");
+  BAD_CALL(LinearCall, c.w.dtype = 106, DTYPE,
+           "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K, got unknown (dtype value 106)");
+  BAD_CALL(LinearCall, c.w.dtype = 104, DTYPE, "got unknown (dtype value 104)");
+  BAD_CALL(LinearCall, c.w.sizes[1] = 32, INVALID, "weight.sizes[1] must equal K (x.sizes[1]) = 64");
+  BAD_CALL(LinearCall, c.w.ndim = 3, INVALID, "weight must be 2-D [N, K]");
+  BAD_CALL(LinearCall, c.q8 = 1, DTYPE,
+           "mtp_linear_q8: weight is Q4_0, a GGUF block type with its own scales: call mtp_linear (no weight_scale)");
+  BAD_CALL(LinearCall, c.q8 = 2, DTYPE, "mtp_linear_q8dot: weight is Q4_0, a GGUF block type");
+  BAD_CALL(LinearCall, c.x.dtype = MTP_Q8_0, DTYPE, "x must be float32 or bfloat16 or float16, got Q8_0");
+  BAD_CALL(LinearCall, c.y.dtype = MTP_Q4_0, DTYPE, "y must be float32, got Q4_0");
+  BAD_CALL(LinearCall, (c.b.dtype = MTP_Q4_1, c.bias = &c.b), DTYPE, "bias must be float32 or bfloat16 or float16, got Q4_1");
+
+  // mtp_decoder_layers / _tree
+  for (bool tree : {false, true}) {
+    const char* op = tree ? "mtp_decoder_layers_tree: " : "mtp_decoder_layers: ";
+    auto needle = [&](const char* rest) {
+      static std::string s;
+      s = std::string(op) + rest;
+      return s.c_str();
+    };
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = MTP_Q4_K), INVALID,
+             needle("weights[1] (layer 0's qkv): K = 64 is not a multiple of Q4_K's blocks of 256 elements"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[5].strides[0] = 59), INVALID,
+             needle("weights[5] (layer 0's down_proj): a Q4_1 row of K = 96 elements is 60 bytes, so strides[0]"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[4].strides[1] = 3), INVALID,
+             needle("weights[4] (layer 0's gate_up): weight bytes must be contiguous along a row (stride 1)"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[2].data = nullptr), MTP_ERROR_NULL_POINTER,
+             needle("weights[2] (layer 0's o_proj).data is NULL"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[0].dtype = MTP_Q4_1), DTYPE,
+             needle("weights[0] (layer 0's input_norm) must be float32, got Q4_1"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = 109), DTYPE,
+             needle("weights[1] (layer 0's qkv) must be float32 or bfloat16 or int8 or Q4_0 or Q4_1 or Q8_0 or Q4_K "
+                    "or Q6_K, got unknown (dtype value 109)"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.sp.assign(4, &c.sc)), DTYPE,
+             needle("weights[1] (layer 0's qkv) is Q4_1 but weight_scales is not empty: with scales the matrix is "
+                    "int8 (Q8) (a GGUF block type carries its own scales: give it without)"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.quantize_x = 1), INVALID, needle("quantize_x = 1 needs int8 weights"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.x.dtype = MTP_Q4_0), DTYPE,
+             needle("x must be float32 or bfloat16, got Q4_0"));
+  }
+
+  // mtp_head_draft
+  BAD_CALL(HeadCall, c.emb_scale = &c.sc, DTYPE,
+           "mtp_head_draft: embedding is Q8_0 but embedding_scale is not empty: with scales the matrix is int8 (Q8)");
+  BAD_CALL(HeadCall, c.lm_scale = &c.sc, DTYPE, "lm_head is Q8_0 but lm_head_scale is not empty");
+  BAD_CALL(HeadCall, c.emb.dtype = MTP_Q4_K, INVALID,
+           "mtp_head_draft: embedding: K = 64 is not a multiple of Q4_K's blocks of 256 elements");
+  BAD_CALL(HeadCall, c.lm.strides[0] = 1, INVALID,
+           "lm_head: a Q8_0 row of K = 64 elements is 68 bytes, so strides[0] (bytes between rows, for a block dtype) "
+           "must be >= 68, got 1");
+  BAD_CALL(HeadCall, c.emb.data = nullptr, MTP_ERROR_NULL_POINTER, "embedding.data is NULL");
+  BAD_CALL(HeadCall, c.w[2].dtype = MTP_Q4_K, INVALID,
+           "weights[2] (proj): K = 128 is not a multiple of Q4_K's blocks of 256 elements");
+  BAD_CALL(HeadCall, c.w[4].strides[0] = 3, INVALID, "weights[4] (block 0's qkv): a Q4_1 row of K = 64 elements is 40 bytes");
+  BAD_CALL(HeadCall, c.emb.dtype = 110, DTYPE, "embedding must be float32 or bfloat16 or int8 or Q4_0");
+}
