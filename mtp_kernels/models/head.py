@@ -40,12 +40,12 @@ class HeadConfig:
 
 
 class HeadBlock(torch.nn.Module):
-    def __init__(self, c: HeadConfig):
+    def __init__(self, c: HeadConfig, init: bool = True):
         super().__init__()
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
 
-        def lin(n, k):
-            return torch.nn.Parameter(torch.randn(n, k) / k ** 0.5)
+        def lin(n, k):  # init=False: uninitialised (never touched: weights about to be loaded)
+            return torch.nn.Parameter(torch.randn(n, k) / k ** 0.5 if init else torch.empty(n, k))
 
         self.attn_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         self.q_proj, self.k_proj, self.v_proj = lin(q, c.hidden_size), lin(kv, c.hidden_size), lin(kv, c.hidden_size)
@@ -56,13 +56,14 @@ class HeadBlock(torch.nn.Module):
 
 
 class MTPHead(torch.nn.Module):
-    def __init__(self, c: HeadConfig):
+    def __init__(self, c: HeadConfig, init: bool = True):
         super().__init__()
         self.cfg = c
         self.embed_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         self.hidden_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
-        self.proj = torch.nn.Parameter(torch.randn(c.hidden_size, 2 * c.hidden_size) / (2 * c.hidden_size) ** 0.5)
-        self.blocks = torch.nn.ModuleList(HeadBlock(c) for _ in range(c.num_blocks))
+        self.proj = torch.nn.Parameter(torch.randn(c.hidden_size, 2 * c.hidden_size) / (2 * c.hidden_size) ** 0.5
+                                       if init else torch.empty(c.hidden_size, 2 * c.hidden_size))
+        self.blocks = torch.nn.ModuleList(HeadBlock(c, init) for _ in range(c.num_blocks))
         self.out_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         # Token ids of the draft vocabulary (empty: full vocabulary).
         self.register_buffer("draft_vocab", torch.zeros(0, dtype=torch.int64))
@@ -82,7 +83,10 @@ class MTPHead(torch.nn.Module):
                    for k, v in self.state_dict().items()}, os.path.join(folder, "head.safetensors"))
 
     @classmethod
-    def load(cls, folder: str) -> "MTPHead":
+    def load(cls, folder: str, dtype: torch.dtype | None = None) -> "MTPHead":
+        """dtype None: fp32 parameters (trainable). A dtype: the stored weights in that dtype,
+        built without the random initialisation of a new head (no fp32 copy: a shipped bf16 head
+        loaded in bf16 is the file's tensors themselves)."""
         from safetensors.torch import load_file
 
         from .checkpoint import CheckpointError
@@ -93,9 +97,19 @@ class MTPHead(torch.nn.Module):
             state = load_file(os.path.join(folder, "head.safetensors"))
         except (OSError, TypeError, ValueError) as e:
             raise CheckpointError(f"{folder}: not an MTP head checkpoint ({type(e).__name__}: {e})") from e
-        head = cls(cfg)
-        head.draft_vocab = state.get("draft_vocab", head.draft_vocab)
-        missing, unexpected = head.load_state_dict(state, strict=False)
+        try:
+            if dtype is None:
+                head = cls(cfg)
+                head.draft_vocab = state.get("draft_vocab", head.draft_vocab)
+                missing, unexpected = head.load_state_dict(state, strict=False)
+            else:
+                head = cls(cfg, init=False)  # not torch.device("meta"): its kernels import sympy & co (+150 MB)
+                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+                head.draft_vocab = state.pop("draft_vocab", torch.zeros(0, dtype=torch.int64))
+                missing, unexpected = head.load_state_dict(state, strict=False, assign=True)
+                missing = [k for k in missing if k != "draft_vocab"]
+        except RuntimeError as e:  # shapes that do not match the config
+            raise CheckpointError(f"{folder}: head weights do not match its config ({e})") from e
         if missing or unexpected:
             raise CheckpointError(f"{folder}: head weights do not match its config (missing {missing}, "
                                   f"unexpected {unexpected})")
@@ -150,7 +164,16 @@ class MTPHead(torch.nn.Module):
         cache.lens - 1, then `alternatives` more columns: the first step's next best drafts
         (a tree's other first drafts). Reads the cache in place and changes nothing in it: one
         mtp.head_draft call (reference.head_draft is its op-by-op composition)."""
-        return torch.ops.mtp.head_draft(**self.draft_args(backbone, cache, hidden, token, k), alternatives=alternatives)
+        return torch.ops.mtp.head_draft(**self.draft_args(backbone, cache, hidden, token, k), alternatives=alternatives,
+                                        **self.draft_types(backbone))
+
+    @staticmethod
+    def draft_types(backbone: Backbone) -> dict:
+        """mtp.head_draft's embedding_type / lm_head_type for a native backbone (its embedding
+        and LM head are the GGUF file's uint8 rows of that GGML type); {} otherwise."""
+        emb, head = backbone.gguf_type("model.embed_tokens.weight"), backbone.gguf_type(backbone.lm_head_name)
+        return {} if emb is None and head is None else {
+            "embedding_type": -1 if emb is None else emb, "lm_head_type": -1 if head is None else head}
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:
     """The parts' rows stacked in `dtype`; parts already in `dtype` then live in it as row views

@@ -14,15 +14,21 @@ request; rejected draft positions are dropped by lowering that length (no data m
 from __future__ import annotations
 
 
+import numpy as np
 import torch
 
+from ..gguf import QuantTensor, type_name
 from ..quant import dequantize_q8, quantize_q8
-from ..reference import DECODER_PARTS
+from ..reference import DECODER_PARTS, gguf_dequantize
 from .config import LlamaConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Fused projection -> its parts, in row order.
 FUSED = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "gate_up": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+class MixedTypesError(ValueError):
+    """GGUF matrices that run as one (q/k/v, gate/up) but are stored in different types."""
 
 
 class KVCache:
@@ -65,12 +71,17 @@ class Backbone(torch.nn.Module):
     quantize_x: integer dot products; every row keeps its bits whatever the number of rows, so
     speculative decoding still equals this backbone's greedy)."""
 
-    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+    def __init__(self, cfg: LlamaConfig, weights: dict, dtype: torch.dtype = torch.float32,
                  quantize: bool = False, int8_dot: bool = False):
         super().__init__()
         if int8_dot and not quantize:
             raise ValueError("Backbone: int8_dot=True quantizes the activations for int8 weights: it needs quantize=True")
-        self.cfg, self.dtype, self.quantized, self.int8_dot = cfg, dtype, quantize, int8_dot
+        native = any(isinstance(w, QuantTensor) for w in weights.values())
+        if native and quantize:
+            raise ValueError("Backbone: quantize=True re-quantizes float weights to Q8; these are already GGUF "
+                             "block-quantized (QuantTensor): run them as they are, or load them dequantized")
+        self.cfg, self.dtype, self.quantized, self.int8_dot, self.native = cfg, dtype, quantize, int8_dot, native
+        self._types: dict[str, int] = {}  # GGML type of each block-quantized matrix (its buffer: uint8 rows)
         weights = dict(weights)
         # Projections that read the same input are one weight matrix (one mtp.linear call, its
         # weights streamed once); the named per-projection weights are row views into it. Each
@@ -80,9 +91,14 @@ class Backbone(torch.nn.Module):
             for fused, parts in FUSED.items():
                 names = [f"model.layers.{i}.{part}.weight" for part in parts]
                 parts_of[f"model.layers.{i}.{fused}"] = (names, [weights[n].shape[0] for n in names])
-                weights[f"model.layers.{i}.{fused}"] = torch.cat([weights.pop(n) for n in names])
+                weights[f"model.layers.{i}.{fused}"] = _fuse(f"model.layers.{i}.{fused}", [weights.pop(n) for n in names])
         for name, w in weights.items():
-            if quantize and w.dim() == 2:
+            if isinstance(w, QuantTensor):  # the file's bytes as they are (never dequantized here)
+                stored = {"": w.data}
+                self._types[name] = w.gguf_type
+                for part in parts_of.get(name, ((), ()))[0]:
+                    self._types[part] = w.gguf_type
+            elif quantize and w.dim() == 2:
                 q, scale = quantize_q8(w.float())
                 stored = {"": q, "__scale": scale}
             else:
@@ -106,8 +122,14 @@ class Backbone(torch.nn.Module):
         return name.replace(".", "__")
 
     def w(self, name: str) -> torch.Tensor:
-        """A weight as stored (int8 for a matrix of a quantized backbone: see `scale`)."""
+        """A weight as stored (int8 for a matrix of a quantized backbone: see `scale`; uint8
+        rows [N, row_bytes] for a GGUF block-quantized one: see `gguf_type`)."""
         return getattr(self, self._key(name))
+
+    def gguf_type(self, name: str) -> int | None:
+        """The GGML type number of a GGUF block-quantized matrix (its `w` is the file's
+        uint8 rows), else None."""
+        return self._types.get(name)
 
     def scale(self, name: str) -> torch.Tensor | None:
         """The Q8 scales of a quantized matrix, else None."""
@@ -116,6 +138,9 @@ class Backbone(torch.nn.Module):
     def matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T through the shape-invariant mtp.linear, W stored plain or Q8 (and x quantized
         too with int8_dot)."""
+        gguf_type = self.gguf_type(name)
+        if gguf_type is not None:  # GGUF blocks: x is quantized row by row inside (reference.gguf_linear)
+            return torch.ops.mtp.linear(x, self.w(name), None, None, gguf_type=gguf_type)
         scale = self.scale(name)
         return torch.ops.mtp.linear(x, self.w(name), None, scale, quantize_x=self.int8_dot and scale is not None)
 
@@ -132,7 +157,11 @@ class Backbone(torch.nn.Module):
         return self.w(self.lm_head_name)
 
     def _rows(self, name: str, index) -> torch.Tensor:
-        w, scale = self.w(name), self.scale(name)
+        w, scale, gguf_type = self.w(name), self.scale(name), self.gguf_type(name)
+        if gguf_type is not None:  # the rows' bytes, dequantized in fp32 then rounded (as mtp.head_draft does)
+            rows = w if index is None else w[index]
+            flat = gguf_dequantize(rows.reshape(-1, w.shape[-1]), gguf_type).to(self.dtype)
+            return flat.view(*rows.shape[:-1], flat.shape[-1])
         if scale is None:
             return w if index is None else w[index]
         if index is not None:
@@ -167,6 +196,17 @@ class Backbone(torch.nn.Module):
         scales = [s for s in map(self.scale, names) if s is not None]
         return weights, scales
 
+    def decoder_weight_types(self) -> list[int] | None:
+        """mtp.decoder_layers's weight_types for a native backbone: per layer, its four
+        matrices' GGML types in DECODER_PARTS order (qkv, o_proj, gate_up, down_proj; -1 for a
+        float one); None when no matrix is block-quantized (the argument is left out)."""
+        if not self._types:
+            return None
+        names = {"qkv": "qkv", "o_proj": "self_attn.o_proj.weight", "gate_up": "gate_up",
+                 "down_proj": "mlp.down_proj.weight"}
+        return [self._types.get(f"model.layers.{i}.{names[p]}", -1)
+                for i in range(self.cfg.num_layers) for p in DECODER_PARTS if p in names]
+
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
         """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the
@@ -182,10 +222,39 @@ class Backbone(torch.nn.Module):
         if int(cache.lens.max()) + T > cache.capacity:
             raise ValueError(f"{T} more tokens do not fit the cache: {int(cache.lens.max())} used of {cache.capacity}")
         if self._decoder_weights is None:
-            self._decoder_weights = self.decoder_weights()
-        weights, scales = self._decoder_weights
+            self._decoder_weights = self.decoder_weights() + (self.decoder_weight_types(),)
+        weights, scales, types = self._decoder_weights
+        extra = {} if types is None else {"weight_types": types}
         h = torch.ops.mtp.decoder_layers(self.embed(tokens), cache.k, cache.v, cache.lens, self.rope_cos,
                                          self.rope_sin, weights, scales, self.cfg.num_heads, self.cfg.rms_norm_eps,
-                                         quantize_x=self.int8_dot, tree_parents=tree_parents)
+                                         quantize_x=self.int8_dot, tree_parents=tree_parents, **extra)
         cache.lens.add_(T)
         return h
+
+
+def _fuse(name: str, parts: list):
+    """Row-stacked [q; k; v] or [gate; up]. Float parts: one new tensor. GGUF block parts
+    (QuantTensor, one type): their bytes, as ONE zero-copy view when each part starts where the
+    previous one ends in the same storage with the same row stride (gate and up in a llama.cpp
+    file), else concatenated (a copy of the quantized bytes: q/k are row-permuted copies anyway)."""
+    quant = [isinstance(p, QuantTensor) for p in parts]
+    if not any(quant):
+        return torch.cat(parts)
+    types = {p.gguf_type for p in parts if isinstance(p, QuantTensor)}
+    if not all(quant) or len(types) > 1:
+        kinds = [type_name(p.gguf_type) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]
+        raise MixedTypesError(f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run as one "
+                         "matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)")
+    datas = [p.data for p in parts]
+    first = datas[0]
+    adjacent = all(d.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                   and d.stride() == first.stride() and d.shape[1] == first.shape[1] for d in datas) and all(
+        b.storage_offset() == a.storage_offset() + a.shape[0] * a.stride(0) for a, b in zip(datas, datas[1:]))
+    if adjacent:
+        data = first.as_strided((sum(d.shape[0] for d in datas), first.shape[1]), first.stride(),
+                                first.storage_offset())
+    elif all(d.device.type == "cpu" for d in datas):  # numpy: torch's cat of a few uint8 rows is slow here
+        data = torch.from_numpy(np.concatenate([d.numpy() for d in datas]))
+    else:
+        data = torch.cat(datas)
+    return QuantTensor(data, types.pop())

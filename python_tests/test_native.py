@@ -1,0 +1,221 @@
+"""The GGUF's own 4-/8-bit weights, run in place: the loader's zero-copy QuantTensors (equal to
+the dequantizing loader's weights), the native backbone (MTP output equals its greedy), bad
+files (each a clear CheckpointError, exit 2 from `mtp generate`), and the peak RSS of
+`mtp generate` on the default model."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mtp_kernels import cli, decoding
+from mtp_kernels.gguf import QuantTensor
+from mtp_kernels.models import checkpoint
+from mtp_kernels.models.checkpoint import CheckpointError
+from mtp_kernels.models.llama import Backbone
+from tiny_model import TINY, tiny_weights
+
+gguf = pytest.importorskip("gguf")
+
+# Our weight name -> the GGUF's (tiny files written below).
+_GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+for _ours, _theirs in checkpoint._GGUF_LAYER_NAMES.items():
+    for _i in range(TINY.num_layers):
+        _GGUF_NAMES[f"model.layers.{_i}.{_theirs}.weight"] = f"blk.{_i}.{_ours}.weight"
+
+
+def write_tiny_gguf(path, block_count=TINY.num_layers, matrix_type=gguf.GGMLQuantizationType.Q4_1,
+                    skip=(), overrides=None):
+    """A tiny Llama GGUF: Q8_0 embedding, `matrix_type` layer matrices, F32 norms."""
+    overrides = overrides or {}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(TINY.max_position)
+    w.add_embedding_length(TINY.hidden_size)
+    if "feed_forward_length" not in skip:
+        w.add_feed_forward_length(TINY.intermediate_size)
+    w.add_block_count(block_count)
+    w.add_head_count(TINY.num_heads)
+    w.add_head_count_kv(TINY.num_kv_heads)
+    w.add_layer_norm_rms_eps(TINY.rms_norm_eps)
+    w.add_rope_freq_base(TINY.rope_theta)
+    tokens = [chr(ord("a") + i) if i < 26 else "ab" if i == 26 else f"<t{i}>" for i in range(TINY.vocab_size)]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * TINY.vocab_size)
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(TINY.eos_token_ids[0])
+    w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for name, t in tiny_weights().items():
+        arr = t.numpy()
+        if t.dim() == 1:
+            w.add_tensor(_GGUF_NAMES[name], arr)
+            continue
+        qtype = overrides.get(name, gguf.GGMLQuantizationType.Q8_0 if "embed" in name else matrix_type)
+        w.add_tensor(_GGUF_NAMES[name], gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def patch_tensor_info(path, gguf_name, row_length=None, type_=None, offset_delta=0):
+    """Rewrites fields of one tensor's entry in the tensor table, in place."""
+    data = bytearray(open(path, "rb").read())
+    key = len(gguf_name).to_bytes(8, "little") + gguf_name.encode()
+    at = data.index(key) + len(key)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    dims_at, type_at = at + 4, at + 4 + 8 * n_dims
+    if row_length is not None:
+        data[dims_at:dims_at + 8] = row_length.to_bytes(8, "little")
+    if type_ is not None:
+        data[type_at:type_at + 4] = type_.to_bytes(4, "little")
+    offset = int.from_bytes(data[type_at + 4:type_at + 12], "little") + offset_delta
+    data[type_at + 4:type_at + 12] = offset.to_bytes(8, "little")
+    open(path, "wb").write(bytes(data))
+
+
+def test_tiny_gguf_native_equals_dequantized(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cfg, native, _ = checkpoint.load(path, native=True)
+    cfg32, fp32, tok = checkpoint.load(path)
+    assert cfg == cfg32 and set(native) == set(fp32)
+    assert tok.encode("abc") == [26, 2] and tok.decode([26, 2]) == "abc"
+    for name, w in native.items():
+        if isinstance(w, torch.Tensor):  # the norms
+            assert torch.equal(w.float(), fp32[name]), name
+        else:
+            assert isinstance(w, QuantTensor) and w.gguf_type == (8 if "embed" in name else 3), name
+            assert torch.equal(w.dequantize(), fp32[name]), name
+
+
+BAD_FILES = {
+    "unknown type": (lambda p: patch_tensor_info(p, "blk.0.ffn_up.weight", type_=99),
+                     r"tensor 'blk.0.ffn_up.weight' has an unknown GGML type 99"),
+    "data past the end": (lambda p: open(p, "r+b").truncate(os.path.getsize(p) - 100),
+                          r"tensor '[^']+' .* lies past the end of the file"),
+    "misaligned": (lambda p: patch_tensor_info(p, "blk.1.attn_v.weight", offset_delta=4),
+                   r"tensor 'blk.1.attn_v.weight': its data offset \d+ is not aligned to 32 bytes"),
+    "partial block": (lambda p: patch_tensor_info(p, "blk.0.attn_q.weight", row_length=48),
+                      r"tensor 'blk.0.attn_q.weight': its row length 48 is not a multiple of Q4_1's blocks of 32"),
+    "overlap": (lambda p: patch_tensor_info(p, "blk.0.attn_q.weight", row_length=128),
+                r"overlap"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_gguf_files(tmp_path, capsys, case):
+    path = write_tiny_gguf(tmp_path / "bad.gguf")
+    damage, message = BAD_FILES[case]
+    damage(path)
+    for native in (True, False):
+        with pytest.raises(CheckpointError, match=message):
+            checkpoint.load(path, native=native)
+    assert cli.main(["generate", "--model", path, "--prompt", "a", "--max-new-tokens", "2", "--no-mtp"]) == 2
+    assert "bad.gguf" in capsys.readouterr().err
+
+
+def test_bad_gguf_metadata(tmp_path, capsys):
+    path = write_tiny_gguf(tmp_path / "zero.gguf", block_count=0)
+    with pytest.raises(CheckpointError, match="'llama.block_count' = 0 must be a positive integer"):
+        checkpoint.load(path, native=True)
+    assert cli.main(["generate", "--model", path, "--prompt", "a", "--no-mtp"]) == 2
+    assert "llama.block_count" in capsys.readouterr().err
+    path = write_tiny_gguf(tmp_path / "nofeed.gguf", skip=("feed_forward_length",))
+    with pytest.raises(CheckpointError, match="lacks 'llama.feed_forward_length'"):
+        checkpoint.load(path)
+
+
+def test_unsupported_block_type_native(tmp_path):
+    """A block type the kernels do not read (Q5_0): native loading names it; dequantized works."""
+    name = "model.layers.1.mlp.down_proj.weight"
+    path = write_tiny_gguf(tmp_path / "q5.gguf", overrides={name: gguf.GGMLQuantizationType.Q5_0})
+    with pytest.raises(checkpoint.NotNativeError, match=r"tensor 'blk.1.ffn_down.weight' is Q5_0 \(GGML type 6\)"):
+        checkpoint.load(path, native=True)
+    assert checkpoint.load(path)[1][name].dtype == torch.float32
+
+
+# ---- the default model -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def default_native():
+    return checkpoint.load(native=True)
+
+
+def _in_map(t: torch.Tensor, path: str) -> bool:
+    storage = t.untyped_storage()
+    return storage.nbytes() == os.path.getsize(path) and \
+        storage.data_ptr() <= t.data_ptr() < storage.data_ptr() + storage.nbytes()
+
+
+def test_default_native_is_zero_copy_and_equals_dequantized(default_native):
+    path = checkpoint.default_gguf_path()
+    cfg, native, _ = default_native
+    quant = {n: w for n, w in native.items() if isinstance(w, QuantTensor)}
+    assert len(quant) == 1 + 7 * cfg.num_layers
+    assert quant["model.embed_tokens.weight"].gguf_type == 8 and quant["model.layers.0.mlp.up_proj.weight"].gguf_type == 3
+    for name, w in quant.items():
+        rope = name.endswith(("q_proj.weight", "k_proj.weight"))
+        assert _in_map(w.data, path) != rope, name  # in place, but for q/k: row-permuted copies
+    cfg32, fp32, _ = checkpoint.load()
+    assert cfg32 == cfg
+    some = ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.", "model.layers.17.", "model.layers.29.")
+    for name, w in native.items():
+        if not name.startswith(some):  # a few layers: the rest is the same code on the same types (time)
+            continue
+        assert torch.equal(w.dequantize() if isinstance(w, QuantTensor) else w.float(), fp32[name]), name
+
+
+@pytest.fixture(scope="module")
+def native_backbone(default_native):
+    cfg, weights, tok = default_native
+    return Backbone(cfg, weights, torch.bfloat16), tok
+
+
+def test_native_backbone_keeps_the_file_in_place(native_backbone):
+    model, _ = native_backbone
+    path = checkpoint.default_gguf_path()
+    assert model.native
+    for i in (0, model.cfg.num_layers - 1):
+        gate_up = model.w(f"model.layers.{i}.gate_up")  # one view over gate's and up's bytes
+        assert gate_up.dtype == torch.uint8 and _in_map(gate_up, path)
+        assert gate_up.data_ptr() == model.w(f"model.layers.{i}.mlp.gate_proj.weight").data_ptr()
+    assert _in_map(model.embedding, path) and model.gguf_type(model.lm_head_name) == 8
+    assert model.decoder_weight_types() == [3] * 4 * model.cfg.num_layers
+    floats = [b for b in model.buffers() if b.is_floating_point() and b.numel() > 10 * model.cfg.hidden_size]
+    assert all(b.numel() <= model.cfg.max_position * model.cfg.head_dim for b in floats)  # rope tables only
+    tokens = torch.tensor([[5, 77, 49151]])
+    want = native_backbone[0].embedding[tokens[0]]
+    from mtp_kernels.reference import gguf_dequantize
+    assert torch.equal(model.embed(tokens)[0], gguf_dequantize(want, 8).to(torch.bfloat16))
+
+
+def test_native_mtp_equals_greedy(native_backbone):
+    model, tok = native_backbone
+    head = cli.load_head(None, model, lambda m: None)
+    eos = tuple(model.cfg.eos_token_ids)
+    runs = {"Write a haiku about the sea.": ((3, 1, 0), (3, 3, 0)), "What is 12 times 7?": ((2, 1, 6),)}
+    for prompt, configs in runs.items():
+        ids = tok.encode(tok.apply_chat_template(prompt))
+        want = decoding.generate(model, [ids], 16, eos_token_ids=eos)[0].tokens
+        for k, branches, lookup in configs:  # a chain, a tree, a chain beside prompt lookup
+            got = decoding.generate(model, [ids], 16, head=head, k=k, eos_token_ids=eos, branches=branches,
+                                    lookup=lookup)[0]
+            assert got.tokens == want, (prompt, k, branches, lookup)
+            assert got.passes < len(want)
+
+
+def test_generate_peak_rss_under_400_mb():
+    """`mtp generate` on the default model: the file's own weights, mapped, not copied. The
+    peak RSS of the child alone: measured by a wrapper process whose only child it is."""
+    probe = ("import resource, subprocess, sys; "
+             "r = subprocess.run([sys.executable, '-m', 'mtp_kernels.cli', 'generate', '--prompt', 'hi', "
+             "'--max-new-tokens', '8'], capture_output=True, text=True); "
+             "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+             "print(r.stderr[-2000:], file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    rc, kib = map(int, r.stdout.split())
+    assert rc == 0, r.stderr
+    assert "weights as stored" in r.stderr
+    assert kib / 1024 <= 400, f"peak RSS {kib / 1024:.0f} MB"
