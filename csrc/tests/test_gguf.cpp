@@ -2,6 +2,7 @@
 // kernel's bits (the canonical order) for every format, shape and row count; a row's bits do
 // not depend on M, the thread split or a row map; the product is the dequantized weights'
 // within the int8 activations' error; dequantize_row is d * q + m.
+#include <algorithm>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -85,9 +86,79 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+// ---- each SIMD variant called directly (not only the one the CPU's dispatch picks) against
+// generic::gguf_linear on the same QuantRows: the same bits for every format, row grouping,
+// column tail and split, row map, and the largest integer lanes.
+using GgufKernel = void (*)(const mtp::LinearArgs&, const mtp::QuantRows&, int64_t, int64_t);
+
+bool kernel_matches(const Case& c, GgufKernel f, bool bias, const int64_t* w_rows = nullptr, int64_t N = -1) {
+  mtp::QuantRows xq;
+  mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
+  std::vector<float> want, got;
+  mtp::LinearArgs a = c.args(want, bias), b = c.args(got, bias);
+  if (w_rows) {
+    for (auto* p : {&a, &b}) p->N = N, p->w_rows = w_rows, p->y_stride = N;
+    want.assign(size_t(c.M * N), -1.f), got.assign(size_t(c.M * N), -2.f);
+    a.y = want.data(), b.y = got.data();
+  }
+  mtp::generic::gguf_linear(a, xq, 0, a.N);
+  const int64_t cut = std::min<int64_t>(13, b.N);  // a split inside a tile of columns
+  f(b, xq, 0, cut);
+  f(b, xq, cut, b.N);
+  return same_bits(want, got);
+}
+
+int expect_kernel_variant(const char* name, GgufKernel f) {
+  int checked = 0;
+  for (mtp::DType t : kBlockTypes) {
+    const int64_t e = mtp::block_elems(t);
+    for (int64_t K : {e, 3 * e})
+      for (int64_t M : {1, 2, 3, 4, 5, 7}) {
+        Case c(t, M, 37, K);
+        EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld K=%lld differs from generic", name, type_name(t),
+               (long long)M, (long long)K);
+        ++checked;
+      }
+    Case c(t, 3, 40, 2 * e);
+    const int64_t rows[] = {39, 0, 7, 7, 20, 33};
+    EXPECT(kernel_matches(c, f, true, rows, 6), "%s %s w_rows differs from generic", name, type_name(t));
+    ++checked;
+  }
+  // the largest lanes: Q8_0 -128 x -127 (adjacent int16 pairs 32512 on the plain NEON path),
+  // Q6_K -32 x -127 times the multiplier -128
+  for (mtp::DType t : {mtp::DType::Q8_0, mtp::DType::Q6_K}) {
+    Case c(t, 2, 9, 256);
+    for (int64_t i = 0; i < int64_t(c.x.size()); ++i) c.x[size_t(i)] = i < 256 ? -1.5f : 2.f;
+    const int64_t bb = mtp::block_bytes(t);
+    for (size_t o = 0; o < c.w.size(); o += size_t(bb)) {
+      if (t == mtp::DType::Q8_0) std::memset(&c.w[o + 2], 0x80, 32);
+      else std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
+    }
+    EXPECT(kernel_matches(c, f, false), "%s %s extreme lanes differ from generic", name, type_name(t));
+    ++checked;
+  }
+  std::printf("gguf: %s == generic bitwise on %d cases\n", name, checked);
+  return checked;
+}
+
+void expect_kernel_variants() {
+#if defined(MTP_X86)
+  if (mtp::has_avx512_vnni()) expect_kernel_variant("avx512_vnni", mtp::x86::gguf_linear_avx512_vnni);
+  if (mtp::isa_supported(mtp::Isa::Avx512)) expect_kernel_variant("avx512_madd", mtp::x86::gguf_linear_avx512_madd);
+  if (mtp::has_avx_vnni()) expect_kernel_variant("avx2_vnni", mtp::x86::gguf_linear_avx2_vnni);
+  if (mtp::isa_supported(mtp::Isa::Avx2)) expect_kernel_variant("avx2_madd", mtp::x86::gguf_linear_avx2_madd);
+#elif defined(MTP_ARM64)
+  expect_kernel_variant("neon_plain", mtp::neon::gguf_linear_neon_plain);
+#if defined(MTP_NEON_DOTPROD)
+  if (mtp::has_neon_dotprod()) expect_kernel_variant("neon_sdot", mtp::neon::gguf_linear_neon_sdot);
+#endif
+#endif
+}
+
 }  // namespace
 
 void test_gguf() {
+  expect_kernel_variants();
   const mtp::Isa isa = mtp::current_isa();
   int checked = 0;
   for (mtp::DType t : kBlockTypes) {
