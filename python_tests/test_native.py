@@ -154,7 +154,8 @@ def test_default_native_is_zero_copy_and_equals_dequantized(default_native):
     cfg, native, _ = default_native
     quant = {n: w for n, w in native.items() if isinstance(w, QuantTensor)}
     assert len(quant) == 1 + 7 * cfg.num_layers
-    assert quant["model.embed_tokens.weight"].gguf_type == 8 and quant["model.layers.0.mlp.up_proj.weight"].gguf_type == 3
+    assert quant["model.embed_tokens.weight"].gguf_type == 8
+    assert quant["model.layers.0.mlp.up_proj.weight"].gguf_type == 3
     for name, w in quant.items():
         rope = name.endswith(("q_proj.weight", "k_proj.weight"))
         assert _in_map(w.data, path) != rope, name  # in place, but for q/k: row-permuted copies
@@ -219,3 +220,36 @@ def test_generate_peak_rss_under_400_mb():
     assert rc == 0, r.stderr
     assert "weights as stored" in r.stderr
     assert kib / 1024 <= 400, f"peak RSS {kib / 1024:.0f} MB"
+
+
+def test_tiny_native_backbone_verify_pass_equals_one_token_steps(tmp_path):
+    """A native backbone keeps the bits of a row whatever the rows beside it (so speculative
+    decoding is its greedy)."""
+    cfg, weights, _ = checkpoint.load(write_tiny_gguf(tmp_path / "tiny.gguf"), native=True)
+    model = Backbone(cfg, weights, torch.bfloat16)
+    assert model.native and model.decoder_weight_types() == [3] * 4 * cfg.num_layers
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, cfg.vocab_size, (2, 9), generator=g)
+    block = torch.randint(0, cfg.vocab_size, (2, 5), generator=g)
+    one, many = model.new_cache(2, 32), model.new_cache(2, 32)
+    model(prompt, one)
+    model(prompt, many)
+    steps = torch.cat([model(block[:, t:t + 1], one) for t in range(5)], dim=1)
+    together = model(block, many)
+    assert torch.equal(steps, together) and torch.equal(model.logits(steps), model.logits(together))
+    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
+
+
+def test_mixed_types_fall_back_to_dequantized(tmp_path, capsys):
+    """q/k/v (or gate/up) run as one matrix of one type: parts stored in different types cannot
+    run natively; `mtp generate` says so and runs the model dequantized."""
+    from mtp_kernels.models.llama import MixedTypesError
+
+    path = write_tiny_gguf(tmp_path / "mixed.gguf",
+                           overrides={"model.layers.0.self_attn.v_proj.weight": gguf.GGMLQuantizationType.Q8_0})
+    cfg, weights, _ = checkpoint.load(path, native=True)
+    with pytest.raises(MixedTypesError, match=r"model.layers.0.qkv have different types \(Q4_1, Q4_1, Q8_0\)"):
+        Backbone(cfg, weights, torch.bfloat16)
+    assert cli.main(["generate", "--model", path, "--prompt", "abc", "--max-new-tokens", "3", "--no-mtp"]) == 0
+    err = capsys.readouterr().err
+    assert "different types" in err and "running it dequantized (bfloat16)" in err and "dequantized, bfloat16" in err

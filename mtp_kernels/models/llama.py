@@ -91,7 +91,8 @@ class Backbone(torch.nn.Module):
             for fused, parts in FUSED.items():
                 names = [f"model.layers.{i}.{part}.weight" for part in parts]
                 parts_of[f"model.layers.{i}.{fused}"] = (names, [weights[n].shape[0] for n in names])
-                weights[f"model.layers.{i}.{fused}"] = _fuse(f"model.layers.{i}.{fused}", [weights.pop(n) for n in names])
+                name = f"model.layers.{i}.{fused}"
+                weights[name] = _fuse(name, [weights.pop(n) for n in names])
         for name, w in weights.items():
             if isinstance(w, QuantTensor):  # the file's bytes as they are (never dequantized here)
                 stored = {"": w.data}
@@ -243,8 +244,8 @@ def _fuse(name: str, parts: list):
     types = {p.gguf_type for p in parts if isinstance(p, QuantTensor)}
     if not all(quant) or len(types) > 1:
         kinds = [type_name(p.gguf_type) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]
-        raise MixedTypesError(f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run as one "
-                         "matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)")
+        raise MixedTypesError(f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run "
+                              "as one matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)")
     datas = [p.data for p in parts]
     first = datas[0]
     adjacent = all(d.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
