@@ -1,6 +1,8 @@
 """The `mtp` command.
 
     mtp generate --prompt "Summarize: ..."            # chat template, streamed text, stats
+                                                       # (the GGUF's own 4-/8-bit weights, in place)
+    mtp generate --prompt "..." --dtype bfloat16      # the weights dequantized, kept in bf16
     mtp generate --prompts-file prompts.jsonl --json  # one JSON object per prompt
     mtp generate --prompt "..." --no-mtp              # plain greedy, same backbone
     mtp generate --prompt "..." --temperature 0.8 --seed 1   # sampled; same tokens with --no-mtp

@@ -202,8 +202,9 @@ def markdown(results: dict) -> str:
     for q, backbone in (("int8dot", "the same Q8 backbone with quantized activations"), ("int8", "the same Q8 backbone")):
         if f"ours_mtp_{q}" in meth:
             lines += ["", f"ours_mtp_{q} is compared with ours_greedy_{q} ({backbone}: identical is the exactness "
-                          f"check); ours_greedy_{q} with the unquantized ours_greedy (its token agreement is the "
-                          "accuracy of that quantization)."]
+                          f"check); ours_greedy_{q} with ours_greedy, the setup's backbone (its token agreement: "
+                          "against a --dtype backbone, the accuracy of that quantization; by default, against "
+                          "the GGUF's own 4-/8-bit weights)."]
     if results.get("sweep"):
         lines += ["", "Sweep (subset of the evaluation set): K, first drafts per head pass (branches > 1: a tree), "
                       "draft vocabulary size, prompt-lookup drafts", "",
