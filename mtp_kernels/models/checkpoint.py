@@ -255,7 +255,10 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
     if size < 24:
         raise CheckpointError(f"{path}: not a readable GGUF file ({size} bytes)")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        meta, tensors, _ = _GGUFParser(path, buf).parse()
+        try:
+            meta, tensors, _ = _GGUFParser(path, buf).parse()
+        except RecursionError:  # arrays of arrays of ... nested thousands deep
+            raise CheckpointError(f"{path}: not a readable GGUF file (metadata arrays nested too deep)") from None
     arch = _field(meta, path, "general.architecture", kind=str)
     if arch != "llama":
         raise CheckpointError(f"{path}: architecture {arch!r} is not supported (expected 'llama')")
