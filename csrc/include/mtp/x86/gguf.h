@@ -103,37 +103,49 @@ MTP_TARGET_AVX2 inline float sum8_256(__m256 a) {  // gguf.h's sum8, lane for la
   return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
 }
 
-// R rows x C columns (weight rows w[0..C)) over all blocks.
+// R rows x C columns (weight rows w[0..C)) over all blocks. Per block, each column's block is
+// decoded once, then meets the R rows (read from L1 as memory operands): only the R x C
+// accumulators and one decoded block stay in registers. Every loop over r and c is unrolled.
 template <DType T, int kVnni, int R, int C>
 MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb,
                                       float (*out)[C]) {
   __m256 acc[R][C];
   float accm[R][C];
-  for (int r = 0; r < R; ++r)
+  const int8_t* xr[R];
+  const int32_t* s4r[R];
+  const float *dxr[R], *sr[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    xr[r] = xq.qrow(m0 + r); s4r[r] = xq.sum4row(m0 + r); dxr[r] = xq.dxrow(m0 + r); sr[r] = xq.srow(m0 + r);
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       acc[r][c] = _mm256_setzero_ps();
       accm[r][c] = 0.f;
     }
+  }
+  constexpr int64_t kBytes32 = block_bytes(T) / (block_elems(T) / 32);  // bytes per 32 elements
   for (int64_t b = 0; b < nb; ++b) {
-    WBlock wb[C];
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[c] + (b + 8) * block_bytes(T) / (block_elems(T) / 32)), _MM_HINT_T0);
-      load_block<T>(w[c], b, wb[c]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.qrow(m0 + r) + b * 32));
-      const __m256i s4 = offset_shift<T, kVnni != 0>() >= 0
-                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.sum4row(m0 + r) + b * 8))
-                             : _mm256_setzero_si256();
-      const float dx = xq.dxrow(m0 + r)[b];
-      for (int c = 0; c < C; ++c) {
-        const __m256i L = lanes<T, kVnni>(wb[c], x, s4);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_set1_ps(wb[c].d * dx), acc[r][c]);
-        if constexpr (block_has_offset(T)) accm[r][c] = std::fma(wb[c].m, xq.srow(m0 + r)[b], accm[r][c]);
+      _mm_prefetch(reinterpret_cast<const char*>(w[c] + (b + 8) * kBytes32), _MM_HINT_T0);
+      WBlock wb;
+      load_block<T>(w[c], b, wb);
+      const __m256 d = _mm256_set1_ps(wb.d);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r] + b * 32));
+        const __m256i s4 = offset_shift<T, kVnni != 0>() >= 0
+                               ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8))
+                               : _mm256_setzero_si256();
+        const __m256i L = lanes<T, kVnni>(wb, x, s4);  // d * dx below: the scalar product, lane for lane
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_mul_ps(d, _mm256_broadcast_ss(dxr[r] + b)), acc[r][c]);
+        if constexpr (block_has_offset(T)) accm[r][c] = std::fma(wb.m, sr[r][b], accm[r][c]);
       }
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) out[r][c] = sum8_256(acc[r][c]) + accm[r][c];
 }
 
@@ -153,15 +165,24 @@ MTP_TARGET_AVX2 inline void gguf_rows(const LinearArgs& a, const QuantRows& xq, 
   }
 }
 
-// Columns [n0, n1) of every row, rows in groups of up to kRows (a group shares each decoded
-// weight block); any grouping gives the same bits.
+template <DType T, int kVnni, int R>
+inline void gguf_rows_of(int rows, const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+  if constexpr (R > 1) {
+    if (rows < R) return gguf_rows_of<T, kVnni, R - 1>(rows, a, xq, m0, n0, n1);
+  }
+  gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+}
+
+// Columns [n0, n1) of every row, the rows in equal groups of at most kRows (9 = 3 + 3 + 3:
+// a group shares each decoded block); any grouping gives the same bits.
 template <DType T, int kVnni, int kRows>
-inline void gguf_linear_typed(const LinearArgs& a, const QuantRows& xq,
-                                                                      int64_t n0, int64_t n1) {
-  int64_t m = 0;
-  for (; m + 3 <= a.M && kRows >= 3; m += 3) gguf_rows<T, kVnni, (kRows >= 3 ? 3 : 1)>(a, xq, m, n0, n1);
-  for (; m + 2 <= a.M; m += 2) gguf_rows<T, kVnni, 2>(a, xq, m, n0, n1);
-  for (; m < a.M; ++m) gguf_rows<T, kVnni, 1>(a, xq, m, n0, n1);
+inline void gguf_linear_typed(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  const int64_t groups = (a.M + kRows - 1) / kRows;
+  for (int64_t i = 0, m = 0; i < groups; ++i) {
+    const int rows = int((a.M - m) / (groups - i));
+    gguf_rows_of<T, kVnni, kRows>(rows, a, xq, m, n0, n1);
+    m += rows;
+  }
 }
 
 template <int kVnni, int kRows>
@@ -182,12 +203,12 @@ inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n
                                                    int64_t n1) {                                    \
     gguf_linear_vnni<VNNI, ROWS>(a, xq, n0, n1);                                                    \
   }
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 3)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512, gguf_linear_avx512_madd, 0, 3)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512, gguf_linear_avx512_madd, 0, 4)
 MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2)
 MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2, gguf_linear_avx2_madd, 0, 2)
 
-// AVX-512 (32 vector registers: groups of 3 rows) with AVX-512 VNNI where present; AVX2
+// AVX-512 (32 vector registers: groups of 4 rows) with AVX-512 VNNI where present; AVX2
 // (16 registers: 2 rows) with AVX-VNNI where present. The same bits either way.
 inline void gguf_linear_avx512(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   has_avx512_vnni() ? gguf_linear_avx512_vnni(a, xq, n0, n1) : gguf_linear_avx512_madd(a, xq, n0, n1);
