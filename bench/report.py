@@ -3,7 +3,9 @@ torch implementation, with GB/s of the bytes each case declares next to the band
 measured in the same run (bench_bandwidth.py); and the backbone passes of
 bench_backbone.py: ms per pass, ours against transformers, and the cost of a verify pass
 relative to a one-token step; and bench_fused.py: one call per pass against the same kernels
-op by op, and what a tree pass and the head's alternatives cost over chains.
+op by op, and what a tree pass and the head's alternatives cost over chains; and
+bench_gguf.py: GGUF block-type weights read as stored against bf16 weights, GB/s of the
+weight bytes against the read bandwidth.
 
     python bench/report.py results.json
 """
@@ -99,10 +101,31 @@ def tree_table(groups):
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def gguf_table(groups):
+    """bench_gguf.py's groups ("gguf <format> NxK M=m"): the block type against bf16 weights."""
+    cases = {g: groups.pop(g) for g in [g for g in groups if g.startswith("gguf ")]}
+    if not cases:
+        return ""
+    bw = groups.get("bandwidth", {}).get("test_bandwidth_read")
+    read = gbps(bw) if bw else None
+    lines = [f"read bandwidth: {read:.1f} GB/s" if read else "read bandwidth: not measured in this run", "",
+             "| case | GGUF median (us) | GB/s | % of read bandwidth | bf16 median (us) | bf16 / GGUF time |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for group, impls in cases.items():
+        q, f = impls.get("gguf"), impls.get("bf16")
+        if not q:
+            continue
+        share = f"{100 * gbps(q) / read:.0f}%" if read else "-"
+        fcol = (f"{f['stats']['median'] * 1e6:.1f} | {f['stats']['median'] / q['stats']['median']:.2f}x"
+                if f else "- | -")
+        lines.append(f"| {group[5:]} | {q['stats']['median'] * 1e6:.1f} | {gbps(q):.1f} | {share} | {fcol} |")
+    return "\n".join(lines)
+
+
 def main(argv):
     _, groups = load(argv[1])
-    sections = [backbone_table(groups), fused_table(groups), tree_table(groups)]
-    if groups:
+    sections = [gguf_table(groups), backbone_table(groups), fused_table(groups), tree_table(groups)]
+    if set(groups) - {"bandwidth"}:
         sections.insert(0, table(groups))
     print("\n\n".join(s for s in sections if s))
 

@@ -22,7 +22,8 @@
 //   y      = sum8(acc) + accm (+ bias)
 // sum8 = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). The integers are exact whatever
 // instructions compute them, so every ISA path gives the same bits (generic, AVX2, AVX-512,
-// NEON with or without SDOT), and a row's bits depend on neither M nor the threads.
+// NEON with or without SDOT), and a row's bits depend on neither M nor the threads. (A NaN
+// output is NaN on every path; its payload is the hardware's.)
 // reference.gguf_linear is the executable form of this contract.
 #pragma once
 #include <algorithm>
@@ -56,10 +57,11 @@ constexpr bool block_has_offset(DType t) { return t == DType::Q4_1 || t == DType
 // Bytes of a row of K elements (K a multiple of block_elems(t)).
 constexpr int64_t block_row_bytes(DType t, int64_t K) { return K / block_elems(t) * block_bytes(t); }
 
+// A stored fp16 scale widened to fp32; a NaN quieted as F16C / NEON conversions do.
 inline float fp16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
+  return f16_to_f32((h & 0x7c00) == 0x7c00 && (h & 0x3ff) ? uint16_t(h | 0x200) : h);
 }
 
 // Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes (ggml's layout).
