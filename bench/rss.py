@@ -72,8 +72,9 @@ def main() -> None:
     prompts = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mtp_rss_prompts.jsonl")
     with open(args.prompts_file) as f, open(prompts, "w") as out:
         out.writelines(f.readlines()[:args.num_prompts])
-    mtp = [os.path.join(os.path.dirname(sys.executable), "mtp"), "generate", "--model", model, "--prompts-file", prompts,
-           "--max-new-tokens", str(args.max_new_tokens)]
+    # --model only when given: the default model is the one the shipped head belongs to
+    mtp = [os.path.join(os.path.dirname(sys.executable), "mtp"), "generate", "--prompts-file", prompts,
+           "--max-new-tokens", str(args.max_new_tokens)] + (["--model", args.model] if args.model else [])
     runs = {"ours_greedy": mtp + ["--no-mtp"], "ours_mtp": mtp}
     for extra in args.extra:
         runs[f"ours_mtp {extra}"] = mtp + extra.split()

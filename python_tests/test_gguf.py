@@ -224,3 +224,23 @@ def test_head_draft_with_block_type_embedding_and_lm_head(isa, gen, emb_type, lm
     with pytest.raises(RuntimeError, match="embedding_type: GGML type 4 is not supported"):
         torch.ops.mtp.head_draft(*args, embedding_type=4)
 
+
+
+def test_head_draft_full_vocabulary_wider_than_the_layers_bf16(gen):
+    """A head without a draft vocabulary in bf16: its LM head (V rows) is wider than every layer
+    buffer; the fp32 logits before rounding must get their own room (this overflowed a heap
+    buffer before)."""
+    H, Hq, Hkv, D, I, V = 64, 4, 2, 16, 96, 1500
+    dtype = torch.bfloat16
+    (x, kc, vc, lens, cos, sin, _, _, _, eps), _ = decoder_case(gen, H, Hq, Hkv, D, I, [[3, 3, 3, 3]], dtype, [4], 1)
+    norm = lambda: (1 + 0.1 * torch.randn(H, generator=gen)).to(dtype)  # noqa: E731
+    block = [norm(), (torch.randn((Hq + 2 * Hkv) * D, H, generator=gen) / 8).to(dtype),
+             (torch.randn(H, Hq * D, generator=gen) / 8).to(dtype), norm(),
+             (torch.randn(2 * I, H, generator=gen) / 8).to(dtype), (torch.randn(H, I, generator=gen) / 8).to(dtype)]
+    weights = [norm(), norm(), (torch.randn(H, 2 * H, generator=gen) / 8).to(dtype)] + block + [norm()]
+    emb, lm = random_rows(gen, 8, V, H), random_rows(gen, 8, V, H)
+    args = (torch.randn(1, H, generator=gen).to(dtype), torch.tensor([7]), kc[0], vc[0], lens, cos, sin, emb, None,
+            weights, lm, None, None, 3, Hq, eps)
+    kw = dict(embedding_type=8, lm_head_type=8)
+    got = torch.ops.mtp.head_draft(*args, **kw)
+    assert torch.equal(got, reference.head_draft(*args, **kw, ops=ops.KERNELS))

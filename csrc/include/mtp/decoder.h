@@ -102,6 +102,7 @@ struct LayerPass {
     l.w = m.w; l.w_dtype = m.dtype; l.w_stride = m.stride;
     l.w_scale = m.scale; l.w_scale_stride = m.scale_stride;
     l.w_rows = rows;
+    if (dt != DType::F32 && y.size() < size_t(M * N)) y.resize(size_t(M * N));  // a wide LM head (the head's full vocabulary)
     l.y = dt == DType::F32 ? static_cast<float*>(out) : y.data();
     l.y_stride = N;
     l.quantize_x = quantize_x && m.dtype == DType::I8;

@@ -80,9 +80,8 @@ MTP_TARGET_AVX2_VNNI inline __m256i dpbusd256_vex(__m256i acc, __m256i u, __m256
 
 // kVnni: 0 none (VPMADDUBSW), 1 AVX-512 VNNI (EVEX), 2 AVX-VNNI (VEX).
 template <DType T, int kVnni>
-MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i sum4) {
-  constexpr int shift = offset_shift<T, kVnni != 0>();
-  __m256i acc = shift >= 0 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum4, shift)) : _mm256_setzero_si256();
+MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
+  __m256i acc = corr;
   if constexpr (kVnni == 1) {
     acc = dpbusd256_evex(acc, T == DType::Q8_0 ? _mm256_xor_si256(w.u, _mm256_set1_epi8(char(0x80))) : w.u, x);
   } else if constexpr (kVnni == 2) {
@@ -124,7 +123,18 @@ MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& 
     }
   }
   constexpr int64_t kBytes32 = block_bytes(T) / (block_elems(T) / 32);  // bytes per 32 elements
+  constexpr int shift = offset_shift<T, kVnni != 0>();
   for (int64_t b = 0; b < nb; ++b) {
+    // Per row, once per block: the offset correction -offset * (lane sums of x) and dx.
+    __m256i corr[R];
+    __m256 dx[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      corr[r] = shift >= 0 ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                              _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8)), shift))
+                           : _mm256_setzero_si256();
+      dx[r] = _mm256_broadcast_ss(dxr[r] + b);
+    }
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       _mm_prefetch(reinterpret_cast<const char*>(w[c] + (b + 8) * kBytes32), _MM_HINT_T0);
@@ -134,11 +144,8 @@ MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& 
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r] + b * 32));
-        const __m256i s4 = offset_shift<T, kVnni != 0>() >= 0
-                               ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8))
-                               : _mm256_setzero_si256();
-        const __m256i L = lanes<T, kVnni>(wb, x, s4);  // d * dx below: the scalar product, lane for lane
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_mul_ps(d, _mm256_broadcast_ss(dxr[r] + b)), acc[r][c]);
+        const __m256i L = lanes<T, kVnni>(wb, x, corr[r]);  // d * dx below: the scalar product, lane for lane
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_mul_ps(d, dx[r]), acc[r][c]);
         if constexpr (block_has_offset(T)) accm[r][c] = std::fma(wb.m, sr[r][b], accm[r][c]);
       }
     }
