@@ -15,16 +15,6 @@ namespace {
 constexpr mtp::DType kBlockTypes[] = {mtp::DType::Q4_0, mtp::DType::Q4_1, mtp::DType::Q8_0, mtp::DType::Q4_K,
                                       mtp::DType::Q6_K};
 
-const char* type_name(mtp::DType t) {
-  switch (t) {
-    case mtp::DType::Q4_0: return "Q4_0";
-    case mtp::DType::Q4_1: return "Q4_1";
-    case mtp::DType::Q8_0: return "Q8_0";
-    case mtp::DType::Q4_K: return "Q4_K";
-    default: return "Q6_K";
-  }
-}
-
 uint16_t random_f16_scale(bool negative_ok) {  // a normal fp16 in about [2^-10, 2^-4)
   const uint16_t exp = uint16_t(uniform(5, 10)), man = uint16_t(uniform(0, 1023));
   const uint16_t sign = negative_ok && uniform(0, 3) == 0 ? 0x8000 : 0;
@@ -115,13 +105,13 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     for (int64_t K : {e, 3 * e})
       for (int64_t M : {1, 2, 3, 4, 5, 7}) {
         Case c(t, M, 37, K);
-        EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld K=%lld differs from generic", name, type_name(t),
+        EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld K=%lld differs from generic", name, mtp::block_type_name(t),
                (long long)M, (long long)K);
         ++checked;
       }
     Case c(t, 3, 40, 2 * e);
     const int64_t rows[] = {39, 0, 7, 7, 20, 33};
-    EXPECT(kernel_matches(c, f, true, rows, 6), "%s %s w_rows differs from generic", name, type_name(t));
+    EXPECT(kernel_matches(c, f, true, rows, 6), "%s %s w_rows differs from generic", name, mtp::block_type_name(t));
     ++checked;
   }
   // the largest lanes: Q8_0 -128 x -127 (adjacent int16 pairs 32512 on the plain NEON path),
@@ -134,7 +124,7 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
       if (t == mtp::DType::Q8_0) std::memset(&c.w[o + 2], 0x80, 32);
       else std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
     }
-    EXPECT(kernel_matches(c, f, false), "%s %s extreme lanes differ from generic", name, type_name(t));
+    EXPECT(kernel_matches(c, f, false), "%s %s extreme lanes differ from generic", name, mtp::block_type_name(t));
     ++checked;
   }
   std::printf("gguf: %s == generic bitwise on %d cases\n", name, checked);
@@ -170,13 +160,13 @@ void test_gguf() {
         std::vector<float> want, got;
         run(c.args(want, bias), mtp::Isa::Generic);
         run(c.args(got, bias), isa, 1 + M % 3);
-        EXPECT(same_bits(want, got), "%s M=%lld K=%lld: %s differs from generic", type_name(t), (long long)M,
+        EXPECT(same_bits(want, got), "%s M=%lld K=%lld: %s differs from generic", mtp::block_type_name(t), (long long)M,
                (long long)K, mtp::isa_name(isa));
         for (int64_t m = 0; m < M; ++m) {  // shape invariance: row m alone
           std::vector<float> one;
           run(c.args(one, bias, m, 1), isa);
           EXPECT(std::memcmp(one.data(), got.data() + m * c.N, size_t(c.N) * 4) == 0, "%s row %lld alone differs",
-                 type_name(t), (long long)m);
+                 mtp::block_type_name(t), (long long)m);
         }
         // against the dequantized weights in fp64: within the int8 activations' error
         std::vector<float> wd(size_t(c.N * K));
@@ -192,7 +182,7 @@ void test_gguf() {
             }
             const double err = std::fabs(double(got[size_t(m * c.N + n)]) - exact);
             EXPECT(err <= mag * xmax / 127.0 * 0.5 + 1e-4 * (std::fabs(exact) + 1), "%s (%lld, %lld): %g vs %g",
-                   type_name(t), (long long)m, (long long)n, double(got[size_t(m * c.N + n)]), exact);
+                   mtp::block_type_name(t), (long long)m, (long long)n, double(got[size_t(m * c.N + n)]), exact);
           }
         ++checked;
       }
@@ -210,7 +200,7 @@ void test_gguf() {
     run(a, isa);
     for (int64_t m = 0; m < 2; ++m)
       for (size_t i = 0; i < rows.size(); ++i)
-        EXPECT(std::memcmp(&sub[m * a.N + i], &full[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows", type_name(t));
+        EXPECT(std::memcmp(&sub[m * a.N + i], &full[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows", mtp::block_type_name(t));
   }
   // bf16 activations are widened exactly: the same bits as their fp32 values
   {

@@ -25,16 +25,8 @@ using mtp::DType;
 constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
 
 const char* tname(DType t) {
-  switch (t) {
-    case DType::Q4_0: return "Q4_0";
-    case DType::Q4_1: return "Q4_1";
-    case DType::Q8_0: return "Q8_0";
-    case DType::Q4_K: return "Q4_K";
-    case DType::Q6_K: return "Q6_K";
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    default: return "f16";
-  }
+  if (mtp::is_block_type(t)) return mtp::block_type_name(t);
+  return t == DType::F32 ? "f32" : t == DType::BF16 ? "bf16" : "f16";
 }
 
 mtp_dtype capi(DType t) { return mtp_dtype(int(t)); }

@@ -39,6 +39,17 @@ constexpr bool is_block_type(DType t) {
   return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
 }
 
+inline const char* block_type_name(DType t) {
+  switch (t) {
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
+    case DType::Q8_0: return "Q8_0";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q6_K: return "Q6_K";
+    default: return "not a block type";
+  }
+}
+
 // Elements and bytes of one stored block; 0 for a type that is not a block type.
 constexpr int64_t block_elems(DType t) {
   return t == DType::Q4_K || t == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
@@ -155,6 +166,14 @@ inline void dequantize_row(DType t, const uint8_t* row, int64_t K, float* out) {
 
 // ---- activations: each row quantized to int8 blocks of 32 (row-local) ----------------------
 
+// v rounded to an integer, ties to even, for |v| <= 2^22: adding 1.5 * 2^23 leaves no
+// fraction bits (the IEEE add rounds to nearest even), subtracting it back is exact. Inline
+// arithmetic where std::nearbyint is a libm call per element on baseline x86-64.
+inline float round_half_even(float v) {
+  constexpr float kShift = 12582912.f;
+  return (v + kShift) - kShift;
+}
+
 // One block of 32 fp32 values -> q, returns its scale (quantize_x's rule, linear.h:
 // amax / 127, round half to even, clamp to 127; 0 -> all zero; a NaN or infinity -> NaN and 0).
 inline float quantize_block_q8(const float* v, int8_t* q) {
@@ -172,8 +191,7 @@ inline float quantize_block_q8(const float* v, int8_t* q) {
     return scale;
   }
   for (int i = 0; i < 32; ++i) {
-    const float r = (v[i] / scale + 12582912.f) - 12582912.f;  // round half to even (|v / scale| <= 127)
-    q[i] = int8_t(std::min(127.f, std::max(-127.f, r)));
+    q[i] = int8_t(std::min(127.f, std::max(-127.f, round_half_even(v[i] / scale))));
   }
   return scale;
 }

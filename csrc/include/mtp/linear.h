@@ -64,14 +64,6 @@ inline void gguf_items(const LinearArgs& a, const QuantRows& xq, int64_t n0, int
   generic::gguf_linear(a, xq, n0, n1);
 }
 
-// v rounded to an integer, ties to even, for |v| <= 2^22: adding 1.5 * 2^23 leaves no
-// fraction bits (the IEEE add rounds to nearest even), subtracting it back is exact. Inline
-// arithmetic where std::nearbyint is a libm call per element on baseline x86-64.
-inline float round_half_even(float v) {
-  constexpr float kShift = 12582912.f;
-  return (v + kShift) - kShift;
-}
-
 // quantize_x: row x [K] (fp32, bf16 or fp16) -> out, xq_row_bytes(K) bytes (the layout of
 // linear_args.h). Per block of 32 (the last may be partial), like reference.quantize_rows_q8:
 // scale = amax|x| / 127 and q = clamp(round_half_even(x / scale), -127, 127), both divisions
@@ -89,23 +81,8 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
       for (int64_t i = 0; i < n; ++i) v[i] = load_f32(x, decltype(t)::value, k0 + i);
     });
     std::fill(v + n, v + kQ8Block, 0.f);
-    uint32_t amax_bits = 0;
-    for (int64_t i = 0; i < kQ8Block; ++i) {
-      uint32_t u;
-      std::memcpy(&u, v + i, 4);
-      amax_bits = std::max(amax_bits, u & 0x7fffffffu);
-    }
-    float amax;
-    std::memcpy(&amax, &amax_bits, 4);
-    const float scale = amax_bits < 0x7f800000u ? amax / 127.f : NAN;
+    const float scale = quantize_block_q8(v, xq_value(out, k0));  // gguf.h: the rule of both layouts
     *xq_scale(out, k0) = n > 0 ? scale : 0.f;
-    int8_t* q = xq_value(out, k0);
-    if (!(scale > 0.f)) {  // all zeros, or not finite
-      std::fill(q, q + kQ8Block, int8_t(0));
-      continue;
-    }
-    for (int64_t i = 0; i < kQ8Block; ++i)
-      q[i] = int8_t(std::min(127.f, std::max(-127.f, round_half_even(v[i] / scale))));
   }
 }
 

@@ -121,16 +121,6 @@ inline bool gguf_dtype(int64_t ggml_type, DType* out) {
     if (int64_t(t) - 100 == ggml_type) return *out = t, true;
   return false;
 }
-inline const char* block_type_name(DType t) {
-  switch (t) {
-    case DType::Q4_0: return "Q4_0";
-    case DType::Q4_1: return "Q4_1";
-    case DType::Q8_0: return "Q8_0";
-    case DType::Q4_K: return "Q4_K";
-    case DType::Q6_K: return "Q6_K";
-    default: return "not a block type";
-  }
-}
 constexpr const char* kGgufTypes = "2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K) or 14 (Q6_K)";
 inline std::string gguf_type_error(int64_t ggml_type) {
   DType t;
