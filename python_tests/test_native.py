@@ -14,7 +14,7 @@ from mtp_kernels.gguf import QuantTensor
 from mtp_kernels.models import checkpoint
 from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.llama import Backbone
-from tiny_model import TINY, tiny_weights
+from tiny_model import TINY, assert_verify_pass_equals_steps, tiny_weights
 
 gguf = pytest.importorskip("gguf")
 
@@ -236,16 +236,7 @@ def test_tiny_native_backbone_verify_pass_equals_one_token_steps(tmp_path):
     cfg, weights, _ = checkpoint.load(write_tiny_gguf(tmp_path / "tiny.gguf"), native=True)
     model = Backbone(cfg, weights, torch.bfloat16)
     assert model.native and model.decoder_weight_types() == [3] * 4 * cfg.num_layers
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, cfg.vocab_size, (2, 9), generator=g)
-    block = torch.randint(0, cfg.vocab_size, (2, 5), generator=g)
-    one, many = model.new_cache(2, 32), model.new_cache(2, 32)
-    model(prompt, one)
-    model(prompt, many)
-    steps = torch.cat([model(block[:, t:t + 1], one) for t in range(5)], dim=1)
-    together = model(block, many)
-    assert torch.equal(steps, together) and torch.equal(model.logits(steps), model.logits(together))
-    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
+    assert_verify_pass_equals_steps(model, 2, 9, 5)
 
 
 def test_mixed_types_fall_back_to_dequantized(tmp_path, capsys):

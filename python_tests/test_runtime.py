@@ -5,7 +5,7 @@ import torch
 
 from mtp_kernels import decoding
 from mtp_kernels.models.head import HeadConfig, MTPHead
-from tiny_model import TINY, OracleHead, tiny_backbone
+from tiny_model import TINY, OracleHead, assert_verify_pass_equals_steps, tiny_backbone
 
 # (activation dtype, Q8 weights, quantized activations too): the plain backbones, the
 # quantized ones.
@@ -15,18 +15,7 @@ VARIANTS = [(torch.float32, False, False), (torch.bfloat16, False, False), (torc
 
 @pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
 def test_verify_pass_equals_one_token_steps_bitwise(dtype, quantize, int8_dot):
-    model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, TINY.vocab_size, (3, 11), generator=g)
-    block = torch.randint(0, TINY.vocab_size, (3, 6), generator=g)
-    one, many = model.new_cache(3, 64), model.new_cache(3, 64)
-    model(prompt, one)
-    model(prompt, many)
-    steps = torch.cat([model(block[:, t:t + 1], one) for t in range(6)], dim=1)
-    together = model(block, many)
-    assert torch.equal(steps, together)
-    assert torch.equal(model.logits(steps), model.logits(together))
-    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v) and torch.equal(one.lens, many.lens)
+    assert_verify_pass_equals_steps(tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot), 3, 11, 6)
 
 
 def greedy_reference(model, prompts, max_new):

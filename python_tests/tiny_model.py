@@ -73,3 +73,19 @@ def write_tiny_folder(folder, weights=None, cfg=TINY):
     tok.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}, f)
+
+
+def assert_verify_pass_equals_steps(model: Backbone, batch: int, prompt_len: int, T: int, seed: int = 1) -> None:
+    """After the same prompt, T tokens in one pass give bitwise the hidden states, logits and
+    cache of T one-token steps (what makes speculative decoding the backbone's greedy)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.cfg.vocab_size, (batch, prompt_len), generator=g)
+    block = torch.randint(0, model.cfg.vocab_size, (batch, T), generator=g)
+    one, many = model.new_cache(batch, 64), model.new_cache(batch, 64)
+    model(prompt, one)
+    model(prompt, many)
+    steps = torch.cat([model(block[:, t:t + 1], one) for t in range(T)], dim=1)
+    together = model(block, many)
+    assert torch.equal(steps, together)
+    assert torch.equal(model.logits(steps), model.logits(together))
+    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v) and torch.equal(one.lens, many.lens)

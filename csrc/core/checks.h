@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mtp/common.h"
+#include "mtp/gguf.h"
 #include "mtp/mtp.h"
 
 namespace mtp::capi {
@@ -20,13 +21,9 @@ inline DType float_dtype(int32_t dtype) { return DType(dtype); }  // mtp_dtype f
 
 constexpr std::initializer_list<mtp_dtype> kIdTypes = {MTP_INT32, MTP_INT64};
 constexpr std::initializer_list<mtp_dtype> kFloatTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16};
-// GGUF block-quantized weights (mtp/gguf.h): sizes in elements, strides[0] in bytes.
-constexpr std::initializer_list<mtp_dtype> kBlockTypes = {MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K, MTP_Q6_K};
-inline bool is_block_dtype(int32_t dtype) {
-  for (mtp_dtype d : kBlockTypes)
-    if (dtype == d) return true;
-  return false;
-}
+// GGUF block-quantized weights (mtp/gguf.h): sizes in elements, strides[0] in bytes; the
+// mtp_dtype codes are the DType values.
+inline bool is_block_dtype(int32_t dtype) { return is_block_type(DType(dtype)); }
 
 class Checker {
  public:

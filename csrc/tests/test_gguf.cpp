@@ -12,8 +12,7 @@
 
 namespace {
 
-constexpr mtp::DType kBlockTypes[] = {mtp::DType::Q4_0, mtp::DType::Q4_1, mtp::DType::Q8_0, mtp::DType::Q4_K,
-                                      mtp::DType::Q6_K};
+using mtp::kBlockTypes;
 
 uint16_t random_f16_scale(bool negative_ok) {  // a normal fp16 in about [2^-10, 2^-4)
   const uint16_t exp = uint16_t(uniform(5, 10)), man = uint16_t(uniform(0, 1023));

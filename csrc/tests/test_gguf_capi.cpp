@@ -22,7 +22,7 @@ namespace {
 
 using mtp::DType;
 
-constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+using mtp::kBlockTypes;
 
 const char* tname(DType t) {
   if (mtp::is_block_type(t)) return mtp::block_type_name(t);

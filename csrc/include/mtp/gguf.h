@@ -35,9 +35,7 @@
 
 namespace mtp {
 
-constexpr bool is_block_type(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
-}
+constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
 
 inline const char* block_type_name(DType t) {
   switch (t) {
@@ -50,10 +48,7 @@ inline const char* block_type_name(DType t) {
   }
 }
 
-// Elements and bytes of one stored block; 0 for a type that is not a block type.
-constexpr int64_t block_elems(DType t) {
-  return t == DType::Q4_K || t == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
-}
+// Bytes and elements of one stored block; 0 for a type that is not a block type.
 constexpr int64_t block_bytes(DType t) {
   switch (t) {
     case DType::Q4_0: return 18;
@@ -63,6 +58,10 @@ constexpr int64_t block_bytes(DType t) {
     case DType::Q6_K: return 210;
     default: return 0;
   }
+}
+constexpr bool is_block_type(DType t) { return block_bytes(t) > 0; }
+constexpr int64_t block_elems(DType t) {
+  return t == DType::Q4_K || t == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
 }
 constexpr bool block_has_offset(DType t) { return t == DType::Q4_1 || t == DType::Q4_K; }
 // Bytes of a row of K elements (K a multiple of block_elems(t)).

@@ -117,7 +117,7 @@ inline void set_q8_weight(LinearArgs& a, const void* w, int64_t w_stride, const 
 
 // The DType of a GGML type number: 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (false otherwise).
 inline bool gguf_dtype(int64_t ggml_type, DType* out) {
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+  for (DType t : kBlockTypes)
     if (int64_t(t) - 100 == ggml_type) return *out = t, true;
   return false;
 }

@@ -15,9 +15,6 @@
 
 namespace mtp::x86 {
 
-template <bool kVnni>
-struct GgufDot256;
-
 // One block of one weight row, loaded: u the unsigned (or, Q8_0 without VNNI, signed) bytes,
 // the scale d, the offset m, and Q6_K's multipliers.
 struct WBlock {
@@ -33,7 +30,8 @@ MTP_TARGET_AVX2 inline void load_block(const uint8_t* row, int64_t b, WBlock& o)
     constexpr int64_t bytes = block_bytes(T);
     const uint8_t* blk = row + b * bytes;
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + bytes - 16));
-    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+    const __m128i low4_128 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(v, low4_128), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4_128);
     o.u = _mm256_set_m128i(hi, lo);
     o.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
     o.m = T == DType::Q4_1 ? _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)) : 0.f;
@@ -82,10 +80,10 @@ MTP_TARGET_AVX2_VNNI inline __m256i dpbusd256_vex(__m256i acc, __m256i u, __m256
 template <DType T, int kVnni>
 MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
   __m256i acc = corr;
-  if constexpr (kVnni == 1) {
-    acc = dpbusd256_evex(acc, T == DType::Q8_0 ? _mm256_xor_si256(w.u, _mm256_set1_epi8(char(0x80))) : w.u, x);
-  } else if constexpr (kVnni == 2) {
-    acc = dpbusd256_vex(acc, T == DType::Q8_0 ? _mm256_xor_si256(w.u, _mm256_set1_epi8(char(0x80))) : w.u, x);
+  if constexpr (kVnni != 0) {
+    const __m256i u = T == DType::Q8_0 ? _mm256_xor_si256(w.u, _mm256_set1_epi8(char(0x80))) : w.u;
+    if constexpr (kVnni == 1) acc = dpbusd256_evex(acc, u, x);
+    else acc = dpbusd256_vex(acc, u, x);
   } else {
     __m256i pairs;
     if constexpr (T == DType::Q8_0) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w.u), _mm256_sign_epi8(x, w.u));
