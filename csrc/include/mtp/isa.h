@@ -133,7 +133,7 @@ inline bool is_avx512(Isa isa) { return isa == Isa::Avx512 || isa == Isa::Avx512
 
 // Whether VDPBF16PS pays here: on AMD (Zen 4 measured: it issues one 512-bit instruction per
 // cycle, as the FMA does, so 32 products cost what 16 do with FMAs; bench/fma_peak.c,
-// bench/RESULTS.md "VDPBF16PS on AMD") but not on the Intel Xeon measured before (half the
+// bench/history/2026-11.md "VDPBF16PS on AMD") but not on the Intel Xeon measured before (half the
 // FMA rate: no faster than two FMAs).
 inline bool prefers_vdpbf16ps() {
 #if defined(MTP_X86)

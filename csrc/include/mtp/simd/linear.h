@@ -148,7 +148,7 @@ struct VecLinear {
   // that far past each chunk are prefetched (the tiles ahead): the hardware prefetchers alone
   // leave a core's stream half idle. Four times as far they are prefetched into L2 only: each
   // matrix of a pass is a new stream, which the hardware prefetchers pick up late
-  // (bench/RESULTS.md, "L2"). A step without kPrefetchL1 takes the L2 prefetch only.
+  // (bench/history/2026-11.md, "Weights also prefetched into L2"). A step without kPrefetchL1 takes the L2 prefetch only.
   static void prefetch(const char* p, int64_t ahead) {
     if (!ahead) return;
     if constexpr (D::kPrefetchL1) V::prefetch(p + ahead);

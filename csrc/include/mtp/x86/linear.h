@@ -51,7 +51,7 @@ struct PairDot512 : Bf16Lanes {
 // One VDPBF16PS per chunk, x read as given. Wide tiles (4 weight rows from 3 to 5 rows); the
 // weights ahead go to L2 only: with the L1 prefetch too, passes of 1-5 rows streaming their
 // weights from DRAM ran 4-12% slower than on `avx512` (AMD EPYC; without it 0.91x-1.08x,
-// bench/RESULTS.md "VDPBF16PS on AMD").
+// bench/history/2026-11.md "VDPBF16PS on AMD").
 struct Bf16Dot512 : Bf16Lanes {
   using X = __m512bh;
   using Wt = __m512bh;
