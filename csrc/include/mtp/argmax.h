@@ -10,14 +10,6 @@
 #include "mtp/common.h"
 #include "mtp/isa.h"
 
-namespace mtp {
-
-inline ArgmaxResult argmax_empty(int64_t begin) {
-  return {-std::numeric_limits<float>::infinity(), begin, false};
-}
-
-}  // namespace mtp
-
 #include "mtp/generic/argmax.h"
 #if defined(MTP_X86)
 #include "mtp/x86/argmax.h"

@@ -1,5 +1,20 @@
 // Scalar argmax: the reference path, and the one for non-unit strides.
 #pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "mtp/argmax_rule.h"
+#include "mtp/common.h"
+
+namespace mtp {
+
+// What a chunk with no element yet reports: loses every merge (a row of -inf gives its first index).
+inline ArgmaxResult argmax_empty(int64_t begin) {
+  return {-std::numeric_limits<float>::infinity(), begin, false};
+}
+
+}  // namespace mtp
 
 namespace mtp::generic {
 

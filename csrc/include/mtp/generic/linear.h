@@ -1,6 +1,10 @@
 // Scalar linear: one sequential fp32 sum per output element; int8 (Q8) weights block by
 // block: each block's products summed in fp32 in order, then acc += scale * block sum.
 #pragma once
+#include <cstdint>
+
+#include "mtp/common.h"
+#include "mtp/linear_args.h"
 
 namespace mtp::generic {
 

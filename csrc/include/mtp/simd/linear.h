@@ -14,6 +14,9 @@
 #pragma once
 #include <vector>
 
+#include "mtp/common.h"
+#include "mtp/linear_args.h"
+
 namespace mtp::simd {
 
 // The plain step: kChunk = W elements widened to fp32 lanes, one FMA (lane l takes k + l).

@@ -4,6 +4,7 @@
 // turns NaN (and +-inf) lanes into a sticky NaN in z; a block that sets it is rescanned
 // exactly (a false alarm from an infinity only costs time).
 #pragma once
+#include "mtp/generic/argmax.h"
 #include "mtp/x86/vec.h"
 
 namespace mtp::x86 {
