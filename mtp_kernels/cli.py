@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -26,26 +27,95 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line and exit status 2."""
 
 
-def _read_prompts(args) -> list[str]:
-    if args.prompt is not None:
-        return [args.prompt]
+def check_text(text: str, where: str) -> str:
+    """`text` as it came (argv is decoded with surrogateescape): an undecodable byte or an
+    unpaired surrogate is a UsageError naming `where`, not a crash inside the tokenizer."""
     try:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        what = (f"byte 0x{ch - 0xDC00:02x} is not valid UTF-8" if 0xDC80 <= ch <= 0xDCFF else
+                f"unpaired surrogate \\u{ch:04x} is not text")
+        raise UsageError(f"{where}: {what} (at character {e.start})") from None
+    return text
+
+
+def _read_prompts(args) -> list[tuple[str, str]]:
+    """(where, prompt) pairs: where is '--prompt' or 'FILE:LINE' (for error messages)."""
+    if args.prompt is not None:
+        return [("--prompt", check_text(args.prompt, "--prompt"))]
+    try:
+        with open(args.prompts_file, "rb") as f:
+            raw = f.read()
     except OSError as e:
-        raise UsageError(f"cannot read --prompts-file: {e}") from e
+        raise UsageError(f"cannot read --prompts-file {args.prompts_file}: {e.strerror or e}") from None
     prompts = []
-    for i, line in lines:
+    for i, line in enumerate(raw.split(b"\n"), 1):
+        where = f"{args.prompts_file}:{i}"
         try:
-            obj = json.loads(line)
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{where}: byte 0x{line[e.start]:02x} is not valid UTF-8 (at byte {e.start})") from None
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
         except json.JSONDecodeError as e:
-            raise UsageError(f"{args.prompts_file}:{i}: not valid JSON ({e.msg})") from e
+            raise UsageError(f"{where}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise UsageError(f"{where}: not valid JSON (nested too deep)") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise UsageError(f'{args.prompts_file}:{i}: expected an object with a string "prompt"')
-        prompts.append(obj["prompt"])
+            raise UsageError(f'{where}: expected an object with a string "prompt"')
+        prompts.append((where, check_text(obj["prompt"], where)))
     if not prompts:
         raise UsageError(f"{args.prompts_file}: no prompts")
     return prompts
+
+
+MAX_DRAFTS = 64  # --k, --lookup, --branches: a pass verifies at most 1 + max(k, lookup) + branches - 1 tokens
+
+
+def check_widths(args, cfg, head) -> int:
+    """--k / --lookup / --branches against the head and the context, each with its own message,
+    before any prompt is tokenized; returns the positions a request needs beyond its prompt."""
+    ctx = cfg.max_position
+    if head is not None and hasattr(head, "draft_vocab") and args.branches > 1:
+        choices = int(head.draft_vocab.numel()) or cfg.vocab_size
+        if args.branches > choices:
+            raise UsageError(f"--branches {args.branches}: the head drafts from {choices} tokens, so it has at most "
+                             f"{choices} distinct first drafts")
+    k = args.k if head is not None else 0
+    width = max(k, args.lookup)
+    extra = width + args.branches - 1 + 1  # decoding.generate's cache: prompt + max_new_tokens + this
+    if args.max_new_tokens + 1 > ctx:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: the model's context is {ctx} tokens")
+    if 1 + args.max_new_tokens + extra > ctx:
+        raise UsageError(f"--k {k}, --lookup {args.lookup} and --branches {args.branches} verify up to "
+                         f"{width + args.branches} tokens per pass: with --max-new-tokens {args.max_new_tokens} that "
+                         f"leaves no room for a prompt in the model's context of {ctx} tokens")
+    limit = getattr(getattr(head, "cfg", None), "max_position", None)  # a standalone drafter's own context
+    if hasattr(head, "begin") and limit is not None and 1 + args.max_new_tokens + extra > limit:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: the standalone drafter's context is {limit} tokens")
+    return args.max_new_tokens + extra
+
+
+def encode_prompt(tokenizer, where: str, prompt: str, beside: int, ctx: int, what: str) -> list[int]:
+    """The prompt in the chat template, tokenized, if it can fit the context beside `beside`
+    positions: a byte bound first (a token covers at most tokenizer.max_token_bytes bytes), so a
+    huge prompt is refused at once instead of after minutes of tokenizing."""
+    text = tokenizer.apply_chat_template(prompt)
+    room, nbytes = ctx - beside, len(text.encode("utf-8"))
+    if nbytes > room * tokenizer.max_token_bytes:
+        raise UsageError(f"{where}: the prompt ({nbytes} bytes in the chat template, at least "
+                         f"{-(-nbytes // tokenizer.max_token_bytes)} tokens) plus {what} ({beside} tokens) does not "
+                         f"fit the model's context of {ctx} tokens")
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise UsageError(f"{where}: the prompt is empty")
+    if len(ids) > room:
+        raise UsageError(f"{where}: the prompt ({len(ids)} tokens in the chat template) plus {what} ({beside} tokens) "
+                         f"does not fit the model's context of {ctx} tokens")
+    return ids
 
 
 def load_head(path: str | None, backbone, log, default_model: bool = True):
@@ -59,7 +129,7 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     has_shipped = default_model and os.path.isfile(os.path.join(shipped, "config.json"))
     folder = path or (shipped if has_shipped else None)
     if folder:
-        head = MTPHead.load(folder, dtype=backbone.dtype)
+        head = MTPHead.load(folder, dtype=backbone.dtype, backbone_cfg=backbone.cfg)
     else:
         torch.manual_seed(0)
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg))
@@ -170,7 +240,11 @@ def cmd_generate(args) -> int:
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {weights_desc})")
-    ids = [tokenizer.encode(tokenizer.apply_chat_template(p)) for p in prompts]
+    beside = check_widths(args, cfg, head)
+    what = f"--max-new-tokens {args.max_new_tokens} and the drafts of a pass"
+    ids = [encode_prompt(tokenizer, where, p, beside, cfg.max_position, what)
+           for where, p in prompts]
+    prompts = [p for _, p in prompts]
     eos = tuple(cfg.eos_token_ids)
     for prompt, prompt_ids in zip(prompts, ids):
         stream = StreamDecoder(tokenizer) if not args.json else None
@@ -277,7 +351,14 @@ def cmd_bench(args) -> int:
     try:
         rows = data.read_jsonl(args.eval_set)
     except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read --eval-set: {e}") from e
+        raise UsageError(f"cannot read --eval-set: {e}") from None
+    for i, r in enumerate(rows, 1):
+        if not isinstance(r, dict) or not isinstance(r.get("task"), str) or not isinstance(r.get("prompt"), str):
+            raise UsageError(f'--eval-set {args.eval_set}: row {i}: expected an object with a string "task" and '
+                             '"prompt"')
+        check_text(r["prompt"], f"--eval-set {args.eval_set}: row {i}")
+    if not rows:
+        raise UsageError(f"--eval-set {args.eval_set}: no prompts")
     methods = select_methods(args.methods, args.model, log)
     torch.set_num_threads(args.threads)
     cfg, model, tok, weights_desc = load_backbone(args.model, args.dtype, log)
@@ -387,9 +468,16 @@ def cmd_bench(args) -> int:
     return 1 if "error" in res else 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as every other failure: one line `mtp: error: ...`, exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"mtp: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mtp", description="Exact speculative decoding with a frozen MTP head.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="mtp", description="Exact speculative decoding with a frozen MTP head.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate text (chat template applied)")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
@@ -492,16 +580,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    # Integer options that must be positive (those the command has), then the rest.
+MAX_UNROLL = 64  # mtp train --unroll: draft steps unrolled in the loss (memory grows with it)
+MAX_THREADS = 1024
+
+
+def _float32_ok(x: float, zero_ok: bool = True) -> bool:
+    """x finite and, if not 0, a normal float32 (what the kernels compute with: 1e300 would
+    become inf and 1e-300 zero after narrowing)."""
+    import numpy as np
+
+    if x == 0:
+        return zero_ok
+    return math.isfinite(x) and x > 0 and np.finfo(np.float32).tiny <= x <= np.finfo(np.float32).max
+
+
+def check_args(args) -> list[str]:
+    """Every option's own range (the problems, first one reported), before anything loads."""
     positive = ["max_new_tokens", "k", "max_steps", "unroll", "batch", "draft_vocab", "per_task", "threads", "tree_k",
                 "branches"]
     given = {n: getattr(args, n, None) for n in positive}
     bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]
-    if not 0 <= getattr(args, "temperature", 0.0) < float("inf"):
-        bad.append("--temperature must be finite and >= 0")
-    for n in ("num_prompts", "prompt_anchors", "lookup"):
+    for n in ("k", "tree_k", "branches", "lookup"):
+        v = getattr(args, n, None)
+        if v is not None and v > MAX_DRAFTS:
+            bad.append(f"--{n.replace('_', '-')} must be at most {MAX_DRAFTS} (tokens verified per pass), got {v}")
+    if (getattr(args, "unroll", 0) or 0) > MAX_UNROLL:
+        bad.append(f"--unroll must be at most {MAX_UNROLL}, got {args.unroll}")
+    if (getattr(args, "threads", 0) or 0) > MAX_THREADS:
+        bad.append(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
+    if not _float32_ok(getattr(args, "temperature", 0.0)):
+        bad.append(f"--temperature must be finite and >= 0: 0 (greedy) or a positive float32 number, got "
+                   f"{args.temperature}")
+    for n in ("minutes", "lr"):
+        if hasattr(args, n) and not _float32_ok(getattr(args, n), zero_ok=False):
+            bad.append(f"--{n} must be a finite positive number, got {getattr(args, n)}")
+    seed = getattr(args, "seed", 0)
+    if not 0 <= seed < 1 << 63:
+        bad.append(f"--seed must be between 0 and 2**63 - 1, got {seed}")
+    for n in ("num_prompts", "prompt_anchors", "lookup", "sweep_per_task", "prompt_lookup"):
         if (getattr(args, n, 0) or 0) < 0:
             bad.append(f"--{n.replace('_', '-')} must be >= 0")
     if args.command == "generate" and args.lookup and args.drafter == "standalone" and not args.no_mtp:
@@ -530,18 +646,42 @@ def main(argv=None) -> int:
         tree_pays = tree_ok and args.dtype == "bfloat16" and not args.int8
         args.branches = args.branches or (TREE_BRANCHES if tree_pays else 1)
         args.k = args.k or (TREE_K if args.branches > 1 else CHAIN_K)
+    return bad
+
+
+def _error(message) -> int:
+    """The one line every failure prints (a message's own line breaks folded)."""
+    print(f"mtp: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    bad = check_args(args)
     if bad:
-        print(f"mtp: error: {bad[0]}", file=sys.stderr)
-        return 2
+        return _error(bad[0])
     from .models.checkpoint import CheckpointError
 
     try:
         return args.func(args)
     except (UsageError, CheckpointError, ValueError) as e:
-        print(f"mtp: error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (mtp generate | head): nothing more to say there
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return _error("the output was closed (broken pipe)")
+    except OSError as e:
+        return _error(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
+    except MemoryError:
+        return _error("out of memory")
+    except RecursionError:
+        return _error("input nested too deep")
+    except Exception as e:  # a bug, or a limit of torch (e.g. an allocation that failed): still one line
+        return _error(f"internal error: {type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

@@ -186,9 +186,24 @@ def build(per_task_train: int, per_task_eval: int, seed: int = 0) -> tuple[list[
     return splits[0], splits[1]
 
 
-def read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path: str) -> list:
+    """One JSON value per non-blank line; a line that is not UTF-8 or not JSON (or nested too
+    deep) is a ValueError naming path:line."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    rows = []
+    for i, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8")
+            if text.strip():
+                rows.append(json.loads(text))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{i}: not valid UTF-8 (byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{i}: not valid JSON (nested too deep)") from None
+    return rows
 
 
 def write_jsonl(path: str, rows: list[dict]) -> None:

@@ -290,15 +290,18 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
     index[vocab if vocab.numel() else torch.arange(backbone.cfg.vocab_size)] = torch.arange(rows.shape[0])
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
+    if not train or not val:
+        raise ValueError(f"training needs at least one training and one validation sequence, got {len(train)} and "
+                         f"{len(val)}")
     order = sorted(range(len(train)), key=lambda i: len(train[i].tokens))
     batches = [order[i:i + tc.batch] for i in range(0, len(order), tc.batch)]
     budget, t0, step, curve = tc.minutes * 60, time.perf_counter(), 0, []
     first_loss = curve_loss = float("nan")
-    while True:
+    while True:  # ends: every pass over the (non-empty) batches checks the step and time caps
         rng.shuffle(batches)
         for bi in batches:
             elapsed = time.perf_counter() - t0
-            if elapsed >= budget or step == tc.max_steps:
+            if not elapsed < budget or step >= tc.max_steps:
                 if step < tc.max_steps:
                     log(f"train: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
                 curve.append({"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)})
@@ -359,9 +362,26 @@ def save_json(path: str, obj) -> None:
 
 # ---- the whole job (`mtp train`) ---------------------------------------------------------
 def split(rows: list, val_fraction: float = 0.04) -> tuple[list, list]:
-    """(train, validation): the first rows validate (the same split for head and drafter)."""
+    """(train, validation): the first rows validate (the same split for head and drafter); at
+    least one of each (fewer than 2 rows: a ValueError, not an empty training set)."""
+    if len(rows) < 2:
+        raise ValueError(f"training needs at least 2 prompts (one is held out for validation), got {len(rows)}")
     n_val = max(1, int(len(rows) * val_fraction))
     return rows[n_val:], rows[:n_val]
+
+
+def check_kv_layer(kv_layer: int, num_layers: int) -> None:
+    if isinstance(kv_layer, bool) or not isinstance(kv_layer, int) or not -num_layers <= kv_layer < num_layers:
+        raise ValueError(f"--kv-layer {kv_layer} is out of range: the backbone has {num_layers} layers (0 to "
+                         f"{num_layers - 1}, or -{num_layers} to -1 from the end)")
+
+
+def check_draft_vocab(size: int, vocab_size: int) -> int:
+    """The draft vocabulary size to use: at least 1, at most the whole vocabulary (a larger
+    request is the whole vocabulary, and the head's config says so)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"--draft-vocab {size} must be >= 1")
+    return min(size, vocab_size)
 
 
 DISTILLED_BY = "bfloat16"  # cached answers of our bf16 backbone (older caches held transformers' fp32 ones)
@@ -381,18 +401,38 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
 
     try:
         prompts = data.read_jsonl(prompts_path)[:num_prompts or None]
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read the prompts {prompts_path}: {e}") from e
-    if not prompts or not all(isinstance(p, dict) and isinstance(p.get("prompt"), str) for p in prompts):
-        raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt"')
-    ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in prompts]
+    except OSError as e:
+        raise ValueError(f"cannot read the prompts {prompts_path}: {e.strerror or e}") from None
+    except ValueError as e:  # read_jsonl's: names path:line
+        raise ValueError(f"cannot read the prompts: {e}") from None
+    for n, p in enumerate(prompts):
+        if not isinstance(p, dict) or not isinstance(p.get("prompt"), str):
+            raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt" (prompt {n + 1} is not)')
+        try:
+            p["prompt"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{prompts_path}: prompt {n + 1}: an unpaired surrogate is not text") from None
+    if len(prompts) < 2:  # before any distilling: split() holds one out for validation
+        raise ValueError(f"{prompts_path}: training needs at least 2 prompts (one is held out for validation), got "
+                         f"{len(prompts)}" + (" (--num-prompts)" if num_prompts else ""))
+    if max_new_tokens < 1 or max_new_tokens + 2 > cfg.max_position:
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: the model's context is {cfg.max_position} tokens")
+    ids = []
+    for n, r in enumerate(prompts):
+        text = tok.apply_chat_template(r["prompt"])
+        room = cfg.max_position - max_new_tokens
+        # A token covers at most max_token_bytes bytes: a cheap bound before tokenizing.
+        if len(text.encode("utf-8")) > room * tok.max_token_bytes or len(i := tok.encode(text)) > room or not i:
+            raise ValueError(f"{prompts_path}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not fit the "
+                             f"model's context of {cfg.max_position} tokens (or it is empty)")
+        ids.append(i)
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
     position = {tuple(i): n for n, i in enumerate(ids)}
     done = {position[tuple(r["prompt_ids"])]: r["answer_ids"]
             for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
-            if tuple(r["prompt_ids"]) in position and r.get("max_new_tokens") == max_new_tokens
-            and r.get("distilled_by") == DISTILLED_BY}
+            if _cached_row_ok(r, cfg.vocab_size) and tuple(r["prompt_ids"]) in position
+            and r.get("max_new_tokens") == max_new_tokens and r.get("distilled_by") == DISTILLED_BY}
     log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
     backbone = Backbone(cfg, weights, DTYPES[DISTILLED_BY])
     seqs: list[Sequence | None] = [None] * len(ids)
@@ -403,7 +443,7 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
                 for n, s in new.items():
                     i = todo[n]
                     done[i] = s.tokens[s.prompt_len:].tolist()
-                    f.write(json.dumps({"task": prompts[i]["task"], "prompt_ids": ids[i], "answer_ids": done[i],
+                    f.write(json.dumps({"task": prompts[i].get("task", ""), "prompt_ids": ids[i], "answer_ids": done[i],
                                         "max_new_tokens": max_new_tokens, "distilled_by": DISTILLED_BY}) + "\n")
                     seqs[i] = s if kv_layer is not None else None
 
@@ -418,6 +458,14 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
     return rows, seqs  # type: ignore[return-value]
 
 
+def _cached_row_ok(r, vocab_size: int) -> bool:
+    """A cached row is reused only when it is well formed (a damaged cache line is distilled again)."""
+    def ids(x):
+        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+                                           for t in x)
+    return isinstance(r, dict) and ids(r.get("prompt_ids")) and ids(r.get("answer_ids"))
+
+
 def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 8192,
         kv_layer: int = -1, max_new_tokens: int = 96, num_prompts: int = 0,
         log: Callable[[str], None] = print) -> dict:
@@ -427,9 +475,12 @@ def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_v
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
     cfg, weights, tok = checkpoint.load(None)
+    check_kv_layer(kv_layer, cfg.num_layers)  # before any work: the head must read a layer that exists
+    draft_vocab_size = check_draft_vocab(draft_vocab_size, cfg.vocab_size)
     rows, seqs = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log,
                                 kv_layer=kv_layer)
     t_distill = time.perf_counter() - t0
+    split(rows)  # at least 2 rows, else a clear error here
     backbone = Backbone(cfg, weights, torch.float32)  # the embedding and LM head rows of the training graph
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))

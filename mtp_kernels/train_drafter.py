@@ -77,6 +77,9 @@ def train_drafter(drafter: StandaloneDrafter, train_seqs: list, val_seqs: list, 
                   log: Callable[[str], None] = print) -> dict:
     """AdamW (betas 0.9, 0.95), 50 warmup steps then cosine to 10% over max_steps, grad
     clip 1.0, wall-clock cap: train.train_head's schedule. Trains drafter.weights in place."""
+    if not train_seqs or not val_seqs:  # else the loop below would spin over zero batches until the time cap
+        raise ValueError(f"training needs at least one training and one validation sequence, got {len(train_seqs)} "
+                         f"and {len(val_seqs)}")
     torch.manual_seed(tc.seed)
     rng = random.Random(tc.seed)
     params = [w.requires_grad_() for w in drafter.weights.values()]
@@ -135,6 +138,7 @@ def run_drafter(prompts_path: str, out_dir: str, work_dir: str, tc: train.TrainC
     from .models import checkpoint
 
     cfg, weights, tok = checkpoint.load(model)
+    vocab_size = train.check_draft_vocab(vocab_size, cfg.vocab_size)
     rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log)[0]
     seqs = [train.Sequence(torch.tensor(r["prompt_ids"] + r["answer_ids"]), len(r["prompt_ids"]),
                            *[torch.empty(0)] * 3) for r in rows]

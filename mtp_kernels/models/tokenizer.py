@@ -2,24 +2,64 @@
 from __future__ import annotations
 
 import jinja2
+import jinja2.sandbox
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 GGUF_CONTROL = 3  # llama.cpp token type of special (control) tokens
+MAX_TEMPLATE_OUTPUT = 1 << 26  # bytes a string or list product may reach inside a chat template
+
+
+class _TemplateEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """A chat template comes with the model file: it runs sandboxed (no attribute access to
+    Python internals, no mutation, range() capped by jinja2), and `*` / `**` that would build a
+    huge string or number are refused (a template is a few lines; its output is a prompt)."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+            raise jinja2.sandbox.SecurityError(f"the exponent {right} is too large")
+        if operator == "*" and any(isinstance(x, (str, list, tuple)) for x in (left, right)):
+            seq, n = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+            if isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_OUTPUT:
+                raise jinja2.sandbox.SecurityError(f"a repetition of {len(seq) * n} items is too large")
+        return super().call_binop(context, operator, left, right)
+
+
+def _raise_exception(message):  # transformers' templates call it to reject a conversation
+    raise jinja2.TemplateError(message)
+
+
+def compile_template(text: str) -> jinja2.Template:
+    """The chat template, compiled once (a syntax error is a ValueError naming its line)."""
+    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat template is not valid jinja (line {e.lineno}: {' '.join(str(e.message).split())})") \
+            from None
+    except (jinja2.TemplateError, RecursionError, MemoryError) as e:
+        raise ValueError(f"chat template is not valid jinja ({type(e).__name__})") from None
 
 
 class Tokenizer:
     def __init__(self, hf: HFTokenizer, chat_template: str | None, eos_token_ids: tuple[int, ...],
-                 bos_token: str = "", eos_token: str = ""):
+                 bos_token: str = "", eos_token: str = "", source: str = "the model"):
         self.hf = hf
         self.chat_template = chat_template
         self.eos_token_ids = eos_token_ids
         self.bos_token, self.eos_token = bos_token, eos_token
+        self.source = source  # the file the tokenizer and template came from (for error messages)
+        self._template = compile_template(chat_template) if chat_template else None
+        self._max_token_bytes = None
 
     @classmethod
     def from_gguf_fields(cls, tokens: list[str], token_types: list[int], merges: list[str], pre: str,
-                         chat_template: str | None, eos_token_ids: tuple[int, ...]) -> "Tokenizer":
+                         chat_template: str | None, eos_token_ids: tuple[int, ...],
+                         source: str = "the model") -> "Tokenizer":
         """A byte-level BPE (llama.cpp's "gpt2" tokenizer model)."""
         vocab = {tok: i for i, tok in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
@@ -32,17 +72,27 @@ class Tokenizer:
         hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                for i, t in enumerate(token_types) if t == GGUF_CONTROL])
         eos = tokens[eos_token_ids[0]] if eos_token_ids else ""
-        return cls(hf, chat_template, eos_token_ids, eos_token=eos)
+        return cls(hf, chat_template, eos_token_ids, eos_token=eos, source=source)
 
     @classmethod
-    def from_files(cls, tokenizer_json: str, chat_template: str | None, eos_token_ids: tuple[int, ...]) -> "Tokenizer":
+    def from_files(cls, tokenizer_json: str, chat_template: str | None, eos_token_ids: tuple[int, ...],
+                   source: str | None = None) -> "Tokenizer":
         hf = HFTokenizer.from_file(tokenizer_json)
         eos = hf.id_to_token(eos_token_ids[0]) if eos_token_ids else ""
-        return cls(hf, chat_template, eos_token_ids, eos_token=eos or "")
+        return cls(hf, chat_template, eos_token_ids, eos_token=eos or "", source=source or tokenizer_json)
 
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()
+
+    @property
+    def max_token_bytes(self) -> int:
+        """An upper bound of the text bytes one token covers (its vocabulary entry's UTF-8
+        length, at least 1): a text of n bytes is at least n / max_token_bytes tokens, a bound
+        that costs nothing next to tokenizing a huge prompt."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max([len(t.encode("utf-8", "surrogatepass")) for t in self.hf.get_vocab()] + [1])
+        return self._max_token_bytes
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
@@ -53,12 +103,19 @@ class Tokenizer:
     def apply_chat_template(self, prompt: str, system: str | None = None) -> str:
         """The prompt as one user turn (after an optional system turn), ready for the
         assistant's reply; the plain prompt when the model has no template."""
-        if not self.chat_template:
+        if self._template is None:
             return prompt
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=True,
-                                                          bos_token=self.bos_token, eos_token=self.eos_token)
+        try:
+            text = self._template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
+                                         eos_token=self.eos_token)
+        except (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError, AttributeError,
+                RecursionError, MemoryError) as e:
+            raise ValueError(f"{self.source}: its chat template fails on this prompt ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]})") from None
+        if not isinstance(text, str):
+            raise ValueError(f"{self.source}: its chat template did not produce text")
+        return text
 
 
 class StreamDecoder:
