@@ -217,7 +217,11 @@ def gguf_linear(x: torch.Tensor, data: torch.Tensor, gguf_type: int,
     data [N, row_bytes] uint8 (a GGUF block type). x is quantized row by row
     (``quantize_rows_q8``); per output element, blocks of 32 in order, lanes l = 0..7:
     ``L = mul * sum of the 4 products`` (exact), ``acc[l] = fma(L, d * dx, acc[l])``;
-    ``accm = fma(m, dx * sum(xq), accm)``; ``y = sum8(acc) + accm (+ bias)`` in fp32, then x's dtype."""
+    ``accm = fma(m, dx * sum(xq), accm)`` (formats with an offset only: Q4_1, Q4_K; elsewhere
+    accm stays 0, so an overflowing dx * sum(xq) cannot turn a finite or infinite sum into NaN);
+    ``y = sum8(acc) + accm (+ bias)`` in fp32, then x's dtype."""
+    from .gguf import BLOCK_TYPES
+    offset = BLOCK_TYPES[gguf_type][0] in ("Q4_1", "Q4_K")
     q, d, m, mul = gguf_blocks(data, gguf_type)                   # [N, nb, 32], [N, nb], ...
     K, N, nb = x.shape[-1], data.shape[0], q.shape[1]
     if K != nb * 32:
@@ -233,7 +237,8 @@ def gguf_linear(x: torch.Tensor, data: torch.Tensor, gguf_type: int,
     accm = torch.zeros(x2.shape[0], N)
     for b in range(nb):
         acc = fma32(lanes[:, :, b], p[:, :, b, None].expand_as(acc), acc)
-        accm = fma32(m[None, :, b].expand_as(accm), s[:, None, b].expand_as(accm), accm)
+        if offset:
+            accm = fma32(m[None, :, b].expand_as(accm), s[:, None, b].expand_as(accm), accm)
     a = acc.unbind(-1)
     y = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + accm
     if bias is not None:
@@ -253,31 +258,48 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     positions; cache_lens[b] >= T). An optional local segment k_local, v_local [B, Hkv, S, D]
     (the MTP head's own draft positions) is attended causally, the T queries being its last T
     positions: query t also sees local entries s <= S - T + t (s <= t when S == T; a single
-    query sees all S). scale defaults to
-    1/sqrt(D). A row with no visible key gives zeros. Returns [B, T, Hq, D] in q's dtype.
+    query sees all S). scale defaults to 1/sqrt(D). Returns [B, T, Hq, D] in q's dtype.
+
+    Extreme values, per output row (b, t, h), nothing else is read:
+    - it sees no key: zeros;
+    - one of its scores, evaluated in fp32 (fp32(scale) * sum_d of the fp32 products
+      q_d * k_jd), is not finite, or one element of a value it sees is not finite: every
+      element NaN. A non-finite q or key, or a product q_d * k_jd past the fp32 range,
+      makes a score non-finite in any summation order; a -inf score is no exception (no mask
+      is expressed through scores: how an overflowing dot comes out, -inf, +inf or NaN,
+      depends on the order). Keys and values a row does not see never matter.
+    - else the softmax (in fp64 here).
+    The kernels accumulate in fp32 (their own orders): a score whose products each fit but
+    whose sum overflows fp32, or values whose weighted sum does, may give them a NaN row
+    where this function gives finite numbers.
     """
     B, T, Hq, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     scale = D ** -0.5 if scale is None else scale
-    qf = q.double().permute(0, 2, 1, 3)  # [B, Hq, T, D]
     t = torch.arange(T)
     lens = cache_lens.long()[:, None]
     limit = lens - T + t[None, :] + 1 if causal else lens.expand(B, T)  # [B, T]
-    keys = [k_cache.double().repeat_interleave(G, dim=1)]
-    vals = [v_cache.double().repeat_interleave(G, dim=1)]
+    keys, vals = [k_cache], [v_cache]
     masks = [torch.arange(L)[None, None, :] < limit[:, :, None]]  # [B, T, L]
     if k_local is not None:
         S = k_local.shape[2]
-        keys.append(k_local.double().repeat_interleave(G, dim=1))
-        vals.append(v_local.double().repeat_interleave(G, dim=1))
+        keys.append(k_local)
+        vals.append(v_local)
         masks.append((torch.arange(S)[None, :] <= S - T + t[:, None]).expand(B, T, S))
-    k, v, mask = torch.cat(keys, dim=2), torch.cat(vals, dim=2), torch.cat(masks, dim=2)[:, None]  # mask [B,1,T,L+S]
-    scores = (qf @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).min)  # all-masked rows: finite
-    p = torch.exp(scores - m) * mask
-    den = p.sum(dim=-1, keepdim=True)
-    out = torch.where(den > 0, (p @ v) / den.clamp_min(1e-300), torch.zeros((), dtype=torch.float64))
+    k = torch.cat([x.repeat_interleave(G, dim=1) for x in keys], dim=2)  # [B, Hq, L+S, D]
+    v = torch.cat([x.repeat_interleave(G, dim=1) for x in vals], dim=2)
+    mask = torch.cat(masks, dim=2)[:, None]  # [B, 1, T, L+S]
+    qf = q.permute(0, 2, 1, 3)  # [B, Hq, T, D]
+    # The fp32 scores only decide which rows are NaN; the numbers come from fp64 ones.
+    s32 = (qf.float()[:, :, :, None, :] * k.float()[:, :, None, :, :]).sum(-1) * torch.tensor(scale, dtype=torch.float32)
+    nan_row = ((~torch.isfinite(s32) | ~torch.isfinite(v).all(-1)[:, :, None, :]) & mask).any(-1, keepdim=True)
+    scores = (qf.double() @ k.double().transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).min)  # no key: finite
+    p = torch.exp(scores - m)  # unseen keys: 0
+    v = torch.where(torch.isfinite(v), v, 0).double()  # unseen ones must add 0, not 0 * inf (seen: NaN row)
+    out = (p @ v) / p.sum(dim=-1, keepdim=True).clamp_min(1)  # sum >= 1 (the max) with a key; none: 0 / 1
+    out = torch.where(nan_row, float("nan"), out)
     return out.permute(0, 2, 1, 3).to(q.dtype)
 
 

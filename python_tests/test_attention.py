@@ -139,6 +139,132 @@ def test_only_first_cache_lens_keys_are_read(isa):
     assert torch.equal(got[:, :2], want[:, :2])
 
 
+# ---------------------------------------------------------------- extreme values
+# The contract (reference.head_attention): a row that sees no key is zeros; a row that sees a
+# non-finite score (scale * <q, k_j> in fp32; -inf included) or a non-finite value element is
+# all NaN; every other row is finite. The base problem makes every finite row exact on every
+# path, so rows are compared bitwise: q = 0 (every score 0, equal weights) and values that do
+# not depend on the key (v[b, h, j, :] = v[b, h, 0, :], small integers).
+INF, NAN = float("inf"), float("nan")
+
+
+def extreme_base(D, S=0):
+    B, T, Hq, Hkv, L = 2, 2, 4, 2, 600  # 600: three chunks of 256 keys (merged partials)
+    gen = torch.Generator().manual_seed(7)
+    col = ((torch.arange(B)[:, None, None] * 7 + torch.arange(Hkv)[:, None] * 3 + torch.arange(D)) % 9 - 4).float()
+    return dict(q=torch.zeros(B, T, Hq, D), k=torch.randn(B, Hkv, L, D, generator=gen),
+                v=col[:, :, None].expand(B, Hkv, L, D).clone(), lens=torch.tensor([600, 300]),
+                kl=torch.randn(B, Hkv, S, D, generator=gen) if S else None,
+                vl=col[:, :, None].expand(B, Hkv, S, D).clone() if S else None)
+
+
+def _rows(b, hk, T=2, G=2):  # every row (b, t, h) of kv head hk
+    return {(b, t, h) for t in range(T) for h in range(hk * G, hk * G + G)}
+
+
+def _set(x, index, value):
+    x[index] = value
+
+
+# name: (S, needs the fp32 range (not run in fp16), poison(a) -> the rows (b, t, h) that must be NaN)
+EXTREME = {
+    "finite": (0, False, lambda a: set()),
+    "q_inf": (0, False, lambda a: (_set(a["q"], (0, 1, 2, 5), INF), {(0, 1, 2)})[1]),
+    "q_nan": (0, False, lambda a: (_set(a["q"], (1, 0, 0, 3), NAN), {(1, 0, 0)})[1]),
+    # every score of row (0, 0, 1) is -inf (q_0 = -inf, k_0 = 1): NaN, not zeros
+    "every_score_neg_inf": (0, False, lambda a: (_set(a["q"], (0, 0, 1, 0), -INF), _set(a["k"], (0, 0, Ellipsis, 0), 1.0),
+                                                 {(0, 0, 1)})[2]),
+    # the same through fp32 overflow of the products (1e30 * -1e30); the q = 0 rows get 0
+    "every_score_overflows_neg": (0, True, lambda a: (_set(a["q"], (0, 0, 1, 0), 1e30),
+                                                      _set(a["k"], (0, 0, Ellipsis, 0), -1e30), {(0, 0, 1)})[2]),
+    "one_score_overflows_neg": (0, True, lambda a: (_set(a["q"], (1, 1, 3, 0), 1e30), _set(a["k"], (1, 1, 17, 0), -1e30),
+                                                    {(1, 1, 3)})[2]),
+    "dot_overflows_pos": (0, True, lambda a: (_set(a["q"], (0, 1, 0), 1e20), _set(a["k"], (0, 0, 5), 1e20),
+                                              {(0, 1, 0)})[2]),
+    # +1e40 and -1e40 in one dot: NaN on one path, -inf on another (lanes, fma): NaN everywhere
+    "dot_overflows_mixed_signs": (0, True, lambda a: (_set(a["q"], (1, 0, 2, [0, 16]), 1e20),
+                                                      _set(a["k"], (1, 1, 3, [0, 16]), torch.tensor([-1e20, 1e20])),
+                                                      {(1, 0, 2)})[2]),
+    # a non-finite key reaches every row that sees it (0 * -inf = NaN for the q = 0 rows)
+    "k_neg_inf": (0, False, lambda a: (_set(a["q"], (1, 1, 3, 0), 1.0), _set(a["k"], (1, 1, 17, 0), -INF),
+                                       _rows(1, 1))[2]),
+    "k_nan": (0, False, lambda a: (_set(a["k"], (1, 0, 100, 7), NAN), _rows(1, 0))[1]),
+    "v_inf": (0, False, lambda a: (_set(a["v"], (0, 1, 599, 3), INF), _rows(0, 1))[1]),
+    "v_nan": (0, False, lambda a: (_set(a["v"], (1, 0, 0, 0), NAN), _rows(1, 0))[1]),
+    # past cache_lens[1] = 300: never read
+    "unseen_poison": (0, False, lambda a: (_set(a["k"], (1, Ellipsis, slice(300, None), slice(None)), NAN),
+                                           _set(a["v"], (1, Ellipsis, slice(300, None), slice(None)), INF), set())[2]),
+    # no visible key: zeros, whatever q holds
+    "no_key": (0, False, lambda a: (_set(a["lens"], 1, 0), _set(a["q"], 1, INF), set())[2]),
+    # query t sees local entries s <= t (S = T = 2): only t = 1 sees entry 1
+    "local_v_nan": (2, False, lambda a: (_set(a["vl"], (0, 0, 1, 4), NAN), {(0, 1, 0), (0, 1, 1)})[1]),
+    # products up to 1e36, summed over D <= 128: finite scores in any order, one key dominates
+    "huge_finite_scores": (0, True, lambda a: (_set(a["q"], (0, 0, 2), 1e18), _set(a["k"], (0, 1, 9), 1e18), set())[2]),
+    "huge_finite_values": (0, True, lambda a: (_set(a["v"], (0, 0), 2.0 ** 100), set())[1]),
+}
+
+
+def extreme_case(name, D, dtype):
+    """(args of head_attention, expected [B, T, Hq, D]: NaN rows, zeros, or the exact values)."""
+    S, _, poison = EXTREME[name]
+    a = extreme_base(D, S)
+    nan_rows = poison(a)
+    B, T, Hq, _ = a["q"].shape
+    Hkv = a["k"].shape[1]
+    want = a["v"][:, :, 0].repeat_interleave(Hq // Hkv, dim=1)[:, None].expand(B, T, Hq, D).clone()
+    want[a["lens"] == 0] = 0  # (S = 0 there)
+    for b, t, h in nan_rows:
+        want[b, t, h] = NAN
+    args = [None if x is None else x.to(dtype) for x in (a["q"], a["k"], a["v"])] + [a["lens"]] + \
+        [None if x is None else x.to(dtype) for x in (a["kl"], a["vl"])]
+    return args, want.to(dtype)
+
+
+def assert_equal_nan(got, want):
+    """torch.equal with NaN == NaN: the same NaN positions, the same numbers elsewhere."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), torch.isnan(got).any(-1).nonzero().tolist()
+    assert torch.equal(got[~nan], want[~nan])
+
+
+def extreme_dtypes(name):
+    return [torch.float32, torch.bfloat16] + ([] if EXTREME[name][1] else [torch.float16])
+
+
+@pytest.mark.parametrize("name", list(EXTREME))
+def test_extreme_values(isa, threads, name):
+    for dtype in extreme_dtypes(name):
+        for D in (64, 128, 40):  # 40: the generic path on every isa
+            args, want = extreme_case(name, D, dtype)
+            ref = reference.head_attention(*args)
+            assert_equal_nan(ref, want)  # the spec itself
+            for n in (1, 3):  # 3: few (b, kv head) pairs, chunks spread over threads and merged
+                torch.set_num_threads(n)
+                assert_equal_nan(attn(*args), want)
+            # rows alone: one request, one query
+            for b in range(2):
+                for t in range(2):
+                    one = [x if x is None else x[b:b + 1] for x in args]
+                    one[0] = one[0][:, t:t + 1]
+                    if one[4] is not None:  # query t of 2 sees local entries 0..t
+                        one[4], one[5] = one[4][:, :, :t + 1], one[5][:, :, :t + 1]
+                    assert_equal_nan(attn(*one), want[b:b + 1, t:t + 1])
+
+
+def test_extreme_values_causal(isa):
+    # causal: query t sees keys [0, cache_lens - T + t]; key 599 of request 0 only by t = 1
+    args, _ = extreme_case("finite", 64, torch.float32)
+    args[2][0, 1, 599, 3] = INF
+    args[1][1, 0, 298, 0] = NAN  # request 1 (cache_lens 300): key 298 seen by both queries
+    got = attn(*args, causal=True)
+    nan = torch.zeros(2, 2, 4, dtype=torch.bool)
+    nan[0, 1, 2:] = True
+    nan[1, :, :2] = True
+    assert torch.equal(torch.isnan(got).all(-1), nan) and torch.equal(torch.isnan(got).any(-1), nan)
+    assert_equal_nan(got, reference.head_attention(*args, causal=True))
+
+
 # ---------------------------------------------------------------- exactness (torch.equal)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [64, 128, 40])
@@ -405,11 +531,3 @@ def test_bad_append_inputs(change, message):
     assert "mtp.cache_append: " in str(info.value)
     assert a["k_cache"].is_meta or torch.equal(a["k_cache"], k0)
 
-
-def test_readme_example_runs():
-    import pathlib
-    import re
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## head_attention and cache_append"):]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)[:1]
-    exec(compile(code, "README.md", "exec"), {})

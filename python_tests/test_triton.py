@@ -18,7 +18,8 @@ import torch
 
 import mtp_kernels
 from mtp_kernels import reference
-from test_attention import BAD_APPEND, BAD_ATTENTION, _bad, close, inputs, make_cache
+from test_attention import (BAD_APPEND, BAD_ATTENTION, EXTREME, _bad, assert_equal_nan, close, extreme_case,
+                            extreme_dtypes, inputs, make_cache)
 from test_linear import BAD_LINEAR
 from test_linear_q8 import BAD_Q8
 from test_verify import BAD_VERIFY, FLOATS, IDS, accept_cases, make_case
@@ -402,7 +403,21 @@ def test_attention_reads_only_visible_keys(backend):
         v[b, :, n - 1] = float("inf")  # seen by query T - 1 only
     got = attn(*on(device, q, k, v, lens), None, None, None, True)
     assert torch.equal(got[:, :2], want[:, :2])
-    assert torch.isfinite(got[:, :2]).all() and not torch.isfinite(got[:, 2]).all()
+    assert torch.isfinite(got[:, :2]).all() and torch.isnan(got[:, 2]).all()  # a seen inf value: a NaN row
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf and NaN
+@pytest.mark.parametrize("name", list(EXTREME))
+def test_attention_extreme_values(backend, name):
+    """reference.head_attention's extreme-value contract (test_attention.py: EXTREME), bitwise:
+    no key -> zeros, a seen non-finite score (-inf too) or value -> the whole row NaN.
+    The interpreter: fp32, D = 40 only (slow); on a GPU every dtype and D = 40, 64, 128."""
+    impl, device = backend
+    attn = attn_ops(impl)[0]
+    for dtype in extreme_dtypes(name) if device == "cuda" else [torch.float32]:
+        for D in (40, 64, 128) if device == "cuda" else (40,):
+            args, want = extreme_case(name, D, dtype)
+            assert_equal_nan(attn(*on(device, *args)).cpu(), want)
 
 
 def test_attention_no_visible_key_gives_zeros(backend):

@@ -66,7 +66,8 @@ inline const void* kv_row_unit(const KvRows& kv, int64_t j, int64_t D, void* tmp
 }
 
 // A partial is [m, l, acc[D]]. Folds chunk partial p into the running state st, p
-// covering later keys. Plain scalar code: the same bits wherever it is inlined.
+// covering later keys. Plain scalar code: the same bits wherever it is inlined. A NaN l (a
+// chunk with a non-finite score) stays NaN whatever m is.
 inline void merge_partial(float* st, const float* p, int64_t D) {
   const float m = std::max(st[0], p[0]);
   const float a = std::exp(st[0] - m), c = std::exp(p[0] - m);
@@ -102,8 +103,15 @@ inline void fold_partial(float* st, const float* p, int64_t D, bool* any) {
 }
 
 // Normalised output row `row` (flat b*T*Hq + t*Hq + h) from its merged state; no key: zeros.
+// A row is finite or all NaN: l is NaN when a score was not finite (softmax), and a non-finite
+// value reaches acc as inf or NaN depending on its weight (0 * inf), so any non-finite l or acc
+// element makes the whole row NaN, the same on every path (per row, after the keys).
 inline void write_row(const AttentionArgs& a, int64_t row, const float* st, bool any) {
-  for (int64_t d = 0; d < a.D; ++d) store_f32(a.out, a.dtype, row * a.D + d, any ? st[2 + d] / st[1] : 0.f);
+  bool finite = !any || std::isfinite(st[1]);
+  for (int64_t d = 0; d < a.D && finite; ++d) finite = std::isfinite(st[2 + d]);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t d = 0; d < a.D; ++d)
+    store_f32(a.out, a.dtype, row * a.D + d, !any ? 0.f : finite ? st[2 + d] / st[1] : nan);
 }
 
 // Below this many multiply-adds a call runs on the calling thread (handing work to other

@@ -7,7 +7,8 @@ head_attention keeps the exactness rule of the CPU kernel (csrc/include/mtp/atte
      them. It writes each row's partial (max m, sum l, acc[D]) over its visible keys of the
      chunk; inside a chunk, BLOCK_N keys at a time with the usual running rescale.
   2. attention_merge_kernel: folds each row's chunk partials strictly left to right (the
-     local segment's after the cache's), then normalises; a row with no key gets zeros.
+     local segment's after the cache's), then normalises; a row with no key gets zeros, a row
+     that saw a non-finite score or value is all NaN (reference.head_attention's contract).
 Every block size is a fixed constant (BLOCK_D only follows D), so one compiled kernel serves
 every T and B, and a row's operations never involve the other rows of its tile: its bits do
 not depend on T, B or the other requests' lengths. No tl.dot: its order (and TF32) are the
@@ -81,12 +82,14 @@ def attention_chunk_kernel(q, q_sb, q_st, q_sh, q_sd, k, k_sb, k_sh, k_sl, k_sd,
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+        bad = tl.zeros([BLOCK_R], tl.int32)  # the row saw a non-finite score (-inf too): l = NaN
         for j0 in range(0, n_max, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
             kv_ok = (j < n_max)[:, None] & d_ok[None, :]
             kt = tl.load(k_base + j.to(tl.int64)[:, None] * k_sl + d[None, :] * k_sd, mask=kv_ok, other=0.0)
             s = tl.sum(qv[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2) * scale  # [BLOCK_R, BLOCK_N]
             seen = j[None, :] < cnt[:, None]
+            bad = bad | tl.max((seen & ~(tl.abs(s) < float("inf"))).to(tl.int32), 1)
             s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp(-inf - 0) = 0
@@ -98,6 +101,7 @@ def attention_chunk_kernel(q, q_sb, q_st, q_sh, q_sd, k, k_sb, k_sh, k_sl, k_sd,
             pv = tl.where(seen[:, :, None], p[:, :, None] * vt.to(tl.float32)[None, :, :], 0.0)
             acc = acc * alpha[:, None] + tl.sum(pv, 1)
             m_i = m_new
+        l_i = tl.where(bad != 0, float("nan"), l_i)  # NaN stays NaN through the merge
         rp = n_row_blocks * BLOCK_R
         idx = ((b64 * Hkv + h64) * C + c_first + c) * rp + r
         tl.store(part_m + idx, m_i, mask=row_ok)
@@ -143,6 +147,11 @@ def attention_merge_kernel(lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L,
         done, st_m, st_l, st_acc = _fold(c < n_local, done, st_m, st_l, st_acc, part_m, part_l, part_acc,
                                          base + (Cc + c) * step, D, d, d_ok)
     res = tl.where(done[:, None], st_acc / tl.where(done, st_l, 1.0)[:, None], 0.0)
+    # A row is finite or all NaN (as the CPU's write_row): a NaN l (a non-finite score) or a
+    # non-finite acc element (a non-finite value: inf, or 0 * inf = NaN) makes every element NaN.
+    acc_bad = tl.max((d_ok[None, :] & ~(tl.abs(st_acc) < float("inf"))).to(tl.int32), 1)
+    row_bad = done & ((acc_bad != 0) | ~(tl.abs(st_l) < float("inf")))
+    res = tl.where(row_bad[:, None], float("nan"), res)
     o = ((b.to(tl.int64) * T + t) * (Hkv * G) + h * G + g) * D
     tl.store(out + o[:, None] + d[None, :], res, mask=row_ok[:, None] & d_ok[None, :])
 

@@ -13,7 +13,8 @@
 //                    keys the row sees), then the 8 warps' sums are added in warp order.
 //     Which rows share the block never enters a row's arithmetic.
 //  2. attention_merge_kernel: one warp per output row folds its chunk partials strictly left
-//     to right (cache, then local), then normalises; no visible key: zeros.
+//     to right (cache, then local), then normalises; no visible key: zeros; a non-finite
+//     score or value: the whole row NaN (the contract of reference.head_attention).
 // cache_append: one block per (b, kv head, t) copies the bits of one key and one value row.
 #pragma once
 #include <cuda_bf16.h>
@@ -125,12 +126,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
   }
   __syncthreads();
 
-  // 2. Per row: m, p = exp(s - m) in place, l.
+  // 2. Per row: m, p = exp(s - m) in place, l; l = NaN when a score is not finite (-inf
+  //    included: the row's output is NaN, see the merge).
   for (int r = warp; r < kAttnRows; r += kAttnWarps) {
     const int n = cnt[r];
     if (n == 0) continue;
     float m = -__int_as_float(0x7f800000);
-    for (int j = lane; j < n; j += 32) m = fmaxf(m, ps[r][j]);
+    bool finite = true;
+    for (int j = lane; j < n; j += 32) {
+      m = fmaxf(m, ps[r][j]);
+      finite = finite && isfinite(ps[r][j]);
+    }
+    finite = __all_sync(0xffffffffu, finite);
     m = warp_max(m);
     float l = 0.f;
     for (int j = lane; j < n; j += 32) {
@@ -142,7 +149,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
     if (lane == 0) {
       float* ml = w.ml + 2 * partial_index(w, bh, c, r0 + r);
       ml[0] = m;
-      ml[1] = l;
+      ml[1] = finite ? l : __int_as_float(0x7fc00000);
     }
   }
   __syncthreads();
@@ -210,10 +217,16 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attention_merge_kernel(Atten
   const int64_t nc = attn_chunks(visible_cache(a, b, t)), nl = attn_chunks(visible_local(a, t));
   for (int64_t c = 0; c < nc; ++c) fold(c);
   for (int64_t c = 0; c < nl; ++c) fold(w.cache_chunks + c);
+  // A row is finite or all NaN (as write_row in attention.h): a NaN l (a non-finite score) or a
+  // non-finite acc element (a non-finite value: inf or 0 * inf = NaN) makes every element NaN.
+  bool finite = !any || isfinite(l);
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) finite = finite && (!any || i * 32 + lane >= a.D || isfinite(acc[i]));
+  finite = __all_sync(0xffffffffu, finite);
 #pragma unroll
   for (int i = 0; i < DPL; ++i) {
     const int d = i * 32 + lane;
-    if (d < a.D) store_f32<T>(a.out, row * a.D + d, any ? acc[i] / l : 0.f);
+    if (d < a.D) store_f32<T>(a.out, row * a.D + d, !any ? 0.f : finite ? acc[i] / l : __int_as_float(0x7fc00000));
   }
 }
 

@@ -18,17 +18,22 @@ struct Attention {
       }
   }
 
-  // Scores -> exp(s - m) in place; m = max, l = sum.
+  // Scores -> exp(s - m) in place; m = max, l = sum, or NaN when a score is not finite
+  // (-inf included: the row's output is NaN, see write_row).
   static void softmax(float* s, int64_t n, float* m_out, float* l_out) {
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+    bool finite = true;
+    for (int64_t j = 0; j < n; ++j) {
+      m = std::max(m, s[j]);
+      finite = finite && std::isfinite(s[j]);
+    }
     float l = 0.f;
     for (int64_t j = 0; j < n; ++j) {
       s[j] = std::exp(s[j] - m);
       l += s[j];
     }
     *m_out = m;
-    *l_out = l;
+    *l_out = finite ? l : std::numeric_limits<float>::quiet_NaN();
   }
 
   // acc[r][:] = sum_j p[r][j] * v_j over n keys, for `rows` rows (row strides kAttnChunk, ld).

@@ -80,10 +80,18 @@ struct VecAttention {
     }
   }
 
+  // l is NaN when a score is not finite (-inf included; the row's output is NaN, see
+  // write_row): vz sums s * 0, which is 0 for a finite s and NaN for inf or NaN. Padding lanes
+  // hold -FLT_MAX (finite, below any real maximum but -inf, which makes the row NaN anyway).
   static void softmax(float* s, int64_t n, float* m_out, float* l_out) {
-    const F ninf = V::set1(-std::numeric_limits<float>::infinity());
-    F vm = ninf;
-    for (int64_t i = 0; i < n; i += W) vm = V::max(vm, V::load_tail(s + i, V::tail(n - i), ninf));
+    const F ninf = V::set1(-std::numeric_limits<float>::infinity()), zero = V::zero();
+    const F lowest = V::set1(std::numeric_limits<float>::lowest());
+    F vm = ninf, vz = zero;
+    for (int64_t i = 0; i < n; i += W) {
+      const F x = V::load_tail(s + i, V::tail(n - i), lowest);
+      vm = V::max(vm, x);
+      vz = V::fmadd(x, zero, vz);
+    }
     const float m = V::hmax(vm);
     const F mm = V::set1(m);
     F vl = V::zero();
@@ -94,7 +102,7 @@ struct VecAttention {
       vl = V::add(vl, p);
     }
     *m_out = m;
-    *l_out = V::hsum(vl);
+    *l_out = V::hsum(vz) == 0.f ? V::hsum(vl) : std::numeric_limits<float>::quiet_NaN();
   }
 
   // RB rows x 4W columns of acc in registers; each value row is loaded once per tile.
