@@ -65,6 +65,10 @@ bool Checker::tensor(const char* name, const mtp_tensor* t, int32_t ndim, const 
         __builtin_mul_overflow(extent + 1, int64_t(8), &step))
       return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has an extent beyond int64 bytes");
   }
+  int64_t numel = 1;  // loops run over the sizes: their product must be countable
+  for (int32_t d = 0; d < ndim && !empty; ++d)
+    if (!checked_mul(numel, t->sizes[d], &numel))
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has more elements than int64 counts");
   if (!t->data && !empty) return fail(MTP_ERROR_NULL_POINTER, name, ".data is NULL for a non-empty ", sizes_of(t), " view");
   return true;
 }
@@ -120,8 +124,13 @@ bool Checker::num_drafts(const mtp_tensor* t, int64_t B, int64_t K, std::vector<
 bool Checker::threads(int32_t num_threads, int* out) {
   if (num_threads < 0)
     return fail(MTP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0 (0: one per hardware thread), got ", num_threads);
+  if (num_threads > MTP_MAX_THREADS)  // an error, not a clamp: the pool never grows past the cap
+    return fail(MTP_ERROR_INVALID_ARGUMENT, "num_threads must be <= MTP_MAX_THREADS = ", MTP_MAX_THREADS,
+                " (the thread cap), got ", num_threads);
   *out = resolve_threads(num_threads);
   return true;
 }
+
+static_assert(MTP_MAX_THREADS == kMaxThreads, "mtp.h's MTP_MAX_THREADS must equal parallel.h's kMaxThreads");
 
 }  // namespace mtp::capi

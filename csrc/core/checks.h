@@ -69,7 +69,7 @@ class Checker {
   // One of the shared value checks of mtp/op_args.h ("" = fine) as an invalid argument.
   bool ok(const std::string& msg) { return msg.empty() || fail(MTP_ERROR_INVALID_ARGUMENT, msg); }
 
-  // num_threads >= 0 (0: one per hardware thread) -> the count to use.
+  // num_threads in [0, MTP_MAX_THREADS] (0: one per hardware thread, capped) -> the count to use.
   bool threads(int32_t num_threads, int* out);
 
  private:

@@ -1,6 +1,9 @@
 // The C API (mtp.h): argument checks, then the same header-only kernels the torch ops run.
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -66,6 +69,56 @@ bool is_contiguous(const mtp_tensor* t) {
 }
 
 char* bytes(const mtp_tensor* t) { return static_cast<char*>(t->data); }
+
+int64_t elem_bytes(int32_t dtype) {
+  return dtype == MTP_INT64 ? 8 : dtype == MTP_INT32 ? 4 : dtype_size(DType(dtype));
+}
+
+// A checked view as op_args.h's View; a block dtype's weight [N, K] is N rows strides[0]
+// bytes apart, each of K's row bytes.
+View view_of(const char* name, const mtp_tensor* t) {
+  View v;
+  v.name = name;
+  v.data = t->data;
+  v.ndim = t->ndim;
+  v.sizes = t->sizes;
+  v.strides = t->strides;
+  v.elem_bytes = elem_bytes(t->dtype);
+  if (is_block_dtype(t->dtype) && t->ndim == 2 && t->sizes[1] > 0) {
+    const DType dt = DType(t->dtype);
+    v.ndim = 1;
+    v.elem_bytes = 1;
+    v.last_bytes = t->sizes[1] % block_elems(dt) == 0 ? block_row_bytes(dt, t->sizes[1]) : 0;
+  }
+  return v;
+}
+
+using Named = std::pair<const char*, const mtp_tensor*>;
+constexpr const char* kOutput = "it is an output";
+
+// The aliasing rule of mtp.h over checked views: every output free of overlapping elements
+// and sharing no memory with another output or an input (NULL inputs skipped).
+bool no_aliasing(Checker& c, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
+  std::vector<View> views;
+  for (const Named& o : outputs) views.push_back(view_of(o.first, o.second));
+  for (const Named& i : inputs)
+    if (i.second) views.push_back(view_of(i.first, i.second));
+  return c.ok(aliasing_error(views.data(), views.size(), outputs.size(), kOutput));
+}
+
+// The outputs against a list of n more inputs (weights), named by name(i).
+template <class Name>
+bool disjoint_from(Checker& c, std::initializer_list<Named> outputs, const mtp_tensor* const* list, int64_t n,
+                   Name&& name) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!list[i]) continue;
+    const std::string nm = name(i);
+    const View w = view_of(nm.c_str(), list[i]);
+    for (const Named& o : outputs)
+      if (!c.ok(overlap_error(view_of(o.first, o.second), w))) return false;
+  }
+  return true;
+}
 
 // Copies a contiguous [n0, n1, n2, D] array of es-byte elements into the strided 4-D view dst.
 void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
@@ -160,8 +213,8 @@ bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bo
 // `count` layers from weights[offset] (6 each; scales: 4 per layer, or NULL for float
 // matrices), checked against x's dtype and the head counts; *I from the first gate_up.
 bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t offset, int64_t count,
-                       const mtp_tensor* const* scales, const WeightNames& names, int64_t H, int64_t Hq, int64_t Hkv,
-                       int64_t D, const mtp_tensor* x, int64_t* I, std::vector<DecoderLayer>* out) {
+                       const mtp_tensor* const* scales, const WeightNames& names, int64_t H,
+                       const HeadWidths& widths, const mtp_tensor* x, int64_t* I, std::vector<DecoderLayer>* out) {
   if (count > 0) {  // I from the first gate_up [2I, H]
     const mtp_tensor* gu = weights[offset + 4];
     const std::string name = names(offset + 4);
@@ -177,9 +230,9 @@ bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t off
     DecoderLayer& l = (*out)[size_t(i)];
     const bool q8 = scales != nullptr;
     if (!decoder_norm(c, names(w0), weights[w0], H, x, &l.input_norm) ||
-        !decoder_matrix(c, names(w0 + 1), weights[w0 + 1], q8, scale(0), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H, "H",
+        !decoder_matrix(c, names(w0 + 1), weights[w0 + 1], q8, scale(0), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
                         &l.qkv) ||
-        !decoder_matrix(c, names(w0 + 2), weights[w0 + 2], q8, scale(1), H, "H", Hq * D, "Hq D", &l.o) ||
+        !decoder_matrix(c, names(w0 + 2), weights[w0 + 2], q8, scale(1), H, "H", widths.q_width, "Hq D", &l.o) ||
         !decoder_norm(c, names(w0 + 3), weights[w0 + 3], H, x, &l.post_norm) ||
         !decoder_matrix(c, names(w0 + 4), weights[w0 + 4], q8, scale(2), 2 * *I, "2I", H, "H", &l.gate_up) ||
         !decoder_matrix(c, names(w0 + 5), weights[w0 + 5], q8, scale(3), H, "H", *I, "I", &l.down))
@@ -236,6 +289,8 @@ bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* 
                   int32_t num_threads, VerifyArgs* a, std::vector<int64_t>* nd, int* threads) {
   if (!c.tensor("draft_tokens", draft_tokens, 2, "[B, K]", kIdTypes)) return false;
   const int64_t B = draft_tokens->sizes[0], K = draft_tokens->sizes[1];
+  if (K == INT64_MAX)
+    return c.fail(MTP_ERROR_INVALID_ARGUMENT, "draft_tokens.sizes[1] = K = ", K, " is too large (K + 1 overflows int64)");
   if (!c.tensor("target_logits", target_logits, 3, "[B, K+1, V]", kFloatTypes) ||
       !c.size("target_logits", target_logits, 0, B, "B (draft_tokens.sizes[0])") ||
       !c.size("target_logits", target_logits, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)"))
@@ -246,7 +301,9 @@ bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* 
       !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])") ||
       !c.tensor("out_tokens", out_tokens, 2, "[B, K+1]", same_as(draft_tokens)) ||
       !c.size("out_tokens", out_tokens, 0, B, "B (draft_tokens.sizes[0])") ||
-      !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") || !c.threads(num_threads, threads))
+      !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") || !c.threads(num_threads, threads) ||
+      !no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
+                   {{"draft_tokens", draft_tokens}, {"target_logits", target_logits}, {"num_drafts", num_drafts}}))
     return false;
   a->B = B; a->K = K; a->V = V;
   a->logits = target_logits->data;
@@ -267,6 +324,7 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
       !c.size("weight", weight, 1, x->sizes[1], "K (x.sizes[1])"))
     return c.status;
   const int64_t M = x->sizes[0], K = x->sizes[1], N = weight->sizes[0];
+  if (!c.ok(row_length_error("K (x.sizes[1])", K))) return c.status;
   if (is_block_dtype(weight->dtype) ? !c.block_rows("weight", weight)
                                     : !c.ok(weight_rows_error(K, weight->strides[0], weight->strides[1])))
     return c.status;
@@ -279,7 +337,9 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
     return c.status;
   const bool y_f32 = y && y->dtype == MTP_FLOAT32;
   if (!c.tensor("y", y, 2, "[M, N]", y_f32 ? f32 : same_as(x)) || !c.size("y", y, 0, M, "M (x.sizes[0])") ||
-      !c.size("y", y, 1, N, "N (weight.sizes[0])") || !c.threads(num_threads, &threads))
+      !c.size("y", y, 1, N, "N (weight.sizes[0])") || !c.threads(num_threads, &threads) ||
+      !no_aliasing(c, {{"y", y}}, {{"x", x}, {"weight", weight}, {"weight_scale", q8 ? weight_scale : nullptr},
+                                   {"bias", bias}}))
     return c.status;
   if (M == 0 || N == 0) return MTP_OK;
 
@@ -373,7 +433,9 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
     a.Hq = num_heads;
     a.dtype = float_dtype(x->dtype);
     std::vector<int64_t> lens;
-    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
+    HeadWidths widths;
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths)) ||
+        !c.ok(row_length_error("H (x.sizes[2])", a.H)) ||
         !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[4])", &a.P) ||
         !c.counts("cache_lens", cache_lens, a.B, "B (x.sizes[0])", a.L, "L (k_cache.sizes[3])", &lens))
       return c.status;
@@ -381,6 +443,7 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
     std::vector<int64_t> parents;
     if (tree_parents && !tree_of(c, tree_parents, a.B, a.T, &parents)) return c.status;
 
+    if (!c.ok(layers_error(a.layers, "k_cache.sizes[0]"))) return c.status;
     const int64_t want = kLayerTensors * a.layers + 1;
     if (num_weights != want || !weights)
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors, " tensors per layer (input_norm, "
@@ -397,13 +460,21 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
                     "(num_weight_scales = 0; GGUF block-type matrices quantize the activations anyway)");
     const WeightNames names{{}, a.layers, "layer", "the final norm"};
     std::vector<DecoderLayer> layers;
-    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, a.Hq, a.Hkv, a.D, x,
-                           &a.I, &layers))
+    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, widths, x, &a.I,
+                           &layers))
       return c.status;
     int threads = 1;
     if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
         !c.tensor("out", out, 3, "[B, T, H]", same_as(x)) || !c.same_sizes("out", out, "x", x) ||
         !c.threads(num_threads, &threads))
+      return c.status;
+    // The caches and out are written: no overlap with each other or any input.
+    const std::initializer_list<Named> written = {{"k_cache", k_cache}, {"v_cache", v_cache}, {"out", out}};
+    if (!no_aliasing(c, written, {{"x", x}, {"cache_lens", cache_lens}, {"rope_cos", rope_cos}, {"rope_sin", rope_sin},
+                                  {"tree_parents", tree_parents}}) ||
+        !disjoint_from(c, written, weights, want, names) ||
+        !disjoint_from(c, written, q8 ? weight_scales : nullptr, q8 ? kLayerMatrices * a.layers : 0,
+                       [](int64_t i) { return "weight_scales[" + std::to_string(i) + "]"; }))
       return c.status;
     if (is_empty(x)) return MTP_OK;
 
@@ -458,7 +529,8 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
         !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
       return c.status;
     a.Hkv = k_cache->sizes[1]; a.L = k_cache->sizes[2]; a.D = k_cache->sizes[3];
-    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps)) ||
+    HeadWidths widths;
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths)) || !c.ok(row_length_error("H (hidden.sizes[1])", a.H)) ||
         !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
         !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
         !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
@@ -483,7 +555,7 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
         !decoder_norm(c, names(1), weights[1], a.H, hidden, &a.hidden_norm) ||
         !decoder_norm(c, names(n - 1), weights[n - 1], a.H, hidden, &a.out_norm) ||
         !decoder_matrix(c, names(2), weights[2], false, nullptr, a.H, "H", 2 * a.H, "2H", &a.proj) ||
-        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, a.Hq, a.Hkv, a.D, hidden, &a.I, &blocks) ||
+        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, widths, hidden, &a.I, &blocks) ||
         !c.tensor("lm_head", lm_head, 2, "[V, H]", kMatrixTypes) ||
         !decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.V, "V (embedding.sizes[0])",
                         a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
@@ -495,11 +567,18 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
       if (a.Vd < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "draft_vocab must hold at least one token id");
       if (!token_ids(c, "draft_vocab", draft_vocab, a.Vd, "Vd", a.V, "V (embedding.sizes[0])", &vocab)) return c.status;
     }
-    const int64_t width = k + alternatives;  // drafts' columns
+    // drafts' columns; wraps (no UB) when too large, which alternatives_error then reports
+    const int64_t width = int64_t(uint64_t(k) + uint64_t(alternatives));
     if (!c.ok(alternatives_error(alternatives, a.Vd, k)) ||
         !c.tensor("drafts", drafts, 2, alternatives ? "[B, k + alternatives]" : "[B, k]", kIdTypes) ||
         !c.size("drafts", drafts, 0, a.B, "B (hidden.sizes[0])") ||
-        !c.size("drafts", drafts, 1, width, alternatives ? "k + alternatives" : "k") || !c.threads(num_threads, &threads))
+        !c.size("drafts", drafts, 1, width, alternatives ? "k + alternatives" : "k") || !c.threads(num_threads, &threads) ||
+        !no_aliasing(c, {{"drafts", drafts}},
+                     {{"hidden", hidden}, {"token", token}, {"k_cache", k_cache}, {"v_cache", v_cache},
+                      {"cache_lens", cache_lens}, {"rope_cos", rope_cos}, {"rope_sin", rope_sin},
+                      {"embedding", embedding}, {"embedding_scale", embedding_scale}, {"lm_head", lm_head},
+                      {"lm_head_scale", lm_head_scale}, {"draft_vocab", draft_vocab}}) ||
+        !disjoint_from(c, {{"drafts", drafts}}, weights, n, names))
       return c.status;
     if (a.B == 0 || k == 0) return MTP_OK;
 
@@ -593,6 +672,9 @@ mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* 
       a.q_dtype = float_dtype(draft_probs->dtype);
       std::copy_n(draft_probs->strides, 3, a.q_stride);
     }
+    if (!no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
+                     {{"draft_probs", draft_probs}, {"temperature", temperature}, {"seeds", seeds}, {"offsets", offsets}}))
+      return c.status;
     a.v.num_drafts = nd.data();
     a.temperature = temp.data();
     a.seed = seed.data();
@@ -613,6 +695,9 @@ mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_tensor* t
     if (!c.tensor("draft_tokens", draft_tokens, 2, "[B, K]", kIdTypes)) return c.status;
     const int64_t B = draft_tokens->sizes[0], K = draft_tokens->sizes[1];
     std::vector<int64_t> nd;
+    if (K == INT64_MAX)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "draft_tokens.sizes[1] = K = ", K,
+                       " is too large (K + 1 overflows int64)");
     if (!c.tensor("target_tokens", target_tokens, 2, "[B, K+1] or [B, K]", kIdTypes) ||
         !c.size("target_tokens", target_tokens, 0, B, "B (draft_tokens.sizes[0])"))
       return c.status;
@@ -622,7 +707,9 @@ mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_tensor* t
       return c.status;
     }
     if (!c.num_drafts(num_drafts, B, K, &nd) || !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_tokens)) ||
-        !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])"))
+        !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])") ||
+        !no_aliasing(c, {{"accepted", accepted}},
+                     {{"draft_tokens", draft_tokens}, {"target_tokens", target_tokens}, {"num_drafts", num_drafts}}))
       return c.status;
     with_id_type(draft_tokens, [&](auto id) {
       using I = decltype(id);
@@ -660,12 +747,12 @@ mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, co
          !c.size("k_local", k_local, 3, D, "the head dim D (q.sizes[3])") ||
          !c.tensor("v_local", v_local, 4, "[B, Hkv, S, D]", same_as(q)) || !c.same_sizes("v_local", v_local, "k_local", k_local)))
       return c.status;
-    if (scale && !std::isfinite(*scale)) {
-      c.fail(MTP_ERROR_INVALID_ARGUMENT, "*scale must be finite, got ", *scale);
-      return c.status;
-    }
+    if (scale && !c.ok(scale_error("*scale", *scale))) return c.status;
     if (!c.tensor("out", out, 4, "[B, T, Hq, D]", same_as(q)) || !c.same_sizes("out", out, "q", q) ||
-        !c.threads(num_threads, &threads))
+        !c.threads(num_threads, &threads) ||
+        !no_aliasing(c, {{"out", out}},
+                     {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}, {"cache_lens", cache_lens},
+                      {"k_local", k_local}, {"v_local", v_local}}))
       return c.status;
     if (is_empty(out)) return MTP_OK;
 
@@ -711,7 +798,9 @@ mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache
     const int64_t L = k_cache->sizes[2];
     std::vector<int64_t> lens;
     if (!c.counts("cache_lens", cache_lens, B, "B (k_new.sizes[0])", L, "L (k_cache.sizes[2])", &lens) ||
-        !c.threads(num_threads, &threads))
+        !c.threads(num_threads, &threads) ||
+        !no_aliasing(c, {{"k_cache", k_cache}, {"v_cache", v_cache}},
+                     {{"k_new", k_new}, {"v_new", v_new}, {"cache_lens", cache_lens}}))
       return c.status;
     CacheAppendArgs a;
     a.B = B; a.T = T; a.Hkv = Hkv; a.D = D; a.L = L;

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <initializer_list>
 #include <utility>
@@ -97,6 +98,33 @@ inline std::vector<int64_t> checked_num_drafts(const char* op, const c10::option
 // Raises "op: msg" unless msg is empty (the checks shared with the C API, mtp/op_args.h).
 inline void check_ok(const char* op, const std::string& msg) { TORCH_CHECK(msg.empty(), op, ": ", msg); }
 
+// A tensor as op_args.h's View (sizes and strides point into the tensor's own metadata).
+inline View view_of(const char* name, const at::Tensor& t) {
+  View v;
+  v.name = name;
+  v.data = t.numel() ? t.data_ptr() : nullptr;
+  v.elem_bytes = int64_t(t.element_size());
+  v.ndim = t.dim();
+  v.sizes = t.sizes().data();
+  v.strides = t.strides().data();
+  return v;
+}
+
+using NamedTensor = std::pair<const char*, const at::Tensor*>;
+
+// The aliasing rule (op_args.h): each of `outputs` (written in place) has no overlapping
+// elements (self: checked here) and shares no memory with another output or with `inputs`.
+inline void check_written(const char* op, const char* why, std::initializer_list<NamedTensor> outputs,
+                          std::initializer_list<NamedTensor> inputs, bool self = true) {
+  std::vector<View> views;
+  for (const NamedTensor& t : outputs) views.push_back(view_of(t.first, *t.second));
+  for (const NamedTensor& t : inputs) views.push_back(view_of(t.first, *t.second));
+  if (self) check_ok(op, aliasing_error(views.data(), views.size(), outputs.size(), why));
+  else
+    for (size_t i = 0; i < outputs.size(); ++i)
+      for (size_t j = outputs.size(); j < views.size(); ++j) check_ok(op, overlap_error(views[i], views[j]));
+}
+
 // draft_tokens [B, K] (verify, accept_prefix) on `device`.
 inline void check_drafts(const char* op, const at::Tensor& draft, const at::Device& device) {
   check_device(op, "draft_tokens", draft, device);
@@ -112,6 +140,7 @@ inline void check_verify_inputs(const char* op, const at::Tensor& draft, const a
   check_dtype(op, "target_logits", logits, kFloatTypes);
   check_dim(op, "target_logits", logits, 3, "[B, K+1, V]");
   const int64_t B = draft.size(0), K = draft.size(1);
+  TORCH_CHECK(K < INT64_MAX, op, ": draft_tokens.size(1) = K = ", K, " is too large (K + 1 overflows int64)");
   check_size(op, "target_logits", logits, 0, B, "B (draft_tokens.size(0))");
   check_size(op, "target_logits", logits, 1, K + 1, "K+1 (draft_tokens.size(1) + 1)");
   TORCH_CHECK(logits.size(2) > 0, op, ": target_logits must have a vocabulary of V >= 1 entries, got V = 0");
@@ -125,6 +154,7 @@ inline void check_accept_inputs(const char* op, const at::Tensor& draft, const a
   check_dtype(op, "target_tokens", target, kIdTypes);
   check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]");
   const int64_t B = draft.size(0), K = draft.size(1);
+  TORCH_CHECK(K < INT64_MAX, op, ": draft_tokens.size(1) = K = ", K, " is too large (K + 1 overflows int64)");
   check_size(op, "target_tokens", target, 0, B, "B (draft_tokens.size(0))");
   TORCH_CHECK(target.size(1) == K + 1 || target.size(1) == K, op, ": target_tokens.size(1) must be K+1 = ", K + 1,
               " or K = ", K, ", got ", target.size(1));
@@ -218,6 +248,7 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a scalar");
   const int64_t K = x.size(-1), N = weight.dim() == 2 ? weight.size(0) : 0;
+  check_ok(op, row_length_error("K (x.size(-1))", K));
   DType block = DType::F32;
   if (gguf_type.has_value()) {
     block = check_gguf_weight(op, "weight", weight, *gguf_type, K);
@@ -320,6 +351,7 @@ inline AttentionArgs attention_args(const char* op, const at::Tensor& q, const a
     TORCH_CHECK(vl.sizes() == kl.sizes(), op, ": v_local must have k_local's shape ", kl.sizes(), ", got ", vl.sizes());
     set_local_views(a, kl.size(2), kl.data_ptr(), kl.strides().data(), vl.data_ptr(), vl.strides().data());
   }
+  if (scale.has_value()) check_ok(op, scale_error("scale", *scale));  // at the kernel's width, fp32
   a.scale = scale.has_value() ? float(*scale) : default_attention_scale(a.D);
   a.causal = causal;
   return a;
@@ -347,6 +379,9 @@ inline CacheAppendArgs cache_append_args(const char* op, const at::Tensor& k_cac
   check_size(op, "k_cache", k_cache, 0, a.B, "B (k_new.size(0))");
   check_size(op, "k_cache", k_cache, 1, a.Hkv, "Hkv (k_new.size(2))");
   check_size(op, "k_cache", k_cache, 3, a.D, "the head dim D (k_new.size(3))");
+  // The caches are written in place: not expanded, not each other, not the new entries.
+  check_written(op, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
+                {{"k_new", &k_new}, {"v_new", &v_new}});
   a.dtype = to_dtype(k_new.scalar_type());
   a.k_new = k_new.data_ptr();
   a.v_new = v_new.data_ptr();

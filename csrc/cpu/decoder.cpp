@@ -85,8 +85,8 @@ int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor&
 // `count` layers of weights from weights[offset] (scales[4 i + j] the Q8 scales of layer i's
 // matrix j, or none), checked; sets I (the MLP width, from the first gate_up).
 std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, int64_t offset, int64_t count,
-                                       at::TensorList scales, const WeightNames& names, int64_t H, int64_t Hq,
-                                       int64_t Hkv, int64_t D, const at::Tensor& x, const char* x_name, int64_t* I,
+                                       at::TensorList scales, const WeightNames& names, int64_t H,
+                                       const HeadWidths& widths, const at::Tensor& x, const char* x_name, int64_t* I,
                                        const std::vector<int64_t>& types = {}) {
   if (count > 0) {
     const at::Tensor& gu = weights[offset + 4];
@@ -105,9 +105,10 @@ std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, i
     DecoderLayer& l = layers[size_t(i)];
     l.input_norm = weights[w0].data_ptr();
     l.post_norm = weights[w0 + 3].data_ptr();
-    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) D", H, "H",
+    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
                    "weight_scales", type(i, 0));
-    l.o = matrix(op, weights[w0 + 2], scale(1), names(w0 + 2), H, "H", Hq * D, "Hq D", "weight_scales", type(i, 1));
+    l.o = matrix(op, weights[w0 + 2], scale(1), names(w0 + 2), H, "H", widths.q_width, "Hq D", "weight_scales",
+                 type(i, 1));
     l.gate_up = matrix(op, weights[w0 + 4], scale(2), names(w0 + 4), 2 * *I, "2I", H, "H", "weight_scales", type(i, 2));
     l.down = matrix(op, weights[w0 + 5], scale(3), names(w0 + 5), H, "H", *I, "I", "weight_scales", type(i, 3));
   }
@@ -149,12 +150,18 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   a.Hq = num_heads;
   a.dtype = to_dtype(x.scalar_type());
   check_size(kDecoder, "k_cache", k_cache, 1, a.B, "B (x.size(0))");
-  check_ok(kDecoder, decoder_heads_error(num_heads, a.Hkv, a.D, eps));
+  HeadWidths widths;
+  check_ok(kDecoder, decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths));
+  check_ok(kDecoder, row_length_error("H (x.size(2))", a.H));
+  // k_cache and v_cache are written in place: no overlap with each other, x or the tables.
+  check_written(kDecoder, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
+                {{"x", &x}, {"rope_cos", &rope_cos}, {"rope_sin", &rope_sin}, {"cache_lens", &cache_lens}});
   a.P = check_rope(kDecoder, rope_cos, rope_sin, a.D, "D (k_cache.size(4))");
   const std::vector<int64_t> lens =
       checked_counts(kDecoder, "cache_lens", cache_lens, a.B, "B (x.size(0))", a.L, "L (k_cache.size(3))");
   check_ok(kDecoder, positions_error(lens, a.T, a.L, "k_cache.size(3)", a.P, "rope_cos.size(0)"));
 
+  check_ok(kDecoder, layers_error(a.layers, "k_cache.size(0)"));
   const int64_t want = kLayerTensors * a.layers + 1;
   TORCH_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", kLayerTensors,
               " tensors per layer (input_norm, qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers,
@@ -178,9 +185,17 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   }
   const WeightNames names{{}, a.layers, "layer", "the final norm"};
   std::vector<DecoderLayer> layers =
-      parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, a.Hq, a.Hkv, a.D, x, "x", &a.I, types);
+      parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, widths, x, "x", &a.I, types);
   const at::Tensor& final_norm = weights[want - 1];
   check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
+  for (size_t i = 0; i < weights.size(); ++i)
+    check_written(kDecoder, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
+                  {{names(int64_t(i)).c_str(), &weights[i]}}, /*self=*/false);
+  for (size_t i = 0; i < weight_scales.size(); ++i) {
+    const std::string name = "weight_scales[" + std::to_string(i) + "]";
+    check_written(kDecoder, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
+                  {{name.c_str(), &weight_scales[i]}}, /*self=*/false);
+  }
 
   const at::Tensor xc = x.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
@@ -199,7 +214,7 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   a.tree_parents = tree_parents ? parents.data() : nullptr;
   a.layer = layers.data();
   a.final_norm = final_norm.data_ptr();
-  a.eps = float(eps);
+  a.eps = float(eps);  // eps_error checked it as a float
   a.quantize_x = quantize_x;
   a.out = out.data_ptr();
   decoder(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
@@ -243,7 +258,9 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   set_caches(op, cache, k_cache, v_cache, "hidden", hidden, at::kCPU);
   check_size(op, "k_cache", k_cache, 0, a.B, "B (hidden.size(0))");
   a.Hkv = k_cache.size(1); a.L = k_cache.size(2); a.D = k_cache.size(3);
-  check_ok(op, decoder_heads_error(num_heads, a.Hkv, a.D, eps));
+  HeadWidths widths;
+  check_ok(op, decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths));
+  check_ok(op, row_length_error("H (hidden.size(1))", a.H));
   a.P = check_rope(op, rope_cos, rope_sin, a.D, "D (k_cache.size(3))");
   const std::vector<int64_t> lens =
       checked_counts(op, "cache_lens", cache_lens, a.B, "B (hidden.size(0))", a.L, "L (k_cache.size(2))");
@@ -272,7 +289,7 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   check_norm(op, weights[n - 1], names(n - 1), a.H, hidden, "hidden");
   a.proj = matrix(op, weights[2], c10::nullopt, names(2), a.H, "H", 2 * a.H, "2H");
   std::vector<DecoderLayer> blocks =
-      parse_layers(op, weights, 3, a.blocks, {}, names, a.H, a.Hq, a.Hkv, a.D, hidden, "hidden", &a.I);
+      parse_layers(op, weights, 3, a.blocks, {}, names, a.H, widths, hidden, "hidden", &a.I);
 
   // The LM head, read in place: the draft vocabulary's rows only (no copy of them).
   a.lm_head = matrix(op, lm_head, lm_head_scale, "lm_head", a.V, "V (embedding.size(0))", a.H, "H (hidden.size(1))",

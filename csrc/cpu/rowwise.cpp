@@ -1,6 +1,5 @@
 // CPU bindings of the row-local layer ops (mtp.rms_norm, mtp.add_rms_norm, mtp.rope_,
 // mtp.silu_mul): checks, tensors -> rows and strides. No threads: see mtp/rowwise.h.
-#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -31,7 +30,7 @@ void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& we
   check_dtype(op, "weight", weight, kFloatTypes);
   check_dim(op, "weight", weight, 1, "[H]");
   check_size(op, "weight", weight, 0, x.size(-1), "H (x.size(-1))");
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be a finite number >= 0, got ", eps);
+  check_ok(op, eps_error(eps));  // as the float the kernel gets
 }
 
 // out = RMSNorm(residual ? x + residual : x); sum (when residual) = x + residual.
@@ -80,8 +79,6 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
   check_dim(kRope, "x", x, 4, "[B, T, H, D]");
   TORCH_CHECK(x.size(3) % 2 == 0, kRope, ": x.size(3) (the head dim D, rotated as two halves) must be even, got ",
               x.size(3));
-  TORCH_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, kRope,
-              ": x must not have overlapping elements (it is rotated in place), got strides ", x.strides());
   RopeArgs a;
   a.B = x.size(0); a.T = x.size(1); a.H = x.size(2); a.D = x.size(3);
   for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"cos", &cos}, {"sin", &sin}}) {
@@ -92,6 +89,8 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
     check_size(kRope, name, *t, 1, a.T, "T (x.size(1))");
     check_size(kRope, name, *t, 2, a.D, "D (x.size(3))");
   }
+  // x is rotated in place: its elements distinct, no memory shared with the tables.
+  check_written(kRope, "it is rotated in place", {{"x", &x}}, {{"cos", &cos}, {"sin", &sin}});
   if (x.numel() == 0) return;
   a.dtype = to_dtype(x.scalar_type());
   a.x = x.data_ptr();

@@ -4,7 +4,22 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
+
+// Checked int64 arithmetic for the argument checks (the one place they are written): true and
+// *out = the exact result when it fits in int64, false otherwise. Sizes and counts come from
+// the caller, so a product or sum of them is checked before anything relies on it.
+inline bool checked_mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+inline bool checked_add(int64_t a, int64_t b, int64_t* out) { return !__builtin_add_overflow(a, b, out); }
+// a * b * c ...: false as soon as one step overflows.
+inline bool checked_product(std::initializer_list<int64_t> factors, int64_t* out) {
+  int64_t p = 1;
+  for (int64_t f : factors)
+    if (!checked_mul(p, f, &p)) return false;
+  *out = p;
+  return true;
+}
 
 // Functions shared by host code and CUDA kernels.
 #if defined(__CUDACC__)
@@ -116,8 +131,10 @@ inline void store_f32(void* base, DType t, int64_t i, float v) {
   }
 }
 
-// Copies n elements of es bytes between strided arrays (bit-exact).
+// Copies n elements of es bytes between strided arrays (bit-exact). n == 0 touches nothing
+// (memcpy must not see a NULL pointer, even for 0 bytes).
 inline void copy_elems(char* dst, int64_t dst_stride, const char* src, int64_t src_stride, int64_t n, int64_t es) {
+  if (n <= 0) return;
   if (dst_stride == 1 && src_stride == 1) {
     std::memcpy(dst, src, size_t(n * es));
     return;

@@ -7,6 +7,24 @@
  * expected and what came, and the outputs are left untouched (all checks precede any write).
  *
  * The kernels are the same ones the torch ops (torch.ops.mtp.*) run: same results, bit for bit.
+ *
+ * Sizes: every product or sum of sizes and counts a check forms is done in checked int64
+ * arithmetic; one that would overflow is MTP_ERROR_INVALID_ARGUMENT naming the argument.
+ *
+ * Aliasing: an output (a view the call writes: out, y, accepted, out_tokens, drafts, and the
+ * caches of mtp_cache_append and mtp_decoder_layers(_tree)) must not have overlapping
+ * elements (no stride 0 over a size > 1: expanded views are rejected) and must share no memory
+ * with any other argument, input or output. Two views share memory when their byte ranges
+ * [first byte, last byte] intersect, even if their elements interleave. Violations are
+ * MTP_ERROR_INVALID_ARGUMENT naming both views; nothing is written.
+ *
+ * Scalars: float arguments (scale, eps) are checked as the float32 the kernels use: finite
+ * (eps also >= 0).
+ *
+ * Threads: num_threads is in [0, MTP_MAX_THREADS]; 0 means one per hardware thread, capped at
+ * MTP_MAX_THREADS. Larger values are MTP_ERROR_INVALID_ARGUMENT. The process-wide pool never
+ * holds more than MTP_MAX_THREADS - 1 workers. fork() is supported: a child process starts a
+ * fresh pool on its first threaded call (the parent's workers do not exist in the child).
  */
 #ifndef MTP_MTP_H_
 #define MTP_MTP_H_
@@ -57,6 +75,9 @@ typedef enum mtp_dtype {
 } mtp_dtype;
 
 #define MTP_MAX_DIMS 6
+
+/* The largest num_threads any call takes (see "Threads" above). */
+#define MTP_MAX_THREADS 256
 
 /* A strided view. dtype is an int32_t holding an mtp_dtype, so that a bad value can be
  * reported rather than being undefined behaviour. Inputs are only read through `data`. */

@@ -6,6 +6,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,118 @@ std::string message(const Parts&... parts) {
   std::ostringstream m;
   (m << ... << parts);
   return m.str();
+}
+
+// ---- scalars: validated at the width the kernels use (fp32), after narrowing
+
+// "" when v (a double from the caller) is finite as a float32 and, with positive, > 0; else
+// "<name> must be <what>, got <v>" (+ " (inf as float32)" when only the narrowing overflows).
+inline std::string float_arg_error(const char* name, double v, const char* what, bool nonnegative) {
+  const float f = float(v);  // what the kernel gets (IEEE narrowing: |v| > FLT_MAX -> inf)
+  if (std::isfinite(f) && (!nonnegative || f >= 0)) return "";
+  return message(name, " must be ", what, ", got ", v, std::isfinite(v) ? " (inf as float32)" : "");
+}
+inline std::string scale_error(const char* name, double scale) {
+  return float_arg_error(name, scale, "finite", false);
+}
+inline std::string eps_error(double eps) { return float_arg_error("eps", eps, "a finite number >= 0", true); }
+
+// ---- sizes: products and sums in checked arithmetic (common.h), an overflow is an error
+
+// The longest row (K, H, ...) any check accepts: q8_blocks, block_row_bytes and the packed
+// activation rows add to and multiply K, which must stay far from int64's end.
+constexpr int64_t kMaxRowElems = int64_t(1) << 56;
+inline std::string row_length_error(const char* what, int64_t K) {
+  if (K <= kMaxRowElems) return "";
+  return message(what, " = ", K, " is beyond the ", kMaxRowElems, " (2^56) elements a row may have");
+}
+
+// ---- aliasing: an op's outputs share no memory with each other or with any input, and
+// no two elements of an output share memory (expanded, stride-0 views are rejected). The
+// checks compare byte ranges [first byte, last byte + 1): two views whose ranges intersect
+// are rejected even when their elements interleave without touching.
+
+struct View {
+  const char* name = "";
+  const void* data = nullptr;
+  int64_t elem_bytes = 0;
+  int64_t ndim = 0;
+  const int64_t* sizes = nullptr;
+  const int64_t* strides = nullptr;  // in elements, >= 0
+  int64_t last_bytes = -1;           // >= 0: the bytes of the last row instead of elem_bytes (block dtypes)
+};
+
+inline std::string dims_text(int64_t n, const int64_t* v) {
+  std::ostringstream s;
+  s << "[";
+  for (int64_t d = 0; d < n; ++d) s << (d ? ", " : "") << v[d];
+  s << "]";
+  return s.str();
+}
+
+// [lo, hi) of v's bytes (lo == hi: empty). Extents past int64 saturate (such a view cannot
+// be memory anyway; it then overlaps everything, which is what a check should say).
+inline void byte_range(const View& v, uintptr_t* lo, uintptr_t* hi) {
+  *lo = *hi = reinterpret_cast<uintptr_t>(v.data);
+  int64_t extent = 0;  // element offset of the last element
+  for (int64_t d = 0; d < v.ndim; ++d) {
+    if (v.sizes[d] == 0) return;
+    int64_t step;
+    if (!checked_mul(v.sizes[d] - 1, v.strides[d], &step) || !checked_add(extent, step, &extent)) {
+      *hi = UINTPTR_MAX;
+      return;
+    }
+  }
+  int64_t bytes, last = v.last_bytes >= 0 ? v.last_bytes : v.elem_bytes;
+  if (!checked_mul(extent, v.elem_bytes, &bytes) || !checked_add(bytes, last, &bytes) ||
+      uintptr_t(bytes) > UINTPTR_MAX - *lo) {
+    *hi = UINTPTR_MAX;
+    return;
+  }
+  *hi = *lo + uintptr_t(bytes);
+}
+
+// An output's elements are distinct memory: its dims of size > 1, ordered by stride, each
+// step past everything the smaller ones span (what any dense or sliced view satisfies).
+inline std::string self_overlap_error(const View& v, const char* why) {
+  int64_t order[8], n = 0;  // the dims of size > 1 by increasing stride (insertion: a few dims)
+  for (int64_t d = 0; d < v.ndim && d < 8; ++d) {
+    if (v.sizes[d] <= 1) continue;
+    int64_t i = n++;
+    for (; i > 0 && v.strides[order[i - 1]] > v.strides[d]; --i) order[i] = order[i - 1];
+    order[i] = d;
+  }
+  int64_t span = 1;  // elements spanned by the dims so far
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t d = order[i];
+    int64_t step;
+    if (v.strides[d] < span || !checked_mul(v.sizes[d] - 1, v.strides[d], &step) || !checked_add(span, step, &span))
+      return message(v.name, " must not have overlapping elements (", why, "), got strides ",
+                     dims_text(v.ndim, v.strides), " for sizes ", dims_text(v.ndim, v.sizes));
+  }
+  return "";
+}
+
+// out (written) and other (read or written) share no byte.
+inline std::string overlap_error(const View& out, const View& other) {
+  uintptr_t a0, a1, b0, b1;
+  byte_range(out, &a0, &a1);
+  byte_range(other, &b0, &b1);
+  if (a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0) return "";
+  return message(out.name, " and ", other.name, " overlap in memory: ", out.name,
+                 " is written in place and must share no memory with another argument");
+}
+
+// Every output free of self-overlap, and disjoint from every other view (outputs first in
+// `views`, `outputs` of them).
+inline std::string aliasing_error(const View* views, size_t count, size_t outputs, const char* why) {
+  for (size_t i = 0; i < outputs; ++i)
+    if (std::string e = self_overlap_error(views[i], why); !e.empty()) return e;
+  for (size_t i = 0; i < outputs; ++i)
+    for (size_t j = 0; j < count; ++j)
+      if (j != i && (j > i || j >= outputs))
+        if (std::string e = overlap_error(views[i], views[j]); !e.empty()) return e;
+  return "";
 }
 
 // ---- head_attention
@@ -71,7 +184,9 @@ inline void set_local_views(AttentionArgs& a, int64_t S, const void* kl, const i
 
 // Checked before anything is written: one request past the capacity and nothing is.
 inline std::string capacity_error(const CacheAppendArgs& a) {
-  const int64_t bad = cache_append_overflow(a);
+  int64_t bad = -1;  // cache_lens[b] in [0, L] (checked): T > L - cache_lens[b] cannot overflow
+  for (int64_t b = 0; b < a.B && bad < 0; ++b)
+    if (a.cache_lens[b] < 0 || a.cache_lens[b] > a.L || a.T > a.L - a.cache_lens[b]) bad = b;
   if (bad < 0) return "";
   return message("request ", bad, " would pass the cache capacity: cache_lens[", bad, "] + T = ", a.cache_lens[bad],
                  " + ", a.T, " > L = ", a.L, " (the caches' length); nothing was written");
@@ -131,6 +246,7 @@ inline std::string gguf_type_error(int64_t ggml_type) {
 // A matrix of K-element rows stored as bytes [N, row_bytes] with strides [stride0, stride1].
 inline std::string gguf_weight_error(DType t, int64_t K, int64_t row_bytes, int64_t stride0, int64_t stride1) {
   const int64_t e = block_elems(t);
+  if (std::string k = row_length_error("K", K); !k.empty()) return k;
   if (K % e != 0)
     return message("K = ", K, " is not a multiple of ", block_type_name(t), "'s blocks of ", e, " elements");
   if (row_bytes != block_row_bytes(t, K))
@@ -166,6 +282,14 @@ struct WeightNames {
   }
 };
 
+// The layer count of the caches: its weight lists (6 per layer + 1, 4 scales per layer) must
+// be countable (a stride-0 cache may claim any number of layers).
+inline std::string layers_error(int64_t layers, const char* what) {
+  constexpr int64_t most = (int64_t(1) << 31) / kLayerTensors;
+  if (layers <= most) return "";
+  return message(what, " = ", layers, " layers is more than a weight list can hold (at most ", most, ")");
+}
+
 // A norm's weight [H] is read in place: unit stride.
 inline std::string norm_stride_error(int64_t H, int64_t stride) {
   if (stride == 1 || H <= 1) return "";
@@ -177,11 +301,12 @@ inline std::string norm_stride_error(int64_t H, int64_t stride) {
 // l_what / p_what say where L and P come from.
 inline std::string positions_error(const std::vector<int64_t>& lens, int64_t T, int64_t L, const char* l_what,
                                    int64_t P, const char* p_what) {
+  // lens[b] in [0, L] (checked) and T, P >= 0: compared by subtraction, which cannot overflow
   for (size_t b = 0; b < lens.size(); ++b) {
-    if (lens[b] + T > L)
+    if (T > L - lens[b])
       return message("request ", b, " would pass the cache capacity: cache_lens[", b, "] + T = ", lens[b], " + ", T,
                      " > L = ", L, " (", l_what, "); nothing was written");
-    if (lens[b] + T > P)
+    if (T > P - lens[b])
       return message("request ", b, " would pass the RoPE tables: cache_lens[", b, "] + T = ", lens[b], " + ", T,
                      " > P = ", P, " (", p_what, ") positions");
   }
@@ -191,7 +316,7 @@ inline std::string positions_error(const std::vector<int64_t>& lens, int64_t T, 
 // The head's k draft steps of request b take positions cache_lens[b] .. + k - 1 of the RoPE tables.
 inline std::string draft_positions_error(const std::vector<int64_t>& lens, int64_t k, int64_t P, const char* p_what) {
   for (size_t b = 0; b < lens.size(); ++b)
-    if (lens[b] + k > P)
+    if (k > P - lens[b])  // not lens[b] + k: k is the caller's and may be near 2^63
       return message("request ", b, "'s drafts would pass the RoPE tables: cache_lens[", b, "] + k = ", lens[b], " + ",
                      k, " > P = ", P, " (", p_what, ") positions");
   return "";
@@ -216,14 +341,32 @@ inline std::string alternatives_error(int64_t alternatives, int64_t Vd, int64_t 
     return message("alternatives must be in [0, ", Vd, ") (fewer than the draft vocabulary's ", Vd, " tokens), got ",
                    alternatives);
   if (alternatives > 0 && k < 1) return "alternatives are first drafts: they need k >= 1, got k = 0";
+  int64_t width;
+  if (!checked_add(k, alternatives, &width))
+    return message("k + alternatives = ", k, " + ", alternatives, " overflows int64");
   return "";
 }
 
-inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D, double eps) {
+// The widths a layer's matrices take from the head counts: qkv has (Hq + 2 Hkv) D rows,
+// o_proj Hq D columns. Checked: with num_heads near 2^62 they would wrap to small numbers
+// that real weights match.
+struct HeadWidths {
+  int64_t qkv_rows = 0, q_width = 0;
+};
+
+inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D, double eps,
+                                       HeadWidths* widths = nullptr) {
   if (num_heads < 1) return message("num_heads must be >= 1, got ", num_heads);
   if (std::string e = gqa_error(num_heads, Hkv); !e.empty()) return e;
   if (D % 2 != 0) return message("the head dim D must be even (RoPE rotates two halves), got ", D);
-  if (!(std::isfinite(eps) && eps >= 0)) return message("eps must be a finite number >= 0, got ", eps);
+  HeadWidths w;
+  int64_t heads;
+  if (!checked_add(num_heads, Hkv, &heads) || !checked_add(heads, Hkv, &heads) ||
+      !checked_mul(heads, D, &w.qkv_rows) || !checked_mul(num_heads, D, &w.q_width))
+    return message("num_heads = ", num_heads, " is too large: the qkv rows (Hq + 2 Hkv) D with Hkv = ", Hkv,
+                   " and D = ", D, " overflow int64");
+  if (std::string e = eps_error(eps); !e.empty()) return e;
+  if (widths) *widths = w;
   return "";
 }
 

@@ -16,13 +16,26 @@
 #include <utility>
 #include <vector>
 
+#if defined(__unix__) || defined(__APPLE__) || defined(__ANDROID__)
+#include <pthread.h>
+#define MTP_HAVE_PTHREAD_ATFORK 1
+#else
+#define MTP_HAVE_PTHREAD_ATFORK 0
+#endif
+
 namespace mtp {
 
-// A thread count of 0 means one per hardware thread.
+// The most threads one region uses (the C API's MTP_MAX_THREADS): the pool never grows past
+// kMaxThreads - 1 workers, and a region asked for more runs on kMaxThreads.
+constexpr int kMaxThreads = 256;
+
+// A thread count of 0 means one per hardware thread; either way at most kMaxThreads.
 inline int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw ? int(hw) : 1;
+  if (threads <= 0) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    threads = hw ? int(std::min<unsigned>(hw, unsigned(kMaxThreads))) : 1;
+  }
+  return std::min(threads, kMaxThreads);
 }
 
 // Range p of n items in `parts`: [n*p/parts, n*(p+1)/parts).
@@ -57,13 +70,22 @@ bool start_thread(std::thread& out, F&& f) {
 // sleep on a condition variable. One region at a time: run() returns false for a caller that
 // finds the pool busy (another thread's region, or a region started inside a region), which
 // then starts threads of its own. Never destroyed: its threads sleep until the process exits.
-// Not fork-safe: a child process has no workers (fork before the first threaded call).
+// Fork-safe: a fork()ed child has none of the parent's workers (and maybe a mutex some parent
+// thread held), so a pthread_atfork child handler drops the parent's pool (leaked, never
+// touched again) and the child's first threaded call starts a fresh one.
 class ThreadPool {
  public:
   using Task = void (*)(void* fn, int64_t begin, int64_t end);
 
   static ThreadPool& instance() {
-    static ThreadPool* pool = new ThreadPool;
+    static const bool registered = register_fork_handler();
+    (void)registered;
+    ThreadPool* pool = current().load(std::memory_order_acquire);
+    if (!pool) {  // first use, or the first use in a forked child
+      ThreadPool* fresh = new ThreadPool;
+      if (current().compare_exchange_strong(pool, fresh, std::memory_order_acq_rel)) pool = fresh;
+      else delete fresh;  // another thread installed one first: pool holds it
+    }
     return *pool;
   }
 
@@ -100,6 +122,22 @@ class ThreadPool {
   // within microseconds, a sleeping worker takes a system call to wake.
   static constexpr std::chrono::microseconds kSpin{100};
 
+  static std::atomic<ThreadPool*>& current() {
+    static std::atomic<ThreadPool*> pool{nullptr};
+    return pool;
+  }
+  // Runs in the child right after fork(), single-threaded: only an atomic store.
+  static void forget_after_fork() {
+    current().store(nullptr, std::memory_order_relaxed);
+    inside_region() = false;  // the forking thread may have been inside a region
+  }
+  static bool register_fork_handler() {
+#if MTP_HAVE_PTHREAD_ATFORK
+    pthread_atfork(nullptr, nullptr, &ThreadPool::forget_after_fork);
+#endif
+    return true;
+  }
+
   static bool& inside_region() {
     thread_local bool inside = false;
     return inside;
@@ -119,6 +157,7 @@ class ThreadPool {
   // Starts workers up to `count` (before the region's job is published: a new worker waits
   // for the generation after the current one); false if the system refuses a thread.
   bool grow(int count) {
+    if (count > kMaxThreads - 1) return false;  // never past the cap (callers clamp before)
     const uint64_t now = generation_.load(std::memory_order_relaxed);
     while (int(workers_) < count) {
       std::thread t;
@@ -167,7 +206,7 @@ struct ThreadParallelFor {
 
   template <class Fn>
   void operator()(int64_t n, Fn&& fn) const {
-    const int64_t parts = std::min<int64_t>(std::max(threads, 1), n);
+    const int64_t parts = std::min<int64_t>(std::clamp(threads, 1, kMaxThreads), n);
     if (parts <= 1) {
       if (n > 0) fn(int64_t(0), n);
       return;
