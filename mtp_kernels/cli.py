@@ -239,12 +239,12 @@ def cmd_generate(args) -> int:
         how += f", prompt lookup up to {args.lookup}"
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
-    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {weights_desc})")
     beside = check_widths(args, cfg, head)
     what = f"--max-new-tokens {args.max_new_tokens} and the drafts of a pass"
     ids = [encode_prompt(tokenizer, where, p, beside, cfg.max_position, what)
            for where, p in prompts]
     prompts = [p for _, p in prompts]
+    log(f"loaded in {time.perf_counter() - t:.1f} s ({how}, {mode}, {weights_desc})")
     eos = tuple(cfg.eos_token_ids)
     for prompt, prompt_ids in zip(prompts, ids):
         stream = StreamDecoder(tokenizer) if not args.json else None
@@ -591,7 +591,8 @@ def _float32_ok(x: float, zero_ok: bool = True) -> bool:
 
     if x == 0:
         return zero_ok
-    return math.isfinite(x) and x > 0 and np.finfo(np.float32).tiny <= x <= np.finfo(np.float32).max
+    info = np.finfo(np.float32)
+    return math.isfinite(x) and float(info.tiny) <= x <= float(info.max)
 
 
 def check_args(args) -> list[str]:
