@@ -89,6 +89,9 @@ def check_widths(args, cfg, head) -> int:
     extra = width + args.branches - 1 + 1  # decoding.generate's cache: prompt + max_new_tokens + this
     if args.max_new_tokens + 1 > ctx:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens}: the model's context is {ctx} tokens")
+    if 1 + args.max_new_tokens + 1 > ctx:  # even plain decoding (one token per pass)
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the model's context "
+                         f"of {ctx} tokens")
     if 1 + args.max_new_tokens + extra > ctx:
         raise UsageError(f"--k {k}, --lookup {args.lookup} and --branches {args.branches} verify up to "
                          f"{width + args.branches} tokens per pass: with --max-new-tokens {args.max_new_tokens} that "
@@ -150,7 +153,10 @@ def load_drafter(path: str | None, backbone, log):
         raise UsageError(f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` "
                          "or pass --drafter-path")
     drafter = StandaloneDrafter.load(folder)
-    drafter.check_fits(backbone.cfg)
+    try:
+        drafter.check_fits(backbone.cfg)
+    except ValueError as e:
+        raise UsageError(f"{folder}: {e}") from None
     drafter.to(backbone.dtype)
     if not drafter.trained:
         log("note: UNTRAINED standalone drafter: drafts are rarely accepted; the output is still the backbone's own")
@@ -208,7 +214,7 @@ def parse_lenient(text: str) -> tuple[int, float]:
         top_k, ratio = int(fields["top_k"]), float(fields.get("min_ratio", "0"))
     except (TypeError, ValueError):
         raise ValueError(f"--lenient expects top_k=K[,min_ratio=R] with an integer K and a number R, got '{text}'")
-    if top_k < 1 or not 0 <= ratio <= 1:
+    if not 1 <= top_k < 1 << 31 or not 0 <= ratio <= 1:
         raise ValueError(f"--lenient needs top_k >= 1 and min_ratio in [0, 1], got '{text}'")
     return top_k, ratio
 
@@ -581,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 MAX_UNROLL = 64  # mtp train --unroll: draft steps unrolled in the loss (memory grows with it)
-MAX_THREADS = 1024
+MAX_THREADS = 256  # as the C API (MTP_MAX_THREADS): more only parks threads
 
 
 def _float32_ok(x: float, zero_ok: bool = True) -> bool:

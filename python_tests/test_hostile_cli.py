@@ -108,6 +108,8 @@ def test_bad_head_exits_2(tiny, tmp_path, capsys):
     (["--k", "60", "--max-new-tokens", "200"], ["--k 60, --lookup 6 and --branches 1 verify up to 61 tokens per pass",
                                                 "leaves no room for a prompt"]),
     (["--lookup", "40", "--no-mtp", "--max-new-tokens", "220"], ["--lookup 40", "leaves no room for a prompt"]),
+    (["--no-mtp", "--max-new-tokens", "255"], ["--max-new-tokens 255 leaves no room for a prompt"]),
+    (["--lenient", "top_k=99999999999999999999"], ["--lenient needs top_k >= 1"]),  # a torch cast error before
 ])
 def test_bad_generate_options(tiny, capsys, args, fragments):
     fails(capsys, gen(tiny, "--prompt", "hi", *args), *fragments)
@@ -168,7 +170,7 @@ def test_unexpected_errors_are_one_line(tiny, capsys, monkeypatch):
 # ---- mtp bench (refused before loading anything) --------------------------------------------------------------
 def test_bad_bench_input(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(checkpoint, "load", lambda *a, **k: pytest.fail("loaded a model for a bad command"))
-    fails(capsys, ["bench", "--threads", "100000"], "--threads must be at most 1024")
+    fails(capsys, ["bench", "--threads", "100000"], "--threads must be at most 256")
     (tmp_path / "e.jsonl").write_bytes(b"[" * 100000 + b"]" * 100000 + b"\n")
     fails(capsys, ["bench", "--eval-set", tmp_path / "e.jsonl"], "cannot read --eval-set", "e.jsonl:1:",
           "nested too deep")
@@ -237,3 +239,15 @@ def test_train_head_refuses_empty_sets():
     with pytest.raises(ValueError, match="at least 2 prompts"):
         train.split([1])
     assert math.isfinite(train.train_head(head, model, [seq], [seq], train.TrainConfig(max_steps=2))["last_loss"])
+
+
+def test_misfit_drafter_and_work_dir(tiny, tmp_path, capsys):
+    from mtp_kernels.models.drafter import StandaloneDrafter, default_config
+
+    StandaloneDrafter(default_config(3, 256, hidden_size=32, intermediate_size=48, num_heads=2, num_kv_heads=1,
+                                     head_dim=16), torch.tensor([1, 2, 500])).save(tmp_path / "d")
+    fails(capsys, gen(tiny, "--prompt", "hi", "--drafter", "standalone", "--drafter-path", tmp_path / "d"),
+          str(tmp_path / "d"), "token id 500, outside the backbone's vocabulary of 97")
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    fails(capsys, ["train", "--prompts", tmp_path / "p.jsonl", "--work-dir", tmp_path / "afile"], "afile")

@@ -10,8 +10,10 @@ import math
 import numpy as np
 
 # The RoPE tables (cos and sin, fp32, [max_position, head_dim], built in fp64) are the one
-# allocation sized by the context length alone: max_position * head_dim is capped so that they
-# stay under ~1 GiB at their peak (2^20 positions at head_dim 64; SmolLM2's 8192 x 64 is 2^19).
+# allocation sized by the context length alone (the KV cache is sized per request): max_position
+# * head_dim is capped so that they stay at 512 MiB (~2 GiB while built): 2^20 positions at
+# head_dim 64; SmolLM2's 8192 x 64 is 2^19 elements, 4 MiB. Larger declared contexts are refused
+# with that message instead of a failed (or swapping) multi-GB allocation.
 MAX_ROPE_ELEMENTS = 1 << 26
 # Upper bounds of the sizes a config may declare (the tensors must then exist in the file:
 # these only keep the products in range and the loops short before the shapes are compared).
@@ -86,9 +88,9 @@ class LlamaConfig:
             raise ConfigError("head_dim", self.head_dim, "must be even (RoPE rotates pairs)")
         if self.max_position * self.head_dim > MAX_ROPE_ELEMENTS:
             raise ConfigError("max_position", self.max_position,
-                              f"a context this long needs RoPE tables of {self.max_position * self.head_dim * 16 / 2**30:.1f}"
-                              f" GiB (head_dim {self.head_dim}): at most {MAX_ROPE_ELEMENTS // self.head_dim} "
-                              "positions are supported")
+                              f"a context this long needs RoPE tables of {self.max_position * self.head_dim * 8 / 2**30:.1f}"
+                              f" GiB (cos and sin in float32, head_dim {self.head_dim}): at most "
+                              f"{MAX_ROPE_ELEMENTS // self.head_dim} positions are supported")
         check_positive_float("rms_norm_eps", self.rms_norm_eps, hi=1.0)
         check_positive_float("rope_theta", self.rope_theta)
         if not isinstance(self.tie_embeddings, bool):
