@@ -196,6 +196,58 @@ void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D
     }
 }
 
+// Extreme values (the contract of reference.head_attention): a row that sees no key is 0; a
+// row that sees a non-finite score (fp32, -inf included) or value is all NaN; the others are
+// finite. Two query heads over one kv head, q = 0 in row 1 (every score 0) and values that do
+// not depend on the key, so a finite row is exactly v[0] on every path; row 0 is poisoned.
+void run_attention_extreme(int64_t D, mtp_dtype t, int threads) {
+  const int64_t L = 1100;  // five chunks of 256 keys (D = 128, 4 threads: spread over them)
+  enum Case { kNegInfScores, kOverflowNeg, kOneOverflowNeg, kOverflowPos, kQNan, kKNan, kVInf, kKNanUnseen, kNoKey, kCount };
+  for (int c = 0; c < kCount; ++c) {
+    if (t == MTP_FLOAT16 && (c == kOverflowNeg || c == kOneOverflowNeg || c == kOverflowPos)) continue;  // fp32 range
+    Arr q(t, size_t(2 * D)), k(t, size_t(L * D)), v(t, size_t(L * D)), out(t, size_t(2 * D), 7.f);
+    k.randomize(-1, 1);
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t d = 0; d < D; ++d) v.set(size_t(j * D + d), float(d % 9 - 4));
+    int64_t len = L;
+    bool nan0 = true, nan1 = false;  // the rows that must be NaN
+    switch (c) {
+      case kNegInfScores:  // every score of row 0 is -inf
+        q.set(0, -INFINITY);
+        for (int64_t j = 0; j < L; ++j) k.set(size_t(j * D), 1.f);
+        break;
+      case kOverflowNeg:  // the same by fp32 overflow of the products; row 1 gets 0 * -1e30 = 0
+        q.set(0, 1e30f);
+        for (int64_t j = 0; j < L; ++j) k.set(size_t(j * D), -1e30f);
+        break;
+      case kOneOverflowNeg:  // one -inf score among finite ones: NaN too, not a zero weight
+        q.set(0, 1e30f), k.set(size_t(600 * D), -1e30f);
+        break;
+      case kOverflowPos:  // one key's dot overflows to +inf for row 0 only
+        for (int64_t d = 0; d < D; ++d) q.set(size_t(d), 1e20f), k.set(size_t(1070 * D + d), 1e20f);
+        break;
+      case kQNan: q.set(size_t(D - 1), NAN); break;
+      case kKNan: k.set(size_t(600 * D + 7), NAN), nan1 = true; break;  // 0 * NaN for row 1
+      case kVInf: v.set(size_t(1090 * D + 3), INFINITY), nan1 = true; break;  // both rows see key 1090
+      case kKNanUnseen: len = 800, nan0 = false, k.set(size_t(850 * D + 5), NAN), v.set(size_t(801 * D), INFINITY); break;
+      case kNoKey: len = 0, nan0 = false, q.set(0, INFINITY); break;
+    }
+    const int64_t qsz[4] = {1, 1, 2, D}, qst[4] = {2 * D, 2 * D, D, 1}, csz[4] = {1, 1, L, D}, cst[4] = {L * D, L * D, D, 1};
+    mtp_tensor qv = view4(q, qsz, qst), kv = view4(k, csz, cst), vv = view4(v, csz, cst), ov = view4(out, qsz, qst);
+    int64_t one = 1;
+    mtp_tensor lv = mtp_contiguous(&len, MTP_INT64, 1, &one);
+    const mtp_status st = mtp_head_attention(&qv, &kv, &vv, &lv, nullptr, nullptr, nullptr, false, &ov, threads);
+    EXPECT(st == MTP_OK, "extreme case %d: %s", c, mtp_last_error());
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t d = 0; d < D; ++d) {
+        const double got = out.get(size_t(r * D + d)), want = len == 0 ? 0.0 : double(d % 9 - 4);
+        EXPECT((r == 0 ? nan0 : nan1) ? std::isnan(got) : got == want,
+               "extreme case %d %s D=%lld threads=%d: out[%lld][%lld] = %g", c, name_of(t), (long long)D, threads,
+               (long long)r, (long long)d, got);
+      }
+  }
+}
+
 }  // namespace
 
 void test_attention() {
@@ -211,6 +263,9 @@ void test_attention() {
     }
   run_attention_case(0, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, false, 1.f, 1), ++cases;  // B = 0
   run_attention_case(2, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, true, 1.f, 1), ++cases;   // some cache_lens may be 0
+  for (mtp_dtype t : kFloatTypes)
+    for (int64_t D : {64, 128, 40})
+      for (int threads : {1, 4}) run_attention_extreme(D, t, threads), ++cases;
   std::printf("attention: %d cases on %s\n", cases, mtp_get_isa());
 }
 
