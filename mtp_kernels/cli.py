@@ -50,7 +50,7 @@ def _read_prompts(args) -> list[tuple[str, str]]:
     except OSError as e:
         raise UsageError(f"cannot read --prompts-file {args.prompts_file}: {e.strerror or e}") from None
     prompts = []
-    for i, line in enumerate(raw.split(b"\n"), 1):
+    for i, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):  # a UTF-8 BOM is not JSON
         where = f"{args.prompts_file}:{i}"
         try:
             text = line.decode("utf-8")

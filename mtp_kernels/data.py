@@ -192,7 +192,7 @@ def read_jsonl(path: str) -> list:
     with open(path, "rb") as f:
         raw = f.read()
     rows = []
-    for i, line in enumerate(raw.split(b"\n"), 1):
+    for i, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):  # a UTF-8 BOM is not JSON
         try:
             text = line.decode("utf-8")
             if text.strip():

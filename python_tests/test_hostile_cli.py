@@ -251,3 +251,9 @@ def test_misfit_drafter_and_work_dir(tiny, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
     fails(capsys, ["train", "--prompts", tmp_path / "p.jsonl", "--work-dir", tmp_path / "afile"], "afile")
+
+
+def test_prompts_file_with_bom_and_crlf(tiny, tmp_path, capsys):
+    (tmp_path / "p.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "abc"}\r\n{"prompt": "de"}\r\n')
+    assert cli.main(gen(tiny, "--prompts-file", str(tmp_path / "p.jsonl"), "--max-new-tokens", "2", "--json")) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
