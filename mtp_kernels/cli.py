@@ -107,10 +107,10 @@ def encode_prompt(tokenizer, where: str, prompt: str, beside: int, ctx: int, wha
     positions: a byte bound first (a token covers at most tokenizer.max_token_bytes bytes), so a
     huge prompt is refused at once instead of after minutes of tokenizing."""
     text = tokenizer.apply_chat_template(prompt)
-    room, nbytes = ctx - beside, len(text.encode("utf-8"))
-    if nbytes > room * tokenizer.max_token_bytes:
+    room, nbytes, per_token = ctx - beside, len(text.encode("utf-8")), tokenizer.max_token_bytes
+    if per_token and nbytes > room * per_token:
         raise UsageError(f"{where}: the prompt ({nbytes} bytes in the chat template, at least "
-                         f"{-(-nbytes // tokenizer.max_token_bytes)} tokens) plus {what} ({beside} tokens) does not "
+                         f"{-(-nbytes // per_token)} tokens) plus {what} ({beside} tokens) does not "
                          f"fit the model's context of {ctx} tokens")
     ids = tokenizer.encode(text)
     if not ids:

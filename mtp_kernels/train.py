@@ -422,7 +422,8 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         text = tok.apply_chat_template(r["prompt"])
         room = cfg.max_position - max_new_tokens
         # A token covers at most max_token_bytes bytes: a cheap bound before tokenizing.
-        if len(text.encode("utf-8")) > room * tok.max_token_bytes or len(i := tok.encode(text)) > room or not i:
+        bound = tok.max_token_bytes
+        if bound and len(text.encode("utf-8")) > room * bound or len(i := tok.encode(text)) > room or not i:
             raise ValueError(f"{prompts_path}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not fit the "
                              f"model's context of {cfg.max_position} tokens (or it is empty)")
         ids.append(i)

@@ -147,12 +147,19 @@ def test_bad_prompts_files(tiny, tmp_path, capsys, content, fragment):
 
 
 def test_huge_prompt_refused_before_tokenizing(tiny, tmp_path, capsys):
+    """A byte-level BPE token covers at most its own bytes (5 here): 51 MB cannot fit 256 tokens."""
+    model = tiny_gguf(tmp_path / "bpe.gguf")
+    assert checkpoint.load(model)[2].max_token_bytes == 5
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": "ab " * 17_000_000})
                                       + "\n")
     t = time.perf_counter()
-    fails(capsys, gen(tiny, "--prompts-file", tmp_path / "p.jsonl"), "p.jsonl:2: the prompt (51000000 bytes",
+    fails(capsys, gen(model, "--prompts-file", tmp_path / "p.jsonl"), "p.jsonl:2: the prompt (51000000 bytes",
           "does not fit the model's context of 256 tokens")
     assert time.perf_counter() - t < 15  # tokenizing 51 MB took about a minute
+    # A WordLevel vocabulary's unknown token may cover a whole word: no byte bound there (it
+    # could refuse a prompt that fits); the token count still decides.
+    assert checkpoint.load(tiny)[2].max_token_bytes is None
+    fails(capsys, gen(tiny, "--prompt", "a" * 300), "--prompt: the prompt (300 tokens")
 
 
 def test_prompts_file_is_a_folder(tiny, tmp_path, capsys):

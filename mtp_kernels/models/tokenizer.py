@@ -86,13 +86,24 @@ class Tokenizer:
         return self.hf.get_vocab_size()
 
     @property
-    def max_token_bytes(self) -> int:
-        """An upper bound of the text bytes one token covers (its vocabulary entry's UTF-8
-        length, at least 1): a text of n bytes is at least n / max_token_bytes tokens, a bound
-        that costs nothing next to tokenizing a huge prompt."""
+    def max_token_bytes(self) -> int | None:
+        """An upper bound of the text bytes one token covers, or None where there is none: a text
+        of n bytes is then at least n / max_token_bytes tokens, a bound that costs nothing next to
+        tokenizing a huge prompt. A token's vocabulary entry (UTF-8) covers at most its own bytes
+        in a byte-level or BPE vocabulary; an unknown-token that swallows whole words (WordLevel,
+        fused BPE unknowns, Unigram) has no bound; WordPiece's covers at most
+        max_input_chars_per_word characters; a normalizer may shrink the text (NFC), so x4."""
         if self._max_token_bytes is None:
-            self._max_token_bytes = max([len(t.encode("utf-8", "surrogatepass")) for t in self.hf.get_vocab()] + [1])
-        return self._max_token_bytes
+            model, bound = self.hf.model, max([len(t.encode("utf-8", "surrogatepass")) for t in self.hf.get_vocab()]
+                                              + [4])
+            if isinstance(model, models.BPE):
+                sound = model.unk_token is None or not model.fuse_unk
+            elif isinstance(model, models.WordPiece):
+                sound, bound = True, max(bound, 4 * model.max_input_chars_per_word)
+            else:
+                sound = False
+            self._max_token_bytes = (bound * (4 if self.hf.normalizer is not None else 1)) if sound else 0
+        return self._max_token_bytes or None
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
