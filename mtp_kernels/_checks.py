@@ -4,6 +4,7 @@ backend fails the same way on the same bad input."""
 from __future__ import annotations
 
 import math
+import struct
 from typing import Optional
 
 import torch
@@ -27,6 +28,65 @@ def _name(dtype):
 def check(ok: bool, op: str, message: str):
     if not ok:
         raise RuntimeError(f"{op}: {message}")
+
+
+# ---- scalars at the kernels' width (op_args.h's float_arg_error) -------------------------
+def _as_float32(v: float) -> float:
+    """v narrowed to float32 as C's (float) cast does: inf when it overflows."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def _float_arg(op, name, v, what, nonnegative):
+    f = _as_float32(float(v))
+    ok = math.isfinite(f) and (not nonnegative or f >= 0)
+    check(ok, op, f"{name} must be {what}, got {v:g}" + (" (inf as float32)" if math.isfinite(v) else ""))
+
+
+def check_eps(op, eps):
+    _float_arg(op, "eps", eps, "a finite number >= 0", True)
+
+
+def check_scale(op, scale):
+    """head_attention's scale (None: 1/sqrt(D)), finite as the float32 the kernels use."""
+    if scale is not None:
+        _float_arg(op, "scale", scale, "finite", False)
+
+
+# ---- aliasing (op_args.h's aliasing_error): what an op writes has no overlapping elements
+# and shares no byte range with any other argument ----------------------------------------
+def _byte_range(t: torch.Tensor):
+    if t.numel() == 0:
+        return (0, 0)
+    lo = t.data_ptr()
+    extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return (lo, lo + (extent + 1) * t.element_size())
+
+
+def _self_overlap(t: torch.Tensor) -> bool:
+    span = 1
+    for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if st < span:
+            return True
+        span += (n - 1) * st
+    return False
+
+
+def check_written(op, why, outputs: dict, inputs: dict):
+    for name, t in outputs.items():
+        check(not _self_overlap(t), op, f"{name} must not have overlapping elements ({why}), got strides "
+              f"{list(t.stride())} for sizes {list(t.shape)}")
+    others = list(outputs.items()) + [(n, t) for n, t in inputs.items() if t is not None]
+    for i, (name, t) in enumerate(outputs.items()):
+        a0, a1 = _byte_range(t)
+        for j, (other, u) in enumerate(others):
+            if j == i or (j < i and j < len(outputs)):
+                continue
+            b0, b1 = _byte_range(u)
+            check(a0 == a1 or b0 == b1 or a1 <= b0 or b1 <= a0, op, f"{name} and {other} overlap in memory: {name} "
+                  "is written in place and must share no memory with another argument")
 
 
 def check_dtype(op, name, t, ok):
@@ -148,7 +208,7 @@ def check_same_dtype(op, name, t, ref_name, ref):
     check(t.dtype == ref.dtype, op, f"{name} must have {ref_name}'s dtype {_name(ref.dtype)}, got {_name(t.dtype)}")
 
 
-def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal=False) -> Optional[list]:
+def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal=False, scale=None) -> Optional[list]:
     """mtp.head_attention's arguments (checks.h's attention_args + cache_lens, same order and messages);
     returns the cache lengths on the host (None under CUDA-graph capture)."""
     _check_same_device(op, "q", q, k_cache=k, v_cache=v, cache_lens=lens, k_local=k_local, v_local=v_local)
@@ -172,6 +232,7 @@ def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal
         check_size(op, "k_local", k_local, 3, D, "the head dim D (q.size(3))")
         check(v_local.shape == k_local.shape, op,
               f"v_local must have k_local's shape {list(k_local.shape)}, got {list(v_local.shape)}")
+    check_scale(op, scale)
     values = checked_counts(op, "cache_lens", lens, B, "B (q.size(0))", L, "L (k_cache.size(2))")
     if causal and values and T > 0:
         check(min(values) >= T, op, f"causal=True needs cache_lens[b] >= T = {T} (the T queries are the last T "
@@ -193,9 +254,11 @@ def check_append_inputs(op, k, v, k_new, v_new, lens) -> Optional[list]:
     check_size(op, "k_cache", k, 0, B, "B (k_new.size(0))")
     check_size(op, "k_cache", k, 1, Hkv, "Hkv (k_new.size(2))")
     check_size(op, "k_cache", k, 3, D, "the head dim D (k_new.size(3))")
+    # The caches are written in place: not expanded, not each other, not the new entries.
+    check_written(op, "it is written in place", {"k_cache": k, "v_cache": v}, {"k_new": k_new, "v_new": v_new})
     values = checked_counts(op, "cache_lens", lens, B, "B (k_new.size(0))", L, "L (k_cache.size(2))")
     for b, n in enumerate(values or []):
-        check(n + T <= L, op, f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} "
+        check(T <= L - n, op, f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} "
               "(k_cache.size(2)); nothing was written")
     return values
 
@@ -239,7 +302,7 @@ def check_norm_inputs(op, x, weight, eps, residual=None):
     check_dtype(op, "weight", weight, FLOAT_TYPES)
     check_dim(op, "weight", weight, 1, "[H]")
     check_size(op, "weight", weight, 0, x.size(-1), "H (x.size(-1))")
-    check(math.isfinite(eps) and eps >= 0, op, f"eps must be a finite number >= 0, got {eps:g}")
+    check_eps(op, eps)
     if residual is not None:
         check(residual.dtype == x.dtype, op, f"residual must have x's dtype {_name(x.dtype)}, got {_name(residual.dtype)}")
         check(residual.shape == x.shape, op, f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
@@ -250,14 +313,13 @@ def check_rope_inputs(op, x, cos, sin):
     check_dtype(op, "x", x, FLOAT_TYPES)
     check_dim(op, "x", x, 4, "[B, T, H, D]")
     check(x.size(3) % 2 == 0, op, f"x.size(3) (the head dim D, rotated as two halves) must be even, got {x.size(3)}")
-    check(torch._debug_has_internal_overlap(x) != 1, op,
-          f"x must not have overlapping elements (it is rotated in place), got strides {list(x.stride())}")
     for name, t in (("cos", cos), ("sin", sin)):
         check_dtype(op, name, t, (torch.float32,))
         check_dim(op, name, t, 3, "[B, T, D]")
         check_size(op, name, t, 0, x.size(0), "B (x.size(0))")
         check_size(op, name, t, 1, x.size(1), "T (x.size(1))")
         check_size(op, name, t, 2, x.size(3), "D (x.size(3))")
+    check_written(op, "it is rotated in place", {"x": x}, {"cos": cos, "sin": sin})
 
 
 def check_silu_mul_input(op, gate_up):

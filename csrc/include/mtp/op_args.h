@@ -97,6 +97,8 @@ inline void byte_range(const View& v, uintptr_t* lo, uintptr_t* hi) {
 // An output's elements are distinct memory: its dims of size > 1, ordered by stride, each
 // step past everything the smaller ones span (what any dense or sliced view satisfies).
 inline std::string self_overlap_error(const View& v, const char* why) {
+  for (int64_t d = 0; d < v.ndim; ++d)
+    if (v.sizes[d] == 0) return "";  // no element at all
   int64_t order[8], n = 0;  // the dims of size > 1 by increasing stride (insertion: a few dims)
   for (int64_t d = 0; d < v.ndim && d < 8; ++d) {
     if (v.sizes[d] <= 1) continue;

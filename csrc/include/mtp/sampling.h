@@ -161,7 +161,9 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
   for (int64_t t = 0; t <= nd; ++t) {
     const char* row = static_cast<const char*>(a.logits) + (b * a.logits_stride[0] + t * a.logits_stride[1]) * esize;
     RowDist p(row, a.logits_dtype, a.logits_stride[2], a.V, T, isa);
-    const double us = sample_uniform(seed, offset + t, kStreamSample);
+    // offsets are the caller's: the position wraps modulo 2^64 (as the hash's uint64 does), no UB
+    const int64_t position = int64_t(uint64_t(offset) + uint64_t(t));
+    const double us = sample_uniform(seed, position, kStreamSample);
     const auto pw = [&](int64_t i) { return p.w(i); };
     int64_t y;
     if (t == nd || q == nullptr || T == 0) {
@@ -171,7 +173,7 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
       const int64_t x = int64_t(draft[t * ds]);
       const void* qrow = static_cast<const char*>(q) + t * qs[0] * dtype_size(qdt);
       const auto qv = [&](int64_t i) { return double(load_f32(qrow, qdt, i * qs[1])); };
-      if (x >= 0 && x < a.V && sample_uniform(seed, offset + t, kStreamAccept) * qv(x) < p.w(x) / p.S) {
+      if (x >= 0 && x < a.V && sample_uniform(seed, position, kStreamAccept) * qv(x) < p.w(x) / p.S) {
         out[t * os] = draft[t * ds];
         continue;
       }
