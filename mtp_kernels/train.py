@@ -422,8 +422,9 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         text = tok.apply_chat_template(r["prompt"])
         room = cfg.max_position - max_new_tokens
         # A token covers at most max_token_bytes bytes: a cheap bound before tokenizing.
-        bound = tok.max_token_bytes
-        if bound and len(text.encode("utf-8")) > room * bound or len(i := tok.encode(text)) > room or not i:
+        nbytes = len(text.encode("utf-8"))
+        bound = tok.max_token_bytes if nbytes > 1 << 18 else None  # below, tokenizing is cheaper than the bound
+        if bound and nbytes > room * bound or len(i := tok.encode(text)) > room or not i:
             raise ValueError(f"{prompts_path}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not fit the "
                              f"model's context of {cfg.max_position} tokens (or it is empty)")
         ids.append(i)

@@ -376,3 +376,17 @@ def test_random_byte_flips_never_escape_as_other_errors(tmp_path):
                 assert "\n" not in str(e)
                 outcomes.add("refused")
     assert outcomes == {"ok", "refused"}
+
+
+def test_prompt_byte_bound_only_where_sound(tmp_path):
+    """Tokenizer.max_token_bytes (the CLI's bound before tokenizing a huge prompt) exists only
+    where every token covers at most that many bytes of the text."""
+    from tokenizers import pre_tokenizers
+
+    path = tiny_gguf(tmp_path / "bpe.gguf")
+    assert checkpoint.load(path)[2].max_token_bytes == 5  # byte-level BPE: "<t96>"
+    tok = checkpoint.load(path)[2]
+    tok.hf.pre_tokenizer = pre_tokenizers.Whitespace()  # drops the spaces: 1 MB of them is 0 tokens
+    assert tok.max_token_bytes is None
+    write_tiny_folder(tmp_path / "wl")  # WordLevel with an unknown token: one may cover a whole word
+    assert checkpoint.load(str(tmp_path / "wl"))[2].max_token_bytes is None

@@ -28,6 +28,27 @@ class _TemplateEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+# Pre-tokenizers that pass every byte of the text on to the model (the others drop whitespace
+# or delimiters, so a text of n bytes may be far fewer than n / max_token_bytes tokens).
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Digits", "Sequence", "Metaspace", "Punctuation", "UnicodeScripts", "Split"}
+
+
+def _keeps_every_byte(hf: HFTokenizer) -> bool:
+    import json
+
+    def keeps(node) -> bool:
+        if node is None:
+            return True
+        if node.get("type") not in _KEEPING_PRE_TOKENIZERS or node.get("behavior") == "Removed":
+            return False
+        return all(keeps(p) for p in node.get("pretokenizers", []))
+
+    try:
+        return keeps(json.loads(hf.to_str()).get("pre_tokenizer"))
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
 def _raise_exception(message):  # transformers' templates call it to reject a conversation
     raise jinja2.TemplateError(message)
 
@@ -96,7 +117,9 @@ class Tokenizer:
         if self._max_token_bytes is None:
             model, bound = self.hf.model, max([len(t.encode("utf-8", "surrogatepass")) for t in self.hf.get_vocab()]
                                               + [4])
-            if isinstance(model, models.BPE):
+            if not _keeps_every_byte(self.hf):
+                sound = False
+            elif isinstance(model, models.BPE):
                 sound = model.unk_token is None or not model.fuse_unk
             elif isinstance(model, models.WordPiece):
                 sound, bound = True, max(bound, 4 * model.max_input_chars_per_word)
