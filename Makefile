@@ -7,8 +7,8 @@
 #   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-aarch64  cross-built for aarch64, ctest under qemu-aarch64 on two CPU models
 #   make check-cuda    every CUDA source compiled (nvcc, sm_80 + sm_90, warnings as errors)
-#   make fuzz          the long fuzz runs: the C API fuzz target FUZZ_SECONDS (default 600; libFuzzer
-#                      with clang, else the built-in driver), the property tests FUZZ_EXAMPLES each
+#   make fuzz          the long fuzz runs: the C API target and the GGUF loader's (atheris) FUZZ_SECONDS
+#                      each (default 600; libFuzzer with clang, else a seeded driver), property tests
 #   make build MTP_WITH_CUDA=ON   the extension with its CUDA kernels (needs a CUDA torch)
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
@@ -73,9 +73,10 @@ test-asan:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(CTEST) --test-dir build/asan --output-on-failure -j $(JOBS)
 
-# Long fuzzing (CI runs each briefly: fuzz_capi 20 s in test-core/test-asan, the property tests'
-# "ci" profile in make test). With clang: libFuzzer + ASan/UBSan, corpus kept in build/fuzz-corpus;
-# without: the same target's seeded random driver under gcc's ASan/UBSan.
+# Long fuzzing (CI runs each briefly: fuzz_capi 20 s in test-core/test-asan, seeded GGUF byte
+# flips in test_hostile_loaders, the property tests' "ci" profile in make test). fuzz_capi with
+# clang: libFuzzer + ASan/UBSan, corpus in build/fuzz-corpus; without: its seeded driver under
+# gcc's ASan/UBSan. fuzz_gguf: atheris (libFuzzer for Python), corpus in build/fuzz-gguf-corpus.
 FUZZ_SECONDS ?= 600
 FUZZ_EXAMPLES ?= 5000
 fuzz: build
@@ -89,6 +90,8 @@ fuzz: build
 	  $(CMAKE) --build build/fuzz -j $(JOBS) --target fuzz_capi && \
 	  build/fuzz/csrc/tests/fuzz_capi --seconds $(FUZZ_SECONDS) --seed $$(date +%s); \
 	fi
+	$(PIP) install -q atheris==2.3.0
+	mkdir -p build/fuzz-gguf-corpus && $(PY) python_tests/fuzz_gguf.py -max_total_time=$(FUZZ_SECONDS) build/fuzz-gguf-corpus
 	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q python_tests/test_properties.py
 
 # CI runs as root on Debian/Ubuntu: install the cross compiler and qemu-user when missing.

@@ -1,6 +1,12 @@
 // Scalar attention chunk kernels: the reference path, any head dim, any element stride,
 // any architecture. Each row's operations run in key order, one at a time.
 #pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "mtp/common.h"
+#include "mtp/attention_args.h"
+#include "mtp/kv_rows.h"
 
 namespace mtp::generic {
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <arm_neon.h>
 
+#include "mtp/generic/argmax.h"
 #include "mtp/neon/vec.h"  // load4
 
 namespace mtp::neon {

@@ -10,7 +10,12 @@
 // Different traits (lane counts, reduction trees) give different bits: within one
 // instruction set the result is shape-invariant, across sets it agrees to rounding.
 #pragma once
+#include <cstdint>
 #include <type_traits>
+
+#include "mtp/common.h"
+#include "mtp/attention_args.h"
+#include "mtp/kv_rows.h"
 
 namespace mtp::simd {
 
