@@ -20,7 +20,15 @@ import os
 import sys
 import time
 
-SHIPPED_HEADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heads")
+from .config import CHAIN_K, DEFAULT_LOOKUP, TREE_BRANCHES, TREE_K, DecodeConfig
+from .models.loading import (  # re-exported: load_* and release_freed_memory lived here
+    NATIVE_DTYPE,
+    SHIPPED_HEADS,
+    load_backbone,
+    load_drafter,
+    load_head,
+    release_freed_memory,
+)
 
 
 class UsageError(Exception):
@@ -126,90 +134,6 @@ def encode_prompt(tokenizer, where: str, prompt: str, beside: int, ctx: int, wha
     return ids
 
 
-def load_head(path: str | None, backbone, log, default_model: bool = True):
-    """The head to draft with: --head PATH, else the one shipped for the default model
-    (when the backbone is that model), else an untrained (random, seeded) head, labelled."""
-    import torch
-
-    from .models.head import HeadConfig, MTPHead
-
-    shipped = os.path.join(SHIPPED_HEADS, "smollm2-135m")
-    has_shipped = default_model and os.path.isfile(os.path.join(shipped, "config.json"))
-    folder = path or (shipped if has_shipped else None)
-    if folder:
-        head = MTPHead.load(folder, dtype=backbone.dtype, backbone_cfg=backbone.cfg)
-    else:
-        torch.manual_seed(0)
-        head = MTPHead(HeadConfig.for_backbone(backbone.cfg))
-    head.check_fits(backbone.cfg)
-    head.to(backbone.dtype)  # once here: draft() would otherwise cast every weight per call
-    if not head.cfg.trained:
-        log("note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
-            "the output is still exactly the backbone's own (greedy, or sampled with the same seed)")
-    return head
-
-
-def load_drafter(path: str | None, backbone, log):
-    """The standalone drafter: --drafter-path, else the one shipped for the default model."""
-    from .models.drafter import StandaloneDrafter
-
-    folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
-    if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
-        raise UsageError(f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` "
-                         "or pass --drafter-path")
-    drafter = StandaloneDrafter.load(folder)
-    try:
-        drafter.check_fits(backbone.cfg)
-    except ValueError as e:
-        raise UsageError(f"{folder}: {e}") from None
-    drafter.to(backbone.dtype)
-    if not drafter.trained:
-        log("note: UNTRAINED standalone drafter: drafts are rarely accepted; the output is still the backbone's own")
-    return drafter
-
-
-NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that runs the file's own weights
-
-
-def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = False, int8_dot: bool = False):
-    """(cfg, backbone, tokenizer, description). dtype None (the default): the file's own weights
-    as stored (a GGUF's 4-/8-bit blocks, zero-copy from its memory map; bf16 activations);
-    a file whose blocks the kernels cannot read runs dequantized instead, with a note. dtype
-    'float32'|'bfloat16' (or --int8): every weight dequantized to fp32, then kept in dtype (or Q8)."""
-    from .gguf import type_name
-    from .models import checkpoint
-    from .models.llama import DTYPES, Backbone, MixedTypesError
-
-    if dtype is None and not int8:
-        try:
-            cfg, weights, tok = checkpoint.load(model_path, native=True)
-            model = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
-            types = sorted({model.gguf_type(n) for n in weights} - {None})
-            what = (f"{'/'.join(map(type_name, types))} weights as stored, {NATIVE_DTYPE} activations" if types
-                    else NATIVE_DTYPE)
-            return cfg, model, tok, what
-        except (checkpoint.NotNativeError, MixedTypesError) as e:
-            log(f"note: {e}; running it dequantized ({NATIVE_DTYPE})")
-            dtype = NATIVE_DTYPE
-    dtype = dtype or "float32"
-    cfg, weights, tok = checkpoint.load(model_path)
-    model = Backbone(cfg, weights, DTYPES[dtype], quantize=int8, int8_dot=int8_dot)
-    return cfg, model, tok, (f"dequantized, {dtype}{', int8 weights' if int8 else ''}"
-                             f"{' and activations' if int8_dot else ''}")
-
-
-def release_freed_memory() -> None:
-    """Hands the heap pages freed by loading (the loader's and the head's transient copies, the
-    fp64 RoPE tables) back to the OS (glibc's malloc_trim; elsewhere nothing): ~15 MB of the
-    peak RSS of `mtp generate`."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def parse_lenient(text: str) -> tuple[int, float]:
     """'top_k=K[,min_ratio=R]' -> (K, R); R defaults to 0 (no ratio test)."""
     fields = dict(part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
@@ -237,11 +161,13 @@ def cmd_generate(args) -> int:
     t = time.perf_counter()
     cfg, model, tokenizer, weights_desc = load_backbone(args.model, args.dtype, log, args.int8, args.int8_dot)
     standalone = args.drafter == "standalone"
-    if args.lookup is None:  # prompt lookup beside the MTP head by default; never in plain greedy
-        args.lookup = 0 if args.no_mtp or standalone else DEFAULT_LOOKUP
     head = None if args.no_mtp else (load_drafter(args.drafter_path, model, log) if standalone
                                      else load_head(args.head, model, log, args.model is None))
     release_freed_memory()
+    # The defaults decoding.generate resolves for the same backbone and drafter (config.py).
+    config = DecodeConfig.resolve(model, head, k=args.k, branches=args.branches, lookup=args.lookup,
+                                  temperature=args.temperature, seed=args.seed, lenient=args.lenient)
+    args.k, args.branches, args.lookup = config.k, config.branches, config.lookup
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.branches > 1:
@@ -264,9 +190,9 @@ def cmd_generate(args) -> int:
             if stream:
                 print(stream.push(new), end="", flush=True)
 
-        g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=args.k, eos_token_ids=eos,
-                              on_tokens=on_tokens, temperature=args.temperature,
-                              seed=args.seed, lenient=args.lenient, lookup=args.lookup, branches=args.branches)[0]
+        g = decoding.generate(model, [prompt_ids], args.max_new_tokens, head=head, k=config.k, eos_token_ids=eos,
+                              on_tokens=on_tokens, temperature=config.temperature, seed=config.seed,
+                              lenient=config.lenient, lookup=config.lookup, branches=config.branches)[0]
         if args.json:
             print(json.dumps({"prompt": prompt, "tokens": g.tokens, "text": tokenizer.decode(g.tokens),
                               "passes": g.passes, "seconds": round(g.seconds, 4),
@@ -306,11 +232,6 @@ def cmd_train(args) -> int:
     return 0
 
 
-DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass (bench/RESULTS.md, "Prompt lookup beside the head")
-# The fastest head passes measured (bench/RESULTS.md, "Tree drafts"): greedy on the bf16
-# backbone, a tree of the head's chain of 3 and its 2nd and 3rd best first drafts; else a
-# chain of 2.
-TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 ALL_METHODS = ("ours_greedy", "ours_mtp", "ours_mtp_tree", "ours_drafter", "ours_lookup", "ours_mtp_lookup",
                "ours_mtp_lookup_tree", "hf_greedy", "hf_prompt_lookup", "llamacpp_greedy", "ours_greedy_int8",
                "ours_mtp_int8", "ours_greedy_int8dot", "ours_mtp_int8dot", "ours_mtp_lookup_int8dot")
@@ -647,17 +568,11 @@ def check_args(args) -> list[str]:
             args.lenient = parse_lenient(args.lenient)
         except ValueError as e:
             bad.append(str(e))
-    if args.command == "generate":  # trees where they go (greedy, the MTP head) and pay, else chains
+    if args.command == "generate":  # trees go with the MTP head in greedy mode (their defaults: config.py)
         tree_ok = not args.no_mtp and args.drafter == "head" and args.temperature == 0 and args.lenient is None
         if (args.branches or 1) > 1 and not tree_ok:
             bad.append("--branches > 1 (tree drafts) needs the MTP head in greedy mode (not --no-mtp, --drafter "
                        "standalone, --temperature > 0 or --lenient)")
-        # By default on the bf16 backbone only: there a pass of 6 rows costs about one of 3; in
-        # fp32 or with Q8 weights 1.3x-1.7x (bench/RESULTS.md "Tree drafts").
-        # With the file's own weights (no --dtype) chains too, until tree passes are measured there.
-        tree_pays = tree_ok and args.dtype == "bfloat16" and not args.int8
-        args.branches = args.branches or (TREE_BRANCHES if tree_pays else 1)
-        args.k = args.k or (TREE_K if args.branches > 1 else CHAIN_K)
     return bad
 
 

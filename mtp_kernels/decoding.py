@@ -31,6 +31,7 @@ from typing import Callable, Optional
 import torch
 
 from . import reference
+from .config import DecodeConfig, is_mtp_head
 from .models.head import MTPHead
 from .models.llama import Backbone, KVCache
 
@@ -145,10 +146,10 @@ def tree_parents(B: int, chain: int, leaves: int) -> torch.Tensor:
 
 
 def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, head: Optional[MTPHead] = None,
-             k: int = 3, eos_token_ids: tuple[int, ...] = (),
+             k: Optional[int] = None, eos_token_ids: tuple[int, ...] = (),
              on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
-             seed: int = 0, lenient: Optional[tuple[int, float]] = None, lookup: int = 0,
-             branches: int = 1) -> list[Generation]:
+             seed: int = 0, lenient: Optional[tuple[int, float]] = None, lookup: Optional[int] = None,
+             branches: Optional[int] = None) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
     one with `begin(prompts, capacity)` gets it right after the backbone's prefill, timed
@@ -160,109 +161,155 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     lookup=N > 0 drafts up to N tokens by prompt lookup (lookup_drafts) where the context
     repeats itself, the head (if any) elsewhere; exact like any drafts. branches=M > 1 (greedy,
     an MTP head) verifies the head's M best first drafts in each of its passes: its chain of k
-    and M - 1 leaves (see the module's docstring)."""
-    if head is not None and k < 1:
-        raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
-    if branches < 1:
-        raise ValueError(f"branches (first drafts per head pass) must be >= 1, got {branches}")
-    if branches > 1 and (head is None or hasattr(head, "begin") or temperature != 0 or lenient is not None):
+    and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
+    defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve)."""
+    config = DecodeConfig.resolve(model, head, k=k, branches=branches, lookup=lookup, temperature=temperature,
+                                  seed=seed, lenient=lenient)
+    _check_config(head, config)
+    return _Decoding(model, head, config, prompts, max_new_tokens, eos_token_ids, on_tokens).run()
+
+
+def _check_config(head, config: DecodeConfig) -> None:
+    if head is not None and config.k < 1:
+        raise ValueError(f"k (drafts per pass) must be >= 1, got {config.k}")
+    if config.branches < 1:
+        raise ValueError(f"branches (first drafts per head pass) must be >= 1, got {config.branches}")
+    if config.branches > 1 and (not is_mtp_head(head) or config.temperature != 0 or config.lenient is not None):
         raise ValueError("branches > 1 (tree drafts) needs the MTP head and greedy verification "
                          "(temperature 0, not lenient)")
-    if lookup < 0:
-        raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {lookup}")
-    if lookup and hasattr(head, "begin"):
+    if config.lookup < 0:
+        raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {config.lookup}")
+    if config.lookup and hasattr(head, "begin"):
         raise ValueError("lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
                          "every committed token was its own draft")
-    K = k if head is not None else 0
-    A = branches - 1  # the leaves beside the head's chain
-    width = max(K, lookup)  # the longest chain one pass verifies
-    B = len(prompts)
-    pick = _Sampler(B, temperature, seed, lenient)
-    cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, width + A + 1))
-    eos = set(eos_token_ids)
-    t0 = time.perf_counter()
-    hidden, token = _prefill(model, cache, prompts, pick)
-    if hasattr(head, "begin"):
-        head.begin(prompts, cache.capacity)
-    out = [Generation(tokens=[], drafted=[0] * width, accepted=[0] * width) for _ in range(B)]
-    done = [False] * B
 
-    def propose() -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+
+class _Decoding:
+    """One generate call: `prefill`, then one `step` per backbone pass until every request is
+    done; a step is a plain pass, or `propose` (drafts), `verify` (one pass over them) and
+    `accept` (cache, stats, tokens)."""
+
+    def __init__(self, model: Backbone, head, config: DecodeConfig, prompts: list[list[int]], max_new_tokens: int,
+                 eos_token_ids, on_tokens):
+        self.model, self.head, self.prompts, self.max_new_tokens = model, head, prompts, max_new_tokens
+        self.on_tokens, self.lookup = on_tokens, config.lookup
+        self.K = config.k if head is not None else 0
+        self.A = config.branches - 1  # the leaves beside the head's chain
+        self.width = max(self.K, config.lookup)  # the longest chain one pass verifies
+        self.B = B = len(prompts)
+        self.pick = _Sampler(B, config.temperature, config.seed, config.lenient)
+        self.cache = model.new_cache(B, _check_prompts(model, prompts, max_new_tokens, self.width + self.A + 1))
+        self.eos = set(eos_token_ids)
+        self.out = [Generation(tokens=[], drafted=[0] * self.width, accepted=[0] * self.width) for _ in range(B)]
+        self.done = [False] * B
+        self.hidden = self.token = None  # each request's last hidden state [B, H] and pending token [B]
+
+    def run(self) -> list[Generation]:
+        t0 = time.perf_counter()
+        self.prefill()
+        t1 = time.perf_counter()
+        while not all(self.done):
+            self.step()
+        t2 = time.perf_counter()
+        for g in self.out:
+            g.seconds, g.prefill_seconds = t2 - t1, t1 - t0
+        return self.out
+
+    def prefill(self) -> None:
+        """The prompts into the cache, the first token of each request (and the standalone
+        drafter's own prefill)."""
+        self.hidden, self.token = _prefill(self.model, self.cache, self.prompts, self.pick)
+        if hasattr(self.head, "begin"):
+            self.head.begin(self.prompts, self.cache.capacity)
+        for b in range(self.B):
+            self.commit(b, [int(self.token[b])])
+
+    def commit(self, b: int, ids: list[int]) -> None:
+        """Appends request b's new tokens (cut at max_new_tokens and the first EOS)."""
+        out = self.out[b]
+        ids = cut_at_eos(ids[:self.max_new_tokens - len(out.tokens)], self.eos)
+        out.tokens.extend(ids)
+        self.done[b] = len(out.tokens) >= self.max_new_tokens or (bool(ids) and ids[-1] in self.eos)
+        if self.on_tokens and ids:
+            self.on_tokens(b, ids)
+
+    def step(self) -> None:
+        """One backbone pass for every request still running."""
+        active = torch.tensor([not d for d in self.done])
+        for b in range(self.B):
+            self.out[b].passes += not self.done[b]
+        start = self.cache.lens.clone()
+        if self.width == 0:
+            self.plain_step(active, start)
+            return
+        drafts, num, leaves = self.propose()
+        h, logits, accepted, tokens = self.verify(drafts, num, leaves, start)
+        self.accept(active, start, drafts.shape[1], num, leaves, h, logits, accepted, tokens)
+
+    def plain_step(self, active: torch.Tensor, start: torch.Tensor) -> None:
+        """One token per request, no drafts."""
+        hidden = self.model(self.token[:, None], self.cache)[:, 0]
+        self.cache.truncate(torch.where(active, self.cache.lens, start))  # finished requests stay put
+        self.hidden, self.token = hidden, self.pick(self.model.logits(hidden), start + 1)
+        for b in range(self.B):
+            if not self.done[b]:
+                self.commit(b, [int(self.token[b])])
+
+    def propose(self) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Drafts [B, W], how many of each request's to verify (none past max_new_tokens) and
         each request's other first drafts (tree leaves; [] for lookup drafts)."""
-        found = [lookup_drafts(prompts[b] + out[b].tokens, lookup) if lookup and not done[b] else []
+        B, out, done = self.B, self.out, self.done
+        found = [lookup_drafts(self.prompts[b] + out[b].tokens, self.lookup) if self.lookup and not done[b] else []
                  for b in range(B)]
         rows, leaves = found, [[] for _ in range(B)]
-        if head is not None and not all(found[b] or done[b] for b in range(B)):
-            drafted = (head.draft(model, cache, hidden, token, K, A) if A else
-                       head.draft(model, cache, hidden, token, K)).tolist()
-            rows = [f or d[:K] for f, d in zip(found, drafted)]
-            leaves = [[] if f else d[K:] for f, d in zip(found, drafted)]
-        num = [0 if done[b] else min(len(rows[b]), max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]
+        if self.head is not None and not all(found[b] or done[b] for b in range(B)):
+            drafted = (self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, self.A) if self.A else
+                       self.head.draft(self.model, self.cache, self.hidden, self.token, self.K)).tolist()
+            rows = [f or d[:self.K] for f, d in zip(found, drafted)]
+            leaves = [[] if f else d[self.K:] for f, d in zip(found, drafted)]
+        num = [0 if done[b] else min(len(rows[b]), self.max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]
         W = max(num)
         leaves = [leaves[b] if num[b] else [] for b in range(B)]
         return torch.tensor([r[:W] + [0] * (W - len(r[:W])) for r in rows], dtype=torch.long).view(B, W), \
             torch.tensor(num), leaves
 
-    def commit(b: int, ids: list[int]) -> None:
-        ids = cut_at_eos(ids[:max_new_tokens - len(out[b].tokens)], eos)
-        out[b].tokens.extend(ids)
-        done[b] = len(out[b].tokens) >= max_new_tokens or (bool(ids) and ids[-1] in eos)
-        if on_tokens and ids:
-            on_tokens(b, ids)
-
-    for b in range(B):
-        commit(b, [int(token[b])])
-    t1 = time.perf_counter()
-    while not all(done):
-        active = torch.tensor([not d for d in done])
-        for b in range(B):
-            out[b].passes += not done[b]
-        start = cache.lens.clone()
-        if width == 0:
-            hidden = model(token[:, None], cache)[:, 0]
-            cache.lens.copy_(torch.where(active, cache.lens, start))  # finished requests stay put
-            token = pick(model.logits(hidden), start + 1)
-            for b in range(B):
-                if not done[b]:
-                    commit(b, [int(token[b])])
-            continue
-        drafts, num, leaves = propose()
+    def verify(self, drafts: torch.Tensor, num: torch.Tensor, leaves: list[list[int]], start: torch.Tensor):
+        """One backbone pass over [t0, chain, leaves] (a tree when there are leaves): its hidden
+        states and logits, and the verify op's accepted counts and tokens over the chain."""
         W, leaf_count = drafts.shape[1], max(map(len, leaves))
-        parts = [token[:, None], drafts]
+        parts = [self.token[:, None], drafts]
         if leaf_count:  # a tree: the chain, then the leaves (children of t0)
             parts.append(torch.tensor([ls + [0] * (leaf_count - len(ls)) for ls in leaves], dtype=torch.long))
-        parents = tree_parents(B, W, leaf_count) if leaf_count else None
-        h = model(torch.cat(parts, dim=1), cache, parents)
-        logits = model.logits(h)
-        accepted, tokens = pick.verify(drafts, logits[:, :W + 1], num, start + 1)
-        # Keep t0 and the accepted drafts; the rejected drafts' K/V are dropped by length.
-        cache.lens.copy_(torch.where(active, start + 1 + accepted, start))
-        hidden = h[torch.arange(B), accepted]
-        token = tokens[torch.arange(B), accepted]
+        parents = tree_parents(self.B, W, leaf_count) if leaf_count else None
+        h = self.model(torch.cat(parts, dim=1), self.cache, parents)
+        logits = self.model.logits(h)
+        accepted, tokens = self.pick.verify(drafts, logits[:, :W + 1], num, start + 1)
+        return h, logits, accepted, tokens
+
+    def accept(self, active, start, W, num, leaves, h, logits, accepted, tokens) -> None:
+        """Keeps t0 and the accepted drafts in the cache (the rejected ones dropped by length,
+        an accepted leaf moved after t0), counts the drafts and commits the tokens."""
+        B, cache = self.B, self.cache
+        cache.truncate(torch.where(active, start + 1 + accepted, start))
+        self.hidden = h[torch.arange(B), accepted]
+        self.token = tokens[torch.arange(B), accepted]
         # A leaf that is the backbone's token (the chain's first draft was not): its row
         # (0: none) is accepted with its own next token, and its K/V moves after t0.
-        leaf_row = [1 + W + leaves[b].index(int(tokens[b, 0])) if not done[b] and int(accepted[b]) == 0
+        leaf_row = [1 + W + leaves[b].index(int(tokens[b, 0])) if not self.done[b] and int(accepted[b]) == 0
                     and int(tokens[b, 0]) in leaves[b] else 0 for b in range(B)]
-        after_leaf = pick(logits[torch.arange(B), leaf_row], start + 2) if any(leaf_row) else None
+        after_leaf = self.pick(logits[torch.arange(B), leaf_row], start + 2) if any(leaf_row) else None
         for b in range(B):
-            if done[b]:
+            if self.done[b]:
                 continue
-            n = int(accepted[b])
+            out, n = self.out[b], int(accepted[b])
             committed = tokens[b, :n + 1].tolist()
             if leaf_row[b]:
                 row, s = leaf_row[b], int(start[b])
-                cache.k[:, b, :, s + 1] = cache.k[:, b, :, s + row]
-                cache.v[:, b, :, s + 1] = cache.v[:, b, :, s + row]
-                cache.lens[b] = s + 2
-                n, hidden[b], token[b] = 1, h[b, row], after_leaf[b]
-                out[b].leaves_accepted += 1
-                committed.append(int(token[b]))
+                cache.move(b, s + row, s + 1)
+                n, self.hidden[b], self.token[b] = 1, h[b, row], after_leaf[b]
+                out.leaves_accepted += 1
+                committed.append(int(self.token[b]))
             for j in range(int(num[b])):
-                out[b].drafted[j] += 1
-                out[b].accepted[j] += j < n
-            commit(b, committed)
-    t2 = time.perf_counter()
-    for g in out:
-        g.seconds, g.prefill_seconds = t2 - t1, t1 - t0
-    return out
+                out.drafted[j] += 1
+                out.accepted[j] += j < n
+            self.commit(b, committed)

@@ -180,3 +180,34 @@ def test_usage_errors():
     assert mtp().returncode == 2
     r = mtp("generate", "--prompt", "x", "--prompts-file", "y")
     assert r.returncode == 2 and "not allowed with" in r.stderr
+
+
+@pytest.mark.parametrize("flags", [[], ["--dtype", "bfloat16"], ["--dtype", "float32"], ["--dtype", "bfloat16", "--int8"],
+                                   ["--temperature", "1", "--seed", "3"], ["--no-mtp"], ["--lookup", "0"]])
+def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
+    """`mtp generate` and decoding.generate with k, branches and lookup left out, on the same
+    backbone and head (models.loading), decode alike: same tokens, passes and acceptance
+    (config.DecodeConfig.resolve is the one place the defaults live)."""
+    from mtp_kernels import cli, decoding
+    from mtp_kernels.config import DecodeConfig
+    from mtp_kernels.models.loading import load_backbone, load_head
+
+    assert cli.main(["generate", "--model", str(tiny), "--prompt", "abcabcab", "--max-new-tokens", "12", "--json",
+                     *flags]) == 0
+    want = json.loads(capsys.readouterr().out)
+    opts = dict(zip(flags[::2], flags[1::2])) if "--no-mtp" not in flags else {}  # "--int8" is a switch: left out
+    cfg, model, tok, _ = load_backbone(str(tiny), opts.get("--dtype"), print, int8="--int8" in flags)
+    head = None if "--no-mtp" in flags else load_head(None, model, lambda m: None, default_model=False)
+    kwargs = dict(temperature=float(opts.get("--temperature", 0)), seed=int(opts.get("--seed", 0)))
+    if "--lookup" in opts:
+        kwargs["lookup"] = int(opts["--lookup"])
+    ids = tok.encode(tok.apply_chat_template("abcabcab"))
+    got = decoding.generate(model, [ids], 12, head=head, eos_token_ids=tuple(cfg.eos_token_ids), **kwargs)[0]
+    assert (got.tokens, got.passes, got.accepted, got.drafted, got.leaves_accepted) == \
+        (want["tokens"], want["passes"], want["accepted_by_position"], want["drafted_by_position"],
+         want["leaves_accepted"])
+    # What both resolved: trees only on the bf16 backbone dequantized on request, greedy.
+    resolved = DecodeConfig.resolve(model, head, **kwargs)
+    trees = flags == ["--dtype", "bfloat16"]
+    assert (resolved.k, resolved.branches) == ((3, 3) if trees else (2, 1))
+    assert resolved.lookup == (0 if head is None or "--lookup" in opts else 6)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mtp_kernels import cli, decoding, train, train_drafter
+from mtp_kernels.models import loading
 from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.config import LlamaConfig
 from mtp_kernels.models.drafter import StandaloneDrafter, default_config, parameter_counts
@@ -205,7 +206,7 @@ def test_cli_generate_with_a_drafter_equals_no_mtp(tmp_path, capsys, monkeypatch
     # A missing drafter: one line, exit 2 (explicit path, and no shipped default).
     assert cli.main(base + ["--drafter", "standalone", "--drafter-path", str(tmp_path / "nope")]) == 2
     assert "not a standalone drafter" in capsys.readouterr().err
-    monkeypatch.setattr(cli, "SHIPPED_HEADS", str(tmp_path / "nothing"))
+    monkeypatch.setattr(loading, "SHIPPED_HEADS", str(tmp_path / "nothing"))
     assert cli.main(base + ["--drafter", "standalone"]) == 2
     err = capsys.readouterr().err
     assert "no standalone drafter" in err and "mtp train --drafter standalone" in err and len(err.splitlines()) == 1

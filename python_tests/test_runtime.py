@@ -277,3 +277,72 @@ def test_lookup_bad_input():
 
     with pytest.raises(ValueError, match="lookup drafts go with the MTP head or alone"):
         decoding.generate(model, [[1, 2]], 4, head=Standalone({0: [1, 2]}, 97), lookup=2)
+
+
+def test_decode_config_resolves_the_cli_defaults():
+    """config.DecodeConfig.resolve: trees of K=3 with 3 first drafts where they go (the MTP
+    head, greedy, not lenient) and pay (the bf16 backbone over float weights, not loaded as
+    stored), else chains of K=2; prompt lookup of 6 beside the MTP head only; given values kept."""
+    from mtp_kernels.config import DecodeConfig
+
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+
+    class Standalone(OracleHead):
+        def begin(self, prompts, capacity):
+            pass
+
+    bf16, fp32, q8 = tiny_backbone(torch.bfloat16), tiny_backbone(), tiny_backbone(torch.bfloat16, quantize=True)
+    as_stored = tiny_backbone(torch.bfloat16)
+    as_stored.loaded_as_stored = True
+
+    def picked(model, h, **kw):
+        c = DecodeConfig.resolve(model, h, **kw)
+        return c.k, c.branches, c.lookup
+
+    assert picked(bf16, head) == (3, 3, 6)
+    for model in (fp32, q8, as_stored):
+        assert picked(model, head) == (2, 1, 6)
+    assert picked(bf16, head, temperature=0.5) == (2, 1, 6)
+    assert picked(bf16, head, lenient=(2, 0.5)) == (2, 1, 6)
+    assert picked(bf16, None) == (2, 1, 0)
+    assert picked(bf16, Standalone({0: [1]}, 97)) == (2, 1, 0)
+    assert picked(fp32, head, branches=2) == (3, 2, 6)  # a tree asked for: the tree's K
+    assert picked(bf16, head, k=5, branches=1, lookup=0) == (5, 1, 0)
+    c = DecodeConfig.resolve(bf16, head, temperature=0.25, seed=9, lenient=None)
+    assert (c.temperature, c.seed, c.lenient) == (0.25, 9, None)
+    with pytest.raises(AttributeError):
+        c.k = 1  # frozen: one resolved configuration per call
+
+
+def test_generate_with_defaults_equals_the_resolved_configuration():
+    """decoding.generate with k / branches / lookup left out decodes as with the resolved values."""
+    from mtp_kernels.config import DecodeConfig
+
+    model = tiny_backbone(torch.bfloat16)
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 10, 11, 12]]
+    c = DecodeConfig.resolve(model, head)
+    a = decoding.generate(model, prompts, 12, head=head, eos_token_ids=TINY.eos_token_ids)
+    b = decoding.generate(model, prompts, 12, head=head, k=c.k, branches=c.branches, lookup=c.lookup,
+                          eos_token_ids=TINY.eos_token_ids)
+    stats = [[(g.tokens, g.passes, g.drafted, g.accepted, g.leaves_accepted) for g in r] for r in (a, b)]
+    assert stats[0] == stats[1] and len(a[0].drafted) == 6
+    assert [g.tokens for g in a] == greedy_reference(model, prompts, 12)
+
+
+def test_kv_cache_move_and_truncate():
+    """KVCache.move: one request's entries at src copied to dst in every layer, its length
+    dst + 1, the other requests untouched; truncate sets the lengths and moves nothing."""
+    model = tiny_backbone()
+    cache = model.new_cache(2, 16)
+    model(torch.randint(4, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1)), cache)
+    k, v = cache.k.clone(), cache.v.clone()
+    cache.move(1, 7, 4)
+    assert cache.lens.tolist() == [9, 5]
+    assert torch.equal(cache.k[:, 1, :, 4], k[:, 1, :, 7]) and torch.equal(cache.v[:, 1, :, 4], v[:, 1, :, 7])
+    changed = torch.zeros_like(k, dtype=torch.bool)
+    changed[:, 1, :, 4] = True
+    assert torch.equal(cache.k[~changed], k[~changed]) and torch.equal(cache.v[~changed], v[~changed])
+    cache.truncate(torch.tensor([3, 5]))
+    assert cache.lens.tolist() == [3, 5] and torch.equal(cache.k[~changed], k[~changed])

@@ -201,7 +201,7 @@ class MTPHead(torch.nn.Module):
         """mtp.head_draft's weights in `dtype`: embed_norm, hidden_norm, proj, per block its
         decoder-layer parts (q/k/v and gate/up fused into one matrix each), out_norm. Cached
         until a parameter changes (in place or replaced) or the dtype does. When the head is
-        already in `dtype` (cli.load_head puts it there) nothing is copied: the fused
+        already in `dtype` (models.loading.load_head puts it there) nothing is copied: the fused
         matrices become the parameters' storage (each projection a row view of its fused one)."""
         if getattr(self, "_draft_weights", (None,))[0] != self._draft_key(dtype):
             with torch.no_grad():

@@ -9,7 +9,8 @@ bitwise those of K+1 one-token steps: speculative decoding gives exactly the tok
 greedy decoding.
 
 The KV cache is static and preallocated, [layers, B, Hkv, Lmax, D], with a length per
-request; rejected draft positions are dropped by lowering that length (no data moves).
+request; rejected draft positions are dropped by lowering that length (no data moves;
+`KVCache.truncate`), except an accepted tree leaf's, moved after its parent (`KVCache.move`).
 """
 from __future__ import annotations
 
@@ -47,6 +48,19 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def truncate(self, lens: torch.Tensor) -> None:
+        """Sets every request's length (no data moves): positions past it are dropped, as a
+        verify pass drops its rejected drafts."""
+        self.lens.copy_(lens)
+
+    def move(self, b: int, src: int, dst: int) -> None:
+        """Request b's K/V at position src moved to dst in every layer, and its length set to
+        dst + 1: an accepted tree leaf, verified at src, takes the place right after its
+        parent at dst - 1; the rejected positions between are dropped."""
+        self.k[:, b, :, dst] = self.k[:, b, :, src]
+        self.v[:, b, :, dst] = self.v[:, b, :, src]
+        self.lens[b] = dst + 1
+
     def select(self, b: int) -> "KVCache":
         """A view of request b alone (shares the buffers and the length)."""
         view = KVCache.__new__(KVCache)
@@ -81,6 +95,9 @@ class Backbone(torch.nn.Module):
             raise ValueError("Backbone: quantize=True re-quantizes float weights to Q8; these are already GGUF "
                              "block-quantized (QuantTensor): run them as they are, or load them dequantized")
         self.cfg, self.dtype, self.quantized, self.int8_dot, self.native = cfg, dtype, quantize, int8_dot, native
+        # Set by models.loading.load_backbone when no dtype was asked for (the file's own
+        # weights): config.trees_pay keeps chains there until tree passes are measured.
+        self.loaded_as_stored = False
         self._types: dict[str, int] = {}  # GGML type of each block-quantized matrix (its buffer: uint8 rows)
         weights = dict(weights)
         # Projections that read the same input are one weight matrix (one mtp.linear call, its

@@ -1,0 +1,99 @@
+"""Loading what `mtp generate` / `mtp bench` run: the backbone (the file's own weights, or
+dequantized), the MTP head and the standalone drafter, with the shipped defaults. The library
+entry points the CLI uses; each logs its notes through `log` (one line per note)."""
+from __future__ import annotations
+
+import os
+
+from .checkpoint import CheckpointError
+
+SHIPPED_HEADS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "heads")
+NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that runs the file's own weights
+
+
+def load_head(path: str | None, backbone, log, default_model: bool = True):
+    """The head to draft with: --head PATH, else the one shipped for the default model
+    (when the backbone is that model), else an untrained (random, seeded) head, labelled."""
+    import torch
+
+    from .head import HeadConfig, MTPHead
+
+    shipped = os.path.join(SHIPPED_HEADS, "smollm2-135m")
+    has_shipped = default_model and os.path.isfile(os.path.join(shipped, "config.json"))
+    folder = path or (shipped if has_shipped else None)
+    if folder:
+        head = MTPHead.load(folder, dtype=backbone.dtype, backbone_cfg=backbone.cfg)
+    else:
+        torch.manual_seed(0)
+        head = MTPHead(HeadConfig.for_backbone(backbone.cfg))
+    head.check_fits(backbone.cfg)
+    head.to(backbone.dtype)  # once here: draft() would otherwise cast every weight per call
+    if not head.cfg.trained:
+        log("note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
+            "the output is still exactly the backbone's own (greedy, or sampled with the same seed)")
+    return head
+
+
+def load_drafter(path: str | None, backbone, log):
+    """The standalone drafter: --drafter-path, else the one shipped for the default model.
+    A missing shipped drafter is a CheckpointError, one that does not fit the backbone a
+    ValueError (both one line in the CLI)."""
+    from .drafter import StandaloneDrafter
+
+    folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
+    if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
+        raise CheckpointError(f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` "
+                              "or pass --drafter-path")
+    drafter = StandaloneDrafter.load(folder)
+    try:
+        drafter.check_fits(backbone.cfg)
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
+    drafter.to(backbone.dtype)
+    if not drafter.trained:
+        log("note: UNTRAINED standalone drafter: drafts are rarely accepted; the output is still the backbone's own")
+    return drafter
+
+
+def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = False, int8_dot: bool = False):
+    """(cfg, backbone, tokenizer, description). dtype None (the default): the file's own weights
+    as stored (a GGUF's 4-/8-bit blocks, zero-copy from its memory map; bf16 activations);
+    a file whose blocks the kernels cannot read runs dequantized instead, with a note. dtype
+    'float32'|'bfloat16' (or --int8): every weight dequantized to fp32, then kept in dtype (or Q8).
+    A backbone loaded without a dtype is marked `loaded_as_stored` (its default decode: chains,
+    config.trees_pay)."""
+    from ..gguf import type_name
+    from . import checkpoint
+    from .llama import DTYPES, Backbone, MixedTypesError
+
+    as_stored = dtype is None and not int8
+    if as_stored:
+        try:
+            cfg, weights, tok = checkpoint.load(model_path, native=True)
+            model = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
+            model.loaded_as_stored = True
+            types = sorted({model.gguf_type(n) for n in weights} - {None})
+            what = (f"{'/'.join(map(type_name, types))} weights as stored, {NATIVE_DTYPE} activations" if types
+                    else NATIVE_DTYPE)
+            return cfg, model, tok, what
+        except (checkpoint.NotNativeError, MixedTypesError) as e:
+            log(f"note: {e}; running it dequantized ({NATIVE_DTYPE})")
+            dtype = NATIVE_DTYPE
+    dtype = dtype or "float32"
+    cfg, weights, tok = checkpoint.load(model_path)
+    model = Backbone(cfg, weights, DTYPES[dtype], quantize=int8, int8_dot=int8_dot)
+    model.loaded_as_stored = as_stored  # the dequantized fallback still counts: no dtype was asked for
+    return cfg, model, tok, (f"dequantized, {dtype}{', int8 weights' if int8 else ''}"
+                             f"{' and activations' if int8_dot else ''}")
+
+
+def release_freed_memory() -> None:
+    """Hands the heap pages freed by loading (the loader's and the head's transient copies, the
+    fp64 RoPE tables) back to the OS (glibc's malloc_trim; elsewhere nothing): ~15 MB of the
+    peak RSS of `mtp generate`."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
