@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include <algorithm>
+
 #include "mtp/op_args.h"
 #include "mtp/parallel.h"
 
@@ -28,13 +30,15 @@ const char* dtype_name(int32_t dtype) {
 }
 
 namespace {
-std::string sizes_of(const mtp_tensor* t) {
+std::string dims_of(const mtp_tensor* t, const int64_t* v) {
   std::ostringstream s;
   s << "[";
-  for (int32_t d = 0; d < t->ndim && d < MTP_MAX_DIMS; ++d) s << (d ? ", " : "") << t->sizes[d];
+  for (int32_t d = 0; d < t->ndim && d < MTP_MAX_DIMS; ++d) s << (d ? ", " : "") << v[d];
   s << "]";
   return s.str();
 }
+std::string sizes_of(const mtp_tensor* t) { return dims_of(t, t->sizes); }
+std::string strides_of(const mtp_tensor* t) { return dims_of(t, t->strides); }
 }  // namespace
 
 bool Checker::tensor(const char* name, const mtp_tensor* t, int32_t ndim, const char* shape,
@@ -59,11 +63,16 @@ bool Checker::tensor(const char* name, const mtp_tensor* t, int32_t ndim, const 
       return fail(MTP_ERROR_INVALID_ARGUMENT, name, ".strides[", d, "] must be >= 0, got ", t->strides[d]);
     empty |= t->sizes[d] == 0;
   }
-  for (int32_t d = 0; d < ndim && !empty; ++d) {
+  // The kernels form row addresses (index * stride * element bytes) before any loop runs, even
+  // for an empty view or over a size-1 dimension: every stride and the extent over the non-empty
+  // dimensions must be byte offsets int64 holds (8: the widest element).
+  for (int32_t d = 0; d < ndim; ++d) {
     int64_t step;
-    if (__builtin_mul_overflow(t->sizes[d] - 1, t->strides[d], &step) || __builtin_add_overflow(extent, step, &extent) ||
-        __builtin_mul_overflow(extent + 1, int64_t(8), &step))
-      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has an extent beyond int64 bytes");
+    if (__builtin_mul_overflow(t->strides[d], int64_t(8), &step) ||
+        __builtin_mul_overflow(std::max<int64_t>(t->sizes[d] - 1, 0), t->strides[d], &step) ||
+        __builtin_add_overflow(extent, step, &extent) || __builtin_mul_overflow(extent + 1, int64_t(8), &step))
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has an extent beyond int64 bytes (strides ",
+                  strides_of(t), ")");
   }
   int64_t numel = 1;  // loops run over the sizes: their product must be countable
   for (int32_t d = 0; d < ndim && !empty; ++d)

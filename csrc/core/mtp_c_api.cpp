@@ -99,25 +99,26 @@ constexpr const char* kOutput = "it is an output";
 // The aliasing rule of mtp.h over checked views: every output free of overlapping elements
 // and sharing no memory with another output or an input (NULL inputs skipped).
 bool no_aliasing(Checker& c, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
-  std::vector<View> views;
-  for (const Named& o : outputs) views.push_back(view_of(o.first, o.second));
+  View views[16];  // aliasing_error's bound; a function passes a handful (no allocation per call)
+  size_t n = 0;
+  for (const Named& o : outputs) views[n++] = view_of(o.first, o.second);
   for (const Named& i : inputs)
-    if (i.second) views.push_back(view_of(i.first, i.second));
-  return c.ok(aliasing_error(views.data(), views.size(), outputs.size(), kOutput));
+    if (i.second) views[n++] = view_of(i.first, i.second);
+  return c.ok(aliasing_error(views, n, outputs.size(), kOutput));
 }
 
-// The outputs against a list of n more inputs (weights), named by name(i).
+// The outputs against a list of n more inputs (weights), named by name(i) only on a hit.
 template <class Name>
 bool disjoint_from(Checker& c, std::initializer_list<Named> outputs, const mtp_tensor* const* list, int64_t n,
                    Name&& name) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (!list[i]) continue;
-    const std::string nm = name(i);
-    const View w = view_of(nm.c_str(), list[i]);
-    for (const Named& o : outputs)
-      if (!c.ok(overlap_error(view_of(o.first, o.second), w))) return false;
-  }
-  return true;
+  View outs[4];
+  size_t n_out = 0;
+  for (const Named& o : outputs) outs[n_out++] = view_of(o.first, o.second);
+  return c.ok(disjoint_error(outs, n_out, list ? n : 0, [&](int64_t i, View* v) {
+    if (!list[i]) return false;
+    *v = view_of("", list[i]);
+    return true;
+  }, name));
 }
 
 // Copies a contiguous [n0, n1, n2, D] array of es-byte elements into the strided 4-D view dst.

@@ -115,14 +115,24 @@ using NamedTensor = std::pair<const char*, const at::Tensor*>;
 // The aliasing rule (op_args.h): each of `outputs` (written in place) has no overlapping
 // elements (self: checked here) and shares no memory with another output or with `inputs`.
 inline void check_written(const char* op, const char* why, std::initializer_list<NamedTensor> outputs,
-                          std::initializer_list<NamedTensor> inputs, bool self = true) {
-  std::vector<View> views;
-  for (const NamedTensor& t : outputs) views.push_back(view_of(t.first, *t.second));
-  for (const NamedTensor& t : inputs) views.push_back(view_of(t.first, *t.second));
-  if (self) check_ok(op, aliasing_error(views.data(), views.size(), outputs.size(), why));
-  else
-    for (size_t i = 0; i < outputs.size(); ++i)
-      for (size_t j = outputs.size(); j < views.size(); ++j) check_ok(op, overlap_error(views[i], views[j]));
+                          std::initializer_list<NamedTensor> inputs) {
+  View views[16];  // aliasing_error's bound; an op passes a handful
+  TORCH_CHECK(outputs.size() + inputs.size() <= 16, op, ": internal error: too many views in one aliasing check");
+  size_t n = 0;
+  for (const NamedTensor& t : outputs) views[n++] = view_of(t.first, *t.second);
+  for (const NamedTensor& t : inputs) views[n++] = view_of(t.first, *t.second);
+  check_ok(op, aliasing_error(views, n, outputs.size(), why));
+}
+
+// The written caches against a pass's weights (~180 tensors): names built only on a hit.
+template <class Name>
+void check_disjoint(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                    at::TensorList inputs, Name&& name) {
+  const View outs[2] = {view_of("k_cache", k_cache), view_of("v_cache", v_cache)};
+  check_ok(op, disjoint_error(outs, 2, int64_t(inputs.size()), [&](int64_t i, View* v) {
+    *v = view_of("", inputs[size_t(i)]);
+    return true;
+  }, name));
 }
 
 // draft_tokens [B, K] (verify, accept_prefix) on `device`.

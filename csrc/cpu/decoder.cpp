@@ -188,14 +188,9 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
       parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, widths, x, "x", &a.I, types);
   const at::Tensor& final_norm = weights[want - 1];
   check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
-  for (size_t i = 0; i < weights.size(); ++i)
-    check_written(kDecoder, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
-                  {{names(int64_t(i)).c_str(), &weights[i]}}, /*self=*/false);
-  for (size_t i = 0; i < weight_scales.size(); ++i) {
-    const std::string name = "weight_scales[" + std::to_string(i) + "]";
-    check_written(kDecoder, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
-                  {{name.c_str(), &weight_scales[i]}}, /*self=*/false);
-  }
+  check_disjoint(kDecoder, k_cache, v_cache, weights, names);
+  check_disjoint(kDecoder, k_cache, v_cache, weight_scales,
+                 [](int64_t i) { return "weight_scales[" + std::to_string(i) + "]"; });
 
   const at::Tensor xc = x.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());

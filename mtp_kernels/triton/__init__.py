@@ -6,6 +6,7 @@ tensors they run under ``TRITON_INTERPRET=1`` (how the test suite checks them wi
 A new op is added the same way: its kernels in ``kernels/<op>.py``, a launcher here (checks
 from ``mtp_kernels._checks``, then the grid), and its name in ``_OPS``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -42,13 +43,20 @@ def _chain_outputs(op, draft_tokens, target_logits, num_drafts):
     # verify and verify_sampled after their input checks: sizes, checked num_drafts, outputs.
     B, K = draft_tokens.shape
     V = target_logits.shape[2]
-    C.check(V < 2 ** 31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
+    C.check(V < 2**31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
     nd = C.checked_num_drafts(op, num_drafts, B, K)
     return B, K, V, nd, draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
 
 
-def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
-           pad_id: int = -1, *, splits: Optional[int] = None, block_v: int = BLOCK_V):
+def verify(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    num_drafts: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+    *,
+    splits: Optional[int] = None,
+    block_v: int = BLOCK_V,
+):
     """``mtp.verify`` in Triton. ``splits`` / ``block_v`` force the vocabulary slicing and tile
     (tests use them to put slice and tile edges where ties and NaN are)."""
     op = "mtp.verify"
@@ -67,16 +75,31 @@ def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: 
     has_nd = nd is not None
     nd_arg = nd if has_nd else part_idx  # never read without HAS_ND
     sb, st, sv = target_logits.stride()
-    argmax_partials_kernel[(rows, splits)](target_logits, sb, st, sv, nd_arg, K, V, chunk, part_val, part_idx,
-                                           splits, HAS_ND=has_nd, BLOCK_V=block_v)
-    verify_finish_kernel[(B,)](draft_tokens, *draft_tokens.stride(), part_val, part_idx, splits, nd_arg, K, pad_id,
-                               accepted, out, *out.stride(), HAS_ND=has_nd,
-                               BLOCK_T=triton.next_power_of_2(K + 1), BLOCK_S=triton.next_power_of_2(splits))
+    argmax_partials_kernel[(rows, splits)](
+        target_logits, sb, st, sv, nd_arg, K, V, chunk, part_val, part_idx, splits, HAS_ND=has_nd, BLOCK_V=block_v
+    )
+    verify_finish_kernel[(B,)](
+        draft_tokens,
+        *draft_tokens.stride(),
+        part_val,
+        part_idx,
+        splits,
+        nd_arg,
+        K,
+        pad_id,
+        accepted,
+        out,
+        *out.stride(),
+        HAS_ND=has_nd,
+        BLOCK_T=triton.next_power_of_2(K + 1),
+        BLOCK_S=triton.next_power_of_2(splits),
+    )
     return accepted, out
 
 
-def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
-                  num_drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def accept_prefix(
+    draft_tokens: torch.Tensor, target_tokens: torch.Tensor, num_drafts: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``mtp.accept_prefix`` in Triton."""
     op = "mtp.accept_prefix"
     C.check_accept_inputs(op, draft_tokens, target_tokens, num_drafts)
@@ -85,15 +108,30 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
     accepted = draft_tokens.new_empty((B,))
     if B == 0:
         return accepted
-    accept_prefix_kernel[(B,)](draft_tokens, *draft_tokens.stride(), target_tokens, *target_tokens.stride(),
-                               nd if nd is not None else accepted, K, accepted, HAS_ND=nd is not None,
-                               BLOCK_T=triton.next_power_of_2(K + 1))
+    accept_prefix_kernel[(B,)](
+        draft_tokens,
+        *draft_tokens.stride(),
+        target_tokens,
+        *target_tokens.stride(),
+        nd if nd is not None else accepted,
+        K,
+        accepted,
+        HAS_ND=nd is not None,
+        BLOCK_T=triton.next_power_of_2(K + 1),
+    )
     return accepted
 
 
-def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
-                   temperature: torch.Tensor, seeds: torch.Tensor, offsets: Optional[torch.Tensor] = None,
-                   num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1):
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    num_drafts: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+):
     """``mtp.verify_sampled`` in Triton: one program per request, the tokens bitwise those of
     the CPU op (kernels/sampling.py mirrors csrc/include/mtp/sampling.h)."""
     op = "mtp.verify_sampled"
@@ -109,17 +147,42 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
     # never fuses, and rejects the option).
     opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
-    verify_sampled_kernel[(B,)](draft_tokens, *draft_tokens.stride(), q, *q_strides, target_logits,
-                                *target_logits.stride(), temp, seeds, offs, nd if nd is not None else seeds, K, V,
-                                pad_id, accepted, out, *out.stride(), HAS_Q=draft_probs is not None,
-                                HAS_OFFSETS=offsets is not None, HAS_ND=nd is not None,
-                                BLOCK_T=triton.next_power_of_2(K + 1), BLOCK_V=BLOCK_V, **opts)
+    verify_sampled_kernel[(B,)](
+        draft_tokens,
+        *draft_tokens.stride(),
+        q,
+        *q_strides,
+        target_logits,
+        *target_logits.stride(),
+        temp,
+        seeds,
+        offs,
+        nd if nd is not None else seeds,
+        K,
+        V,
+        pad_id,
+        accepted,
+        out,
+        *out.stride(),
+        HAS_Q=draft_probs is not None,
+        HAS_OFFSETS=offsets is not None,
+        HAS_ND=nd is not None,
+        BLOCK_T=triton.next_power_of_2(K + 1),
+        BLOCK_V=BLOCK_V,
+        **opts,
+    )
     return accepted, out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False,
-           gguf_type: Optional[int] = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    weight_scale: Optional[torch.Tensor] = None,
+    *,
+    quantize_x: bool = False,
+    gguf_type: Optional[int] = None,
+) -> torch.Tensor:
     """``mtp.linear`` in Triton: fp32 accumulation, each row's bits independent of M. Float
     weights only: an int8 weight (with weight_scale, with or without quantize_x) is checked,
     then refused (CPU only), and so is a GGUF block-type one."""
@@ -133,18 +196,39 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if M > 0 and N > 0:
         b = bias.to(torch.float32).contiguous() if bias is not None else y
         linear_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](
-            x2, *x2.stride(), weight, *weight.stride(), b, y, *y.stride(), M, N, K,
-            HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+            x2,
+            *x2.stride(),
+            weight,
+            *weight.stride(),
+            b,
+            y,
+            *y.stride(),
+            M,
+            N,
+            K,
+            HAS_BIAS=bias is not None,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+        )
     return y.to(x.dtype).reshape(*x.shape[:-1], N)  # fp32 -> x's dtype rounds like the C++ kernels
 
 
-def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
-                   k_local: Optional[torch.Tensor] = None, v_local: Optional[torch.Tensor] = None,
-                   scale: Optional[float] = None, causal: bool = False) -> torch.Tensor:
+def head_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_local: Optional[torch.Tensor] = None,
+    v_local: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    causal: bool = False,
+) -> torch.Tensor:
     """``mtp.head_attention`` in Triton: split-KV over fixed 256-key chunks, partials merged
     left to right (kernels/attention.py). The caches are read in place, whatever their strides."""
-    lens_host = C.check_attention_inputs("mtp.head_attention", q, k_cache, v_cache, cache_lens, k_local, v_local,
-                                         causal)
+    lens_host = C.check_attention_inputs(
+        "mtp.head_attention", q, k_cache, v_cache, cache_lens, k_local, v_local, causal, scale=scale
+    )
     B, T, Hq, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((B, T, Hq, D), dtype=torch.float32, device=q.device)
@@ -152,7 +236,7 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         return out.to(q.dtype)
     G = Hq // Hkv
     S = k_local.shape[2] if k_local is not None else 0
-    scale = D ** -0.5 if scale is None else float(scale)
+    scale = D**-0.5 if scale is None else float(scale)
     # The grid covers the longest cache (its capacity while a CUDA graph is captured: no sync);
     # programs past a request's length return at once. It never changes a row's bits.
     longest = max(lens_host, default=0) if lens_host is not None else L
@@ -170,11 +254,54 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     for k, v, chunks, first, local in segments:
         if chunks:
             A.attention_chunk_kernel[(B * Hkv * n_rb, chunks)](
-                q, *q.stride(), k, *k.stride(), v, *v.stride(), lens, part_m, part_l, part_acc, T, Hkv, G, D, L, S,
-                scale, n_rb, Cc + Cl, first, LOCAL=local, CAUSAL=causal, CHUNK=A.CHUNK, BLOCK_R=A.BLOCK_R,
-                BLOCK_N=A.BLOCK_N, BLOCK_D=block_d, num_warps=A.num_warps(block_d))
-    A.attention_merge_kernel[(B * Hkv * n_rb,)](lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L, S, n_rb, Cc + Cl,
-                                               Cc, CAUSAL=causal, CHUNK=A.CHUNK, BLOCK_R=A.BLOCK_R, BLOCK_D=block_d)
+                q,
+                *q.stride(),
+                k,
+                *k.stride(),
+                v,
+                *v.stride(),
+                lens,
+                part_m,
+                part_l,
+                part_acc,
+                T,
+                Hkv,
+                G,
+                D,
+                L,
+                S,
+                scale,
+                n_rb,
+                Cc + Cl,
+                first,
+                LOCAL=local,
+                CAUSAL=causal,
+                CHUNK=A.CHUNK,
+                BLOCK_R=A.BLOCK_R,
+                BLOCK_N=A.BLOCK_N,
+                BLOCK_D=block_d,
+                num_warps=A.num_warps(block_d),
+            )
+    A.attention_merge_kernel[(B * Hkv * n_rb,)](
+        lens,
+        part_m,
+        part_l,
+        part_acc,
+        out,
+        T,
+        Hkv,
+        G,
+        D,
+        L,
+        S,
+        n_rb,
+        Cc + Cl,
+        Cc,
+        CAUSAL=causal,
+        CHUNK=A.CHUNK,
+        BLOCK_R=A.BLOCK_R,
+        BLOCK_D=block_d,
+    )
     return out.to(q.dtype)  # fp32 -> q's dtype rounds like the C++ kernels
 
 
@@ -183,8 +310,9 @@ def _raw_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
 
 
-def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                 cache_lens: torch.Tensor) -> None:
+def cache_append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache_lens: torch.Tensor
+) -> None:
     """``mtp.cache_append`` in Triton: in place, any strides; raises and writes nothing when a
     request would pass the capacity."""
     C.check_append_inputs("mtp.cache_append", k_cache, v_cache, k_new, v_new, cache_lens)
@@ -194,13 +322,30 @@ def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
     lens = cache_lens.to(torch.int64).contiguous()
     for cache, new in ((k_cache, k_new), (v_cache, v_new)):
         cache, new = _raw_bits(cache), _raw_bits(new)
-        A.cache_append_kernel[(B * Hkv, T)](cache, *cache.stride(), new, *new.stride(), lens, B, T, Hkv, D,
-                                            cache.shape[2], BLOCK_B=triton.next_power_of_2(B),
-                                            BLOCK_D=triton.next_power_of_2(D))
+        A.cache_append_kernel[(B * Hkv, T)](
+            cache,
+            *cache.stride(),
+            new,
+            *new.stride(),
+            lens,
+            B,
+            T,
+            Hkv,
+            D,
+            cache.shape[2],
+            BLOCK_B=triton.next_power_of_2(B),
+            BLOCK_D=triton.next_power_of_2(D),
+        )
 
 
-_OPS = {"verify": verify, "verify_sampled": verify_sampled, "accept_prefix": accept_prefix, "linear": linear, "head_attention": head_attention,
-        "cache_append": cache_append}
+_OPS = {
+    "verify": verify,
+    "verify_sampled": verify_sampled,
+    "accept_prefix": accept_prefix,
+    "linear": linear,
+    "head_attention": head_attention,
+    "cache_append": cache_append,
+}
 
 
 def register_cuda_kernels() -> list[str]:

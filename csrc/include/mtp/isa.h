@@ -20,6 +20,7 @@
 // VPMADDUBSW + VPMADDWD, so the bits do not depend on it.
 #define MTP_TARGET_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512vnni")))
 #define MTP_TARGET_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#include <cpuid.h>  // cpuid_bit
 #endif
 #if defined(__aarch64__)
 #define MTP_ARM64 1
@@ -78,13 +79,23 @@ inline const char* isa_name(Isa isa) {
   }
 }
 
+#if defined(MTP_X86)
+// A CPUID feature bit (reg: 0 EAX, 1 EBX, 2 ECX, 3 EDX), for the features that
+// __builtin_cpu_supports does not name in every compiler (clang 14: "f16c", "avxvnni").
+inline bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+  unsigned r[4];
+  if (!__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3])) return false;
+  return (r[reg] >> bit) & 1u;
+}
+#endif
+
 inline bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::Generic: return true;
 #if defined(MTP_X86)
     case Isa::Avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             cpuid_bit(1, 0, 2, 29);  // F16C
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -106,7 +117,7 @@ inline bool has_avx512_vnni() {
   return yes;
 }
 inline bool has_avx_vnni() {
-  static const bool yes = isa_supported(Isa::Avx2) && __builtin_cpu_supports("avxvnni");
+  static const bool yes = isa_supported(Isa::Avx2) && cpuid_bit(7, 1, 0, 4);  // AVX-VNNI
   return yes;
 }
 #endif

@@ -102,7 +102,8 @@ static inline mtp_tensor mtp_contiguous(const void* data, mtp_dtype dtype, int32
   for (d = ndim - 1; d >= 0 && d < MTP_MAX_DIMS; --d) {
     t.sizes[d] = sizes[d];
     t.strides[d] = stride;
-    stride *= sizes[d];
+    /* saturates instead of overflowing: the call then reports the view as too large */
+    stride = sizes[d] > 0 && stride > INT64_MAX / sizes[d] ? INT64_MAX : stride * (sizes[d] > 0 ? sizes[d] : 0);
   }
   return t;
 }
@@ -186,7 +187,9 @@ MTP_API mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_t
  *   scale      NULL: 1/sqrt(D)
  *   causal     0: every query sees all cache_lens[b] keys; 1: the queries are the last T cached
  *              positions (cache_lens[b] >= T) and query t sees keys [0, cache_lens[b] - T + t]
- *   out        [B, T, Hq, D]   output, q's dtype, any strides; a row with no visible key is 0 */
+ *   out        [B, T, Hq, D]   output, q's dtype, any strides; a row with no visible key is 0, a
+ *              row with a non-finite fp32 score or value among those it sees is all NaN (the same
+ *              on every path; docs/ops/head_attention.md, "Extreme values") */
 MTP_API mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
                                       const mtp_tensor* cache_lens, const mtp_tensor* k_local,
                                       const mtp_tensor* v_local, const float* scale, int32_t causal,

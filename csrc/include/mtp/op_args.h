@@ -117,25 +117,61 @@ inline std::string self_overlap_error(const View& v, const char* why) {
   return "";
 }
 
+// Whether two byte ranges share a byte (an empty one shares none).
+inline bool ranges_meet(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) {
+  return a0 != a1 && b0 != b1 && a0 < b1 && b0 < a1;
+}
+
+inline std::string overlap_message(const View& out, const View& other) {
+  return message(out.name, " and ", other.name, " overlap in memory: ", out.name,
+                 " is written in place and must share no memory with another argument");
+}
+
 // out (written) and other (read or written) share no byte.
 inline std::string overlap_error(const View& out, const View& other) {
   uintptr_t a0, a1, b0, b1;
   byte_range(out, &a0, &a1);
   byte_range(other, &b0, &b1);
-  if (a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0) return "";
-  return message(out.name, " and ", other.name, " overlap in memory: ", out.name,
-                 " is written in place and must share no memory with another argument");
+  return ranges_meet(a0, a1, b0, b1) ? overlap_message(out, other) : std::string();
 }
 
 // Every output free of self-overlap, and disjoint from every other view (outputs first in
-// `views`, `outputs` of them).
+// `views`, `outputs` of them). Each range is computed once; a message only on a hit: this runs
+// on every call (a few views, no allocation).
 inline std::string aliasing_error(const View* views, size_t count, size_t outputs, const char* why) {
   for (size_t i = 0; i < outputs; ++i)
     if (std::string e = self_overlap_error(views[i], why); !e.empty()) return e;
+  constexpr size_t kMaxViews = 16;
+  uintptr_t lo[kMaxViews], hi[kMaxViews];
+  if (count > kMaxViews) return message("internal error: more than ", kMaxViews, " views in one aliasing check");
+  for (size_t i = 0; i < count; ++i) byte_range(views[i], &lo[i], &hi[i]);
   for (size_t i = 0; i < outputs; ++i)
     for (size_t j = 0; j < count; ++j)
-      if (j != i && (j > i || j >= outputs))
-        if (std::string e = overlap_error(views[i], views[j]); !e.empty()) return e;
+      if (j != i && (j > i || j >= outputs) && ranges_meet(lo[i], hi[i], lo[j], hi[j]))
+        return overlap_message(views[i], views[j]);
+  return "";
+}
+
+// The outputs against n more inputs (a pass's weights): view_at(i) gives input i's view with
+// no name, name(i) its name, built only for an input that meets an output.
+template <class ViewAt, class Name>
+std::string disjoint_error(const View* outputs, size_t n_out, int64_t n, ViewAt&& view_at, Name&& name) {
+  constexpr size_t kMaxOutputs = 4;
+  uintptr_t lo[kMaxOutputs], hi[kMaxOutputs];
+  if (n_out > kMaxOutputs) return message("internal error: more than ", kMaxOutputs, " outputs in one check");
+  for (size_t o = 0; o < n_out; ++o) byte_range(outputs[o], &lo[o], &hi[o]);
+  for (int64_t i = 0; i < n; ++i) {
+    View in;
+    if (!view_at(i, &in)) continue;  // an absent (NULL) input
+    uintptr_t b0, b1;
+    byte_range(in, &b0, &b1);
+    for (size_t o = 0; o < n_out; ++o)
+      if (ranges_meet(lo[o], hi[o], b0, b1)) {
+        const std::string nm = name(i);
+        in.name = nm.c_str();
+        return overlap_message(outputs[o], in);
+      }
+  }
   return "";
 }
 
