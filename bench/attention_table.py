@@ -4,6 +4,7 @@ bandwidth measured in the same run (1 GiB copy, read + write bytes; 1 GiB sum, r
 
     .venv/bin/python bench/attention_table.py [--quick] [--threads N]
 """
+
 import sys
 import time
 
@@ -39,8 +40,10 @@ def main():
     if "--threads" in sys.argv:
         torch.set_num_threads(int(sys.argv[sys.argv.index("--threads") + 1]))
     copy_bw, read_bw = bandwidth()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {mtp_kernels.get_isa()}; "
-          f"memory bandwidth this run: copy {copy_bw:.1f} GB/s (read+write), read {read_bw:.1f} GB/s (sum)\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, ISA {mtp_kernels.get_isa()}; "
+        f"memory bandwidth this run: copy {copy_bw:.1f} GB/s (read+write), read {read_bw:.1f} GB/s (sum)\n"
+    )
     print("| dtype | B | T | L | K/V MiB | mtp µs | SDPA µs | SDPA / mtp | mtp K/V GB/s | % of read bw |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for dtype, B, T, L in CONFIGS:
@@ -49,8 +52,11 @@ def main():
         ours, sdpa, kv_bytes = runners(dtype, B, T, L)
         t_ours, t_sdpa = side_by_side([ours, sdpa], 1.0 if L >= 8192 else 0.5)
         gbs = kv_bytes / t_ours / 1e9
-        print(f"| {dtype} | {B} | {T} | {L} | {kv_bytes / 2**20:.1f} | {t_ours * 1e6:.0f} | {t_sdpa * 1e6:.0f} | "
-              f"{t_sdpa / t_ours:.2f} | {gbs:.1f} | {100 * gbs / read_bw:.0f}% |", flush=True)
+        print(
+            f"| {dtype} | {B} | {T} | {L} | {kv_bytes / 2**20:.1f} | {t_ours * 1e6:.0f} | {t_sdpa * 1e6:.0f} | "
+            f"{t_sdpa / t_ours:.2f} | {gbs:.1f} | {100 * gbs / read_bw:.0f}% |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

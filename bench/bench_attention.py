@@ -5,6 +5,7 @@ reads the same K/V and q as [B, T, Hq, D]. Both attend to the whole cache (no ma
     .venv/bin/python -m pytest bench/bench_attention.py --benchmark-only
 The side-by-side table with bandwidth: bench/attention_table.py.
 """
+
 import itertools
 
 import pytest

@@ -9,6 +9,7 @@ set back; transformers: the cache is cropped back), so every round does the same
     python -m pytest bench/bench_backbone.py --benchmark-only -q --benchmark-json=backbone.json
     python bench/report.py backbone.json    # ms per pass and the ratio verify / step
 """
+
 import pytest
 import torch
 
@@ -81,18 +82,21 @@ def theirs(gguf_path, prompt):
 def pass_of(impl, model, cache, tokens):
     """(reset, run): set the cache back to CACHE positions; one pass over `tokens` with logits."""
     if impl.startswith("ours"):
+
         def reset():
             cache.lens.fill_(CACHE)
 
         def run():
             return model.logits(model(tokens, cache))
     else:
+
         def reset():
             cache.crop(-(cache.get_seq_length() - CACHE))  # a negative count: the tokens to drop
 
         @torch.no_grad()
         def run():
             return model(input_ids=tokens, cache=cache, use_cache=True).logits
+
     return reset, run
 
 
@@ -100,7 +104,7 @@ def pass_of(impl, model, cache, tokens):
 @pytest.mark.parametrize("T", [1, 5, 9])
 def test_backbone_pass(benchmark, request, prompt, impl, T):
     model, cache = request.getfixturevalue(impl if impl.startswith("ours") else "theirs")
-    reset, run = pass_of(impl, model, cache, prompt[:, CACHE:CACHE + T])
+    reset, run = pass_of(impl, model, cache, prompt[:, CACHE : CACHE + T])
     benchmark.group = f"backbone T={T} cache={CACHE} bfloat16"
     benchmark.extra_info.update({"backbone_tokens": T, "cache": CACHE, "model": "SmolLM2-135M-Instruct bf16"})
     reset()

@@ -4,6 +4,7 @@ read: torch's multi-threaded sum over 1 GiB (bytes read / time) -- the ceiling o
 read-only kernel such as verify or attention. copy: dst.copy_(src) of 1 GiB, counting
 read + write bytes.
 """
+
 import torch
 
 GIB = 1 << 30

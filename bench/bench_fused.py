@@ -9,6 +9,7 @@ alone), and the head's draft of 3 with and without its 2 alternative first draft
     python -m pytest bench/bench_fused.py --benchmark-only -q --benchmark-json=fused.json
     python bench/report.py fused.json    # ms per call, op by op / one call
 """
+
 import pytest
 import torch
 
@@ -29,8 +30,12 @@ def loaded():
 
 
 # bf16 and int8dot for every case; the tree cases also in fp32 and with Q8 weights alone.
-MODES = {"bf16": (torch.bfloat16, False, False), "int8dot": (torch.bfloat16, True, True),
-         "fp32": (torch.float32, False, False), "q8": (torch.bfloat16, True, False)}
+MODES = {
+    "bf16": (torch.bfloat16, False, False),
+    "int8dot": (torch.bfloat16, True, True),
+    "fp32": (torch.float32, False, False),
+    "q8": (torch.bfloat16, True, False),
+}
 
 
 def _backbone(mode, loaded):
@@ -62,17 +67,30 @@ def test_decoder_pass(benchmark, backbone, impl, T):
     mode, model, cache, tokens, _ = backbone
     x = model.embed(tokens[:, :T])
     weights, scales = model.decoder_weights()
-    args = (x, cache.k, cache.v, cache.lens, model.rope_cos, model.rope_sin, weights, scales, model.cfg.num_heads,
-            model.cfg.rms_norm_eps)
+    args = (
+        x,
+        cache.k,
+        cache.v,
+        cache.lens,
+        model.rope_cos,
+        model.rope_sin,
+        weights,
+        scales,
+        model.cfg.num_heads,
+        model.cfg.rms_norm_eps,
+    )
     if impl == "one_call":
+
         def run():
             return torch.ops.mtp.decoder_layers(*args, quantize_x=model.int8_dot)
     else:
+
         def run():
             return reference.decoder_layers(*args, quantize_x=model.int8_dot, ops=ops.KERNELS)
 
     benchmark.group = f"decoder pass T={T} cache={CACHE} {mode}"
     benchmark.extra_info.update({"fused": "decoder_layers", "tokens": T})
+
     def reset():  # every round appends at the same positions
         cache.lens.fill_(CACHE)
 
@@ -84,15 +102,17 @@ def test_decoder_pass(benchmark, backbone, impl, T):
 @pytest.mark.parametrize("impl", ["one_call", "op_by_op"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_head_draft(benchmark, backbone, impl, k):
-    from mtp_kernels.cli import load_head
+    from mtp_kernels.models.loading import load_head
 
     mode, model, cache, tokens, hidden = backbone
     head = load_head(None, model, log=lambda m: None)
     args = head.draft_args(model, cache, hidden, tokens[:, 0], k)
     if impl == "one_call":
+
         def run():
             return torch.ops.mtp.head_draft(**args)
     else:
+
         def run():
             return reference.head_draft(**args, ops=ops.KERNELS)
 
@@ -122,7 +142,7 @@ def test_tree_pass(benchmark, any_backbone, impl):
 
 @pytest.mark.parametrize("impl", ["chain", "tree"])
 def test_head_draft_alternatives(benchmark, backbone, impl):
-    from mtp_kernels.cli import load_head
+    from mtp_kernels.models.loading import load_head
 
     mode, model, cache, tokens, hidden = backbone
     head = load_head(None, model, log=lambda m: None)

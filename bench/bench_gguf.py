@@ -5,6 +5,7 @@ several copies of the matrix (>= 256 MB in all), so the weights come from DRAM, 
 decode step, not from a cache that a repeated call would keep warm; compare GB/s with
 bench_bandwidth.py's read bandwidth of the same run (bench/report.py --gguf prints the table).
 """
+
 import itertools
 
 import pytest
@@ -14,8 +15,13 @@ from mtp_kernels.gguf import BLOCK_TYPES, row_bytes
 
 # (N, K) per format: SmolLM2's q/o, gate_up, down and LM head for the 32-element blocks; the
 # K-quants need K % 256 == 0 (Gemma-like widths).
-SHAPES = {2: [(576, 576), (3072, 576), (576, 1536)], 3: [(576, 576), (3072, 576), (576, 1536)],
-          8: [(3072, 576), (49152, 576)], 12: [(2048, 768), (768, 2048)], 14: [(2048, 768), (768, 2048)]}
+SHAPES = {
+    2: [(576, 576), (3072, 576), (576, 1536)],
+    3: [(576, 576), (3072, 576), (576, 1536)],
+    8: [(3072, 576), (49152, 576)],
+    12: [(2048, 768), (768, 2048)],
+    14: [(2048, 768), (768, 2048)],
+}
 CASES = [(code, shape, M) for code, shapes in SHAPES.items() for shape, M in itertools.product(shapes, [1, 5, 9])]
 ROTATE_BYTES = 256 << 20
 
@@ -38,11 +44,12 @@ def test_gguf_linear(benchmark, impl, code, shape, M):
             w = torch.randint(0, 256, (N, nbytes // N), dtype=torch.uint8, generator=g)
             w.view(N, -1, BLOCK_TYPES[code][2])[:, :, :2] = torch.tensor([0, 0x20], dtype=torch.uint8)  # fp16 0.0078
             return w
+
         ws = copies(nbytes, make)
         kw = {"gguf_type": code}
     else:
         nbytes = N * K * 2
-        ws = copies(nbytes, lambda: (torch.randn(N, K) / K ** 0.5).to(torch.bfloat16))
+        ws = copies(nbytes, lambda: (torch.randn(N, K) / K**0.5).to(torch.bfloat16))
         kw = {}
     it = itertools.cycle(ws)
     benchmark.group = f"gguf {name} {N}x{K} M={M}"

@@ -6,6 +6,7 @@ torch's F.linear on the same weights dequantized to bf16 (torch has no such int8
 integer dot products; VNNI where the CPU has it).
 "mtp_avx512": bf16 cases on the `avx512` path (two FMAs per bf16 pair) when the default is
 `avx512_bf16` (VDPBF16PS), to show what the instruction gives in the same run."""
+
 import functools
 import itertools
 
@@ -24,7 +25,7 @@ CASES = list(itertools.product(SHAPES, [1, 2, 5, 9, 17], ["float32", "bfloat16",
 def test_linear(benchmark, impl, shape, M, dtype):
     N, K = shape
     act = torch.float32 if dtype == "float32" else torch.bfloat16
-    w = (torch.randn(N, K) / K ** 0.5).to(act)
+    w = (torch.randn(N, K) / K**0.5).to(act)
     x = torch.randn(M, K).to(act)
     args, nbytes = (w,), w.numel() * w.element_size()
     if dtype.startswith("int8"):

@@ -8,6 +8,7 @@ of the q and k heads, the gated activation). Bytes = what the op reads and write
     python -m pytest bench/bench_rowwise.py --benchmark-only -q --benchmark-json=rowwise.json
     python bench/report.py rowwise.json
 """
+
 import pytest
 import torch
 
@@ -41,27 +42,38 @@ def inputs(T):
     # in-place rotation keeps the magnitudes)
     inv = 1.0 / 10000 ** (torch.arange(0, D, 2) / D)
     angles = (torch.arange(200, 200 + T)[:, None] * inv).repeat(1, 2)[None]
-    return dict(x=r(1, T, HIDDEN), o=r(1, T, HIDDEN), w=r(HIDDEN), qkv=r(1, T, HQ + 2 * HKV, D),
-                cos=angles.cos(), sin=angles.sin(), gate_up=r(1, T, 2 * INTER))
+    return dict(
+        x=r(1, T, HIDDEN),
+        o=r(1, T, HIDDEN),
+        w=r(HIDDEN),
+        qkv=r(1, T, HQ + 2 * HKV, D),
+        cos=angles.cos(),
+        sin=angles.sin(),
+        gate_up=r(1, T, 2 * INTER),
+    )
 
 
 def case(op, impl, a):
     """(function to time, bytes read + written)."""
-    n, qk = a["x"].numel() * 2, a["qkv"][:, :, :HQ + HKV]
+    n, qk = a["x"].numel() * 2, a["qkv"][:, :, : HQ + HKV]
     rope_bytes = 2 * qk.numel() * 2 + 2 * a["cos"].numel() * 4
     silu_bytes = a["gate_up"].numel() * 2 * 3 // 2
     if op == "rms_norm":
-        return (lambda: torch.ops.mtp.rms_norm(a["x"], a["w"], EPS)) if impl == "mtp" else \
-            (lambda: torch_rms_norm(a["x"], a["w"])), 2 * n
+        return (lambda: torch.ops.mtp.rms_norm(a["x"], a["w"], EPS)) if impl == "mtp" else (
+            lambda: torch_rms_norm(a["x"], a["w"])
+        ), 2 * n
     if op == "add_rms_norm":
-        return (lambda: torch.ops.mtp.add_rms_norm(a["x"], a["o"], a["w"], EPS)) if impl == "mtp" else \
-            (lambda: torch_rms_norm(a["x"] + a["o"], a["w"])), 4 * n
+        return (lambda: torch.ops.mtp.add_rms_norm(a["x"], a["o"], a["w"], EPS)) if impl == "mtp" else (
+            lambda: torch_rms_norm(a["x"] + a["o"], a["w"])
+        ), 4 * n
     if op == "rope":
-        return (lambda: torch.ops.mtp.rope_(qk, a["cos"], a["sin"])) if impl == "mtp" else \
-            (lambda: torch_rope(qk, a["cos"], a["sin"])), rope_bytes
+        return (lambda: torch.ops.mtp.rope_(qk, a["cos"], a["sin"])) if impl == "mtp" else (
+            lambda: torch_rope(qk, a["cos"], a["sin"])
+        ), rope_bytes
     if op == "silu_mul":
-        return (lambda: torch.ops.mtp.silu_mul(a["gate_up"])) if impl == "mtp" else \
-            (lambda: torch_silu_mul(a["gate_up"])), silu_bytes
+        return (lambda: torch.ops.mtp.silu_mul(a["gate_up"])) if impl == "mtp" else (
+            lambda: torch_silu_mul(a["gate_up"])
+        ), silu_bytes
 
     def layer_mtp():
         torch.ops.mtp.rope_(qk, a["cos"], a["sin"])

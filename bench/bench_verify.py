@@ -1,5 +1,6 @@
 """mtp.verify against the straightforward torch implementation (argmax, compare, cumprod:
 reference.verify). Drafts equal the backbone's choices, so every row is read by both."""
+
 import itertools
 
 import pytest

@@ -1,5 +1,6 @@
 """mtp.verify_sampled (one-hot greedy drafts and given draft_probs) against the straightforward
 torch implementation: softmax over [B, K+1, V], gather, compare, multinomial."""
+
 import itertools
 
 import pytest

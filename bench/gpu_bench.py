@@ -11,6 +11,7 @@ warm-up: it includes launch overhead (a few microseconds per launch, more for Tr
 Python launcher), which dominates the smallest cases. Bytes count what the op must read
 (logits / weights and activations) and write.
 """
+
 import statistics
 import sys
 
@@ -56,8 +57,11 @@ def verify_rows():
             drafts = logits.argmax(-1)[:, :K].contiguous()
             nbytes = logits.numel() * logits.element_size()
             case = f"verify B={B} K={K} V={V} {str(dtype)[6:]}"
-            for impl, fn in [("mtp (torch.ops)", torch.ops.mtp.verify), ("triton", mtp_triton.verify),
-                             ("torch (reference.verify)", reference.verify)]:
+            for impl, fn in [
+                ("mtp (torch.ops)", torch.ops.mtp.verify),
+                ("triton", mtp_triton.verify),
+                ("torch (reference.verify)", reference.verify),
+            ]:
                 ms = time_ms(fn, drafts, logits)
                 rows.append((case, impl, ms, nbytes / (ms * 1e-3) / GB))
     return rows
@@ -68,11 +72,14 @@ def linear_rows():
     for dtype in (torch.bfloat16, torch.float32):
         for M, N, K in [(1, 1536, 576), (5, 1536, 576), (5, 576, 1536), (5, 49152, 576), (16, 4096, 4096)]:
             x = torch.randn(M, K, device="cuda").to(dtype)
-            w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(dtype)
+            w = (torch.randn(N, K, device="cuda") / K**0.5).to(dtype)
             nbytes = (w.numel() + x.numel() + M * N) * x.element_size()
             case = f"linear M={M} N={N} K={K} {str(dtype)[6:]}"
-            for impl, fn in [("mtp (torch.ops)", torch.ops.mtp.linear), ("triton", mtp_triton.linear),
-                             ("torch (F.linear, not shape-invariant)", F.linear)]:
+            for impl, fn in [
+                ("mtp (torch.ops)", torch.ops.mtp.linear),
+                ("triton", mtp_triton.linear),
+                ("torch (F.linear, not shape-invariant)", F.linear),
+            ]:
                 ms = time_ms(fn, x, w)
                 rows.append((case, impl, ms, nbytes / (ms * 1e-3) / GB))
     return rows
@@ -82,7 +89,7 @@ def attention_rows():
     """Decode (T = 1) and verify (T = 4, causal) over bf16 caches [B, Hkv, L, D] read in place
     from a [B, L, Hkv, D] buffer; bytes: the K and V rows read, plus q and the output."""
     rows = []
-    for (Hq, Hkv, D) in [(32, 8, 128), (9, 3, 64)]:
+    for Hq, Hkv, D in [(32, 8, 128), (9, 3, 64)]:
         for B, T, L in [(1, 1, 32768), (8, 1, 8192), (32, 1, 4096), (8, 4, 8192)]:
             dtype = torch.bfloat16
             kbuf = torch.randn(B, L, Hkv, D, device="cuda", dtype=dtype)
@@ -95,13 +102,15 @@ def attention_rows():
             case = f"head_attention Hq={Hq} Hkv={Hkv} D={D} B={B} T={T} L={L} bf16"
             qs = q.transpose(1, 2)
             # SDPA's is_causal aligns the mask top-left; with T << L the work is the same without it.
-            impls = [("mtp (torch.ops)", lambda: torch.ops.mtp.head_attention(q, k, v, lens, None, None, None, causal)),
-                     ("triton", lambda: mtp_triton.head_attention(q, k, v, lens, None, None, None, causal)),
-                     ("torch SDPA (enable_gqa)", lambda: F.scaled_dot_product_attention(qs, k, v, enable_gqa=True))]
+            impls = [
+                ("mtp (torch.ops)", lambda: torch.ops.mtp.head_attention(q, k, v, lens, None, None, None, causal)),
+                ("triton", lambda: mtp_triton.head_attention(q, k, v, lens, None, None, None, causal)),
+                ("torch SDPA (enable_gqa)", lambda: F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)),
+            ]
             for impl, fn in impls:
                 ms = time_ms(fn)
                 rows.append((case, impl, ms, nbytes / (ms * 1e-3) / GB))
-            del kbuf, vbuf, k, v
+            kbuf = vbuf = None  # free the caches before the next case's
     return rows
 
 
@@ -116,7 +125,7 @@ def append_rows():
         kn = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
         vn = torch.randn_like(kn)
         lens = torch.full((B,), L // 2, device="cuda")
-        pos = (lens[:, None] + torch.arange(T, device="cuda")[None, :])  # [B, T]
+        pos = lens[:, None] + torch.arange(T, device="cuda")[None, :]  # [B, T]
         bidx = torch.arange(B, device="cuda")[:, None].expand(B, T)
 
         def torch_append():
@@ -125,9 +134,11 @@ def append_rows():
 
         nbytes = 4 * kn.numel() * kn.element_size()
         case = f"cache_append B={B} T={T} Hkv={Hkv} D={D} bf16"
-        for impl, fn in [("mtp (torch.ops)", lambda: torch.ops.mtp.cache_append(k, v, kn, vn, lens)),
-                         ("triton", lambda: mtp_triton.cache_append(k, v, kn, vn, lens)),
-                         ("torch (index_put_)", torch_append)]:
+        for impl, fn in [
+            ("mtp (torch.ops)", lambda: torch.ops.mtp.cache_append(k, v, kn, vn, lens)),
+            ("triton", lambda: mtp_triton.cache_append(k, v, kn, vn, lens)),
+            ("torch (index_put_)", torch_append),
+        ]:
             ms = time_ms(fn)
             rows.append((case, impl, ms, nbytes / (ms * 1e-3) / GB))
     return rows
@@ -137,10 +148,16 @@ def main(path):
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     backend = "C++ CUDA kernels (MTP_WITH_CUDA)" if mtp_kernels._C.with_cuda else "Triton kernels"
     bw = bandwidth()
-    lines = [f"# GPU microbenchmarks: {torch.cuda.get_device_name()}", "",
-             f"torch {torch.__version__}, CUDA {torch.version.cuda}; torch.ops.mtp on CUDA tensors: {backend}.", "",
-             "Measured ceilings: " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in bw.items()) + ".", "",
-             "| case | implementation | time (us) | GB/s | % of copy bandwidth |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        f"# GPU microbenchmarks: {torch.cuda.get_device_name()}",
+        "",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}; torch.ops.mtp on CUDA tensors: {backend}.",
+        "",
+        "Measured ceilings: " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in bw.items()) + ".",
+        "",
+        "| case | implementation | time (us) | GB/s | % of copy bandwidth |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     ceiling = bw["copy (read+write)"]
     for case, impl, ms, gbs in verify_rows() + linear_rows() + attention_rows() + append_rows():
         lines.append(f"| {case} | {impl} | {ms * 1e3:.1f} | {gbs:.0f} | {100 * gbs / ceiling:.0f}% |")

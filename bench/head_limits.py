@@ -10,6 +10,7 @@ hold (the most frequent answer tokens, as `mtp train --draft-vocab N` picks them
 
     .venv/bin/python bench/head_limits.py [--task summary] [--prompts 30] [--answers runs/distilled.jsonl]
 """
+
 import argparse
 import collections
 import time
@@ -17,18 +18,20 @@ import time
 import torch
 
 from mtp_kernels import data, decoding, train
-from mtp_kernels.cli import load_head
+from mtp_kernels.models.loading import load_head
 from mtp_kernels.models import checkpoint
 from mtp_kernels.models.llama import DTYPES, Backbone
 
 
 def timed(seconds: collections.Counter, label, fn):
     """fn, its time added to seconds[label(args)]."""
+
     def wrapper(*args, **kw):
         start = time.perf_counter()
         out = fn(*args, **kw)
         seconds[label(*args)] += time.perf_counter() - start
         return out
+
     return wrapper
 
 
@@ -42,8 +45,9 @@ def load_shipped():
 
 def eval_prompts(tok, eval_set: str, task: str, n: int) -> list[list[int]]:
     """The first n prompts of a task of the evaluation set, chat template applied, as token ids."""
-    return [tok.encode(tok.apply_chat_template(r["prompt"])) for r in data.read_jsonl(eval_set)
-            if r["task"] == task][:n]
+    return [tok.encode(tok.apply_chat_template(r["prompt"])) for r in data.read_jsonl(eval_set) if r["task"] == task][
+        :n
+    ]
 
 
 def main():
@@ -79,7 +83,7 @@ def main():
     head.draft = timed(seconds, lambda *a: "head drafts", head.draft)
     outputs, total = [], 0.0
     for ids in prompts:
-        g = decoding.generate(model, [ids], 48, head=head, k=2, eos_token_ids=eos, lookup=6)[0]
+        g = decoding.generate(model, [ids], 48, head=head, k=2, eos_token_ids=eos, lookup=6, branches=1)[0]
         outputs.append(g.tokens)
         total += g.seconds + g.prefill_seconds
     decoding.lookup_drafts, decoding._Sampler.verify = lookup, verify
@@ -88,13 +92,17 @@ def main():
     made = sum(len(o) for o in outputs)
     # tau as mtp bench counts it: the first token of each request comes from its prefill
     tau = (made - len(prompts)) / len(passes)
-    print(f"{args.task}: {len(prompts)} prompts, {made} tokens, {len(passes)} passes after the prefills (tau {tau:.2f})")
+    print(
+        f"{args.task}: {len(prompts)} prompts, {made} tokens, {len(passes)} passes after the prefills (tau {tau:.2f})"
+    )
     for source in ("lookup", "head"):
         accepted = [a for s, a in passes if s == source]
         if accepted:
             histogram = sorted(collections.Counter(accepted).items())
-            print(f"  {source} passes: {len(accepted)}, accepted drafts per pass {sum(accepted) / len(accepted):.2f}, "
-                  f"passes by drafts accepted {histogram}")
+            print(
+                f"  {source} passes: {len(accepted)}, accepted drafts per pass {sum(accepted) / len(accepted):.2f}, "
+                f"passes by drafts accepted {histogram}"
+            )
     print(f"time: {total:.2f} s in all")
     for label, s in seconds.most_common():
         print(f"  {label}: {s:.2f} s ({s / total:.0%})")
@@ -103,8 +111,10 @@ def main():
     vocab = set(head.draft_vocab.tolist())
     outside = [(t, ids) for o, ids in zip(outputs, prompts) for t in o if t not in vocab]
     in_prompt = sum(t in ids for t, ids in outside)
-    print(f"draft vocabulary ({len(vocab)} tokens): holds {1 - len(outside) / made:.1%} of the output tokens; "
-          f"of the {len(outside)} outside it, {in_prompt} occur in their own prompt")
+    print(
+        f"draft vocabulary ({len(vocab)} tokens): holds {1 - len(outside) / made:.1%} of the output tokens; "
+        f"of the {len(outside)} outside it, {in_prompt} occur in their own prompt"
+    )
     if args.answers:
         answers = [r["answer_ids"] for r in data.read_jsonl(args.answers)]
         for size in (1024, 2048, 4096, 8192, 16384):

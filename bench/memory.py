@@ -12,12 +12,13 @@ Scratch = the peak of live bytes allocated by torch during one K-step draft
 
     python bench/memory.py [--contexts 1024 4096 8192] [--k 3] [--dtype bfloat16]
 """
+
 import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mtp_kernels.cli import load_drafter, load_head
+from mtp_kernels.models.loading import load_drafter, load_head
 from mtp_kernels.models import checkpoint
 from mtp_kernels.models.llama import Backbone
 
@@ -59,13 +60,18 @@ def main():
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
     head_fixed = nbytes(head.state_dict().values())  # its parameters and draft_vocab
     # Its weights (not its RoPE tables, which it could share with the backbone) and token tables.
-    drafter_weights = nbytes([b for n, b in drafter.model.named_buffers() if not n.startswith("rope_")]
-                             + [drafter.vocab, drafter._index])
-    print(f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
-          f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
-          f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n")
-    print("| context | backbone KV cache (MB) | head: weights + draft vocabulary ids (MB) | head scratch (MB) | head total (MB) "
-          "| drafter: weights + token tables (MB) | drafter KV cache (MB) | drafter scratch (MB) | drafter total (MB) |")
+    drafter_weights = nbytes(
+        [b for n, b in drafter.model.named_buffers() if not n.startswith("rope_")] + [drafter.vocab, drafter._index]
+    )
+    print(
+        f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
+        f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
+        f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n"
+    )
+    print(
+        "| context | backbone KV cache (MB) | head: weights + draft vocabulary ids (MB) | head scratch (MB) | head total (MB) "  # noqa: E501
+        "| drafter: weights + token tables (MB) | drafter KV cache (MB) | drafter scratch (MB) | drafter total (MB) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     totals = []
     for ctx in args.contexts:
@@ -79,11 +85,15 @@ def main():
         d_cache = drafter.cache.nbytes()
         h_total, d_total = head_fixed + h_scratch, drafter_weights + d_cache + d_scratch
         totals.append((ctx, h_total, d_total))
-        print(f"| {ctx} | {cache.nbytes() / MB:.1f} | {head_fixed / MB:.2f} | {h_scratch / MB:.3f} | {h_total / MB:.2f} "
-              f"| {drafter_weights / MB:.2f} | {d_cache / MB:.2f} | {d_scratch / MB:.3f} | {d_total / MB:.2f} |")
+        print(
+            f"| {ctx} | {cache.nbytes() / MB:.1f} | {head_fixed / MB:.2f} | {h_scratch / MB:.3f} | {h_total / MB:.2f} "
+            f"| {drafter_weights / MB:.2f} | {d_cache / MB:.2f} | {d_scratch / MB:.3f} | {d_total / MB:.2f} |"
+        )
     (c0, h0, d0), (c1, h1, d1) = totals[0], totals[-1]
-    print(f"\nGrowth per context token between {c0} and {c1}: head {(h1 - h0) / (c1 - c0):.1f} bytes, "
-          f"drafter {(d1 - d0) / (c1 - c0):.1f} bytes")
+    print(
+        f"\nGrowth per context token between {c0} and {c1}: head {(h1 - h0) / (c1 - c0):.1f} bytes, "
+        f"drafter {(d1 - d0) / (c1 - c0):.1f} bytes"
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ machine), and the line per set ends with its time over the first set's.
 
     .venv/bin/python bench/pass_times.py [--threads 2] [--calls 12] [--isas avx512,avx512_bf16] T [T ...]
 """
+
 import argparse
 import time
 
@@ -47,7 +48,11 @@ def main():
         first = sorted(times[isas[0]])
         for isa in isas:
             ts = sorted(times[isa])
-            ratio = f" ({ts[0] / first[0]:.2f}x / {ts[len(ts) // 2] / first[len(first) // 2]:.2f}x)" if isa != isas[0] else ""
+            ratio = (
+                f" ({ts[0] / first[0]:.2f}x / {ts[len(ts) // 2] / first[len(first) // 2]:.2f}x)"
+                if isa != isas[0]
+                else ""
+            )
             lines[isa].append(f"T={T} best {ts[0] * 1e3:.1f} ms median {ts[len(ts) // 2] * 1e3:.1f} ms{ratio}")
     for isa in isas:
         print((f"{isa}: " if args.isas else "") + " | ".join(lines[isa]))

@@ -9,6 +9,7 @@ weight bytes against the read bandwidth.
 
     python bench/report.py results.json
 """
+
 import json
 import sys
 from collections import defaultdict
@@ -37,20 +38,28 @@ def table(groups):
     # mtp_avx512 (bench_linear.py): the bf16 cases again on the avx512 path, where they ran.
     avx512 = any("mtp_avx512" in impls for impls in groups.values())
     extra = " mtp on avx512 (us) | avx512 / mtp |" if avx512 else ""
-    lines += ["", "| case | mtp median (us) | torch median (us) | speedup | mtp GB/s | % of read bandwidth |" + extra,
-              "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if avx512 else "")]
+    lines += [
+        "",
+        "| case | mtp median (us) | torch median (us) | speedup | mtp GB/s | % of read bandwidth |" + extra,
+        "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if avx512 else ""),
+    ]
     for group, impls in groups.items():
         if "mtp" not in impls or "torch" not in impls:
             continue
         ours, theirs = impls["mtp"], impls["torch"]
         ratio = theirs["stats"]["median"] / ours["stats"]["median"]
         share = f"{100 * gbps(ours) / read:.0f}%" if read else "n/a"
-        line = (f"| {group} | {ours['stats']['median'] * 1e6:.1f} | {theirs['stats']['median'] * 1e6:.1f} "
-                f"| {ratio:.2f}x | {gbps(ours):.1f} | {share} |")
+        line = (
+            f"| {group} | {ours['stats']['median'] * 1e6:.1f} | {theirs['stats']['median'] * 1e6:.1f} "
+            f"| {ratio:.2f}x | {gbps(ours):.1f} | {share} |"
+        )
         if avx512:
             other = impls.get("mtp_avx512")
-            line += (f" {other['stats']['median'] * 1e6:.1f} | {other['stats']['median'] / ours['stats']['median']:.2f}x |"
-                     if other else " | |")
+            line += (
+                f" {other['stats']['median'] * 1e6:.1f} | {other['stats']['median'] / ours['stats']['median']:.2f}x |"
+                if other
+                else " | |"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -67,9 +76,14 @@ def backbone_table(groups):
         return ""
     step = {impl: b["stats"]["median"] for impl, b in rows[min(rows)][1].items()}
     impls = [i for i in ("ours", "ours_int8", "ours_int8dot", "transformers") if i in step]
-    lines = ["| case | " + " | ".join(f"{i} (ms)" for i in impls) + " | transformers / ours | "
-             + " | ".join(f"{i}: pass / its T=1 step" for i in impls) + " |",
-             "|---|" + "---:|" * (2 * len(impls) + 1)]
+    lines = [
+        "| case | "
+        + " | ".join(f"{i} (ms)" for i in impls)
+        + " | transformers / ours | "
+        + " | ".join(f"{i}: pass / its T=1 step" for i in impls)
+        + " |",
+        "|---|" + "---:|" * (2 * len(impls) + 1),
+    ]
     for _, (group, by_impl) in sorted(rows.items()):
         med = {impl: b["stats"]["median"] for impl, b in by_impl.items()}
         ms = [f"{med[i] * 1e3:.2f}" if i in med else "n/a" for i in impls]
@@ -85,8 +99,10 @@ def fused_table(groups):
     for group in [g for g, impls in groups.items() if "fused" in next(iter(impls.values()))["extra_info"]]:
         med = {impl: b["stats"]["median"] for impl, b in groups.pop(group).items()}
         if "one_call" in med and "op_by_op" in med:
-            lines.append(f"| {group} | {med['one_call'] * 1e3:.2f} | {med['op_by_op'] * 1e3:.2f} "
-                         f"| {med['op_by_op'] / med['one_call']:.2f}x |")
+            lines.append(
+                f"| {group} | {med['one_call'] * 1e3:.2f} | {med['op_by_op'] * 1e3:.2f} "
+                f"| {med['op_by_op'] / med['one_call']:.2f}x |"
+            )
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -96,8 +112,9 @@ def tree_table(groups):
     for group in [g for g, impls in groups.items() if "tree" in next(iter(impls.values()))["extra_info"]]:
         med = {impl: b["stats"]["median"] for impl, b in groups.pop(group).items()}
         first = next(iter(med.values()))
-        lines.append(f"| {group} | " + ", ".join(f"{impl} {m * 1e3:.2f} ({m / first:.2f}x)" for impl, m in med.items())
-                     + " |")
+        lines.append(
+            f"| {group} | " + ", ".join(f"{impl} {m * 1e3:.2f} ({m / first:.2f}x)" for impl, m in med.items()) + " |"
+        )
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -108,16 +125,20 @@ def gguf_table(groups):
         return ""
     bw = groups.get("bandwidth", {}).get("test_bandwidth_read")
     read = gbps(bw) if bw else None
-    lines = [f"read bandwidth: {read:.1f} GB/s" if read else "read bandwidth: not measured in this run", "",
-             "| case | GGUF median (us) | GB/s | % of read bandwidth | bf16 median (us) | bf16 / GGUF time |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"read bandwidth: {read:.1f} GB/s" if read else "read bandwidth: not measured in this run",
+        "",
+        "| case | GGUF median (us) | GB/s | % of read bandwidth | bf16 median (us) | bf16 / GGUF time |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for group, impls in cases.items():
         q, f = impls.get("gguf"), impls.get("bf16")
         if not q:
             continue
         share = f"{100 * gbps(q) / read:.0f}%" if read else "-"
-        fcol = (f"{f['stats']['median'] * 1e6:.1f} | {f['stats']['median'] / q['stats']['median']:.2f}x"
-                if f else "- | -")
+        fcol = (
+            f"{f['stats']['median'] * 1e6:.1f} | {f['stats']['median'] / q['stats']['median']:.2f}x" if f else "- | -"
+        )
         lines.append(f"| {group[5:]} | {q['stats']['median'] * 1e6:.1f} | {gbps(q):.1f} | {share} | {fcol} |")
     return "\n".join(lines)
 

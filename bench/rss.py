@@ -8,6 +8,7 @@ the run (after loading, while decoding). Importing torch alone costs ~230 MB of 
     python bench/rss.py [--model X.gguf] [--prompts-file bench/heldout_set.jsonl] [--max-new-tokens 64]
         [--extra "--dtype bfloat16"]   # also our dequantized bf16 backbone, for comparison
 """
+
 import argparse
 import json
 import os
@@ -53,9 +54,12 @@ def measure(cmd: list[str]) -> dict:
     err = p.communicate()[1]
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err[-2000:]}")
-    tail = samples[len(samples) // 2:] or [0]
-    return {"peak_mb": round(peak / 1024, 1), "steady_mb": round(statistics.median(tail) / 1024, 1),
-            "wall_s": round(time.perf_counter() - t0, 2)}
+    tail = samples[len(samples) // 2 :] or [0]
+    return {
+        "peak_mb": round(peak / 1024, 1),
+        "steady_mb": round(statistics.median(tail) / 1024, 1),
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
 
 
 def main() -> None:
@@ -68,24 +72,34 @@ def main() -> None:
     ap.add_argument("--json", help="write the table here too")
     args = ap.parse_args()
     from mtp_kernels.models.checkpoint import default_gguf_path
+
     model = args.model or default_gguf_path()
     prompts = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mtp_rss_prompts.jsonl")
     with open(args.prompts_file) as f, open(prompts, "w") as out:
-        out.writelines(f.readlines()[:args.num_prompts])
+        out.writelines(f.readlines()[: args.num_prompts])
     # --model only when given: the default model is the one the shipped head belongs to
-    mtp = [os.path.join(os.path.dirname(sys.executable), "mtp"), "generate", "--prompts-file", prompts,
-           "--max-new-tokens", str(args.max_new_tokens)] + (["--model", args.model] if args.model else [])
+    mtp = [
+        os.path.join(os.path.dirname(sys.executable), "mtp"),
+        "generate",
+        "--prompts-file",
+        prompts,
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+    ] + (["--model", args.model] if args.model else [])
     runs = {"ours_greedy": mtp + ["--no-mtp"], "ours_mtp": mtp}
     for extra in args.extra:
         runs[f"ours_mtp {extra}"] = mtp + extra.split()
     try:
         import llama_cpp  # noqa: F401
+
         runs["llamacpp_greedy"] = [sys.executable, "-c", LLAMACPP, model, prompts, str(args.max_new_tokens)]
     except ImportError:
         print("llama-cpp-python is not installed (make llamacpp): its row is left out", file=sys.stderr)
     table = {name: measure(cmd) for name, cmd in runs.items()}
-    print(f"{args.num_prompts} prompts of {os.path.basename(args.prompts_file)}, {args.max_new_tokens} new tokens, "
-          f"model {os.path.basename(model)}\n")
+    print(
+        f"{args.num_prompts} prompts of {os.path.basename(args.prompts_file)}, {args.max_new_tokens} new tokens, "
+        f"model {os.path.basename(model)}\n"
+    )
     print("| run | peak RSS (MB) | steady RSS (MB) | wall (s) |\n|---|---:|---:|---:|")
     for name, r in table.items():
         print(f"| {name} | {r['peak_mb']} | {r['steady_mb']} | {r['wall_s']} |")

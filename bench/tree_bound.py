@@ -15,6 +15,7 @@ reads the same cache), the head's own calls (3% of the time) are left out.
 
     .venv/bin/python bench/tree_bound.py [--prompts 30] [--tasks summary,proofread,reply,chat]
 """
+
 import argparse
 import statistics
 import time
@@ -34,8 +35,11 @@ def head_tree(head, model, cache, hidden, token):
     reference.head_draft with the kernels' ops over M copies of the request (the cache views
     repeated with stride 0), its first LM-head logits forcing row r's first draft."""
     a = head.draft_args(model, cache, hidden.expand(M, -1), token.expand(M), D)
-    a.update(k_cache=a["k_cache"].expand(M, -1, -1, -1), v_cache=a["v_cache"].expand(M, -1, -1, -1),
-             cache_lens=cache.lens.repeat(M))
+    a.update(
+        k_cache=a["k_cache"].expand(M, -1, -1, -1),
+        v_cache=a["v_cache"].expand(M, -1, -1, -1),
+        cache_lens=cache.lens.repeat(M),
+    )
     vocab_size = a["draft_vocab"].numel() if a["draft_vocab"] is not None else a["lm_head"].shape[0]
     forced = False
 
@@ -44,7 +48,9 @@ def head_tree(head, model, cache, hidden, token):
         out = ops.KERNELS.linear(x, w, *rest, **kw)
         if w.shape[0] == vocab_size and not forced:  # the first step's LM head over the draft vocabulary
             forced = True
-            top = out[0, 0].float().sort(descending=True, stable=True).indices[:M]  # ties: the lower index first, as argmax
+            top = (
+                out[0, 0].float().sort(descending=True, stable=True).indices[:M]
+            )  # ties: the lower index first, as argmax
             out = out.clone()
             out[torch.arange(M), 0, top] = float("inf")
         return out
@@ -62,8 +68,9 @@ def collect(model, head, prompt, eos, max_new_tokens=48):
         cache.lens.fill_(len(prompt) + i)
         h, token = hidden[len(prompt) + i - 1][None], torch.tensor([out[i]])
         tree = head_tree(head, model, cache, h, token)
-        assert torch.equal(tree[0], head.draft(model, cache, h, token, D)[0]), \
+        assert torch.equal(tree[0], head.draft(model, cache, h, token, D)[0]), (
             "the tree's first branch is not the head's own chain"
+        )
         trees.append(tree.tolist())
     return out, trees
 
@@ -75,7 +82,7 @@ def replay(items, shape, lookup=6):
         i = 0
         while i < len(out) - 1:
             left = len(out) - 1 - i
-            found = decoding.lookup_drafts(prompt + out[:i + 1], lookup)
+            found = decoding.lookup_drafts(prompt + out[: i + 1], lookup)
             branches = [found] if found else [trees[i][r][:n] for r, n in enumerate(shape)]
             best, T = 0, 1
             for b in branches:
@@ -122,6 +129,7 @@ def main():
             items.append((prompt, *collect(model, head, prompt, eos)))
         results[task] = {shape: replay(items, shape) for shape in SHAPES}
     costs = pass_costs(model, sorted({T for r in results.values() for _, _, s in r.values() for T in s} | {1}))
+
     def speed(tau, sizes):  # tokens per unit of pass cost
         return tau * len(sizes) / sum(costs[T] for T in sizes)
 
@@ -129,8 +137,10 @@ def main():
         chain = speed(by_shape[(2,)][0], by_shape[(2,)][2])
         print(f"{task}:")
         for shape, (tau, drafts, sizes) in by_shape.items():
-            print(f"  tree {shape}: tau {tau:.2f}, drafts per pass {drafts:.1f}, "
-                  f"decode speed x{speed(tau, sizes) / chain:.2f}")
+            print(
+                f"  tree {shape}: tau {tau:.2f}, drafts per pass {drafts:.1f}, "
+                f"decode speed x{speed(tau, sizes) / chain:.2f}"
+            )
     print("pass cost against T = 1: " + ", ".join(f"T={T} {c:.2f}" for T, c in sorted(costs.items())))
 
 

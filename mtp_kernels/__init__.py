@@ -7,19 +7,48 @@ C++ CUDA kernels, the Triton launchers of ``mtp_kernels.triton`` serve the CUDA 
 row-local layer ops (rms_norm, add_rms_norm, rope_, silu_mul) run their plain-torch
 specification on CUDA tensors (``fallback``).
 """
+
 import importlib.util
 
 import torch  # noqa: F401  (must be loaded before the extension that links against it)
 
 from . import _C  # noqa: F401  (registers the ops)
 from . import fallback, ops, reference  # noqa: F401
-from .ops import (accept_prefix, add_rms_norm, cache_append, head_attention, linear, rms_norm, rope_, silu_mul, verify,
-                  verify_lenient, verify_sampled)
+from .ops import (
+    accept_prefix,
+    add_rms_norm,
+    cache_append,
+    head_attention,
+    linear,
+    rms_norm,
+    rope_,
+    silu_mul,
+    verify,
+    verify_lenient,
+    verify_sampled,
+)
 from .quant import dequantize_q8, quantize_q8
 
-__all__ = ["verify", "verify_sampled", "verify_lenient", "accept_prefix", "head_attention", "cache_append", "linear",
-           "rms_norm", "add_rms_norm", "rope_", "silu_mul", "quantize_q8", "dequantize_q8", "ops", "reference",
-           "get_isa", "set_isa", "supported_isas"]
+__all__ = [
+    "verify",
+    "verify_sampled",
+    "verify_lenient",
+    "accept_prefix",
+    "head_attention",
+    "cache_append",
+    "linear",
+    "rms_norm",
+    "add_rms_norm",
+    "rope_",
+    "silu_mul",
+    "quantize_q8",
+    "dequantize_q8",
+    "ops",
+    "reference",
+    "get_isa",
+    "set_isa",
+    "supported_isas",
+]
 
 get_isa = _C.get_isa
 set_isa = _C.set_isa
@@ -31,6 +60,7 @@ def _register_triton_for_cuda():
     # before they import it on machines without one.
     if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
         from . import triton as _triton
+
         _triton.register_cuda_kernels()
 
 

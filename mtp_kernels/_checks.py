@@ -1,6 +1,7 @@
 """Argument checks of the Python launchers (Triton), with the messages of the C++ bindings
 (csrc/cpu/checks.h): the op, the argument, what was expected and what came, so every
 backend fails the same way on the same bad input."""
+
 from __future__ import annotations
 
 import math
@@ -13,9 +14,18 @@ from .ops import _check_same_device
 from .quant import q8_blocks
 
 # c10's names of the scalar types, as TORCH_CHECK prints them.
-_C10_NAMES = {torch.int32: "Int", torch.int64: "Long", torch.float32: "Float", torch.bfloat16: "BFloat16",
-              torch.float16: "Half", torch.float64: "Double", torch.int16: "Short", torch.int8: "Char",
-              torch.uint8: "Byte", torch.bool: "Bool"}
+_C10_NAMES = {
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float32: "Float",
+    torch.bfloat16: "BFloat16",
+    torch.float16: "Half",
+    torch.float64: "Double",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
 ID_TYPES = (torch.int32, torch.int64)
 FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)
 LINEAR_TYPES = (torch.float32, torch.bfloat16)
@@ -76,8 +86,12 @@ def _self_overlap(t: torch.Tensor) -> bool:
 
 def check_written(op, why, outputs: dict, inputs: dict):
     for name, t in outputs.items():
-        check(not _self_overlap(t), op, f"{name} must not have overlapping elements ({why}), got strides "
-              f"{list(t.stride())} for sizes {list(t.shape)}")
+        check(
+            not _self_overlap(t),
+            op,
+            f"{name} must not have overlapping elements ({why}), got strides "
+            f"{list(t.stride())} for sizes {list(t.shape)}",
+        )
     others = list(outputs.items()) + [(n, t) for n, t in inputs.items() if t is not None]
     for i, (name, t) in enumerate(outputs.items()):
         a0, a1 = _byte_range(t)
@@ -85,8 +99,12 @@ def check_written(op, why, outputs: dict, inputs: dict):
             if j == i or (j < i and j < len(outputs)):
                 continue
             b0, b1 = _byte_range(u)
-            check(a0 == a1 or b0 == b1 or a1 <= b0 or b1 <= a0, op, f"{name} and {other} overlap in memory: {name} "
-                  "is written in place and must share no memory with another argument")
+            check(
+                a0 == a1 or b0 == b1 or a1 <= b0 or b1 <= a0,
+                op,
+                f"{name} and {other} overlap in memory: {name} "
+                "is written in place and must share no memory with another argument",
+            )
 
 
 def check_dtype(op, name, t, ok):
@@ -98,8 +116,9 @@ def check_dim(op, name, t, dim, shape):
 
 
 def check_size(op, name, t, d, want, what):
-    check(t.size(d) == want, op,
-          f"{name}.size({d}) must equal {what} = {want}, got {t.size(d)} (shape {list(t.shape)})")
+    check(
+        t.size(d) == want, op, f"{name}.size({d}) must equal {what} = {want}, got {t.size(d)} (shape {list(t.shape)})"
+    )
 
 
 def check_drafts(op, draft):
@@ -125,8 +144,11 @@ def check_accept_inputs(op, draft, target, num_drafts=None):
     check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]")
     B, K = draft.shape
     check_size(op, "target_tokens", target, 0, B, "B (draft_tokens.size(0))")
-    check(target.size(1) in (K + 1, K), op,
-          f"target_tokens.size(1) must be K+1 = {K + 1} or K = {K}, got {target.size(1)}")
+    check(
+        target.size(1) in (K + 1, K),
+        op,
+        f"target_tokens.size(1) must be K+1 = {K + 1} or K = {K}, got {target.size(1)}",
+    )
 
 
 def checked_counts(op, name, n: torch.Tensor, B: int, b_what: str, hi: int, hi_what: str) -> Optional[list]:
@@ -154,8 +176,10 @@ def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -
 
 
 GGUF_CPU_ONLY = "GGUF block-type weights (gguf_type) run on the CPU only: call it on CPU tensors"
-INT8_CPU_ONLY = ("int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or "
-                 "dequantize (mtp_kernels.dequantize_q8) for the GPU")
+INT8_CPU_ONLY = (
+    "int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or "
+    "dequantize (mtp_kernels.dequantize_q8) for the GPU"
+)
 
 
 def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=False):
@@ -166,13 +190,19 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=
     check_dim(op, "weight", weight, 2, "[N, K]")
     K, N = x.shape[-1], weight.shape[0]
     check_size(op, "weight", weight, 1, K, "K (x.size(-1))")
-    check(weight.stride(1) == 1 or K <= 1, op,
-          f"weight rows must be contiguous (stride(1) == 1), got strides {list(weight.stride())}; "
-          "it is read in place, call .contiguous() once when loading")
+    check(
+        weight.stride(1) == 1 or K <= 1,
+        op,
+        f"weight rows must be contiguous (stride(1) == 1), got strides {list(weight.stride())}; "
+        "it is read in place, call .contiguous() once when loading",
+    )
     _check_weight_scale(op, weight, weight_scale)
     # checks.h's check_quantize_x
-    check(not quantize_x or weight.dtype == torch.int8, op,
-          f"quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), got a {_name(weight.dtype)} weight")
+    check(
+        not quantize_x or weight.dtype == torch.int8,
+        op,
+        f"quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), got a {_name(weight.dtype)} weight",  # noqa: E501
+    )
     if bias is not None:
         check_dim(op, "bias", bias, 1, "[N]")
         check_size(op, "bias", bias, 0, N, "N (weight.size(0))")
@@ -183,17 +213,28 @@ def _check_weight_scale(op, weight, scale):
     N, K = weight.shape
     blocks = q8_blocks(K)
     if weight.dtype != torch.int8:
-        check(scale is None, op, f"weight_scale goes with an int8 weight only (Q8 blocks), got a {_name(weight.dtype)} weight")
+        check(
+            scale is None,
+            op,
+            f"weight_scale goes with an int8 weight only (Q8 blocks), got a {_name(weight.dtype)} weight",
+        )
         return
-    check(scale is not None, op, f"an int8 weight needs weight_scale, Float [N, ceil(K/32)] = [{N}, {blocks}] "
-          "(one scale per block of 32 along K), got None")
+    check(
+        scale is not None,
+        op,
+        f"an int8 weight needs weight_scale, Float [N, ceil(K/32)] = [{N}, {blocks}] "
+        "(one scale per block of 32 along K), got None",
+    )
     check_dtype(op, "weight_scale", scale, (torch.float32,))
     check_dim(op, "weight_scale", scale, 2, "[N, ceil(K/32)]")
     check_size(op, "weight_scale", scale, 0, N, "N (weight.size(0))")
     check_size(op, "weight_scale", scale, 1, blocks, "ceil(K/32) (blocks of 32 along K)")
-    check(scale.stride(1) == 1 or blocks <= 1, op,
-          f"weight_scale rows must be contiguous (stride 1 along the blocks), got strides {list(scale.stride())}; "
-          "it is read in place, make it contiguous once when loading")
+    check(
+        scale.stride(1) == 1 or blocks <= 1,
+        op,
+        f"weight_scale rows must be contiguous (stride 1 along the blocks), got strides {list(scale.stride())}; "
+        "it is read in place, make it contiguous once when loading",
+    )
 
 
 def _check_caches(op, k, v, ref_name, ref):
@@ -219,10 +260,16 @@ def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal
     Hkv, L = k.shape[1], k.shape[2]
     check_size(op, "k_cache", k, 0, B, "B (q.size(0))")
     check_size(op, "k_cache", k, 3, D, "the head dim D (q.size(3))")
-    check(Hkv > 0 and Hq % Hkv == 0, op, f"q's head count Hq = {Hq} must be a multiple of k_cache's head count "
-          f"Hkv = {Hkv} (grouped-query attention)")
-    check((k_local is None) == (v_local is None), op,
-          f"k_local and v_local must be given together, got only {'k_local' if k_local is not None else 'v_local'}")
+    check(
+        Hkv > 0 and Hq % Hkv == 0,
+        op,
+        f"q's head count Hq = {Hq} must be a multiple of k_cache's head count Hkv = {Hkv} (grouped-query attention)",
+    )
+    check(
+        (k_local is None) == (v_local is None),
+        op,
+        f"k_local and v_local must be given together, got only {'k_local' if k_local is not None else 'v_local'}",
+    )
     if k_local is not None:
         check_dim(op, "k_local", k_local, 4, "[B, Hkv, S, D]")
         check_same_dtype(op, "k_local", k_local, "q", q)
@@ -230,13 +277,20 @@ def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal
         check_size(op, "k_local", k_local, 0, B, "B (q.size(0))")
         check_size(op, "k_local", k_local, 1, Hkv, "Hkv (k_cache.size(1))")
         check_size(op, "k_local", k_local, 3, D, "the head dim D (q.size(3))")
-        check(v_local.shape == k_local.shape, op,
-              f"v_local must have k_local's shape {list(k_local.shape)}, got {list(v_local.shape)}")
+        check(
+            v_local.shape == k_local.shape,
+            op,
+            f"v_local must have k_local's shape {list(k_local.shape)}, got {list(v_local.shape)}",
+        )
     check_scale(op, scale)
     values = checked_counts(op, "cache_lens", lens, B, "B (q.size(0))", L, "L (k_cache.size(2))")
     if causal and values and T > 0:
-        check(min(values) >= T, op, f"causal=True needs cache_lens[b] >= T = {T} (the T queries are the last T "
-              f"cached positions), got min(cache_lens) = {min(values)}")
+        check(
+            min(values) >= T,
+            op,
+            f"causal=True needs cache_lens[b] >= T = {T} (the T queries are the last T "
+            f"cached positions), got min(cache_lens) = {min(values)}",
+        )
     return values
 
 
@@ -258,8 +312,12 @@ def check_append_inputs(op, k, v, k_new, v_new, lens) -> Optional[list]:
     check_written(op, "it is written in place", {"k_cache": k, "v_cache": v}, {"k_new": k_new, "v_new": v_new})
     values = checked_counts(op, "cache_lens", lens, B, "B (k_new.size(0))", L, "L (k_cache.size(2))")
     for b, n in enumerate(values or []):
-        check(T <= L - n, op, f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} "
-              "(k_cache.size(2)); nothing was written")
+        check(
+            T <= L - n,
+            op,
+            f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} "
+            "(k_cache.size(2)); nothing was written",
+        )
     return values
 
 
@@ -272,12 +330,24 @@ def _host_values(t: torch.Tensor) -> Optional[list]:
 
 def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=None, num_drafts=None):
     """mtp.verify_sampled's arguments, with csrc/cpu/verify.cpp's messages."""
-    _check_same_device(op, "draft_tokens", draft, draft_probs=probs, target_logits=logits, temperature=temperature,
-                       seeds=seeds, offsets=offsets, num_drafts=num_drafts)
+    _check_same_device(
+        op,
+        "draft_tokens",
+        draft,
+        draft_probs=probs,
+        target_logits=logits,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        num_drafts=num_drafts,
+    )
     check_verify_inputs(op, draft, logits)
     B, K = draft.shape
-    for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64),
-                           ("offsets", offsets, torch.int64)):
+    for name, t, dtype in (
+        ("temperature", temperature, torch.float32),
+        ("seeds", seeds, torch.int64),
+        ("offsets", offsets, torch.int64),
+    ):
         if t is not None:
             check_dtype(op, name, t, (dtype,))
             check_dim(op, name, t, 1, "[B]")
@@ -304,8 +374,12 @@ def check_norm_inputs(op, x, weight, eps, residual=None):
     check_size(op, "weight", weight, 0, x.size(-1), "H (x.size(-1))")
     check_eps(op, eps)
     if residual is not None:
-        check(residual.dtype == x.dtype, op, f"residual must have x's dtype {_name(x.dtype)}, got {_name(residual.dtype)}")
-        check(residual.shape == x.shape, op, f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
+        check(
+            residual.dtype == x.dtype, op, f"residual must have x's dtype {_name(x.dtype)}, got {_name(residual.dtype)}"
+        )
+        check(
+            residual.shape == x.shape, op, f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}"
+        )
 
 
 def check_rope_inputs(op, x, cos, sin):
@@ -325,15 +399,22 @@ def check_rope_inputs(op, x, cos, sin):
 def check_silu_mul_input(op, gate_up):
     check_dtype(op, "gate_up", gate_up, FLOAT_TYPES)
     check(gate_up.dim() >= 1, op, "gate_up must have at least 1 dimension [..., 2I], got a scalar")
-    check(gate_up.size(-1) % 2 == 0, op, f"gate_up.size(-1) must be even [..., 2I] (gate, then up), got {gate_up.size(-1)}")
+    check(
+        gate_up.size(-1) % 2 == 0,
+        op,
+        f"gate_up.size(-1) must be even [..., 2I] (gate, then up), got {gate_up.size(-1)}",
+    )
 
 
 def check_tree_parents(op, parents, B: int, T: int):
     """tree_parents [B, T] of decoder_layers: row 0 of each request the root (-1), every other
     row's parent an earlier row (the messages of tree_parents_error in mtp/op_args.h)."""
     check(parents.dtype in ID_TYPES, op, f"tree_parents must be int32 or int64, got {_name(parents.dtype)}")
-    check(parents.dim() == 2 and tuple(parents.shape) == (B, T), op,
-          f"tree_parents must be [B, T] = [{B}, {T}] (x's first two sizes), got {list(parents.shape)}")
+    check(
+        parents.dim() == 2 and tuple(parents.shape) == (B, T),
+        op,
+        f"tree_parents must be [B, T] = [{B}, {T}] (x's first two sizes), got {list(parents.shape)}",
+    )
     for b, row in enumerate(parents.tolist()):
         for i, p in enumerate(row):
             want = "-1 (row 0 is the root)" if i == 0 else f"an earlier row in [0, {i})"
@@ -342,6 +423,9 @@ def check_tree_parents(op, parents, B: int, T: int):
 
 def check_alternatives(op, alternatives: int, Vd: int, k: int):
     """head_draft's alternatives (the messages of alternatives_error in mtp/op_args.h)."""
-    check(0 <= alternatives < Vd, op, f"alternatives must be in [0, {Vd}) (fewer than the draft vocabulary's {Vd} "
-          f"tokens), got {alternatives}")
+    check(
+        0 <= alternatives < Vd,
+        op,
+        f"alternatives must be in [0, {Vd}) (fewer than the draft vocabulary's {Vd} tokens), got {alternatives}",
+    )
     check(alternatives == 0 or k >= 1, op, "alternatives are first drafts: they need k >= 1, got k = 0")

@@ -6,6 +6,7 @@ head ("Prompt lookup beside the head"); trees of the head's chain of 3 and its 3
 drafts where a tree pass costs about a chain's (greedy, the bf16 backbone dequantized on
 request), else chains of 2 ("Tree drafts").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,12 @@ def trees_pay(backbone) -> bool:
     activations over float weights. In fp32 or with Q8 weights it costs 1.3x-1.7x; over the
     file's own weights (`load_backbone` without a dtype, `loaded_as_stored`) it is not
     measured yet, so chains there."""
-    return (backbone.dtype == torch.bfloat16 and not backbone.native and not backbone.quantized
-            and not backbone.loaded_as_stored)
+    return (
+        backbone.dtype == torch.bfloat16
+        and not backbone.native
+        and not backbone.quantized
+        and not backbone.loaded_as_stored
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +42,7 @@ class DecodeConfig:
     branches: the MTP head's best first drafts verified per pass (> 1: a tree); lookup: most
     prompt-lookup drafts per pass (0: off); temperature 0: greedy, > 0: lossless sampling
     keyed by seed; lenient (top_k, min_ratio): NOT lossless verification (greedy only)."""
+
     k: int = CHAIN_K
     branches: int = 1
     lookup: int = 0
@@ -45,9 +51,18 @@ class DecodeConfig:
     lenient: tuple[int, float] | None = None
 
     @classmethod
-    def resolve(cls, backbone, head=None, *, k: int | None = None, branches: int | None = None,
-                lookup: int | None = None, temperature: float = 0.0, seed: int = 0,
-                lenient: tuple[int, float] | None = None) -> DecodeConfig:
+    def resolve(
+        cls,
+        backbone,
+        head=None,
+        *,
+        k: int | None = None,
+        branches: int | None = None,
+        lookup: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+        lenient: tuple[int, float] | None = None,
+    ) -> DecodeConfig:
         """The configuration with every None filled in for this backbone and drafter: trees
         where they can run (the MTP head, greedy, not lenient) and pay (`trees_pay`), else
         chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head, off with a

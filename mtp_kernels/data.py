@@ -9,6 +9,7 @@ chosen by a hash of its text, so no evaluation prompt shares a passage with trai
 
 rebuilds the two committed files (training needs only the files, not the corpora).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,7 @@ def python_doc_paragraphs() -> list[str]:
             for para in f.read().split("\n\n"):
                 lines = para.strip("\n").split("\n")
                 # Prose only: no directives, code, tables, headings or indented blocks.
-                if any(ln.startswith((" ", "..", ">>>", "*", "=", "-", "+", "|")) or ln.endswith("::")
-                       for ln in lines):
+                if any(ln.startswith((" ", "..", ">>>", "*", "=", "-", "+", "|")) or ln.endswith("::") for ln in lines):
                     continue
                 text = _clean(_RST_ROLE.sub(r"\1", para).replace("``", ""))
                 if 120 <= len(text) <= 600 and "`" not in text:
@@ -109,13 +109,13 @@ def add_typos(text: str, rng: random.Random, rate: float = 0.12) -> str:
         j = rng.randrange(1, len(w) - 1)
         kind = rng.randrange(4)
         if kind == 0:
-            w = w[:j] + w[j + 1] + w[j] + w[j + 2:]
+            w = w[:j] + w[j + 1] + w[j] + w[j + 2 :]
         elif kind == 1:
-            w = w[:j] + w[j + 1:]
+            w = w[:j] + w[j + 1 :]
         elif kind == 2:
             w = w[:j] + w[j] + w[j:]
         else:
-            w = w.lower() if w[0].isupper() else w[:j] + rng.choice("aeiou") + w[j + 1:]
+            w = w.lower() if w[0].isupper() else w[:j] + rng.choice("aeiou") + w[j + 1 :]
         words[i] = w
     return " ".join(words).replace("'s ", "s ", 1 if rng.random() < 0.5 else 0)
 
@@ -132,40 +132,67 @@ def make_prompt(task: str, rng: random.Random, short: list[str], long: list[str]
         if rng.random() < 0.5:
             srcs = [short.pop() for _ in range(rng.randint(2, 4))]
             text = _thread(srcs, rng)
-            ask = rng.choice(["Summarize this group chat in one sentence:",
-                              "Summarize these notifications in one short sentence:",
-                              "Give a one-line summary of this conversation:"])
+            ask = rng.choice(
+                [
+                    "Summarize this group chat in one sentence:",
+                    "Summarize these notifications in one short sentence:",
+                    "Give a one-line summary of this conversation:",
+                ]
+            )
         else:
             srcs = [long.pop()]
             text = srcs[0]
-            ask = rng.choice(["Summarize this email in one sentence:", "Summarize this notification briefly:",
-                              "Write a short summary of this message:"])
+            ask = rng.choice(
+                [
+                    "Summarize this email in one sentence:",
+                    "Summarize this notification briefly:",
+                    "Write a short summary of this message:",
+                ]
+            )
         return f"{ask}\n\n{text}", srcs
     if task == "proofread":
         srcs = [long.pop()]
-        ask = rng.choice(["Proofread this text and fix its spelling mistakes. Reply with the corrected text only.",
-                          "Correct the typos in this message. Output only the corrected message.",
-                          "Fix the spelling and grammar of the following text:"])
+        ask = rng.choice(
+            [
+                "Proofread this text and fix its spelling mistakes. Reply with the corrected text only.",
+                "Correct the typos in this message. Output only the corrected message.",
+                "Fix the spelling and grammar of the following text:",
+            ]
+        )
         return f"{ask}\n\n{add_typos(srcs[0], rng)}", srcs
     if task == "reply":
         srcs = [short.pop()] if rng.random() < 0.6 else [short.pop(), short.pop()]
         text = srcs[0] if len(srcs) == 1 else _thread(srcs, rng)
-        ask = rng.choice(["Suggest a short, friendly reply to this message:",
-                          "Write a quick reply to this text message:", "Reply briefly to this message:"])
+        ask = rng.choice(
+            [
+                "Suggest a short, friendly reply to this message:",
+                "Write a quick reply to this text message:",
+                "Reply briefly to this message:",
+            ]
+        )
         return f"{ask}\n\n{text}", srcs
     if task == "chat":
         srcs = [long.pop()] if rng.random() < 0.5 else [short.pop()]
-        ask = rng.choice(["Explain this in simple terms:", "What does this mean? Answer in a few sentences.",
-                          "Tell me more about the following:"] if len(srcs[0]) > 200 else
-                         ["What do you think this saying means?", "Is this good advice? Explain briefly.",
-                          "Explain the joke or the idea in this quote:"])
+        ask = rng.choice(
+            [
+                "Explain this in simple terms:",
+                "What does this mean? Answer in a few sentences.",
+                "Tell me more about the following:",
+            ]
+            if len(srcs[0]) > 200
+            else [
+                "What do you think this saying means?",
+                "Is this good advice? Explain briefly.",
+                "Explain the joke or the idea in this quote:",
+            ]
+        )
         return f"{ask}\n\n{srcs[0]}", srcs
     raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
 def in_eval_split(text: str, eval_fraction: float) -> bool:
     h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-    return h / 2 ** 64 < eval_fraction
+    return h / 2**64 < eval_fraction
 
 
 def build(per_task_train: int, per_task_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -181,8 +208,9 @@ def build(per_task_train: int, per_task_eval: int, seed: int = 0) -> tuple[list[
         lg = [t for t in long if in_eval_split(t, 0.1) == is_eval]
         rng.shuffle(s)
         rng.shuffle(lg)
-        splits.append([{"task": task, "prompt": make_prompt(task, rng, s, lg)[0]}
-                       for _ in range(per_task) for task in TASKS])
+        splits.append(
+            [{"task": task, "prompt": make_prompt(task, rng, s, lg)[0]} for _ in range(per_task) for task in TASKS]
+        )
     return splits[0], splits[1]
 
 

@@ -22,6 +22,7 @@ zero-draft verify, and speculative sampling accepts a (greedy, one-hot) draft if
 the token drawn at that position with that key. So for the same seed the two paths give the
 same tokens (the verify pass's logits are bitwise those of one-token steps).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,19 +41,19 @@ def cut_at_eos(tokens: list[int], eos) -> list[int]:
     """The tokens up to and including the first EOS."""
     for i, tok in enumerate(tokens):
         if tok in eos:
-            return tokens[:i + 1]
+            return tokens[: i + 1]
     return tokens
 
 
 @dataclasses.dataclass
 class Generation:
-    tokens: list[int]          # generated ids (ending with EOS when one was produced)
-    passes: int = 0            # backbone forward passes after the prefill while it was running
-    seconds: float = 0.0       # decode time (prefill and loading excluded)
+    tokens: list[int]  # generated ids (ending with EOS when one was produced)
+    passes: int = 0  # backbone forward passes after the prefill while it was running
+    seconds: float = 0.0  # decode time (prefill and loading excluded)
     prefill_seconds: float = 0.0
-    drafted: list[int] = dataclasses.field(default_factory=list)   # drafts offered at position j
+    drafted: list[int] = dataclasses.field(default_factory=list)  # drafts offered at position j
     accepted: list[int] = dataclasses.field(default_factory=list)  # drafts accepted at position j
-    leaves_accepted: int = 0   # tree passes whose first accepted draft was a leaf, not the chain's
+    leaves_accepted: int = 0  # tree passes whose first accepted draft was a leaf, not the chain's
 
     @property
     def tokens_per_pass(self) -> float:
@@ -73,8 +74,8 @@ def lookup_drafts(context: list[int], max_drafts: int) -> list[int]:
             continue
         pattern = context[-n:]
         for s in range(len(context) - n - 1, -1, -1):  # s + n < len(context): one token follows
-            if context[s:s + n] == pattern:
-                return context[s + n:s + n + max_drafts]
+            if context[s : s + n] == pattern:
+                return context[s + n : s + n + max_drafts]
     return []
 
 
@@ -103,8 +104,9 @@ class _Sampler:
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.greedy:  # verify with no drafts: argmax by mtp.verify's kernel (torch.argmax's rules)
             return torch.ops.mtp.verify(self.no_drafts, logits[:, None])[1][:, 0]
-        _, out = torch.ops.mtp.verify_sampled(self.no_drafts, None, logits[:, None], self.temp, self.seeds,
-                                              positions.long())
+        _, out = torch.ops.mtp.verify_sampled(
+            self.no_drafts, None, logits[:, None], self.temp, self.seeds, positions.long()
+        )
         return out[:, 0]
 
     def verify(self, drafts, logits, num, positions):
@@ -115,7 +117,9 @@ class _Sampler:
         return torch.ops.mtp.verify_sampled(drafts, None, logits, self.temp, self.seeds, positions.long(), num)
 
 
-def _prefill(model: Backbone, cache: KVCache, prompts: list[list[int]], pick: _Sampler) -> tuple[torch.Tensor, torch.Tensor]:
+def _prefill(
+    model: Backbone, cache: KVCache, prompts: list[list[int]], pick: _Sampler
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs each prompt into its own cache row; returns the last hidden states [B, H] and
     the first generated tokens [B]."""
     hidden = []
@@ -133,8 +137,10 @@ def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: in
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     need = max(len(p) for p in prompts) + max_new_tokens + extra
     if need > model.cfg.max_position:
-        raise ValueError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
-                         f"({max_new_tokens}) does not fit the model's context of {model.cfg.max_position} tokens")
+        raise ValueError(
+            f"the longest prompt ({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
+            f"({max_new_tokens}) does not fit the model's context of {model.cfg.max_position} tokens"
+        )
     return need
 
 
@@ -145,11 +151,20 @@ def tree_parents(B: int, chain: int, leaves: int) -> torch.Tensor:
     return torch.tensor([row] * B)
 
 
-def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, head: Optional[MTPHead] = None,
-             k: Optional[int] = None, eos_token_ids: tuple[int, ...] = (),
-             on_tokens: Optional[Callable[[int, list[int]], None]] = None, temperature: float = 0.0,
-             seed: int = 0, lenient: Optional[tuple[int, float]] = None, lookup: Optional[int] = None,
-             branches: Optional[int] = None) -> list[Generation]:
+def generate(
+    model: Backbone,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    head: Optional[MTPHead] = None,
+    k: Optional[int] = None,
+    eos_token_ids: tuple[int, ...] = (),
+    on_tokens: Optional[Callable[[int, list[int]], None]] = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    lenient: Optional[tuple[int, float]] = None,
+    lookup: Optional[int] = None,
+    branches: Optional[int] = None,
+) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
     one with `begin(prompts, capacity)` gets it right after the backbone's prefill, timed
@@ -163,8 +178,9 @@ def generate(model: Backbone, prompts: list[list[int]], max_new_tokens: int, hea
     an MTP head) verifies the head's M best first drafts in each of its passes: its chain of k
     and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
     defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve)."""
-    config = DecodeConfig.resolve(model, head, k=k, branches=branches, lookup=lookup, temperature=temperature,
-                                  seed=seed, lenient=lenient)
+    config = DecodeConfig.resolve(
+        model, head, k=k, branches=branches, lookup=lookup, temperature=temperature, seed=seed, lenient=lenient
+    )
     _check_config(head, config)
     return _Decoding(model, head, config, prompts, max_new_tokens, eos_token_ids, on_tokens).run()
 
@@ -175,13 +191,16 @@ def _check_config(head, config: DecodeConfig) -> None:
     if config.branches < 1:
         raise ValueError(f"branches (first drafts per head pass) must be >= 1, got {config.branches}")
     if config.branches > 1 and (not is_mtp_head(head) or config.temperature != 0 or config.lenient is not None):
-        raise ValueError("branches > 1 (tree drafts) needs the MTP head and greedy verification "
-                         "(temperature 0, not lenient)")
+        raise ValueError(
+            "branches > 1 (tree drafts) needs the MTP head and greedy verification (temperature 0, not lenient)"
+        )
     if config.lookup < 0:
         raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {config.lookup}")
     if config.lookup and hasattr(head, "begin"):
-        raise ValueError("lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
-                         "every committed token was its own draft")
+        raise ValueError(
+            "lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
+            "every committed token was its own draft"
+        )
 
 
 class _Decoding:
@@ -189,8 +208,16 @@ class _Decoding:
     done; a step is a plain pass, or `propose` (drafts), `verify` (one pass over them) and
     `accept` (cache, stats, tokens)."""
 
-    def __init__(self, model: Backbone, head, config: DecodeConfig, prompts: list[list[int]], max_new_tokens: int,
-                 eos_token_ids, on_tokens):
+    def __init__(
+        self,
+        model: Backbone,
+        head,
+        config: DecodeConfig,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        eos_token_ids,
+        on_tokens,
+    ):
         self.model, self.head, self.prompts, self.max_new_tokens = model, head, prompts, max_new_tokens
         self.on_tokens, self.lookup = on_tokens, config.lookup
         self.K = config.k if head is not None else 0
@@ -227,7 +254,7 @@ class _Decoding:
     def commit(self, b: int, ids: list[int]) -> None:
         """Appends request b's new tokens (cut at max_new_tokens and the first EOS)."""
         out = self.out[b]
-        ids = cut_at_eos(ids[:self.max_new_tokens - len(out.tokens)], self.eos)
+        ids = cut_at_eos(ids[: self.max_new_tokens - len(out.tokens)], self.eos)
         out.tokens.extend(ids)
         self.done[b] = len(out.tokens) >= self.max_new_tokens or (bool(ids) and ids[-1] in self.eos)
         if self.on_tokens and ids:
@@ -259,19 +286,27 @@ class _Decoding:
         """Drafts [B, W], how many of each request's to verify (none past max_new_tokens) and
         each request's other first drafts (tree leaves; [] for lookup drafts)."""
         B, out, done = self.B, self.out, self.done
-        found = [lookup_drafts(self.prompts[b] + out[b].tokens, self.lookup) if self.lookup and not done[b] else []
-                 for b in range(B)]
+        found = [
+            lookup_drafts(self.prompts[b] + out[b].tokens, self.lookup) if self.lookup and not done[b] else []
+            for b in range(B)
+        ]
         rows, leaves = found, [[] for _ in range(B)]
         if self.head is not None and not all(found[b] or done[b] for b in range(B)):
-            drafted = (self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, self.A) if self.A else
-                       self.head.draft(self.model, self.cache, self.hidden, self.token, self.K)).tolist()
-            rows = [f or d[:self.K] for f, d in zip(found, drafted)]
-            leaves = [[] if f else d[self.K:] for f, d in zip(found, drafted)]
+            drafted = (
+                self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, self.A)
+                if self.A
+                else self.head.draft(self.model, self.cache, self.hidden, self.token, self.K)
+            ).tolist()
+            rows = [f or d[: self.K] for f, d in zip(found, drafted)]
+            leaves = [[] if f else d[self.K :] for f, d in zip(found, drafted)]
         num = [0 if done[b] else min(len(rows[b]), self.max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]
         W = max(num)
         leaves = [leaves[b] if num[b] else [] for b in range(B)]
-        return torch.tensor([r[:W] + [0] * (W - len(r[:W])) for r in rows], dtype=torch.long).view(B, W), \
-            torch.tensor(num), leaves
+        return (
+            torch.tensor([r[:W] + [0] * (W - len(r[:W])) for r in rows], dtype=torch.long).view(B, W),
+            torch.tensor(num),
+            leaves,
+        )
 
     def verify(self, drafts: torch.Tensor, num: torch.Tensor, leaves: list[list[int]], start: torch.Tensor):
         """One backbone pass over [t0, chain, leaves] (a tree when there are leaves): its hidden
@@ -283,7 +318,7 @@ class _Decoding:
         parents = tree_parents(self.B, W, leaf_count) if leaf_count else None
         h = self.model(torch.cat(parts, dim=1), self.cache, parents)
         logits = self.model.logits(h)
-        accepted, tokens = self.pick.verify(drafts, logits[:, :W + 1], num, start + 1)
+        accepted, tokens = self.pick.verify(drafts, logits[:, : W + 1], num, start + 1)
         return h, logits, accepted, tokens
 
     def accept(self, active, start, W, num, leaves, h, logits, accepted, tokens) -> None:
@@ -295,14 +330,18 @@ class _Decoding:
         self.token = tokens[torch.arange(B), accepted]
         # A leaf that is the backbone's token (the chain's first draft was not): its row
         # (0: none) is accepted with its own next token, and its K/V moves after t0.
-        leaf_row = [1 + W + leaves[b].index(int(tokens[b, 0])) if not self.done[b] and int(accepted[b]) == 0
-                    and int(tokens[b, 0]) in leaves[b] else 0 for b in range(B)]
+        leaf_row = [
+            1 + W + leaves[b].index(int(tokens[b, 0]))
+            if not self.done[b] and int(accepted[b]) == 0 and int(tokens[b, 0]) in leaves[b]
+            else 0
+            for b in range(B)
+        ]
         after_leaf = self.pick(logits[torch.arange(B), leaf_row], start + 2) if any(leaf_row) else None
         for b in range(B):
             if self.done[b]:
                 continue
             out, n = self.out[b], int(accepted[b])
-            committed = tokens[b, :n + 1].tolist()
+            committed = tokens[b, : n + 1].tolist()
             if leaf_row[b]:
                 row, s = leaf_row[b], int(start[b])
                 cache.move(b, s + row, s + 1)

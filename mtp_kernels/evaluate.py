@@ -13,6 +13,7 @@ backbone's own token included), acceptance by draft position, tokens/s end to en
 included, as transformers measures it) and decode-only, and whether every speculative
 output is identical to plain greedy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,9 +32,9 @@ from . import decoding
 class Run:
     task: str
     tokens: list[int]
-    seconds: float          # end to end: prefill + decode
+    seconds: float  # end to end: prefill + decode
     decode_seconds: float
-    passes: int = 0         # backbone passes after the prefill (ours only)
+    passes: int = 0  # backbone passes after the prefill (ours only)
     drafted: list[int] = dataclasses.field(default_factory=list)
     accepted: list[int] = dataclasses.field(default_factory=list)
 
@@ -47,12 +48,22 @@ def hf_backbone(gguf_path: str):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
-def run_ours(model, prompt_ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0,
-             branches=1) -> list[Run]:
+def run_ours(
+    model, prompt_ids, tasks, max_new, eos, drafter=None, k=0, lenient=None, lookup=0, branches=1
+) -> list[Run]:
     out = []
     for ids, task in zip(prompt_ids, tasks):
-        g = decoding.generate(model, [ids], max_new, head=drafter, k=k or 1, eos_token_ids=eos, lenient=lenient,
-                              lookup=lookup, branches=branches)[0]
+        g = decoding.generate(
+            model,
+            [ids],
+            max_new,
+            head=drafter,
+            k=k or 1,
+            eos_token_ids=eos,
+            lenient=lenient,
+            lookup=lookup,
+            branches=branches,
+        )[0]
         out.append(Run(task, g.tokens, g.seconds + g.prefill_seconds, g.seconds, g.passes, g.drafted, g.accepted))
     return out
 
@@ -64,15 +75,24 @@ def run_transformers(hf_model, prompt_ids, tasks, max_new, eos, prompt_lookup: i
     for ids, task in zip(prompt_ids, tasks):
         x = torch.tensor([ids])
         t = time.perf_counter()
-        y = hf_model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                              eos_token_id=list(eos), pad_token_id=eos[0], **extra)
+        y = hf_model.generate(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=list(eos),
+            pad_token_id=eos[0],
+            **extra,
+        )
         dt = time.perf_counter() - t
-        out.append(Run(task, decoding.cut_at_eos(y[0, len(ids):].tolist(), eos), dt, dt))
+        out.append(Run(task, decoding.cut_at_eos(y[0, len(ids) :].tolist(), eos), dt, dt))
     return out
 
 
-LLAMACPP_MISSING = ("llamacpp_greedy needs llama-cpp-python, which is not installed: `pip install llama-cpp-python` "
-                    "(it builds llama.cpp from source: several minutes)")
+LLAMACPP_MISSING = (
+    "llamacpp_greedy needs llama-cpp-python, which is not installed: `pip install llama-cpp-python` "
+    "(it builds llama.cpp from source: several minutes)"
+)
 
 
 def llamacpp_available() -> bool:
@@ -89,8 +109,16 @@ def load_llamacpp(gguf_path: str, threads: int, n_ctx: int):
     that no page faults land in the timed runs."""
     import llama_cpp
 
-    return llama_cpp.Llama(model_path=gguf_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                           n_gpu_layers=0, use_mmap=False, seed=0, verbose=False)
+    return llama_cpp.Llama(
+        model_path=gguf_path,
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_gpu_layers=0,
+        use_mmap=False,
+        seed=0,
+        verbose=False,
+    )
 
 
 def run_llamacpp(llm, prompt_ids, tasks, max_new, eos) -> list[Run]:
@@ -119,9 +147,13 @@ def summarize(runs: list[Run], greedy: list[Run] | None = None) -> dict:
     for task in sorted({r.task for r in runs}):
         rs = [(i, r) for i, r in enumerate(runs) if r.task == task]
         n_tok = sum(len(r.tokens) for _, r in rs)
-        row = {"prompts": len(rs), "tokens": n_tok,
-               "tokens_per_s": n_tok / sum(r.seconds for _, r in rs),
-               "decode_tokens_per_s": sum(len(r.tokens) - 1 for _, r in rs) / max(sum(r.decode_seconds for _, r in rs), 1e-9)}
+        row = {
+            "prompts": len(rs),
+            "tokens": n_tok,
+            "tokens_per_s": n_tok / sum(r.seconds for _, r in rs),
+            "decode_tokens_per_s": sum(len(r.tokens) - 1 for _, r in rs)
+            / max(sum(r.decode_seconds for _, r in rs), 1e-9),
+        }
         passes = sum(r.passes for _, r in rs)
         if passes:
             row["tau"] = sum(len(r.tokens) - 1 for _, r in rs) / passes
@@ -154,8 +186,21 @@ def restrict_vocab(head, size: int) -> None:
     head.draft_vocab = full[:size] if size else full
 
 
-def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_vocab, lookups,
-          log: Callable[[str], None], trees=(), tree_lookup=0) -> list[dict]:
+def sweep(
+    model,
+    head,
+    prompt_ids,
+    tasks,
+    max_new,
+    eos,
+    ks,
+    vocab_sizes,
+    k_for_vocab,
+    lookups,
+    log: Callable[[str], None],
+    trees=(),
+    tree_lookup=0,
+) -> list[dict]:
     """tau and decode tokens/s for each K (full draft vocabulary), each draft vocabulary size
     (at k_for_vocab) below the head's own (a prefix of its draft vocabulary; a head over the
     full vocabulary has none to cut), each most number of prompt-lookup drafts (at
@@ -163,16 +208,26 @@ def sweep(model, head, prompt_ids, tasks, max_new, eos, ks, vocab_sizes, k_for_v
     prompt-lookup drafts."""
     rows = []
     full = int(head.draft_vocab.numel())
-    runs = ([(k, 0, 0, 1) for k in ks] + [(k_for_vocab, v, 0, 1) for v in vocab_sizes if v < full]
-            + [(k_for_vocab, 0, n, 1) for n in lookups] + [(k, 0, tree_lookup, b) for k, b in trees])
+    runs = (
+        [(k, 0, 0, 1) for k in ks]
+        + [(k_for_vocab, v, 0, 1) for v in vocab_sizes if v < full]
+        + [(k_for_vocab, 0, n, 1) for n in lookups]
+        + [(k, 0, tree_lookup, b) for k, b in trees]
+    )
     for k, vs, lookup, branches in runs:
         restrict_vocab(head, vs)
         rs = run_ours(model, prompt_ids, tasks, max_new, eos, head, k, lookup=lookup, branches=branches)
         passes = sum(r.passes for r in rs)
-        rows.append({"k": k, "branches": branches,
-                     "draft_vocab": int(head.draft_vocab.numel()) or model.cfg.vocab_size, "lookup": lookup,
-                     "tau": sum(len(r.tokens) - 1 for r in rs) / passes,
-                     "decode_tokens_per_s": sum(len(r.tokens) - 1 for r in rs) / sum(r.decode_seconds for r in rs)})
+        rows.append(
+            {
+                "k": k,
+                "branches": branches,
+                "draft_vocab": int(head.draft_vocab.numel()) or model.cfg.vocab_size,
+                "lookup": lookup,
+                "tau": sum(len(r.tokens) - 1 for r in rs) / passes,
+                "decode_tokens_per_s": sum(len(r.tokens) - 1 for r in rs) / sum(r.decode_seconds for r in rs),
+            }
+        )
         log(f"sweep: {rows[-1]}")
     restrict_vocab(head, 0)
     return rows
@@ -183,9 +238,11 @@ def markdown(results: dict) -> str:
     lines = [f"Command: `{results['command']}`  ", f"{results['setup']}", ""]
     tasks = sorted(next(iter(meth.values())).keys())
     llama = meth.get("llamacpp_greedy")  # the ratio column against llama.cpp's plain decode, when it ran
-    lines.append("| task | method | tokens/s (end to end) | decode tokens/s | speedup vs our greedy | "
-                 + ("x llama.cpp (end to end / decode) | " if llama else "")
-                 + "tau | acceptance by draft position | identical to our greedy | token agreement |")
+    lines.append(
+        "| task | method | tokens/s (end to end) | decode tokens/s | speedup vs our greedy | "
+        + ("x llama.cpp (end to end / decode) | " if llama else "")
+        + "tau | acceptance by draft position | identical to our greedy | token agreement |"
+    )
     lines.append("|---|---|---:|---:|---:|" + ("---:|" if llama else "") + "---:|---|---:|---:|")
     for task in tasks:
         base = meth["ours_greedy"][task]["tokens_per_s"]
@@ -195,23 +252,41 @@ def markdown(results: dict) -> str:
             ident = f"{r['identical_to_greedy']}/{r['prompts']}" if "identical_to_greedy" in r else ""
             agree = f"{r['token_agreement']:.3f}" if "token_agreement" in r else ""
             tau = f"{r['tau']:.2f}" if "tau" in r else ""
-            vs = (f"{_ratio(r, llama[task], 'tokens_per_s')} / {_ratio(r, llama[task], 'decode_tokens_per_s')} | "
-                  if llama else "")
-            lines.append(f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-                         f"{r['tokens_per_s'] / base:.2f}x | {vs}{tau} | {acc} | {ident} | {agree} |")
-    for q, backbone in (("int8dot", "the same Q8 backbone with quantized activations"), ("int8", "the same Q8 backbone")):
+            vs = (
+                f"{_ratio(r, llama[task], 'tokens_per_s')} / {_ratio(r, llama[task], 'decode_tokens_per_s')} | "
+                if llama
+                else ""
+            )
+            lines.append(
+                f"| {task} | {name} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+                f"{r['tokens_per_s'] / base:.2f}x | {vs}{tau} | {acc} | {ident} | {agree} |"
+            )
+    for q, backbone in (
+        ("int8dot", "the same Q8 backbone with quantized activations"),
+        ("int8", "the same Q8 backbone"),
+    ):
         if f"ours_mtp_{q}" in meth:
-            lines += ["", f"ours_mtp_{q} is compared with ours_greedy_{q} ({backbone}: identical is the exactness "
-                          f"check); ours_greedy_{q} with ours_greedy, the setup's backbone (its token agreement: "
-                          "against a --dtype backbone, the accuracy of that quantization; by default, against "
-                          "the GGUF's own 4-/8-bit weights)."]
+            lines += [
+                "",
+                f"ours_mtp_{q} is compared with ours_greedy_{q} ({backbone}: identical is the exactness "
+                f"check); ours_greedy_{q} with ours_greedy, the setup's backbone (its token agreement: "
+                "against a --dtype backbone, the accuracy of that quantization; by default, against "
+                "the GGUF's own 4-/8-bit weights).",
+            ]
     if results.get("sweep"):
-        lines += ["", "Sweep (subset of the evaluation set): K, first drafts per head pass (branches > 1: a tree), "
-                      "draft vocabulary size, prompt-lookup drafts", "",
-                  "| K | branches | draft vocabulary | lookup | tau | decode tokens/s |",
-                  "|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['k']} | {r.get('branches', 1)} | {r['draft_vocab']} | {r.get('lookup', 0)} | {r['tau']:.2f} | "
-                  f"{r['decode_tokens_per_s']:.1f} |" for r in results["sweep"]]
+        lines += [
+            "",
+            "Sweep (subset of the evaluation set): K, first drafts per head pass (branches > 1: a tree), "
+            "draft vocabulary size, prompt-lookup drafts",
+            "",
+            "| K | branches | draft vocabulary | lookup | tau | decode tokens/s |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['k']} | {r.get('branches', 1)} | {r['draft_vocab']} | {r.get('lookup', 0)} | {r['tau']:.2f} | "
+            f"{r['decode_tokens_per_s']:.1f} |"
+            for r in results["sweep"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -234,8 +309,13 @@ def plot(results: dict, path: str) -> None:
         bars = ax.bar([x + i * width for x in range(len(tasks))], vals, width, label=name)
         for b, t in zip(bars, tasks):
             if "tau" in per_task[t] and name != "ours_greedy":
-                ax.annotate(f"τ={per_task[t]['tau']:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                            ha="center", va="bottom", fontsize=7)
+                ax.annotate(
+                    f"τ={per_task[t]['tau']:.1f}",
+                    (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(tasks))], tasks)
     ax.set_ylabel("tokens/s (prefill included), 1 request")
     ax.set_title(results.get("title", "SmolLM2-135M on this CPU"))

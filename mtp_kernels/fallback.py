@@ -2,16 +2,17 @@
 ``silu_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
 checks of the CPU binding (same messages). ``decoder_layers`` and ``head_draft`` on CUDA are
 their op-by-op composition of the kernels (``reference.decoder_layers`` / ``head_draft`` with
-``ops.KERNELS``): each op runs its own CUDA kernel (or the fallback above). There is no C++ or Triton kernel for them; this
-keeps a model on a GPU working through the same ops. Exact like the CPU kernels: every step of
-rms_norm, add_rms_norm and rope_ is one IEEE operation in the kernels' order, so they should
-give the CPU kernels' bits, each row alone (test_rowwise.py checks it on a GPU; not run on one
-yet); silu_mul uses torch's exp (within a few ulp of the CPU kernel's polynomial). Not fast:
-the norm is a loop over the H / 16 lane chunks.
+``ops.KERNELS``): each op runs its own CUDA kernel (or the fallback above). There is no C++
+or Triton kernel for them; this keeps a model on a GPU working through the same ops. Exact like
+the CPU kernels: every step of rms_norm, add_rms_norm and rope_ is one IEEE operation in the
+kernels' order, so they should give the CPU kernels' bits, each row alone (test_rowwise.py
+checks it on a GPU; not run on one yet); silu_mul uses torch's exp (within a few ulp of the CPU
+kernel's polynomial). Not fast: the norm is a loop over the H / 16 lane chunks.
 
 Registered for the CUDA dispatch key on import (``register_cuda_kernels``); the functions are
 plain Python and run on any device (the tests run them on CPU tensors).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return reference.rms_norm(x, weight, eps).contiguous()
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     C.check_norm_inputs("mtp.add_rms_norm", x, weight, eps, residual)
     s, n = reference.add_rms_norm(x, residual, weight, eps)
     return s.contiguous(), n.contiguous()
@@ -42,28 +44,111 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return reference.silu_mul(gate_up).contiguous()
 
 
-def decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps, *,
-                   quantize_x=False, tree_parents=None, weight_types=None):
-    C.check(not weight_types or all(t == -1 for t in weight_types), "mtp.decoder_layers", C.GGUF_CPU_ONLY)
+def decoder_layers(
+    x,
+    k_cache,
+    v_cache,
+    cache_lens,
+    rope_cos,
+    rope_sin,
+    weights,
+    weight_scales,
+    num_heads,
+    eps,
+    *,
+    quantize_x=False,
+    tree_parents=None,
+    weight_types=None,
+):
+    op = "mtp.decoder_layers"
+    C.check(not weight_types or all(t == -1 for t in weight_types), op, C.GGUF_CPU_ONLY)
+    C.check_eps(op, eps)
+    C.check_written(
+        op,
+        "it is written in place",
+        {"k_cache": k_cache, "v_cache": v_cache},
+        {
+            "x": x,
+            "cache_lens": cache_lens,
+            "rope_cos": rope_cos,
+            "rope_sin": rope_sin,
+            **{f"weights[{i}]": w for i, w in enumerate(weights)},
+        },
+    )
     if tree_parents is not None:
         C.check_tree_parents("mtp.decoder_layers", tree_parents, x.shape[0], x.shape[1])
-    return reference.decoder_layers(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales,
-                                    num_heads, eps, quantize_x=quantize_x, tree_parents=tree_parents, ops=ops.KERNELS)
+    return reference.decoder_layers(
+        x,
+        k_cache,
+        v_cache,
+        cache_lens,
+        rope_cos,
+        rope_sin,
+        weights,
+        weight_scales,
+        num_heads,
+        eps,
+        quantize_x=quantize_x,
+        tree_parents=tree_parents,
+        ops=ops.KERNELS,
+    )
 
 
-def head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale, weights,
-               lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0, embedding_type=-1,
-               lm_head_type=-1):
+def head_draft(
+    hidden,
+    token,
+    k_cache,
+    v_cache,
+    cache_lens,
+    rope_cos,
+    rope_sin,
+    embedding,
+    embedding_scale,
+    weights,
+    lm_head,
+    lm_head_scale,
+    draft_vocab,
+    k,
+    num_heads,
+    eps,
+    *,
+    alternatives=0,
+    embedding_type=-1,
+    lm_head_type=-1,
+):
     C.check(embedding_type == -1 and lm_head_type == -1, "mtp.head_draft", C.GGUF_CPU_ONLY)
     Vd = lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()
     C.check_alternatives("mtp.head_draft", alternatives, Vd, k)
-    return reference.head_draft(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
-                                embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
-                                alternatives=alternatives, ops=ops.KERNELS)
+    return reference.head_draft(
+        hidden,
+        token,
+        k_cache,
+        v_cache,
+        cache_lens,
+        rope_cos,
+        rope_sin,
+        embedding,
+        embedding_scale,
+        weights,
+        lm_head,
+        lm_head_scale,
+        draft_vocab,
+        k,
+        num_heads,
+        eps,
+        alternatives=alternatives,
+        ops=ops.KERNELS,
+    )
 
 
-FALLBACKS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_": rope_, "silu_mul": silu_mul,
-             "decoder_layers": decoder_layers, "head_draft": head_draft}
+FALLBACKS = {
+    "rms_norm": rms_norm,
+    "add_rms_norm": add_rms_norm,
+    "rope_": rope_,
+    "silu_mul": silu_mul,
+    "decoder_layers": decoder_layers,
+    "head_draft": head_draft,
+}
 
 
 def register_cuda_kernels() -> None:

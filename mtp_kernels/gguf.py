@@ -6,6 +6,7 @@ A quantized matrix ``[N, K]`` is a ``QuantTensor``: ``data``, a uint8 tensor ``[
 ``embedding_type=`` / ``lm_head_type=`` (``mtp.head_draft``). Layouts and the exact product:
 ``csrc/include/mtp/gguf.h``; executable form: ``reference.gguf_dequantize`` / ``reference.gguf_linear``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,15 +47,21 @@ class QuantTensor:
 
     def __post_init__(self):
         if self.gguf_type not in BLOCK_TYPES:
-            raise ValueError(f"QuantTensor: {type_name(self.gguf_type)} is not supported "
-                             f"(supported: {', '.join(n for n, _, _ in BLOCK_TYPES.values())})")
+            raise ValueError(
+                f"QuantTensor: {type_name(self.gguf_type)} is not supported "
+                f"(supported: {', '.join(n for n, _, _ in BLOCK_TYPES.values())})"
+            )
         if self.data.dtype != torch.uint8 or self.data.dim() != 2:
-            raise ValueError(f"QuantTensor: data must be a 2-D uint8 tensor [N, row bytes], got "
-                             f"{self.data.dtype} of shape {list(self.data.shape)}")
+            raise ValueError(
+                f"QuantTensor: data must be a 2-D uint8 tensor [N, row bytes], got "
+                f"{self.data.dtype} of shape {list(self.data.shape)}"
+            )
         _, elems, nbytes = BLOCK_TYPES[self.gguf_type]
         if self.data.shape[1] % nbytes:
-            raise ValueError(f"QuantTensor: {self.data.shape[1]} bytes per row is not a whole number of "
-                             f"{type_name(self.gguf_type)} blocks ({nbytes} bytes)")
+            raise ValueError(
+                f"QuantTensor: {self.data.shape[1]} bytes per row is not a whole number of "
+                f"{type_name(self.gguf_type)} blocks ({nbytes} bytes)"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -73,4 +80,5 @@ class QuantTensor:
     def dequantize(self) -> torch.Tensor:
         """The fp32 matrix [N, K] (reference.gguf_dequantize)."""
         from .reference import gguf_dequantize
+
         return gguf_dequantize(self.data, self.gguf_type)

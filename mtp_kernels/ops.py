@@ -3,6 +3,7 @@
 The fake kernels give torch.compile / FakeTensor the output shapes and dtypes without
 running anything; the contracts themselves are in ``reference.py``.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,14 +12,16 @@ from typing import Optional
 import torch
 
 
-def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
-           num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def verify(
+    draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy chain verification; see ``reference.verify`` for the contract."""
     return torch.ops.mtp.verify.default(draft_tokens, target_logits, num_drafts, pad_id)
 
 
-def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
-                  num_drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def accept_prefix(
+    draft_tokens: torch.Tensor, target_tokens: torch.Tensor, num_drafts: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Accepted prefix lengths from token ids already chosen; see ``reference.accept_prefix``."""
     return torch.ops.mtp.accept_prefix.default(draft_tokens, target_tokens, num_drafts)
 
@@ -26,28 +29,50 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
 def _check_same_device(op, ref_name, ref, **tensors):
     # A tensor on another device routes the whole call here (meta) or to a missing kernel.
     for name, t in tensors.items():
-        torch._check(t is None or t.device == ref.device,
-                     lambda: f"{op}: {name} must be on {ref_name}'s device {ref.device}, got {t.device}")
+        torch._check(
+            t is None or t.device == ref.device,
+            lambda: f"{op}: {name} must be on {ref_name}'s device {ref.device}, got {t.device}",
+        )
 
 
-def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
-                   temperature: torch.Tensor, seeds: torch.Tensor, offsets: Optional[torch.Tensor] = None,
-                   num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    num_drafts: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Lossless chain rejection sampling with a counter-based RNG; see ``reference.verify_sampled``."""
-    return torch.ops.mtp.verify_sampled.default(draft_tokens, draft_probs, target_logits, temperature, seeds, offsets,
-                                                num_drafts, pad_id)
+    return torch.ops.mtp.verify_sampled.default(
+        draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts, pad_id
+    )
 
 
-def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
-                   top_k: int = 1, min_ratio: float = 1.0, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_lenient(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    num_drafts: Optional[torch.Tensor] = None,
+    top_k: int = 1,
+    min_ratio: float = 1.0,
+    pad_id: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Lenient greedy verification, NOT lossless: also accepts a draft within the row's top_k
     whose probability is >= min_ratio x the top one's; see ``reference.verify_lenient``."""
     return torch.ops.mtp.verify_lenient.default(draft_tokens, target_logits, num_drafts, top_k, min_ratio, pad_id)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False,
-           gguf_type: Optional[int] = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    weight_scale: Optional[torch.Tensor] = None,
+    *,
+    quantize_x: bool = False,
+    gguf_type: Optional[int] = None,
+) -> torch.Tensor:
     """Shape-invariant ``x @ weight.T + bias``; an int8 weight takes ``weight_scale`` (Q8 blocks
     of 32 along K, ``mtp_kernels.quantize_q8``), and with ``quantize_x=True`` the activations
     are quantized the same way (row by row) for integer dot products. See ``reference.linear``.
@@ -62,34 +87,59 @@ def _linear_fake(x, weight, bias=None, weight_scale=None, *, quantize_x=False, g
     _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     if gguf_type is not None:
         from .gguf import BLOCK_TYPES, row_bytes
+
         torch._check(gguf_type in BLOCK_TYPES, lambda: f"mtp.linear: GGML type {gguf_type} is not supported")
-        torch._check(weight.dtype == torch.uint8 and weight.dim() == 2 and x.dim() >= 1
-                     and weight.shape[1] == row_bytes(gguf_type, x.shape[-1]),
-                     lambda: f"mtp.linear: a GGML type {gguf_type} weight must be uint8 [N, row bytes of K], got "
-                             f"{weight.dtype} {tuple(weight.shape)} for x {tuple(x.shape)}")
+        torch._check(
+            weight.dtype == torch.uint8
+            and weight.dim() == 2
+            and x.dim() >= 1
+            and weight.shape[1] == row_bytes(gguf_type, x.shape[-1]),
+            lambda: (
+                f"mtp.linear: a GGML type {gguf_type} weight must be uint8 [N, row bytes of K], got "
+                f"{weight.dtype} {tuple(weight.shape)} for x {tuple(x.shape)}"
+            ),
+        )
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
-    torch._check(weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
-                 lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
-    torch._check((weight.dtype == torch.int8) == (weight_scale is not None),
-                 lambda: "mtp.linear: an int8 weight needs weight_scale and a float weight takes none, got "
-                         f"weight {weight.dtype} and weight_scale {None if weight_scale is None else weight_scale.dtype}")
-    torch._check(not quantize_x or weight.dtype == torch.int8,
-                 lambda: "mtp.linear: quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), "
-                         f"got a {weight.dtype} weight")
+    torch._check(
+        weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1],
+        lambda: f"mtp.linear: x [..., K] and weight [N, K] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}",
+    )
+    torch._check(
+        (weight.dtype == torch.int8) == (weight_scale is not None),
+        lambda: (
+            "mtp.linear: an int8 weight needs weight_scale and a float weight takes none, got "
+            f"weight {weight.dtype} and weight_scale {None if weight_scale is None else weight_scale.dtype}"
+        ),
+    )
+    torch._check(
+        not quantize_x or weight.dtype == torch.int8,
+        lambda: (
+            "mtp.linear: quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), "
+            f"got a {weight.dtype} weight"
+        ),
+    )
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
-                   k_local: Optional[torch.Tensor] = None, v_local: Optional[torch.Tensor] = None,
-                   scale: Optional[float] = None, causal: bool = False) -> torch.Tensor:
+def head_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_local: Optional[torch.Tensor] = None,
+    v_local: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    causal: bool = False,
+) -> torch.Tensor:
     """Attention of q [B, T, Hq, D] over the cache views k_cache, v_cache [B, Hkv, L, D] (read
     in place, any strides) and an optional causal local segment; see ``reference.head_attention``.
     """
     return torch.ops.mtp.head_attention.default(q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal)
 
 
-def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                 cache_lens: torch.Tensor) -> None:
+def cache_append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache_lens: torch.Tensor
+) -> None:
     """Writes k_new, v_new [B, T, Hkv, D] at each request's offset cache_lens[b], in place;
     cache_lens is left for the caller to advance. See ``reference.cache_append``.
     """
@@ -101,8 +151,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.ops.mtp.rms_norm.default(x, weight, eps)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, RMSNorm of it) in one pass per row; see ``reference.add_rms_norm``."""
     return torch.ops.mtp.add_rms_norm.default(x, residual, weight, eps)
 
@@ -118,11 +169,22 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.mtp.silu_mul.default(gate_up)
 
 
-def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
-                   rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
-                   weight_scales: list[torch.Tensor], num_heads: int, eps: float, *,
-                   quantize_x: bool = False, tree_parents: Optional[torch.Tensor] = None,
-                   weight_types: Optional[list[int]] = None) -> torch.Tensor:
+def decoder_layers(
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    weights: list[torch.Tensor],
+    weight_scales: list[torch.Tensor],
+    num_heads: int,
+    eps: float,
+    *,
+    quantize_x: bool = False,
+    tree_parents: Optional[torch.Tensor] = None,
+    weight_types: Optional[list[int]] = None,
+) -> torch.Tensor:
     """A whole Llama-family decoder pass over the embeddings x [B, T, H] in one call (CPU):
     per layer input_norm, qkv, o_proj, post_norm, gate_up, down_proj in ``weights`` (then the
     final norm), Q8 scales of the four matrices per layer in ``weight_scales`` (or none). The
@@ -133,52 +195,133 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     its depth, with a chain's bits. Returns the final normed hidden states, bitwise those of
     the op-by-op composition; see ``reference.decoder_layers``. weight_types: per matrix (4 per
     layer) the GGML type number of a GGUF block-type matrix given as its uint8 bytes, or -1."""
-    return torch.ops.mtp.decoder_layers.default(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
-                                                weight_scales, num_heads, eps, quantize_x=quantize_x,
-                                                tree_parents=tree_parents, weight_types=weight_types)
+    return torch.ops.mtp.decoder_layers.default(
+        x,
+        k_cache,
+        v_cache,
+        cache_lens,
+        rope_cos,
+        rope_sin,
+        weights,
+        weight_scales,
+        num_heads,
+        eps,
+        quantize_x=quantize_x,
+        tree_parents=tree_parents,
+        weight_types=weight_types,
+    )
 
 
 @torch.library.register_fake("mtp::decoder_layers")
-def _decoder_layers_fake(x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights, weight_scales, num_heads, eps,
-                         *, quantize_x=False, tree_parents=None, weight_types=None):
+def _decoder_layers_fake(
+    x,
+    k_cache,
+    v_cache,
+    cache_lens,
+    rope_cos,
+    rope_sin,
+    weights,
+    weight_scales,
+    num_heads,
+    eps,
+    *,
+    quantize_x=False,
+    tree_parents=None,
+    weight_types=None,
+):
     torch._check(x.dim() == 3, lambda: "mtp.decoder_layers: x must be 3-D [B, T, H]")
     torch._check(k_cache.dim() == 5, lambda: "mtp.decoder_layers: k_cache must be 5-D [layers, B, Hkv, L, D]")
     _check_same_device("mtp.decoder_layers", "x", x, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
     return x.new_empty(x.shape)
 
 
-def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
-               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
-               lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
-               eps: float, *, alternatives: int = 0, embedding_type: int = -1,
-               lm_head_type: int = -1) -> torch.Tensor:
+def head_draft(
+    hidden: torch.Tensor,
+    token: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    embedding: torch.Tensor,
+    embedding_scale: Optional[torch.Tensor],
+    weights: list[torch.Tensor],
+    lm_head: torch.Tensor,
+    lm_head_scale: Optional[torch.Tensor],
+    draft_vocab: Optional[torch.Tensor],
+    k: int,
+    num_heads: int,
+    eps: float,
+    *,
+    alternatives: int = 0,
+    embedding_type: int = -1,
+    lm_head_type: int = -1,
+) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
     k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
     draft_vocab of the backbone's lm_head [V, H] in place. alternatives = m appends the first
     step's 2nd..(m+1)-th best drafts: [B, k + m] (a tree's other first drafts); see
     ``reference.head_draft``. embedding_type / lm_head_type: the GGML type number of an
     embedding / LM head given as GGUF block-type bytes (``mtp_kernels.gguf``), or -1."""
-    return torch.ops.mtp.head_draft.default(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
-                                            embedding_scale, weights, lm_head, lm_head_scale, draft_vocab, k,
-                                            num_heads, eps, alternatives=alternatives,
-                                            embedding_type=embedding_type, lm_head_type=lm_head_type)
+    return torch.ops.mtp.head_draft.default(
+        hidden,
+        token,
+        k_cache,
+        v_cache,
+        cache_lens,
+        rope_cos,
+        rope_sin,
+        embedding,
+        embedding_scale,
+        weights,
+        lm_head,
+        lm_head_scale,
+        draft_vocab,
+        k,
+        num_heads,
+        eps,
+        alternatives=alternatives,
+        embedding_type=embedding_type,
+        lm_head_type=lm_head_type,
+    )
 
 
 @torch.library.register_fake("mtp::head_draft")
-def _head_draft_fake(hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding, embedding_scale,
-                     weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps, *, alternatives=0,
-                     embedding_type=-1, lm_head_type=-1):
+def _head_draft_fake(
+    hidden,
+    token,
+    k_cache,
+    v_cache,
+    cache_lens,
+    rope_cos,
+    rope_sin,
+    embedding,
+    embedding_scale,
+    weights,
+    lm_head,
+    lm_head_scale,
+    draft_vocab,
+    k,
+    num_heads,
+    eps,
+    *,
+    alternatives=0,
+    embedding_type=-1,
+    lm_head_type=-1,
+):
     torch._check(hidden.dim() == 2, lambda: "mtp.head_draft: hidden must be 2-D [B, H]")
-    _check_same_device("mtp.head_draft", "hidden", hidden, token=token, k_cache=k_cache, v_cache=v_cache,
-                       cache_lens=cache_lens)
+    _check_same_device(
+        "mtp.head_draft", "hidden", hidden, token=token, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens
+    )
     return hidden.new_empty((hidden.shape[0], k + alternatives), dtype=torch.int64)
 
 
 def _norm_fake(op, x, weight, **others):
     _check_same_device(op, "x", x, weight=weight, **others)
-    torch._check(x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-                 lambda: f"{op}: x [..., H] and weight [H] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}")
+    torch._check(
+        x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+        lambda: f"{op}: x [..., H] and weight [H] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}",
+    )
     return x.new_empty(x.shape)
 
 
@@ -202,8 +345,7 @@ def _rope_fake(x, cos, sin):
 
 @torch.library.register_fake("mtp::silu_mul")
 def _silu_mul_fake(gate_up):
-    torch._check(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0,
-                 lambda: "mtp.silu_mul: gate_up must be [..., 2I]")
+    torch._check(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0, lambda: "mtp.silu_mul: gate_up must be [..., 2I]")
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
@@ -227,16 +369,26 @@ def _verify_lenient_fake(draft_tokens, target_logits, num_drafts=None, top_k=1, 
 
 
 @torch.library.register_fake("mtp::verify_sampled")
-def _verify_sampled_fake(draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None,
-                         pad_id=-1):
-    return _chain_outputs("mtp.verify_sampled", draft_tokens, target_logits, draft_probs=draft_probs,
-                          temperature=temperature, seeds=seeds, offsets=offsets, num_drafts=num_drafts)
+def _verify_sampled_fake(
+    draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None, pad_id=-1
+):
+    return _chain_outputs(
+        "mtp.verify_sampled",
+        draft_tokens,
+        target_logits,
+        draft_probs=draft_probs,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        num_drafts=num_drafts,
+    )
 
 
 @torch.library.register_fake("mtp::accept_prefix")
 def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
-    _check_same_device("mtp.accept_prefix", "draft_tokens", draft_tokens, target_tokens=target_tokens,
-                       num_drafts=num_drafts)
+    _check_same_device(
+        "mtp.accept_prefix", "draft_tokens", draft_tokens, target_tokens=target_tokens, num_drafts=num_drafts
+    )
     torch._check(draft_tokens.dim() == 2, lambda: "mtp.accept_prefix: draft_tokens must be 2-D [B, K]")
     return draft_tokens.new_empty((draft_tokens.shape[0],))
 
@@ -245,16 +397,25 @@ def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
 def _head_attention_fake(q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False):
     torch._check(q.dim() == 4, lambda: "mtp.head_attention: q must be 4-D [B, T, Hq, D]")
     torch._check(k_cache.dim() == 4, lambda: "mtp.head_attention: k_cache must be 4-D [B, Hkv, L, D]")
-    _check_same_device("mtp.head_attention", "q", q, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens,
-                       k_local=k_local, v_local=v_local)
+    _check_same_device(
+        "mtp.head_attention",
+        "q",
+        q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        cache_lens=cache_lens,
+        k_local=k_local,
+        v_local=v_local,
+    )
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("mtp::cache_append")
 def _cache_append_fake(k_cache, v_cache, k_new, v_new, cache_lens):
     torch._check(k_new.dim() == 4, lambda: "mtp.cache_append: k_new must be 4-D [B, T, Hkv, D]")
-    _check_same_device("mtp.cache_append", "k_new", k_new, k_cache=k_cache, v_cache=v_cache, v_new=v_new,
-                       cache_lens=cache_lens)
+    _check_same_device(
+        "mtp.cache_append", "k_new", k_new, k_cache=k_cache, v_cache=v_cache, v_new=v_new, cache_lens=cache_lens
+    )
     return None
 
 
@@ -266,5 +427,12 @@ def _rope_copy(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 # The kernels one op at a time, as reference.decoder_layers / reference.head_draft take them
 # (ops=KERNELS): that composition gives mtp.decoder_layers's / mtp.head_draft's bits.
-KERNELS = SimpleNamespace(linear=linear, rope=_rope_copy, cache_append=cache_append, head_attention=head_attention,
-                          rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)
+KERNELS = SimpleNamespace(
+    linear=linear,
+    rope=_rope_copy,
+    cache_append=cache_append,
+    head_attention=head_attention,
+    rms_norm=rms_norm,
+    add_rms_norm=add_rms_norm,
+    silu_mul=silu_mul,
+)

@@ -13,6 +13,7 @@ an all-zero block gets ``scale = 0`` and ``q = 0``. Every element is then within
 of its weight, ``|w - q * scale| <= scale / 2`` (exactly, for fp32 / bf16 / fp16 weights whose
 block maximum is at least 127 * 2^-126 ~ 1.5e-36; below that the fp32 scale is subnormal).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,10 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     float64 weight, a block maximum beyond fp32), TypeError for a non-float dtype.
     """
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError(f"quantize_q8: weight must be a float tensor, got "
-                        f"{weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        raise TypeError(
+            f"quantize_q8: weight must be a float tensor, got "
+            f"{weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__}"
+        )
     if weight.dim() != 2:
         raise ValueError(f"quantize_q8: weight must be 2-D [N, K], got shape {list(weight.shape)}")
     w = weight.detach()
@@ -69,6 +72,8 @@ def dequantize_q8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"dequantize_q8: q must be a 2-D int8 tensor [N, K], got {q.dtype} of shape {list(q.shape)}")
     N, K = q.shape
     if scale.dtype != torch.float32 or tuple(scale.shape) != (N, q8_blocks(K)):
-        raise ValueError(f"dequantize_q8: scale must be float32 [N, ceil(K/32)] = [{N}, {q8_blocks(K)}], got "
-                         f"{scale.dtype} of shape {list(scale.shape)}")
+        raise ValueError(
+            f"dequantize_q8: scale must be float32 [N, ceil(K/32)] = [{N}, {q8_blocks(K)}], got "
+            f"{scale.dtype} of shape {list(scale.shape)}"
+        )
     return q.to(torch.float32) * scale.repeat_interleave(Q8_BLOCK, dim=1)[:, :K]

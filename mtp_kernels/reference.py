@@ -2,6 +2,7 @@
 
 Slow and simple on purpose; the kernels are tested against these functions.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,9 @@ import torch
 from .quant import dequantize_q8
 
 
-def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
-                  num_drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def accept_prefix(
+    draft_tokens: torch.Tensor, target_tokens: torch.Tensor, num_drafts: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """accepted[b] = the longest n <= num_drafts[b] (default K) such that
     draft_tokens[b, t] == target_tokens[b, t] for every t < n.
 
@@ -29,8 +31,9 @@ def accept_prefix(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
     return match.long().cumprod(dim=1).sum(dim=1).to(draft_tokens.dtype)
 
 
-def verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
-           num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def verify(
+    draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy chain verification of K drafted tokens against the backbone's logits.
 
     draft_tokens [B, K] int32|int64; target_logits [B, K+1, V] fp32|bf16|fp16, any strides;
@@ -90,9 +93,15 @@ def q8_block_sums(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
     return torch.einsum("mbk,nbk->mnb", _q8_blocks(xq, torch.int64), _q8_blocks(wq, torch.int64))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           weight_scale: Optional[torch.Tensor] = None, *, quantize_x: bool = False,
-           gguf_type: Optional[int] = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    weight_scale: Optional[torch.Tensor] = None,
+    *,
+    quantize_x: bool = False,
+    gguf_type: Optional[int] = None,
+) -> torch.Tensor:
     """y = x @ weight.T (+ bias), x [..., K] fp32|bf16, weight [N, K] fp32|bf16, bias [N];
     products summed in fp32 (here: fp64, then rounded), result in x's dtype.
 
@@ -128,7 +137,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         return y.to(x.dtype).reshape(*x.shape[:-1], N)
     w = weight.double()
     if weight_scale is not None:
-        w = w * weight_scale.double().repeat_interleave(32, dim=1)[:, :weight.shape[1]]
+        w = w * weight_scale.double().repeat_interleave(32, dim=1)[:, : weight.shape[1]]
     y = x.double() @ w.T
     if bias is not None:
         y = y + bias.double()
@@ -137,9 +146,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 # ---- GGUF block-type weights (mtp_kernels.gguf; the contract: csrc/include/mtp/gguf.h) -------
 
+
 def _f16_at(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """The fp16 at byte `offset` of each block [..., bytes] -> fp32 [...] (exact)."""
-    return blocks[..., offset:offset + 2].contiguous().view(torch.float16)[..., 0].float()
+    return blocks[..., offset : offset + 2].contiguous().view(torch.float16)[..., 0].float()
 
 
 def _q4k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,12 +167,13 @@ def gguf_blocks(data: torch.Tensor, gguf_type: int):
     offset), mul int32 [N, nb, 2] (Q6_K's scale per half-block, else 1)); element =
     d * (mul * q) + m, the product exact in fp32."""
     from .gguf import BLOCK_TYPES
+
     name, elems, nbytes = BLOCK_TYPES[gguf_type]
     N = data.shape[0]
     blocks = data.contiguous().view(N, -1, nbytes)
     ones = torch.ones(N, blocks.shape[1] * elems // 32, 2, dtype=torch.int32)
     if name in ("Q4_0", "Q4_1"):
-        qs = blocks[..., nbytes - 16:].to(torch.int32)
+        qs = blocks[..., nbytes - 16 :].to(torch.int32)
         q = torch.cat([qs & 0xF, qs >> 4], -1) - (8 if name == "Q4_0" else 0)
         d = _f16_at(blocks, 0)
         m = _f16_at(blocks, 2) if name == "Q4_1" else torch.zeros_like(d)
@@ -173,14 +184,14 @@ def gguf_blocks(data: torch.Tensor, gguf_type: int):
         return q, d, torch.zeros_like(d), ones
     ns = blocks.shape[1]
     if name == "Q4_K":
-        sc, mn = _q4k_scale_min(blocks[..., 4:16])                      # [N, ns, 8]
+        sc, mn = _q4k_scale_min(blocks[..., 4:16])  # [N, ns, 8]
         qs = blocks[..., 16:].to(torch.int32).view(N, ns, 4, 1, 32)
-        q = torch.cat([qs & 0xF, qs >> 4], 3).view(N, ns * 8, 32)       # sub-block 2c: low, 2c+1: high
+        q = torch.cat([qs & 0xF, qs >> 4], 3).view(N, ns * 8, 32)  # sub-block 2c: low, 2c+1: high
         d = (_f16_at(blocks, 0)[..., None] * sc.float()).view(N, ns * 8)
         m = -(_f16_at(blocks, 2)[..., None] * mn.float()).view(N, ns * 8)
         return q, d, m, ones
     # Q6_K: 32-block b of a superblock: half h = b // 4, g = b % 4
-    ql = blocks[..., 0:128].to(torch.int32).view(N, ns, 2, 2, 32)    # [h, g & 1]
+    ql = blocks[..., 0:128].to(torch.int32).view(N, ns, 2, 2, 32)  # [h, g & 1]
     qh = blocks[..., 128:192].to(torch.int32).view(N, ns, 2, 1, 32)  # [h]
     nib = torch.stack([ql[:, :, :, 0] & 0xF, ql[:, :, :, 1] & 0xF, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], 3)
     top = (qh >> torch.tensor([0, 2, 4, 6]).view(1, 1, 1, 4, 1)) & 3
@@ -211,8 +222,9 @@ def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return s.float()
 
 
-def gguf_linear(x: torch.Tensor, data: torch.Tensor, gguf_type: int,
-                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gguf_linear(
+    x: torch.Tensor, data: torch.Tensor, gguf_type: int, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``mtp.linear(x, data, bias, gguf_type=gguf_type)`` bit for bit: x [..., K] fp32|bf16,
     data [N, row_bytes] uint8 (a GGUF block type). x is quantized row by row
     (``quantize_rows_q8``); per output element, blocks of 32 in order, lanes l = 0..7:
@@ -221,18 +233,19 @@ def gguf_linear(x: torch.Tensor, data: torch.Tensor, gguf_type: int,
     accm stays 0, so an overflowing dx * sum(xq) cannot turn a finite or infinite sum into NaN);
     ``y = sum8(acc) + accm (+ bias)`` in fp32, then x's dtype."""
     from .gguf import BLOCK_TYPES
+
     offset = BLOCK_TYPES[gguf_type][0] in ("Q4_1", "Q4_K")
-    q, d, m, mul = gguf_blocks(data, gguf_type)                   # [N, nb, 32], [N, nb], ...
+    q, d, m, mul = gguf_blocks(data, gguf_type)  # [N, nb, 32], [N, nb], ...
     K, N, nb = x.shape[-1], data.shape[0], q.shape[1]
     if K != nb * 32:
         raise ValueError(f"reference.gguf_linear: x has K = {K}, the weight rows hold {nb * 32} elements")
     x2 = x.reshape(-1, K)
     xq, dx = quantize_rows_q8(x2)
     xq = xq.to(torch.int64).view(-1, nb, 8, 4)
-    s = dx * xq.sum(dim=(2, 3)).float()                              # [M, nb]
+    s = dx * xq.sum(dim=(2, 3)).float()  # [M, nb]
     lanes = torch.einsum("mblk,nblk->mnbl", xq, q.to(torch.int64).view(N, nb, 8, 4))
     lanes = (lanes * mul.to(torch.int64).repeat_interleave(4, -1)[None]).float()  # [M, N, nb, 8], exact
-    p = d[None] * dx[:, None]                                        # [M, N, nb] fp32
+    p = d[None] * dx[:, None]  # [M, N, nb] fp32
     acc = torch.zeros(x2.shape[0], N, 8)
     accm = torch.zeros(x2.shape[0], N)
     for b in range(nb):
@@ -246,9 +259,16 @@ def gguf_linear(x: torch.Tensor, data: torch.Tensor, gguf_type: int,
     return y.to(x.dtype).reshape(*x.shape[:-1], N)
 
 
-def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
-                   k_local: Optional[torch.Tensor] = None, v_local: Optional[torch.Tensor] = None,
-                   scale: Optional[float] = None, causal: bool = False) -> torch.Tensor:
+def head_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_local: Optional[torch.Tensor] = None,
+    v_local: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    causal: bool = False,
+) -> torch.Tensor:
     """Decode attention of T queries per request over its KV cache (fp64 math, explicit masks).
 
     q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, L, D] (any strides), Hq a multiple of Hkv
@@ -276,7 +296,7 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     B, T, Hq, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     t = torch.arange(T)
     lens = cache_lens.long()[:, None]
     limit = lens - T + t[None, :] + 1 if causal else lens.expand(B, T)  # [B, T]
@@ -292,7 +312,9 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     mask = torch.cat(masks, dim=2)[:, None]  # [B, 1, T, L+S]
     qf = q.permute(0, 2, 1, 3)  # [B, Hq, T, D]
     # The fp32 scores only decide which rows are NaN; the numbers come from fp64 ones.
-    s32 = (qf.float()[:, :, :, None, :] * k.float()[:, :, None, :, :]).sum(-1) * torch.tensor(scale, dtype=torch.float32)
+    s32 = (qf.float()[:, :, :, None, :] * k.float()[:, :, None, :, :]).sum(-1) * torch.tensor(
+        scale, dtype=torch.float32
+    )
     nan_row = ((~torch.isfinite(s32) | ~torch.isfinite(v).all(-1)[:, :, None, :]) & mask).any(-1, keepdim=True)
     scores = (qf.double() @ k.double().transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
     m = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).min)  # no key: finite
@@ -303,8 +325,9 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return out.permute(0, 2, 1, 3).to(q.dtype)
 
 
-def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                 cache_lens: torch.Tensor) -> None:
+def cache_append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache_lens: torch.Tensor
+) -> None:
     """Writes k_new, v_new [B, T, Hkv, D] into the cache views [B, Hkv, L, D] in place, request b's
     at positions cache_lens[b] .. cache_lens[b] + T - 1. Raises (writing nothing) when any
     request would pass the capacity L. cache_lens is not changed: the caller advances it, and
@@ -316,8 +339,8 @@ def cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
         if n < 0 or n + T > L:
             raise ValueError(f"cache_append: request {b} would pass the cache capacity: {n} + {T} > L = {L}")
     for b, n in enumerate(lens):
-        k_cache[b, :, n:n + T] = k_new[b].transpose(0, 1)
-        v_cache[b, :, n:n + T] = v_new[b].transpose(0, 1)
+        k_cache[b, :, n : n + T] = k_new[b].transpose(0, 1)
+        v_cache[b, :, n : n + T] = v_new[b].transpose(0, 1)
 
 
 _MASK64 = (1 << 64) - 1
@@ -345,7 +368,7 @@ def sample_uniform(seed: int, position: int, stream: int) -> float:
 
 
 # exp_fixed's constants (sampling.h): Cody-Waite ln2 split, Taylor terms to r^13.
-_LN2_HI, _LN2_LO, _INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
+_LN2_HI, _LN2_LO, _INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e00
 _EXP_TERMS = 13
 SAMPLE_BLOCK = 256  # kSampleBlock: the fixed summation order's block
 
@@ -418,9 +441,16 @@ def _inverse_cdf(w: torch.Tensor, total: float, u: float) -> int:
     return 0  # unreachable: target < total
 
 
-def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
-                   temperature: torch.Tensor, seeds: torch.Tensor, offsets: Optional[torch.Tensor] = None,
-                   num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    num_drafts: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Lossless chain rejection sampling (Leviathan et al. 2023, Chen et al. 2023).
 
     draft_tokens [B, K] int32|int64; draft_probs [B, K, V] (q: the distributions the drafts
@@ -476,8 +506,14 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
 
 
-def verify_lenient(draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None,
-                   top_k: int = 1, min_ratio: float = 1.0, pad_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_lenient(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    num_drafts: Optional[torch.Tensor] = None,
+    top_k: int = 1,
+    min_ratio: float = 1.0,
+    pad_id: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Lenient greedy verification. NOT lossless: the output drifts from greedy decoding.
 
     Arguments and outputs as ``verify``, plus top_k >= 1 and min_ratio in [0, 1]. Request b
@@ -541,7 +577,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     w = NORM_LANES
     while w > 1:
         w //= 2
-        acc = acc[..., :w] + acc[..., w:2 * w]
+        acc = acc[..., :w] + acc[..., w : 2 * w]
     # Each step one IEEE operation on every device: divide by a tensor (CUDA multiplies by the
     # reciprocal of a host scalar); sqrt in fp64 rounded to fp32 is the correctly rounded fp32
     # sqrt (torch's fp32 sqrt is not correctly rounded on the CPU, nor rsqrt on CUDA).
@@ -550,8 +586,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * inv * weight.float()).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add fused with the norm that follows it: sum = x + residual (in fp32,
     rounded to x's dtype, as torch adds two bf16 tensors), normed = rms_norm(sum, weight, eps).
     residual has x's shape and dtype. Returns (sum, normed)."""
@@ -571,7 +608,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     lo, hi = xf[..., :half], xf[..., half:]
     c, s = cos[:, :, None].float(), sin[:, :, None].float()
-    return torch.cat([lo * c[..., :half] - hi * s[..., :half], hi * c[..., half:] + lo * s[..., half:]], dim=-1).to(x.dtype)
+    return torch.cat([lo * c[..., :half] - hi * s[..., :half], hi * c[..., half:] + lo * s[..., half:]], dim=-1).to(
+        x.dtype
+    )
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -587,11 +626,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 DECODER_PARTS = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj")  # per layer, in `weights`
 
 
-def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
-                   rope_cos: torch.Tensor, rope_sin: torch.Tensor, weights: list[torch.Tensor],
-                   weight_scales: list[torch.Tensor], num_heads: int, eps: float, *, quantize_x: bool = False,
-                   tree_parents: Optional[torch.Tensor] = None, weight_types: Optional[list[int]] = None,
-                   ops=None) -> torch.Tensor:
+def decoder_layers(
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    weights: list[torch.Tensor],
+    weight_scales: list[torch.Tensor],
+    num_heads: int,
+    eps: float,
+    *,
+    quantize_x: bool = False,
+    tree_parents: Optional[torch.Tensor] = None,
+    weight_types: Optional[list[int]] = None,
+    ops=None,
+) -> torch.Tensor:
     """A Llama-family decoder pass over the embeddings x [B, T, H] (fp32|bf16): the composition
     below of the layer ops. weights holds per layer DECODER_PARTS (norms [H] in x's dtype;
     qkv [(Hq + 2 Hkv) D, H] = the q, k, v heads' rows; o_proj [H, Hq D]; gate_up [2I, H] =
@@ -617,23 +668,41 @@ def decoder_layers(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     T = x.shape[1]
     layers = k_cache.shape[0]
     paths = None if tree_parents is None else tree_paths(tree_parents)
-    depth = torch.arange(T, device=x.device).expand(x.shape[0], T) if paths is None else \
-        torch.tensor([[len(p) - 1 for p in row] for row in paths], device=x.device)
+    depth = (
+        torch.arange(T, device=x.device).expand(x.shape[0], T)
+        if paths is None
+        else torch.tensor([[len(p) - 1 for p in row] for row in paths], device=x.device)
+    )
     positions = cache_lens.long()[:, None] + depth
     cos, sin = rope_cos[positions], rope_sin[positions]
     new_lens = cache_lens + T
     h = ops.rms_norm(x, weights[0] if layers else weights[-1], eps)
     for i in range(layers):
+
         def attend(q, k, v):  # append the new keys/values, then attend causally over the cache
             ops.cache_append(k_cache[i], v_cache[i], k, v, cache_lens)
             if paths is None:
                 return ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
             return _tree_attention(ops, q, k_cache[i], v_cache[i], cache_lens, paths)
 
-        scales = weight_scales[4 * i:4 * i + 4] if weight_scales else (None,) * 4
-        types = weight_types[4 * i:4 * i + 4] if weight_types else (-1,) * 4
-        x, h = _layer(ops, x, h, weights[6 * i:6 * i + 6], scales, weights[6 * i + 6], cos, sin, num_heads,
-                      k_cache.shape[2], eps, quantize_x, attend, types)
+        scales = weight_scales[4 * i : 4 * i + 4] if weight_scales else (None,) * 4
+        types = weight_types[4 * i : 4 * i + 4] if weight_types else (-1,) * 4
+        x, h = _layer(
+            ops,
+            x,
+            h,
+            weights[6 * i : 6 * i + 6],
+            scales,
+            weights[6 * i + 6],
+            cos,
+            sin,
+            num_heads,
+            k_cache.shape[2],
+            eps,
+            quantize_x,
+            attend,
+            types,
+        )
     return h
 
 
@@ -655,14 +724,15 @@ def _tree_attention(ops, q, k_cache, v_cache, cache_lens, paths):
         L0 = int(cache_lens[b])
         for t, path in enumerate(rows):
             index = torch.cat([torch.arange(L0), L0 + torch.tensor(path)]).to(q.device)
-            k, v = k_cache[b:b + 1, :, index], v_cache[b:b + 1, :, index]
+            k, v = k_cache[b : b + 1, :, index], v_cache[b : b + 1, :, index]
             lens = torch.tensor([len(index)], device=q.device)
-            out[b:b + 1, t:t + 1] = ops.head_attention(q[b:b + 1, t:t + 1], k, v, lens)
+            out[b : b + 1, t : t + 1] = ops.head_attention(q[b : b + 1, t : t + 1], k, v, lens)
     return out
 
 
-def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, eps, quantize_x, attend,
-           types=(-1,) * 4):
+def _layer(
+    ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, eps, quantize_x, attend, types=(-1,) * 4
+):
     """One decoder layer (weights w = DECODER_PARTS, Q8 scales of its four matrices or Nones)
     on the residual stream x [B, T, H] whose input norm is h: the qkv projection, RoPE of the
     q and k heads, attend(q, k, v) -> [B, T, Hq, D], the output projection and residual add
@@ -676,19 +746,36 @@ def _layer(ops, x, h, w, scales, next_norm, cos, sin, num_heads, num_kv_heads, e
         return ops.linear(a, m, None, s, quantize_x=quantize_x and s is not None)
 
     qkv = project(h, w[1], scales[0], types[0]).view(B, T, Hq + 2 * Hkv, -1)
-    qk = ops.rope(qkv[:, :, :Hq + Hkv], cos, sin)
-    a = attend(qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv:])
+    qk = ops.rope(qkv[:, :, : Hq + Hkv], cos, sin)
+    a = attend(qk[:, :, :Hq], qk[:, :, Hq:], qkv[:, :, Hq + Hkv :])
     x, m = ops.add_rms_norm(x, project(a.reshape(B, T, -1), w[2], scales[1], types[1]), w[3], eps)
     mlp = project(ops.silu_mul(project(m, w[4], scales[2], types[2])), w[5], scales[3], types[3])
     return ops.add_rms_norm(x, mlp, next_norm, eps)
 
 
-def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               cache_lens: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, embedding: torch.Tensor,
-               embedding_scale: Optional[torch.Tensor], weights: list[torch.Tensor], lm_head: torch.Tensor,
-               lm_head_scale: Optional[torch.Tensor], draft_vocab: Optional[torch.Tensor], k: int, num_heads: int,
-               eps: float, *, alternatives: int = 0, embedding_type: int = -1, lm_head_type: int = -1,
-               ops=None) -> torch.Tensor:
+def head_draft(
+    hidden: torch.Tensor,
+    token: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    embedding: torch.Tensor,
+    embedding_scale: Optional[torch.Tensor],
+    weights: list[torch.Tensor],
+    lm_head: torch.Tensor,
+    lm_head_scale: Optional[torch.Tensor],
+    draft_vocab: Optional[torch.Tensor],
+    k: int,
+    num_heads: int,
+    eps: float,
+    *,
+    alternatives: int = 0,
+    embedding_type: int = -1,
+    lm_head_type: int = -1,
+    ops=None,
+) -> torch.Tensor:
     """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
     token, at position cache_lens[b], not yet in the cache) from hidden [B, H] (fp32|bf16,
     the backbone's last hidden state): the composition below of the layer ops.
@@ -714,10 +801,11 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
     ops = ops or _REFERENCE_OPS
     B = hidden.shape[0]
     Hkv = k_cache.shape[1]
-    blocks = [weights[3 + 6 * i:9 + 6 * i] for i in range((len(weights) - 4) // 6)]
+    blocks = [weights[3 + 6 * i : 9 + 6 * i] for i in range((len(weights) - 4) // 6)]
     embed_norm, hidden_norm, proj, out_norm = weights[0], weights[1], weights[2], weights[-1]
-    local = [(k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]), k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]))
-             for _ in blocks]
+    local = [
+        (k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]), k_cache.new_zeros(B, Hkv, k, k_cache.shape[3])) for _ in blocks
+    ]
     drafts = torch.empty(B, k + alternatives, dtype=torch.int64, device=hidden.device)
     h = hidden[:, None]  # [B, 1, H]: one token per request
     rows, scales = lm_head, lm_head_scale
@@ -730,25 +818,35 @@ def head_draft(hidden: torch.Tensor, token: torch.Tensor, k_cache: torch.Tensor,
             e = gguf_dequantize(embedding[token], embedding_type)
         else:
             e = embedding[token] if embedding_scale is None else dequantize_q8(embedding[token], embedding_scale[token])
-        x = ops.linear(torch.cat([ops.rms_norm(e.to(hidden.dtype)[:, None], embed_norm, eps),
-                                  ops.rms_norm(h, hidden_norm, eps)], dim=-1), proj)
+        x = ops.linear(
+            torch.cat(
+                [ops.rms_norm(e.to(hidden.dtype)[:, None], embed_norm, eps), ops.rms_norm(h, hidden_norm, eps)], dim=-1
+            ),
+            proj,
+        )
         a = ops.rms_norm(x, blocks[0][0] if blocks else out_norm, eps)
         for i, w in enumerate(blocks):
+
             def attend(q, k_new, v_new):  # the step's keys/values join the local segment at j
                 local_k, local_v = local[i]
                 local_k[:, :, j], local_v[:, :, j] = k_new[:, 0], v_new[:, 0]
-                return ops.head_attention(q, k_cache, v_cache, cache_lens, local_k[:, :, :j + 1], local_v[:, :, :j + 1])
+                return ops.head_attention(
+                    q, k_cache, v_cache, cache_lens, local_k[:, :, : j + 1], local_v[:, :, : j + 1]
+                )
 
             after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
             x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend)
         h = x
-        logits = (ops.linear(a, rows, None, None, gguf_type=lm_head_type) if lm_head_type >= 0
-                  else ops.linear(a, rows, None, scales))[:, 0]
+        logits = (
+            ops.linear(a, rows, None, None, gguf_type=lm_head_type)
+            if lm_head_type >= 0
+            else ops.linear(a, rows, None, scales)
+        )[:, 0]
         best = logits.argmax(-1)
         token = draft_vocab[best] if draft_vocab is not None else best
         drafts[:, j] = token
         if j == 0 and alternatives:
-            order = argmax_order(logits)[:, 1:alternatives + 1]
+            order = argmax_order(logits)[:, 1 : alternatives + 1]
             drafts[:, k:] = draft_vocab[order] if draft_vocab is not None else order
     return drafts
 
@@ -759,9 +857,17 @@ def argmax_order(logits: torch.Tensor) -> torch.Tensor:
     v = logits.double()
     nan = torch.isnan(v)
     by_value = torch.sort(torch.where(nan, 0.0, v) + 0.0, dim=-1, descending=True, stable=True).indices
-    return torch.gather(by_value, -1, torch.sort(nan.gather(-1, by_value).int(), dim=-1, descending=True,
-                                                  stable=True).indices)
+    return torch.gather(
+        by_value, -1, torch.sort(nan.gather(-1, by_value).int(), dim=-1, descending=True, stable=True).indices
+    )
 
 
-_REFERENCE_OPS = SimpleNamespace(linear=linear, rope=rope, cache_append=cache_append, head_attention=head_attention,
-                                 rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)
+_REFERENCE_OPS = SimpleNamespace(
+    linear=linear,
+    rope=rope,
+    cache_append=cache_append,
+    head_attention=head_attention,
+    rms_norm=rms_norm,
+    add_rms_norm=add_rms_norm,
+    silu_mul=silu_mul,
+)

@@ -13,6 +13,7 @@
    distribution there, from the hidden states already kept). The backbone is never
    updated: its weights are buffers and the features are computed under no_grad.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,10 +37,10 @@ IGNORE = -100
 # ---- 1. distillation, which also gives the features ---------------------------------------
 @dataclasses.dataclass
 class Sequence:
-    tokens: torch.Tensor   # [N] prompt + answer
+    tokens: torch.Tensor  # [N] prompt + answer
     prompt_len: int
-    hidden: torch.Tensor   # [N, H] the backbone's final (normed) hidden states, bf16
-    k: torch.Tensor        # [Hkv, N, D] post-RoPE keys of the head's layer, bf16
+    hidden: torch.Tensor  # [N, H] the backbone's final (normed) hidden states, bf16
+    k: torch.Tensor  # [Hkv, N, D] post-RoPE keys of the head's layer, bf16
     v: torch.Tensor
     # [N] the backbone's argmax after each position (its greedy next token given the
     # sequence so far): the targets at prompt positions, where the next token is the user's.
@@ -47,9 +48,16 @@ class Sequence:
 
 
 @torch.no_grad()
-def distill(backbone: Backbone, prompt_ids: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...],
-            kv_layer: int, batch: int = 16, on_batch: Callable[[dict[int, Sequence]], None] | None = None,
-            log: Callable[[str], None] = print) -> list[Sequence]:
+def distill(
+    backbone: Backbone,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    eos_ids: tuple[int, ...],
+    kv_layer: int,
+    batch: int = 16,
+    on_batch: Callable[[dict[int, Sequence]], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[Sequence]:
     """Our backbone answers every prompt greedily, `batch` prompts of similar length at a
     time, and what it computes on the way is kept: per position its final hidden state, its
     argmax, and the K/V of layer kv_layer. Those are exactly what the head sees and must
@@ -61,7 +69,7 @@ def distill(backbone: Backbone, prompt_ids: list[list[int]], max_new_tokens: int
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     t0 = time.perf_counter()
     for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
+        idx = order[start : start + batch]
         cache = backbone.new_cache(len(idx), max(len(prompt_ids[i]) for i in idx) + max_new_tokens)
         hidden = [[backbone(torch.tensor([prompt_ids[i]]), cache.select(r))[0]] for r, i in enumerate(idx)]
         picks = [[backbone.logits(h[0]).argmax(-1)] for h in hidden]
@@ -74,15 +82,20 @@ def distill(backbone: Backbone, prompt_ids: list[list[int]], max_new_tokens: int
             h = backbone(token[:, None], cache)[:, 0]
             token = backbone.logits(h).argmax(-1)
             for r in live:
-                hidden[r].append(h[r:r + 1])
-                picks[r].append(token[r:r + 1])
+                hidden[r].append(h[r : r + 1])
+                picks[r].append(token[r : r + 1])
             live = [r for r in live if answers[r][-1] not in eos and len(answers[r]) < max_new_tokens]
         new = {}
         for r, i in enumerate(idx):
             n = len(prompt_ids[i]) + len(answers[r])
-            new[i] = Sequence(torch.tensor(prompt_ids[i] + answers[r]), len(prompt_ids[i]),
-                              torch.cat(hidden[r]).bfloat16(), cache.k[layer, r, :, :n].bfloat16().clone(),
-                              cache.v[layer, r, :, :n].bfloat16().clone(), torch.cat(picks[r]))
+            new[i] = Sequence(
+                torch.tensor(prompt_ids[i] + answers[r]),
+                len(prompt_ids[i]),
+                torch.cat(hidden[r]).bfloat16(),
+                cache.k[layer, r, :, :n].bfloat16().clone(),
+                cache.v[layer, r, :, :n].bfloat16().clone(),
+                torch.cat(picks[r]),
+            )
             out[i] = new[i]
         if on_batch:
             on_batch(new)
@@ -97,8 +110,14 @@ def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: in
     hidden = backbone(torch.tensor([tokens]), cache)[0]
     layer = kv_layer % backbone.cfg.num_layers
     n = len(tokens)
-    return Sequence(torch.tensor(tokens), prompt_len, hidden.bfloat16(), cache.k[layer, 0, :, :n].bfloat16(),
-                    cache.v[layer, 0, :, :n].bfloat16(), backbone.logits(hidden).argmax(-1))
+    return Sequence(
+        torch.tensor(tokens),
+        prompt_len,
+        hidden.bfloat16(),
+        cache.k[layer, 0, :, :n].bfloat16(),
+        cache.v[layer, 0, :, :n].bfloat16(),
+        backbone.logits(hidden).argmax(-1),
+    )
 
 
 # ---- 3. the head unrolled over all anchors at once --------------------------------------
@@ -107,8 +126,9 @@ def pad_stack(xs: list[torch.Tensor], dim: int, value=0) -> torch.Tensor:
     return torch.stack([F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]], value=value) for x in xs])
 
 
-def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | None = None,
-                   prompt_limit: int = 0) -> torch.Tensor:
+def answer_anchors(
+    batch: list[Sequence], limit: int = 0, rng: random.Random | None = None, prompt_limit: int = 0
+) -> torch.Tensor:
     """Anchor positions [B, A] (-1 = padding): every p from the last prompt position on
     whose next-but-one token exists (p + 2 < N); at most `limit` of them, drawn at random.
     prompt_limit > 0: also up to that many positions p < prompt_len - 1 inside the prompt
@@ -126,20 +146,26 @@ def answer_anchors(batch: list[Sequence], limit: int = 0, rng: random.Random | N
     return pad_stack(rows, 0, value=-1)
 
 
-def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], anchors: torch.Tensor, steps: int,
-                    vocab_rows: torch.Tensor) -> list[torch.Tensor]:
+def unrolled_logits(
+    head: MTPHead,
+    backbone: Backbone,
+    batch: list[Sequence],
+    anchors: torch.Tensor,
+    steps: int,
+    vocab_rows: torch.Tensor,
+) -> list[torch.Tensor]:
     """Draft logits [B, A, len(vocab_rows)] of every step j < steps at every anchor p
     (the position of the backbone's last hidden state; anchors [B, A]), with the
     sequence's own tokens as the head's inputs (teacher forcing): the computation of
     MTPHead.draft, in fp32 torch ops so that it has gradients."""
     c = head.cfg
-    tokens = pad_stack([s.tokens for s in batch], 0)                   # [B, L]
-    kb = pad_stack([s.k for s in batch], 1).float()                    # [B, Hkv, L, D]
+    tokens = pad_stack([s.tokens for s in batch], 0)  # [B, L]
+    kb = pad_stack([s.k for s in batch], 1).float()  # [B, Hkv, L, D]
     vb = pad_stack([s.v for s in batch], 1).float()
     B, L = tokens.shape
     A = anchors.shape[1]
     p = anchors.clamp(min=0)
-    g, scale = c.num_heads // c.num_kv_heads, c.head_dim ** -0.5
+    g, scale = c.num_heads // c.num_kv_heads, c.head_dim**-0.5
     emb, cos_t, sin_t = backbone.embedding.float(), backbone.rope_cos, backbone.rope_sin
     visible = (torch.arange(L)[None, None] <= p[:, :, None])[:, None, None]  # backbone keys 0..p: [B,1,1,A,L]
     h = pad_stack([s.hidden for s in batch], 0).float().gather(1, p[:, :, None].expand(B, A, c.hidden_size))
@@ -147,22 +173,27 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
     local_v = [[] for _ in head.blocks]
     out = []
     for j in range(steps):
-        nxt = tokens.gather(1, (p + 1 + j).clamp(max=L - 1))      # the input token p+1+j
-        cos, sin = cos_t[p + 1 + j], sin_t[p + 1 + j]              # [B, A, D] at position p+1+j
-        x = torch.cat([rms_norm(emb[nxt], head.embed_norm, c.rms_norm_eps),
-                       rms_norm(h, head.hidden_norm, c.rms_norm_eps)], dim=-1) @ head.proj.T
+        nxt = tokens.gather(1, (p + 1 + j).clamp(max=L - 1))  # the input token p+1+j
+        cos, sin = cos_t[p + 1 + j], sin_t[p + 1 + j]  # [B, A, D] at position p+1+j
+        x = (
+            torch.cat(
+                [rms_norm(emb[nxt], head.embed_norm, c.rms_norm_eps), rms_norm(h, head.hidden_norm, c.rms_norm_eps)],
+                dim=-1,
+            )
+            @ head.proj.T
+        )
         for i, blk in enumerate(head.blocks):
             a = rms_norm(x, blk.attn_norm, c.rms_norm_eps)
             q = rope((a @ blk.q_proj.T).view(B, A, c.num_kv_heads * g, c.head_dim), cos, sin)
             q = q.view(B, A, c.num_kv_heads, g, c.head_dim)
             local_k[i].append(rope((a @ blk.k_proj.T).view(B, A, c.num_kv_heads, c.head_dim), cos, sin))
             local_v[i].append((a @ blk.v_proj.T).view(B, A, c.num_kv_heads, c.head_dim))
-            qh = q.permute(0, 2, 3, 1, 4)                               # [B, Hkv, g, A, D]
-            s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale    # [B, Hkv, g, A, L]
+            qh = q.permute(0, 2, 3, 1, 4)  # [B, Hkv, g, A, D]
+            s_back = (qh @ kb[:, :, None].transpose(-1, -2)) * scale  # [B, Hkv, g, A, L]
             s_back = s_back.masked_fill(~visible, float("-inf"))
             s_loc = torch.stack([(q * lk[:, :, :, None]).sum(-1) for lk in local_k[i]], -1) * scale
             w = torch.softmax(torch.cat([s_back, s_loc.permute(0, 2, 3, 1, 4)], -1), -1)
-            att = w[..., :L] @ vb[:, :, None]                           # [B, Hkv, g, A, D]
+            att = w[..., :L] @ vb[:, :, None]  # [B, Hkv, g, A, D]
             att = att + torch.einsum("bkgas,sbakd->bkgad", w[..., L:], torch.stack(local_v[i]))
             x = x + att.permute(0, 3, 1, 2, 4).reshape(B, A, -1) @ blk.o_proj.T
             m = rms_norm(x, blk.mlp_norm, c.rms_norm_eps)
@@ -172,7 +203,9 @@ def unrolled_logits(head: MTPHead, backbone: Backbone, batch: list[Sequence], an
     return out
 
 
-def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_index: torch.Tensor) -> list[torch.Tensor]:
+def unrolled_targets(
+    batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_index: torch.Tensor
+) -> list[torch.Tensor]:
     """Target [B, A] of step j at anchor p: what greedy decoding gives after the tokens up to
     p+1+j, as an index into the draft vocabulary: in the answer the sequence's own token p+2+j,
     inside the prompt the backbone's argmax at p+1+j (Sequence.greedy); IGNORE for padding
@@ -199,7 +232,9 @@ def unrolled_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, v
 
 
 @torch.no_grad()
-def soft_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_rows: torch.Tensor) -> list[torch.Tensor]:
+def soft_targets(
+    batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab_rows: torch.Tensor
+) -> list[torch.Tensor]:
     """The backbone's own next-token distribution [B, A, len(vocab_rows)] for step j at anchor p,
     restricted to the draft vocabulary: softmax of its logits after position p+1+j (its final
     hidden state there times the LM head's rows), whose argmax is the hard target."""
@@ -213,8 +248,9 @@ def soft_targets(batch: list[Sequence], anchors: torch.Tensor, steps: int, vocab
     return out
 
 
-def draft_loss(logits: list[torch.Tensor], targets: list[torch.Tensor], soft: list[torch.Tensor] | None,
-               soft_weight: float) -> torch.Tensor:
+def draft_loss(
+    logits: list[torch.Tensor], targets: list[torch.Tensor], soft: list[torch.Tensor] | None, soft_weight: float
+) -> torch.Tensor:
     """Mean over draft steps of the cross-entropy against the hard targets, mixed with
     soft_weight of the cross-entropy against the soft ones (at the same anchors: IGNORE
     targets count in neither). A step without any target adds 0 (a mean over nothing
@@ -233,7 +269,9 @@ def draft_loss(logits: list[torch.Tensor], targets: list[torch.Tensor], soft: li
     return total / len(logits)
 
 
-def draft_vocabulary(answers: list[list[int]], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+def draft_vocabulary(
+    answers: list[list[int]], size: int, vocab_size: int, always: tuple[int, ...] = ()
+) -> torch.Tensor:
     """The `size` most frequent answer tokens, most frequent first (so any prefix is the
     best draft vocabulary of that smaller size), plus the `always` ids (EOS)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
@@ -249,9 +287,17 @@ def init_from_backbone(head: MTPHead, backbone: Backbone) -> None:
     the two normed inputs (the next token's embedding plus the hidden state)."""
     layer = head.cfg.kv_layer % backbone.cfg.num_layers
     p = f"model.layers.{layer}."
-    names = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
-             "v_proj": "self_attn.v_proj", "o_proj": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
-             "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj"}
+    names = {
+        "attn_norm": "input_layernorm",
+        "q_proj": "self_attn.q_proj",
+        "k_proj": "self_attn.k_proj",
+        "v_proj": "self_attn.v_proj",
+        "o_proj": "self_attn.o_proj",
+        "mlp_norm": "post_attention_layernorm",
+        "gate_proj": "mlp.gate_proj",
+        "up_proj": "mlp.up_proj",
+        "down_proj": "mlp.down_proj",
+    }
     with torch.no_grad():
         for blk in head.blocks:
             for mine, theirs in names.items():
@@ -262,15 +308,15 @@ def init_from_backbone(head: MTPHead, backbone: Backbone) -> None:
 
 @dataclasses.dataclass
 class TrainConfig:
-    steps: int = 4            # unrolled draft steps per anchor
-    batch: int = 8            # sequences per optimiser step
+    steps: int = 4  # unrolled draft steps per anchor
+    batch: int = 8  # sequences per optimiser step
     lr: float = 1e-3
     weight_decay: float = 0.01
-    anchors: int = 48         # anchors (draft start positions) drawn per sequence and step
-    prompt_anchors: int = 0   # more anchors inside the prompt (greedy targets), per sequence and step
+    anchors: int = 48  # anchors (draft start positions) drawn per sequence and step
+    prompt_anchors: int = 0  # more anchors inside the prompt (greedy targets), per sequence and step
     soft_targets: float = 0.0  # weight of the soft-target loss (the backbone's distribution), 0..1
-    max_steps: int = 1000     # optimiser steps; the schedule depends on steps only (reproducible)
-    minutes: float = 60.0     # safety cap on the wall clock: stops early (logged) when reached
+    max_steps: int = 1000  # optimiser steps; the schedule depends on steps only (reproducible)
+    minutes: float = 60.0  # safety cap on the wall clock: stops early (logged) when reached
     seed: int = 0
 
 
@@ -279,8 +325,14 @@ def learning_rate(tc: TrainConfig, step: int) -> float:
     return tc.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / tc.max_steps)))
 
 
-def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: list[Sequence], tc: TrainConfig,
-               log: Callable[[str], None] = print) -> dict:
+def train_head(
+    head: MTPHead,
+    backbone: Backbone,
+    train: list[Sequence],
+    val: list[Sequence],
+    tc: TrainConfig,
+    log: Callable[[str], None] = print,
+) -> dict:
     """AdamW, warmup then cosine decay over max_steps; returns the validation curve."""
     torch.manual_seed(tc.seed)
     rng = random.Random(tc.seed)
@@ -291,10 +343,11 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
     if not train or not val:
-        raise ValueError(f"training needs at least one training and one validation sequence, got {len(train)} and "
-                         f"{len(val)}")
+        raise ValueError(
+            f"training needs at least one training and one validation sequence, got {len(train)} and {len(val)}"
+        )
     order = sorted(range(len(train)), key=lambda i: len(train[i].tokens))
-    batches = [order[i:i + tc.batch] for i in range(0, len(order), tc.batch)]
+    batches = [order[i : i + tc.batch] for i in range(0, len(order), tc.batch)]
     budget, t0, step, curve = tc.minutes * 60, time.perf_counter(), 0, []
     first_loss = curve_loss = float("nan")
     while True:  # ends: every pass over the (non-empty) batches checks the step and time caps
@@ -304,10 +357,17 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
             if not elapsed < budget or step >= tc.max_steps:
                 if step < tc.max_steps:
                     log(f"train: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
-                curve.append({"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)})
+                curve.append(
+                    {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
+                )
                 log(f"train: done after {step} steps, {elapsed:.0f} s; {curve[-1]}")
-                return {"curve": curve, "steps": step, "first_loss": first_loss, "last_loss": curve_loss,
-                        "seconds": round(elapsed)}
+                return {
+                    "curve": curve,
+                    "steps": step,
+                    "first_loss": first_loss,
+                    "last_loss": curve_loss,
+                    "seconds": round(elapsed),
+                }
             lr = learning_rate(tc, step)
             for grp in opt.param_groups:
                 grp["lr"] = lr
@@ -328,18 +388,27 @@ def train_head(head: MTPHead, backbone: Backbone, train: list[Sequence], val: li
             if step % 25 == 0:
                 log(f"train: step {step}, {elapsed:.0f} s, lr {lr:.2e}, loss {curve_loss:.3f}")
             if step % 200 == 0:
-                curve.append({"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)})
+                curve.append(
+                    {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
+                )
                 log(f"train: validation {curve[-1]}")
 
 
 @torch.no_grad()
-def evaluate(head: MTPHead, backbone: Backbone, val: list[Sequence], steps: int, rows: torch.Tensor,
-             index: torch.Tensor, batch: int = 8) -> dict:
+def evaluate(
+    head: MTPHead,
+    backbone: Backbone,
+    val: list[Sequence],
+    steps: int,
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    batch: int = 8,
+) -> dict:
     """Teacher-forced top-1 accuracy of each draft step, and the expected accepted
     drafts per anchor (the product of step-wise correctness, summed over steps)."""
     correct, total, chain = torch.zeros(steps), 0, 0.0
     for i in range(0, len(val), batch):
-        b = val[i:i + batch]
+        b = val[i : i + batch]
         anchors = answer_anchors(b)
         logits = unrolled_logits(head, backbone, b, anchors, steps, rows)
         targets = unrolled_targets(b, anchors, steps, index)
@@ -351,8 +420,10 @@ def evaluate(head: MTPHead, backbone: Backbone, val: list[Sequence], steps: int,
             run &= ok
             chain += run.sum().item()
         total += valid.sum().item()
-    return {"acc_by_step": [round(x, 4) for x in (correct / max(total, 1)).tolist()],
-            "accepted_per_anchor": round(chain / max(total, 1), 3)}
+    return {
+        "acc_by_step": [round(x, 4) for x in (correct / max(total, 1)).tolist()],
+        "accepted_per_anchor": round(chain / max(total, 1), 3),
+    }
 
 
 def save_json(path: str, obj) -> None:
@@ -372,8 +443,10 @@ def split(rows: list, val_fraction: float = 0.04) -> tuple[list, list]:
 
 def check_kv_layer(kv_layer: int, num_layers: int) -> None:
     if isinstance(kv_layer, bool) or not isinstance(kv_layer, int) or not -num_layers <= kv_layer < num_layers:
-        raise ValueError(f"--kv-layer {kv_layer} is out of range: the backbone has {num_layers} layers (0 to "
-                         f"{num_layers - 1}, or -{num_layers} to -1 from the end)")
+        raise ValueError(
+            f"--kv-layer {kv_layer} is out of range: the backbone has {num_layers} layers (0 to "
+            f"{num_layers - 1}, or -{num_layers} to -1 from the end)"
+        )
 
 
 def check_draft_vocab(size: int, vocab_size: int) -> int:
@@ -387,9 +460,17 @@ def check_draft_vocab(size: int, vocab_size: int) -> int:
 DISTILLED_BY = "bfloat16"  # cached answers of our bf16 backbone (older caches held transformers' fp32 ones)
 
 
-def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_prompts: int, cfg, weights, tok,
-                   log: Callable[[str], None] = print,
-                   kv_layer: int | None = None) -> tuple[list[dict], list[Sequence] | None]:
+def distilled_rows(
+    prompts_path: str,
+    work_dir: str,
+    max_new_tokens: int,
+    num_prompts: int,
+    cfg,
+    weights,
+    tok,
+    log: Callable[[str], None] = print,
+    kv_layer: int | None = None,
+) -> tuple[list[dict], list[Sequence] | None]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all), in
     the prompts' order: the bf16 backbone's greedy answers (cfg, weights, tok: the model as
     checkpoint.load gives it, loaded once by the caller), cached in work_dir/distilled.jsonl
@@ -400,7 +481,7 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
     from .models.llama import DTYPES
 
     try:
-        prompts = data.read_jsonl(prompts_path)[:num_prompts or None]
+        prompts = data.read_jsonl(prompts_path)[: num_prompts or None]
     except OSError as e:
         raise ValueError(f"cannot read the prompts {prompts_path}: {e.strerror or e}") from None
     except ValueError as e:  # read_jsonl's: names path:line
@@ -413,8 +494,10 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         except UnicodeEncodeError:
             raise ValueError(f"{prompts_path}: prompt {n + 1}: an unpaired surrogate is not text") from None
     if len(prompts) < 2:  # before any distilling: split() holds one out for validation
-        raise ValueError(f"{prompts_path}: training needs at least 2 prompts (one is held out for validation), got "
-                         f"{len(prompts)}" + (" (--num-prompts)" if num_prompts else ""))
+        raise ValueError(
+            f"{prompts_path}: training needs at least 2 prompts (one is held out for validation), got "
+            f"{len(prompts)}" + (" (--num-prompts)" if num_prompts else "")
+        )
     if max_new_tokens < 1 or max_new_tokens + 2 > cfg.max_position:
         raise ValueError(f"--max-new-tokens {max_new_tokens}: the model's context is {cfg.max_position} tokens")
     ids = []
@@ -425,52 +508,92 @@ def distilled_rows(prompts_path: str, work_dir: str, max_new_tokens: int, num_pr
         nbytes = len(text.encode("utf-8"))
         bound = tok.max_token_bytes if nbytes > 1 << 18 else None  # below, tokenizing is cheaper than the bound
         if bound and nbytes > room * bound or len(i := tok.encode(text)) > room or not i:
-            raise ValueError(f"{prompts_path}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not fit the "
-                             f"model's context of {cfg.max_position} tokens (or it is empty)")
+            raise ValueError(
+                f"{prompts_path}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not fit the "
+                f"model's context of {cfg.max_position} tokens (or it is empty)"
+            )
         ids.append(i)
     os.makedirs(work_dir, exist_ok=True)
     cached = os.path.join(work_dir, "distilled.jsonl")
     position = {tuple(i): n for n, i in enumerate(ids)}
-    done = {position[tuple(r["prompt_ids"])]: r["answer_ids"]
-            for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
-            if _cached_row_ok(r, cfg.vocab_size) and tuple(r["prompt_ids"]) in position
-            and r.get("max_new_tokens") == max_new_tokens and r.get("distilled_by") == DISTILLED_BY}
+    done = {
+        position[tuple(r["prompt_ids"])]: r["answer_ids"]
+        for r in (data.read_jsonl(cached) if os.path.isfile(cached) else [])
+        if _cached_row_ok(r, cfg.vocab_size)
+        and tuple(r["prompt_ids"]) in position
+        and r.get("max_new_tokens") == max_new_tokens
+        and r.get("distilled_by") == DISTILLED_BY
+    }
     log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
     backbone = Backbone(cfg, weights, DTYPES[DISTILLED_BY])
     seqs: list[Sequence | None] = [None] * len(ids)
     todo = [i for i in range(len(ids)) if i not in done]
     if todo:
+
         def append(new: dict[int, Sequence]) -> None:
             with open(cached, "a", encoding="utf-8") as f:
                 for n, s in new.items():
                     i = todo[n]
-                    done[i] = s.tokens[s.prompt_len:].tolist()
-                    f.write(json.dumps({"task": prompts[i].get("task", ""), "prompt_ids": ids[i], "answer_ids": done[i],
-                                        "max_new_tokens": max_new_tokens, "distilled_by": DISTILLED_BY}) + "\n")
+                    done[i] = s.tokens[s.prompt_len :].tolist()
+                    f.write(
+                        json.dumps(
+                            {
+                                "task": prompts[i].get("task", ""),
+                                "prompt_ids": ids[i],
+                                "answer_ids": done[i],
+                                "max_new_tokens": max_new_tokens,
+                                "distilled_by": DISTILLED_BY,
+                            }
+                        )
+                        + "\n"
+                    )
                     seqs[i] = s if kv_layer is not None else None
 
-        distill(backbone, [ids[i] for i in todo], max_new_tokens, tuple(cfg.eos_token_ids),
-                cfg.num_layers - 1 if kv_layer is None else kv_layer, on_batch=append, log=log)
-    rows = [{"task": p.get("task", ""), "prompt_ids": i, "answer_ids": done[n]} for n, (p, i) in enumerate(zip(prompts, ids))]
+        distill(
+            backbone,
+            [ids[i] for i in todo],
+            max_new_tokens,
+            tuple(cfg.eos_token_ids),
+            cfg.num_layers - 1 if kv_layer is None else kv_layer,
+            on_batch=append,
+            log=log,
+        )
+    rows = [
+        {"task": p.get("task", ""), "prompt_ids": i, "answer_ids": done[n]}
+        for n, (p, i) in enumerate(zip(prompts, ids))
+    ]
     if kv_layer is None:
         return rows, None
     for n, r in enumerate(rows):
         if seqs[n] is None:
-            seqs[n] = sequence_from_backbone(backbone, r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"]), kv_layer)
+            seqs[n] = sequence_from_backbone(
+                backbone, r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"]), kv_layer
+            )
     return rows, seqs  # type: ignore[return-value]
 
 
 def _cached_row_ok(r, vocab_size: int) -> bool:
     """A cached row is reused only when it is well formed (a damaged cache line is distilled again)."""
+
     def ids(x):
-        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
-                                           for t in x)
+        return isinstance(x, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in x
+        )
+
     return isinstance(r, dict) and ids(r.get("prompt_ids")) and ids(r.get("answer_ids"))
 
 
-def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_vocab_size: int = 8192,
-        kv_layer: int = -1, max_new_tokens: int = 96, num_prompts: int = 0,
-        log: Callable[[str], None] = print) -> dict:
+def run(
+    prompts_path: str,
+    out_dir: str,
+    work_dir: str,
+    tc: TrainConfig,
+    draft_vocab_size: int = 8192,
+    kv_layer: int = -1,
+    max_new_tokens: int = 96,
+    num_prompts: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict:
     """distill with features (answers cached in work_dir) -> train -> save the head to out_dir."""
     from .models import checkpoint
 
@@ -479,21 +602,31 @@ def run(prompts_path: str, out_dir: str, work_dir: str, tc: TrainConfig, draft_v
     cfg, weights, tok = checkpoint.load(None)
     check_kv_layer(kv_layer, cfg.num_layers)  # before any work: the head must read a layer that exists
     draft_vocab_size = check_draft_vocab(draft_vocab_size, cfg.vocab_size)
-    rows, seqs = distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log,
-                                kv_layer=kv_layer)
+    rows, seqs = distilled_rows(
+        prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log, kv_layer=kv_layer
+    )
     t_distill = time.perf_counter() - t0
     split(rows)  # at least 2 rows, else a clear error here
     backbone = Backbone(cfg, weights, torch.float32)  # the embedding and LM head rows of the training graph
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
-    head.set_draft_vocab(draft_vocabulary([r["answer_ids"] for r in train_rows], draft_vocab_size, cfg.vocab_size,
-                                          always=tuple(cfg.eos_token_ids)))
+    head.set_draft_vocab(
+        draft_vocabulary(
+            [r["answer_ids"] for r in train_rows], draft_vocab_size, cfg.vocab_size, always=tuple(cfg.eos_token_ids)
+        )
+    )
     init_from_backbone(head, backbone)
     result = train_head(head, backbone, train_seqs, val_seqs, tc, log=log)
     head.save(out_dir, dtype=torch.bfloat16)  # ships in the package: half the bytes
-    result.update(distill_seconds=round(t_distill), train_config=dataclasses.asdict(tc),
-                  sequences=len(train_seqs), val_sequences=len(val_seqs), draft_vocab_size=draft_vocab_size,
-                  kv_layer=kv_layer, head_parameters=sum(p.numel() for p in head.parameters()))
+    result.update(
+        distill_seconds=round(t_distill),
+        train_config=dataclasses.asdict(tc),
+        sequences=len(train_seqs),
+        val_sequences=len(val_seqs),
+        draft_vocab_size=draft_vocab_size,
+        kv_layer=kv_layer,
+        head_parameters=sum(p.numel() for p in head.parameters()),
+    )
     save_json(os.path.join(out_dir, "training.json"), result)
     log(f"train: head saved to {out_dir} ({result['head_parameters']} parameters)")
     return result

@@ -5,6 +5,7 @@ by `mtp train`), targets mapped into the drafter's vocabulary (UNK for the other
 differentiable fp32 forward of the drafter's architecture (what `Backbone` runs through the
 mtp ops) and train.train_head's schedule and budget.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,12 +39,16 @@ def forward_hidden(cfg: LlamaConfig, w: dict[str, torch.Tensor], tokens: torch.T
         q = rope(q.view(B, L, cfg.num_heads, cfg.head_dim), cos[None], sin[None])
         k = rope(k.view(B, L, cfg.num_kv_heads, cfg.head_dim), cos[None], sin[None])
         v = v.view(B, L, cfg.num_kv_heads, cfg.head_dim)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           enable_gqa=True)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )
         x = x + a.transpose(1, 2).reshape(B, L, -1) @ w[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + (F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) \
+        x = (
+            x
+            + (F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T))
             @ w[p + "mlp.down_proj.weight"].T
+        )
     return rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
 
 
@@ -51,41 +56,48 @@ def batch_loss(drafter: StandaloneDrafter, batch: list) -> tuple[torch.Tensor, t
     """Cross-entropy over the answer tokens of `batch` (anything with .tokens [N] of backbone
     ids and .prompt_len, e.g. train.Sequence), and the number of those tokens predicted
     right (greedy over the vocabulary without UNK, as drafting picks)."""
-    ids = train.pad_stack([drafter.to_draft(s.tokens) for s in batch], 0)               # [B, L]
+    ids = train.pad_stack([drafter.to_draft(s.tokens) for s in batch], 0)  # [B, L]
     tgt = train.pad_stack([drafter.to_draft(s.tokens[1:]) for s in batch], 0, value=IGNORE)
-    first = torch.tensor([s.prompt_len - 1 for s in batch])[:, None]               # predicts the first answer token
+    first = torch.tensor([s.prompt_len - 1 for s in batch])[:, None]  # predicts the first answer token
     tgt = torch.where(torch.arange(tgt.shape[1])[None] >= first, tgt, IGNORE)
     keep = tgt != IGNORE
-    hidden = forward_hidden(drafter.cfg, drafter.weights, ids[:, :tgt.shape[1]])[keep]
-    logits = hidden @ drafter.weights["model.embed_tokens.weight"].T               # tied LM head
+    hidden = forward_hidden(drafter.cfg, drafter.weights, ids[:, : tgt.shape[1]])[keep]
+    logits = hidden @ drafter.weights["model.embed_tokens.weight"].T  # tied LM head
     loss = F.cross_entropy(logits, tgt[keep])
-    return loss, (logits[:, :drafter.unk].argmax(-1) == tgt[keep]).sum()
+    return loss, (logits[:, : drafter.unk].argmax(-1) == tgt[keep]).sum()
 
 
 @torch.no_grad()
 def evaluate(drafter: StandaloneDrafter, val: list, batch: int = 8) -> dict:
     loss, correct, total = 0.0, 0, 0
     for i in range(0, len(val), batch):
-        b = val[i:i + batch]
+        b = val[i : i + batch]
         n = sum(len(s.tokens) - s.prompt_len for s in b)
         lo, ok = batch_loss(drafter, b)
         loss, correct, total = loss + lo.item() * n, correct + int(ok), total + n
     return {"val_loss": round(loss / max(total, 1), 4), "val_acc": round(correct / max(total, 1), 4)}
 
 
-def train_drafter(drafter: StandaloneDrafter, train_seqs: list, val_seqs: list, tc: train.TrainConfig,
-                  log: Callable[[str], None] = print) -> dict:
+def train_drafter(
+    drafter: StandaloneDrafter,
+    train_seqs: list,
+    val_seqs: list,
+    tc: train.TrainConfig,
+    log: Callable[[str], None] = print,
+) -> dict:
     """AdamW (betas 0.9, 0.95), 50 warmup steps then cosine to 10% over max_steps, grad
     clip 1.0, wall-clock cap: train.train_head's schedule. Trains drafter.weights in place."""
     if not train_seqs or not val_seqs:  # else the loop below would spin over zero batches until the time cap
-        raise ValueError(f"training needs at least one training and one validation sequence, got {len(train_seqs)} "
-                         f"and {len(val_seqs)}")
+        raise ValueError(
+            f"training needs at least one training and one validation sequence, got {len(train_seqs)} "
+            f"and {len(val_seqs)}"
+        )
     torch.manual_seed(tc.seed)
     rng = random.Random(tc.seed)
     params = [w.requires_grad_() for w in drafter.weights.values()]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
     order = sorted(range(len(train_seqs)), key=lambda i: len(train_seqs[i].tokens))
-    batches = [order[i:i + tc.batch] for i in range(0, len(order), tc.batch)]
+    batches = [order[i : i + tc.batch] for i in range(0, len(order), tc.batch)]
     t0, step, losses = time.perf_counter(), 0, []
     # Early stopping: it overfits the distilled answers within a few epochs (3.7M parameters
     # with their own embedding), so the weights of the best validation loss are kept.
@@ -124,15 +136,29 @@ def train_drafter(drafter: StandaloneDrafter, train_seqs: list, val_seqs: list, 
         log(f"train drafter: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
     drafter.trained = True
     drafter.to(drafter.model.dtype if drafter.model is not None else torch.float32)
-    result = {"steps": step, "seconds": elapsed, "kept_step": best[2], "first_loss": losses[0] if losses else float("nan"),
-              "last_loss": losses[-1] if losses else float("nan"), **evaluate(drafter, val_seqs)}
+    result = {
+        "steps": step,
+        "seconds": elapsed,
+        "kept_step": best[2],
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": losses[-1] if losses else float("nan"),
+        **evaluate(drafter, val_seqs),
+    }
     log(f"train drafter: done after {step} steps, {elapsed} s; {result}")
     return result
 
 
-def run_drafter(prompts_path: str, out_dir: str, work_dir: str, tc: train.TrainConfig, vocab_size: int = 8192,
-                max_new_tokens: int = 96, num_prompts: int = 0, log: Callable[[str], None] = print,
-                model: str | None = None) -> dict:
+def run_drafter(
+    prompts_path: str,
+    out_dir: str,
+    work_dir: str,
+    tc: train.TrainConfig,
+    vocab_size: int = 8192,
+    max_new_tokens: int = 96,
+    num_prompts: int = 0,
+    log: Callable[[str], None] = print,
+    model: str | None = None,
+) -> dict:
     """The head's distilled data and validation split (train.distilled_rows, train.split)
     -> a default-size drafter over the most frequent answer tokens -> out_dir."""
     from .models import checkpoint
@@ -140,16 +166,24 @@ def run_drafter(prompts_path: str, out_dir: str, work_dir: str, tc: train.TrainC
     cfg, weights, tok = checkpoint.load(model)
     vocab_size = train.check_draft_vocab(vocab_size, cfg.vocab_size)
     rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log)[0]
-    seqs = [train.Sequence(torch.tensor(r["prompt_ids"] + r["answer_ids"]), len(r["prompt_ids"]),
-                           *[torch.empty(0)] * 3) for r in rows]
+    seqs = [
+        train.Sequence(torch.tensor(r["prompt_ids"] + r["answer_ids"]), len(r["prompt_ids"]), *[torch.empty(0)] * 3)
+        for r in rows
+    ]
     (train_rows, _), (train_seqs, val_seqs) = train.split(rows), train.split(seqs)
-    vocab = train.draft_vocabulary([r["answer_ids"] for r in train_rows], vocab_size, cfg.vocab_size,
-                                   always=tuple(cfg.eos_token_ids))
+    vocab = train.draft_vocabulary(
+        [r["answer_ids"] for r in train_rows], vocab_size, cfg.vocab_size, always=tuple(cfg.eos_token_ids)
+    )
     drafter = StandaloneDrafter(default_config(len(vocab), cfg.max_position), vocab, seed=tc.seed)
     result = train_drafter(drafter, train_seqs, val_seqs, tc, log=log)
     drafter.save(out_dir)
-    result.update(train_config=dataclasses.asdict(tc), sequences=len(train_seqs), val_sequences=len(val_seqs),
-                  vocab_size=len(vocab), drafter_parameters=drafter.num_parameters())
+    result.update(
+        train_config=dataclasses.asdict(tc),
+        sequences=len(train_seqs),
+        val_sequences=len(val_seqs),
+        vocab_size=len(vocab),
+        drafter_parameters=drafter.num_parameters(),
+    )
     train.save_json(os.path.join(out_dir, "training.json"), result)
     log(f"train drafter: saved to {out_dir} ({result['drafter_parameters']} parameters)")
     return result

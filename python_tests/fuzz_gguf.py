@@ -8,6 +8,7 @@ coverage feedback from the parser and the validation in mtp_kernels/models/check
 
 CI runs the seeded byte flips of test_hostile_loaders.py instead (no atheris there).
 """
+
 import inspect
 import os
 import pathlib
@@ -56,6 +57,7 @@ TARGET = os.path.join(WORK, "f.gguf")
 def seed_corpus(corpus: str) -> None:
     """The tiny GGUF of the loader tests, as the corpus's first entry."""
     from test_hostile_loaders import tiny_gguf
+
     os.makedirs(corpus, exist_ok=True)
     if not os.listdir(corpus):
         tiny_gguf(os.path.join(corpus, "tiny.gguf"))

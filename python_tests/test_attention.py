@@ -3,7 +3,6 @@
 Exactness claims (shape, batch, stride and thread invariance) are checked with torch.equal;
 agreement with the fp64 reference within a tolerance per dtype (TOL).
 """
-import math
 
 import pytest
 import torch
@@ -20,8 +19,10 @@ TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 def make_cache(B, Hkv, L, D, dtype, layout, gen, device="cpu"):
     """[B, Hkv, L, D] views in the layouts a caller hands over, filled with N(0, 1). The buffer
     is moved to `device` before the view is taken (.to() of a view would make it contiguous)."""
+
     def buffer(*shape):
         return torch.randn(*shape, generator=gen).to(device)
+
     if layout == "contiguous":
         view = buffer(B, Hkv, L, D)
     elif layout == "layer":  # layer 1 of a [layers, B, Hkv, Lmax, D] buffer, Lmax > L
@@ -35,8 +36,20 @@ def make_cache(B, Hkv, L, D, dtype, layout, gen, device="cpu"):
     return view.to(dtype) if dtype != torch.float32 else view
 
 
-def inputs(B=2, T=3, Hq=6, Hkv=2, L=300, D=64, dtype=torch.float32, layout="contiguous", S=0, seed=0,
-           lens=None, cache_device="cpu"):
+def inputs(
+    B=2,
+    T=3,
+    Hq=6,
+    Hkv=2,
+    L=300,
+    D=64,
+    dtype=torch.float32,
+    layout="contiguous",
+    S=0,
+    seed=0,
+    lens=None,
+    cache_device="cpu",
+):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
     k = make_cache(B, Hkv, L, D, dtype, layout, gen, cache_device)
@@ -68,8 +81,11 @@ def close(out, ref, dtype):
 def test_matches_reference(isa, dtype, D, causal, S):
     # L = 600: three chunks of 256 keys, the last one partial; lengths ragged.
     q, k, v, lens, kl, vl = inputs(B=3, T=4, Hq=6, Hkv=2, L=600, D=D, dtype=dtype, S=S, lens=[600, 4, 257])
-    close(attn(q, k, v, lens, kl, vl, causal=causal), reference.head_attention(q, k, v, lens, kl, vl, causal=causal),
-          dtype)
+    close(
+        attn(q, k, v, lens, kl, vl, causal=causal),
+        reference.head_attention(q, k, v, lens, kl, vl, causal=causal),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("layout", ["layer", "permuted", "d_strided"])
@@ -95,7 +111,7 @@ def test_large_magnitudes(isa):
     # fp32 scores of size ~|s| carry ~|s| * 2^-24 of error into the exponent: relative
     # weight error ~1e-3 at |s| ~ 1e4 (the reference computes them in fp64).
     s_max = torch.einsum("bthd,bhld->bthl", q.double(), k.double().repeat_interleave(3, dim=1)).abs().max() / 8
-    assert ((out - ref).abs() / 1e4).max().item() <= 4 * s_max * 2.0 ** -24
+    assert ((out - ref).abs() / 1e4).max().item() <= 4 * s_max * 2.0**-24
 
 
 def test_single_key_and_rounding_exact(isa):
@@ -152,10 +168,14 @@ def extreme_base(D, S=0):
     B, T, Hq, Hkv, L = 2, 2, 4, 2, 600  # 600: three chunks of 256 keys (merged partials)
     gen = torch.Generator().manual_seed(7)
     col = ((torch.arange(B)[:, None, None] * 7 + torch.arange(Hkv)[:, None] * 3 + torch.arange(D)) % 9 - 4).float()
-    return dict(q=torch.zeros(B, T, Hq, D), k=torch.randn(B, Hkv, L, D, generator=gen),
-                v=col[:, :, None].expand(B, Hkv, L, D).clone(), lens=torch.tensor([600, 300]),
-                kl=torch.randn(B, Hkv, S, D, generator=gen) if S else None,
-                vl=col[:, :, None].expand(B, Hkv, S, D).clone() if S else None)
+    return dict(
+        q=torch.zeros(B, T, Hq, D),
+        k=torch.randn(B, Hkv, L, D, generator=gen),
+        v=col[:, :, None].expand(B, Hkv, L, D).clone(),
+        lens=torch.tensor([600, 300]),
+        kl=torch.randn(B, Hkv, S, D, generator=gen) if S else None,
+        vl=col[:, :, None].expand(B, Hkv, S, D).clone() if S else None,
+    )
 
 
 def _rows(b, hk, T=2, G=2):  # every row (b, t, h) of kv head hk
@@ -172,35 +192,63 @@ EXTREME = {
     "q_inf": (0, False, lambda a: (_set(a["q"], (0, 1, 2, 5), INF), {(0, 1, 2)})[1]),
     "q_nan": (0, False, lambda a: (_set(a["q"], (1, 0, 0, 3), NAN), {(1, 0, 0)})[1]),
     # every score of row (0, 0, 1) is -inf (q_0 = -inf, k_0 = 1): NaN, not zeros
-    "every_score_neg_inf": (0, False, lambda a: (_set(a["q"], (0, 0, 1, 0), -INF), _set(a["k"], (0, 0, Ellipsis, 0), 1.0),
-                                                 {(0, 0, 1)})[2]),
+    "every_score_neg_inf": (
+        0,
+        False,
+        lambda a: (_set(a["q"], (0, 0, 1, 0), -INF), _set(a["k"], (0, 0, Ellipsis, 0), 1.0), {(0, 0, 1)})[2],
+    ),
     # the same through fp32 overflow of the products (1e30 * -1e30); the q = 0 rows get 0
-    "every_score_overflows_neg": (0, True, lambda a: (_set(a["q"], (0, 0, 1, 0), 1e30),
-                                                      _set(a["k"], (0, 0, Ellipsis, 0), -1e30), {(0, 0, 1)})[2]),
-    "one_score_overflows_neg": (0, True, lambda a: (_set(a["q"], (1, 1, 3, 0), 1e30), _set(a["k"], (1, 1, 17, 0), -1e30),
-                                                    {(1, 1, 3)})[2]),
-    "dot_overflows_pos": (0, True, lambda a: (_set(a["q"], (0, 1, 0), 1e20), _set(a["k"], (0, 0, 5), 1e20),
-                                              {(0, 1, 0)})[2]),
+    "every_score_overflows_neg": (
+        0,
+        True,
+        lambda a: (_set(a["q"], (0, 0, 1, 0), 1e30), _set(a["k"], (0, 0, Ellipsis, 0), -1e30), {(0, 0, 1)})[2],
+    ),
+    "one_score_overflows_neg": (
+        0,
+        True,
+        lambda a: (_set(a["q"], (1, 1, 3, 0), 1e30), _set(a["k"], (1, 1, 17, 0), -1e30), {(1, 1, 3)})[2],
+    ),
+    "dot_overflows_pos": (
+        0,
+        True,
+        lambda a: (_set(a["q"], (0, 1, 0), 1e20), _set(a["k"], (0, 0, 5), 1e20), {(0, 1, 0)})[2],
+    ),
     # +1e40 and -1e40 in one dot: NaN on one path, -inf on another (lanes, fma): NaN everywhere
-    "dot_overflows_mixed_signs": (0, True, lambda a: (_set(a["q"], (1, 0, 2, [0, 16]), 1e20),
-                                                      _set(a["k"], (1, 1, 3, [0, 16]), torch.tensor([-1e20, 1e20])),
-                                                      {(1, 0, 2)})[2]),
+    "dot_overflows_mixed_signs": (
+        0,
+        True,
+        lambda a: (
+            _set(a["q"], (1, 0, 2, [0, 16]), 1e20),
+            _set(a["k"], (1, 1, 3, [0, 16]), torch.tensor([-1e20, 1e20])),
+            {(1, 0, 2)},
+        )[2],
+    ),
     # a non-finite key reaches every row that sees it (0 * -inf = NaN for the q = 0 rows)
-    "k_neg_inf": (0, False, lambda a: (_set(a["q"], (1, 1, 3, 0), 1.0), _set(a["k"], (1, 1, 17, 0), -INF),
-                                       _rows(1, 1))[2]),
+    "k_neg_inf": (
+        0,
+        False,
+        lambda a: (_set(a["q"], (1, 1, 3, 0), 1.0), _set(a["k"], (1, 1, 17, 0), -INF), _rows(1, 1))[2],
+    ),
     "k_nan": (0, False, lambda a: (_set(a["k"], (1, 0, 100, 7), NAN), _rows(1, 0))[1]),
     "v_inf": (0, False, lambda a: (_set(a["v"], (0, 1, 599, 3), INF), _rows(0, 1))[1]),
     "v_nan": (0, False, lambda a: (_set(a["v"], (1, 0, 0, 0), NAN), _rows(1, 0))[1]),
     # past cache_lens[1] = 300: never read
-    "unseen_poison": (0, False, lambda a: (_set(a["k"], (1, Ellipsis, slice(300, None), slice(None)), NAN),
-                                           _set(a["v"], (1, Ellipsis, slice(300, None), slice(None)), INF), set())[2]),
+    "unseen_poison": (
+        0,
+        False,
+        lambda a: (
+            _set(a["k"], (1, Ellipsis, slice(300, None), slice(None)), NAN),
+            _set(a["v"], (1, Ellipsis, slice(300, None), slice(None)), INF),
+            set(),
+        )[2],
+    ),
     # no visible key: zeros, whatever q holds
     "no_key": (0, False, lambda a: (_set(a["lens"], 1, 0), _set(a["q"], 1, INF), set())[2]),
     # query t sees local entries s <= t (S = T = 2): only t = 1 sees entry 1
     "local_v_nan": (2, False, lambda a: (_set(a["vl"], (0, 0, 1, 4), NAN), {(0, 1, 0), (0, 1, 1)})[1]),
     # products up to 1e36, summed over D <= 128: finite scores in any order, one key dominates
     "huge_finite_scores": (0, True, lambda a: (_set(a["q"], (0, 0, 2), 1e18), _set(a["k"], (0, 1, 9), 1e18), set())[2]),
-    "huge_finite_values": (0, True, lambda a: (_set(a["v"], (0, 0), 2.0 ** 100), set())[1]),
+    "huge_finite_values": (0, True, lambda a: (_set(a["v"], (0, 0), 2.0**100), set())[1]),
 }
 
 
@@ -215,8 +263,11 @@ def extreme_case(name, D, dtype):
     want[a["lens"] == 0] = 0  # (S = 0 there)
     for b, t, h in nan_rows:
         want[b, t, h] = NAN
-    args = [None if x is None else x.to(dtype) for x in (a["q"], a["k"], a["v"])] + [a["lens"]] + \
-        [None if x is None else x.to(dtype) for x in (a["kl"], a["vl"])]
+    args = (
+        [None if x is None else x.to(dtype) for x in (a["q"], a["k"], a["v"])]
+        + [a["lens"]]
+        + [None if x is None else x.to(dtype) for x in (a["kl"], a["vl"])]
+    )
     return args, want.to(dtype)
 
 
@@ -245,11 +296,11 @@ def test_extreme_values(isa, threads, name):
             # rows alone: one request, one query
             for b in range(2):
                 for t in range(2):
-                    one = [x if x is None else x[b:b + 1] for x in args]
-                    one[0] = one[0][:, t:t + 1]
+                    one = [x if x is None else x[b : b + 1] for x in args]
+                    one[0] = one[0][:, t : t + 1]
                     if one[4] is not None:  # query t of 2 sees local entries 0..t
-                        one[4], one[5] = one[4][:, :, :t + 1], one[5][:, :, :t + 1]
-                    assert_equal_nan(attn(*one), want[b:b + 1, t:t + 1])
+                        one[4], one[5] = one[4][:, :, : t + 1], one[5][:, :, : t + 1]
+                    assert_equal_nan(attn(*one), want[b : b + 1, t : t + 1])
 
 
 def test_extreme_values_causal(isa):
@@ -272,7 +323,7 @@ def test_rows_equal_single_query_calls(isa, dtype, D):
     q, k, v, lens, _, _ = inputs(B=3, T=5, L=700, D=D, dtype=dtype, lens=[700, 0, 290])
     full = attn(q, k, v, lens)
     for t in range(q.shape[1]):
-        assert torch.equal(attn(q[:, t:t + 1], k, v, lens)[:, 0], full[:, t])
+        assert torch.equal(attn(q[:, t : t + 1], k, v, lens)[:, 0], full[:, t])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -284,9 +335,9 @@ def test_causal_rows_equal_decode_steps(isa, dtype, D):
     q, k, v, lens, _, _ = inputs(B=3, T=T, L=700, D=D, dtype=dtype, lens=[700, 5, 260])
     full = attn(q, k, v, lens, causal=True)
     for t in range(T):
-        step = attn(q[:, t:t + 1], k, v, lens - T + t + 1, causal=True)
+        step = attn(q[:, t : t + 1], k, v, lens - T + t + 1, causal=True)
         assert torch.equal(step[:, 0], full[:, t])
-        assert torch.equal(attn(q[:, t:t + 1], k, v, lens - T + t + 1)[:, 0], full[:, t])
+        assert torch.equal(attn(q[:, t : t + 1], k, v, lens - T + t + 1)[:, 0], full[:, t])
 
 
 def test_local_rows_equal_prefix_calls(isa):
@@ -296,9 +347,9 @@ def test_local_rows_equal_prefix_calls(isa):
     q, k, v, lens, kl, vl = inputs(T=T, L=520, S=T, lens=[520, 30])
     full = attn(q, k, v, lens, kl, vl)
     for t in range(T):
-        part = attn(q[:, :t + 1], k, v, lens, kl[:, :, :t + 1], vl[:, :, :t + 1])
+        part = attn(q[:, : t + 1], k, v, lens, kl[:, :, : t + 1], vl[:, :, : t + 1])
         assert torch.equal(part[:, t], full[:, t])
-        step = attn(q[:, t:t + 1], k, v, lens, kl[:, :, :t + 1], vl[:, :, :t + 1])
+        step = attn(q[:, t : t + 1], k, v, lens, kl[:, :, : t + 1], vl[:, :, : t + 1])
         assert torch.equal(step[:, 0], full[:, t])
 
 
@@ -310,7 +361,7 @@ def test_local_segment_longer_or_shorter_than_T(isa, T, S):
     want = reference.head_attention(q, k, v, lens, kl, vl)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     if S < T:  # the first T - S queries see no local entry; request 1 has no cache either
-        assert torch.equal(got[1, :T - S], torch.zeros_like(got[1, :T - S]))
+        assert torch.equal(got[1, : T - S], torch.zeros_like(got[1, : T - S]))
 
 
 def test_request_alone_equals_batch(isa):
@@ -363,9 +414,9 @@ def test_token_slices_equal_decode_steps(isa, threads, S):
         assert torch.equal(o, outs[0])
     for t in range(T):
         if S:  # query t sees local entries 0..t
-            step = attn(q[:, t:t + 1], k, v, lens, kl[:, :, :t + 1], vl[:, :, :t + 1])
+            step = attn(q[:, t : t + 1], k, v, lens, kl[:, :, : t + 1], vl[:, :, : t + 1])
         else:
-            step = attn(q[:, t:t + 1], k, v, lens - T + t + 1, causal=True)
+            step = attn(q[:, t : t + 1], k, v, lens - T + t + 1, causal=True)
         assert torch.equal(step[:, 0], outs[-1][:, t])
 
 
@@ -426,8 +477,9 @@ def test_append_then_rollback_by_lowering_lens(isa):
     lens = torch.tensor([5, 9])
     k[:, :, :9] = torch.randn(B, Hkv, 9, D, generator=gen)
     v[:, :, :9] = torch.randn(B, Hkv, 9, D, generator=gen)
-    mtp_kernels.cache_append(k, v, torch.randn(B, T, Hkv, D, generator=gen), torch.randn(B, T, Hkv, D, generator=gen),
-                             lens)
+    mtp_kernels.cache_append(
+        k, v, torch.randn(B, T, Hkv, D, generator=gen), torch.randn(B, T, Hkv, D, generator=gen), lens
+    )
     lens = lens + 1  # accepted one of three
     kn, vn = torch.randn(B, 1, Hkv, D, generator=gen), torch.randn(B, 1, Hkv, D, generator=gen)
     mtp_kernels.cache_append(k, v, kn, vn, lens)
@@ -484,18 +536,33 @@ BAD_ATTENTION = [
     (dict(q=lambda a: a["q"][:, :, :5]), r"Hq = 5 must be a multiple of .* Hkv = 2"),
     (dict(q=lambda a: a["q"][..., :32]), r"k_cache.size\(3\) must equal the head dim D \(q.size\(3\)\) = 32"),
     (dict(q=lambda a: a["q"][:1]), r"k_cache.size\(0\) must equal B \(q.size\(0\)\) = 1"),
-    (dict(cache_lens=torch.tensor([3, -1])), r"cache_lens must lie in \[0, L \(k_cache.size\(2\)\)\] = \[0, 20\], got cache_lens\[1\] = -1"),
-    (dict(cache_lens=torch.tensor([3, 21])), r"cache_lens must lie in \[0, L \(k_cache.size\(2\)\)\] = \[0, 20\], got cache_lens\[1\] = 21"),
+    (
+        dict(cache_lens=torch.tensor([3, -1])),
+        r"cache_lens must lie in \[0, L \(k_cache.size\(2\)\)\] = \[0, 20\], got cache_lens\[1\] = -1",
+    ),
+    (
+        dict(cache_lens=torch.tensor([3, 21])),
+        r"cache_lens must lie in \[0, L \(k_cache.size\(2\)\)\] = \[0, 20\], got cache_lens\[1\] = 21",
+    ),
     (dict(cache_lens=torch.tensor([3])), r"cache_lens.size\(0\) must equal B"),
     (dict(cache_lens=torch.tensor([3.0, 4.0])), r"cache_lens must be Int or Long, got Float"),
-    (dict(cache_lens=torch.tensor([3, 2]), causal=True), r"causal=True needs cache_lens\[b\] >= T = 3 .*, got min\(cache_lens\) = 2"),
+    (
+        dict(cache_lens=torch.tensor([3, 2]), causal=True),
+        r"causal=True needs cache_lens\[b\] >= T = 3 .*, got min\(cache_lens\) = 2",
+    ),
     (dict(k_local=lambda a: torch.zeros(2, 2, 2, 64)), r"k_local and v_local must be given together"),
-    (dict(k_local=lambda a: torch.zeros(2, 1, 2, 64), v_local=lambda a: torch.zeros(2, 1, 2, 64)),
-     r"k_local.size\(1\) must equal Hkv \(k_cache.size\(1\)\) = 2"),
-    (dict(k_local=lambda a: torch.zeros(2, 2, 2, 64), v_local=lambda a: torch.zeros(2, 2, 3, 64)),
-     r"v_local must have k_local's shape"),
-    (dict(k_local=lambda a: torch.zeros(2, 2, 2, 64).half(), v_local=lambda a: torch.zeros(2, 2, 2, 64).half()),
-     r"k_local must have q's dtype Float, got Half"),
+    (
+        dict(k_local=lambda a: torch.zeros(2, 1, 2, 64), v_local=lambda a: torch.zeros(2, 1, 2, 64)),
+        r"k_local.size\(1\) must equal Hkv \(k_cache.size\(1\)\) = 2",
+    ),
+    (
+        dict(k_local=lambda a: torch.zeros(2, 2, 2, 64), v_local=lambda a: torch.zeros(2, 2, 3, 64)),
+        r"v_local must have k_local's shape",
+    ),
+    (
+        dict(k_local=lambda a: torch.zeros(2, 2, 2, 64).half(), v_local=lambda a: torch.zeros(2, 2, 2, 64).half()),
+        r"k_local must have q's dtype Float, got Half",
+    ),
     (dict(q=lambda a: a["q"].to("meta")), r"k_cache must be on q's device meta, got cpu"),
 ]
 
@@ -509,8 +576,10 @@ def test_bad_attention_inputs(change, message):
 
 
 BAD_APPEND = [
-    (dict(k_new=torch.zeros(2, 3, 2, 64).half(), v_new=torch.zeros(2, 3, 2, 64).half()),
-     r"k_cache must have k_new's dtype Half, got Float"),
+    (
+        dict(k_new=torch.zeros(2, 3, 2, 64).half(), v_new=torch.zeros(2, 3, 2, 64).half()),
+        r"k_cache must have k_new's dtype Half, got Float",
+    ),
     (dict(k_new=torch.zeros(2, 3, 2, 64).half()), r"v_new must have k_new's dtype Half, got Float"),
     (dict(k_cache=torch.zeros(2, 2, 20, 64).to("meta")), r"k_cache must be on k_new's device cpu, got meta"),
     (dict(v_new=torch.zeros(2, 3, 2, 32)), r"v_new must have k_new's shape"),
@@ -522,12 +591,16 @@ BAD_APPEND = [
 
 @pytest.mark.parametrize("change,message", BAD_APPEND)
 def test_bad_append_inputs(change, message):
-    a = dict(k_cache=torch.zeros(2, 2, 20, 64), v_cache=torch.zeros(2, 2, 20, 64), k_new=torch.zeros(2, 3, 2, 64),
-             v_new=torch.zeros(2, 3, 2, 64), cache_lens=torch.tensor([0, 5]))
+    a = dict(
+        k_cache=torch.zeros(2, 2, 20, 64),
+        v_cache=torch.zeros(2, 2, 20, 64),
+        k_new=torch.zeros(2, 3, 2, 64),
+        v_new=torch.zeros(2, 3, 2, 64),
+        cache_lens=torch.tensor([0, 5]),
+    )
     a.update(change)
     k0 = a["k_cache"].clone()
     with pytest.raises(RuntimeError, match=message) as info:
         torch.ops.mtp.cache_append(**a)
     assert "mtp.cache_append: " in str(info.value)
     assert a["k_cache"].is_meta or torch.equal(a["k_cache"], k0)
-

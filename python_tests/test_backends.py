@@ -1,5 +1,6 @@
 """The backend matrix in the docs is the one generated from the code (tools/backend_table.py),
 and what that generator reads from the sources agrees with what the dispatcher registered."""
+
 import importlib.util
 import pathlib
 

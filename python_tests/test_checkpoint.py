@@ -1,4 +1,5 @@
 """Model loading: the shipped GGUF, safetensors folders, and every kind of bad file."""
+
 import os
 
 import pytest
@@ -63,8 +64,14 @@ def test_truncated_gguf(tmp_path, smollm2_path):
 
 def test_default_gguf_loads(smollm2_path):
     cfg, weights, tok = checkpoint.load()
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == \
-        (30, 576, 9, 3, 64, 49152)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (
+        30,
+        576,
+        9,
+        3,
+        64,
+        49152,
+    )
     assert len(weights) == 2 + 9 * 30 and cfg.tie_embeddings and cfg.eos_token_ids == (2,)
     text = tok.apply_chat_template("hi")
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")

@@ -1,4 +1,5 @@
 """The `mtp` command on a tiny model folder: output, JSON, and clear errors with exit 2."""
+
 import json
 import subprocess
 import sys
@@ -9,8 +10,9 @@ from tiny_model import write_tiny_folder
 
 
 def mtp(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "mtp_kernels.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mtp_kernels.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,9 @@ def test_generate_json_mtp_equals_no_mtp(tiny, tmp_path):
     prompts.write_text('{"prompt": "hello"}\n\n{"prompt": "abcabc"}\n')
     runs = {}
     for flag in ([], ["--no-mtp"]):
-        r = mtp("generate", "--model", tiny, "--prompts-file", prompts, "--max-new-tokens", 6, "--k", 2, "--json", *flag)
+        r = mtp(
+            "generate", "--model", tiny, "--prompts-file", prompts, "--max-new-tokens", 6, "--k", 2, "--json", *flag
+        )
         assert r.returncode == 0, r.stderr
         rows = [json.loads(line) for line in r.stdout.splitlines()]
         assert len(rows) == 2 and all(set(row) >= {"tokens", "text", "passes", "seconds"} for row in rows)
@@ -39,8 +43,23 @@ def test_sampled_generate_mtp_equals_no_mtp_for_the_same_seed(tiny):
     runs = {}
     for seed in (1, 2):
         for flag in ([], ["--no-mtp"]):
-            r = mtp("generate", "--model", tiny, "--prompt", "hello", "--max-new-tokens", 8, "--k", 2, "--json",
-                    "--temperature", 1.0, "--seed", seed, *flag)
+            r = mtp(
+                "generate",
+                "--model",
+                tiny,
+                "--prompt",
+                "hello",
+                "--max-new-tokens",
+                8,
+                "--k",
+                2,
+                "--json",
+                "--temperature",
+                1.0,
+                "--seed",
+                seed,
+                *flag,
+            )
             assert r.returncode == 0, r.stderr
             runs[seed, bool(flag)] = json.loads(r.stdout)["tokens"]
     assert runs[1, False] == runs[1, True] and runs[2, False] == runs[2, True]
@@ -53,8 +72,10 @@ def test_lookup_generate_equals_no_mtp(tiny):
         r = mtp("generate", "--model", tiny, "--prompt", "abcabcabc", "--max-new-tokens", 12, "--json", *flags)
         assert r.returncode == 0, r.stderr
         runs[tuple(flags)] = json.loads(r.stdout)
-    assert "prompt lookup up to 4" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2,
-                                          "--lookup", 4).stderr
+    assert (
+        "prompt lookup up to 4"
+        in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--lookup", 4).stderr
+    )
     # On by default beside the MTP head (cli.DEFAULT_LOOKUP), off with --lookup 0 and in plain greedy.
     assert "prompt lookup up to 6" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2).stderr
     for flags in (["--lookup", 0], ["--no-mtp"]):
@@ -71,8 +92,19 @@ def test_tree_drafts_by_default_in_greedy_bf16(tiny):
     with Q8 weights or where trees do not go; the tokens are --no-mtp's either way."""
     runs = {}
     for flags in ([], ["--branches", 1], ["--branches", 4, "--k", 1], ["--no-mtp"]):
-        r = mtp("generate", "--model", tiny, "--prompt", "abcab", "--max-new-tokens", 10, "--json",
-                "--dtype", "bfloat16", *flags)
+        r = mtp(
+            "generate",
+            "--model",
+            tiny,
+            "--prompt",
+            "abcab",
+            "--max-new-tokens",
+            10,
+            "--json",
+            "--dtype",
+            "bfloat16",
+            *flags,
+        )
         assert r.returncode == 0, r.stderr
         runs[tuple(flags)] = json.loads(r.stdout)
         runs[tuple(flags)]["stderr"] = r.stderr
@@ -92,8 +124,21 @@ def test_tree_drafts_by_default_in_greedy_bf16(tiny):
 def test_int8_dot_generate_mtp_equals_no_mtp(tiny):
     runs = {}
     for flag in ([], ["--no-mtp"]):
-        r = mtp("generate", "--model", tiny, "--prompt", "hello", "--max-new-tokens", 8, "--k", 2, "--json",
-                "--int8", "--int8-dot", *flag)
+        r = mtp(
+            "generate",
+            "--model",
+            tiny,
+            "--prompt",
+            "hello",
+            "--max-new-tokens",
+            8,
+            "--k",
+            2,
+            "--json",
+            "--int8",
+            "--int8-dot",
+            *flag,
+        )
         assert r.returncode == 0, r.stderr
         assert "int8 weights and activations" in r.stderr
         runs[bool(flag)] = json.loads(r.stdout)["tokens"]
@@ -106,30 +151,41 @@ def test_generate_streams_text_and_stats(tiny):
     assert r.stdout.strip() and "tokens/s" in r.stderr and "backbone passes" in r.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", "/nonexistent/model.gguf", "--prompt", "x"], "no model at"),
-    (["--prompt", "a" * 300], "does not fit the model's context of 256 tokens"),
-    (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["--prompt", "x", "--k", "0"], "--k must be >= 1"),
-    (["--prompt", "x", "--temperature", "-1"], "--temperature must be finite and >= 0"),
-    (["--prompt", "x", "--temperature", "nan"], "--temperature must be finite and >= 0"),
-    (["--prompts-file", "/nonexistent.jsonl"], "cannot read --prompts-file"),
-    (["--prompt", "x", "--lenient", "3"], "--lenient expects top_k=K[,min_ratio=R], got '3'"),
-    (["--prompt", "x", "--lenient", "top_k=2,ratio=0.5"], "--lenient expects top_k=K[,min_ratio=R]"),
-    (["--prompt", "x", "--lenient", "top_k=two"], "with an integer K and a number R, got 'top_k=two'"),
-    (["--prompt", "x", "--lenient", "top_k=0"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
-    (["--prompt", "x", "--lenient", "top_k=2,min_ratio=1.5"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
-    (["--prompt", "x", "--lenient", "top_k=2", "--temperature", "1"], "--lenient is a greedy mode"),
-    (["--prompt", "x", "--int8-dot"], "--int8-dot quantizes the activations for int8 weights: use it with --int8"),
-    (["--prompt", "x", "--lookup", "-1"], "--lookup must be >= 0"),
-    (["--prompt", "x", "--lookup", "2", "--drafter", "standalone"], "--lookup drafts go with the MTP head or alone"),
-    (["--prompt", "x", "--branches", "0"], "--branches must be >= 1"),
-    (["--prompt", "x", "--branches", "2", "--temperature", "1"], "--branches > 1 (tree drafts) needs the MTP head in "
-                                                               "greedy mode"),
-    (["--prompt", "x", "--branches", "2", "--no-mtp"], "--branches > 1 (tree drafts) needs the MTP head"),
-    (["--prompt", "x", "--branches", "2", "--drafter", "standalone"], "--branches > 1 (tree drafts) needs the MTP"),
-    (["--prompt", "x", "--branches", "3", "--lenient", "top_k=2"], "--branches > 1 (tree drafts) needs the MTP head"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "/nonexistent/model.gguf", "--prompt", "x"], "no model at"),
+        (["--prompt", "a" * 300], "does not fit the model's context of 256 tokens"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--prompt", "x", "--k", "0"], "--k must be >= 1"),
+        (["--prompt", "x", "--temperature", "-1"], "--temperature must be finite and >= 0"),
+        (["--prompt", "x", "--temperature", "nan"], "--temperature must be finite and >= 0"),
+        (["--prompts-file", "/nonexistent.jsonl"], "cannot read --prompts-file"),
+        (["--prompt", "x", "--lenient", "3"], "--lenient expects top_k=K[,min_ratio=R], got '3'"),
+        (["--prompt", "x", "--lenient", "top_k=2,ratio=0.5"], "--lenient expects top_k=K[,min_ratio=R]"),
+        (["--prompt", "x", "--lenient", "top_k=two"], "with an integer K and a number R, got 'top_k=two'"),
+        (["--prompt", "x", "--lenient", "top_k=0"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
+        (["--prompt", "x", "--lenient", "top_k=2,min_ratio=1.5"], "--lenient needs top_k >= 1 and min_ratio in [0, 1]"),
+        (["--prompt", "x", "--lenient", "top_k=2", "--temperature", "1"], "--lenient is a greedy mode"),
+        (["--prompt", "x", "--int8-dot"], "--int8-dot quantizes the activations for int8 weights: use it with --int8"),
+        (["--prompt", "x", "--lookup", "-1"], "--lookup must be >= 0"),
+        (
+            ["--prompt", "x", "--lookup", "2", "--drafter", "standalone"],
+            "--lookup drafts go with the MTP head or alone",
+        ),
+        (["--prompt", "x", "--branches", "0"], "--branches must be >= 1"),
+        (
+            ["--prompt", "x", "--branches", "2", "--temperature", "1"],
+            "--branches > 1 (tree drafts) needs the MTP head in greedy mode",
+        ),
+        (["--prompt", "x", "--branches", "2", "--no-mtp"], "--branches > 1 (tree drafts) needs the MTP head"),
+        (["--prompt", "x", "--branches", "2", "--drafter", "standalone"], "--branches > 1 (tree drafts) needs the MTP"),
+        (
+            ["--prompt", "x", "--branches", "3", "--lenient", "top_k=2"],
+            "--branches > 1 (tree drafts) needs the MTP head",
+        ),
+    ],
+)
 def test_bad_input_exits_2_with_a_message(tiny, args, message):
     if "--model" not in args:
         args = ["--model", str(tiny), *args]
@@ -140,15 +196,18 @@ def test_bad_input_exits_2_with_a_message(tiny, args, message):
         assert r.stderr.strip().splitlines() == [f"mtp: error: {r.stderr.split('mtp: error: ')[1].strip()}"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompt-anchors", "-1"], "--prompt-anchors must be >= 0"),
-    (["--prompt-anchors", "4", "--drafter", "standalone"], "--prompt-anchors trains the head"),
-    (["--soft-targets", "1.5"], "--soft-targets must be between 0 and 1"),
-    (["--soft-targets", "-0.1"], "--soft-targets must be between 0 and 1"),
-    (["--soft-targets", "nan"], "--soft-targets must be between 0 and 1"),
-    (["--soft-targets", "0.5", "--drafter", "standalone"], "--soft-targets trains the head"),
-    (["--max-steps", "0"], "--max-steps must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompt-anchors", "-1"], "--prompt-anchors must be >= 0"),
+        (["--prompt-anchors", "4", "--drafter", "standalone"], "--prompt-anchors trains the head"),
+        (["--soft-targets", "1.5"], "--soft-targets must be between 0 and 1"),
+        (["--soft-targets", "-0.1"], "--soft-targets must be between 0 and 1"),
+        (["--soft-targets", "nan"], "--soft-targets must be between 0 and 1"),
+        (["--soft-targets", "0.5", "--drafter", "standalone"], "--soft-targets trains the head"),
+        (["--max-steps", "0"], "--max-steps must be >= 1"),
+    ],
+)
 def test_bad_train_options_exit_2(args, message):
     r = mtp("train", *args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (r.returncode, r.stderr)
@@ -168,9 +227,11 @@ def test_lenient_generate(tiny):
 
 
 def test_bad_prompts_files(tiny, tmp_path):
-    for content, message in [('{"prompt": "ok"}\n{oops\n', "p.jsonl:2: not valid JSON"),
-                             ('{"text": "x"}\n', 'p.jsonl:1: expected an object with a string "prompt"'),
-                             ("\n\n", "no prompts")]:
+    for content, message in [
+        ('{"prompt": "ok"}\n{oops\n', "p.jsonl:2: not valid JSON"),
+        ('{"text": "x"}\n', 'p.jsonl:1: expected an object with a string "prompt"'),
+        ("\n\n", "no prompts"),
+    ]:
         (tmp_path / "p.jsonl").write_text(content)
         r = mtp("generate", "--model", tiny, "--prompts-file", tmp_path / "p.jsonl")
         assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -182,8 +243,18 @@ def test_usage_errors():
     assert r.returncode == 2 and "not allowed with" in r.stderr
 
 
-@pytest.mark.parametrize("flags", [[], ["--dtype", "bfloat16"], ["--dtype", "float32"], ["--dtype", "bfloat16", "--int8"],
-                                   ["--temperature", "1", "--seed", "3"], ["--no-mtp"], ["--lookup", "0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--dtype", "bfloat16"],
+        ["--dtype", "float32"],
+        ["--dtype", "bfloat16", "--int8"],
+        ["--temperature", "1", "--seed", "3"],
+        ["--no-mtp"],
+        ["--lookup", "0"],
+    ],
+)
 def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     """`mtp generate` and decoding.generate with k, branches and lookup left out, on the same
     backbone and head (models.loading), decode alike: same tokens, passes and acceptance
@@ -192,8 +263,10 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     from mtp_kernels.config import DecodeConfig
     from mtp_kernels.models.loading import load_backbone, load_head
 
-    assert cli.main(["generate", "--model", str(tiny), "--prompt", "abcabcab", "--max-new-tokens", "12", "--json",
-                     *flags]) == 0
+    assert (
+        cli.main(["generate", "--model", str(tiny), "--prompt", "abcabcab", "--max-new-tokens", "12", "--json", *flags])
+        == 0
+    )
     want = json.loads(capsys.readouterr().out)
     opts = dict(zip(flags[::2], flags[1::2])) if "--no-mtp" not in flags else {}  # "--int8" is a switch: left out
     cfg, model, tok, _ = load_backbone(str(tiny), opts.get("--dtype"), print, int8="--int8" in flags)
@@ -203,9 +276,13 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
         kwargs["lookup"] = int(opts["--lookup"])
     ids = tok.encode(tok.apply_chat_template("abcabcab"))
     got = decoding.generate(model, [ids], 12, head=head, eos_token_ids=tuple(cfg.eos_token_ids), **kwargs)[0]
-    assert (got.tokens, got.passes, got.accepted, got.drafted, got.leaves_accepted) == \
-        (want["tokens"], want["passes"], want["accepted_by_position"], want["drafted_by_position"],
-         want["leaves_accepted"])
+    assert (got.tokens, got.passes, got.accepted, got.drafted, got.leaves_accepted) == (
+        want["tokens"],
+        want["passes"],
+        want["accepted_by_position"],
+        want["drafted_by_position"],
+        want["leaves_accepted"],
+    )
     # What both resolved: trees only on the bf16 backbone dequantized on request, greedy.
     resolved = DecodeConfig.resolve(model, head, **kwargs)
     trees = flags == ["--dtype", "bfloat16"]

@@ -4,6 +4,7 @@ and is close to the same composition of the reference ops. Across dtypes, float 
 int8-dot weights, ragged cache lengths, every instruction set, thread counts, strided cache
 views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad input.
 mtp.head_draft likewise against reference.head_draft (the MTP head's draft steps)."""
+
 import dataclasses
 import re
 
@@ -17,8 +18,14 @@ from tiny_model import TINY, tiny_backbone
 
 
 KERNEL_OPS = ops.KERNELS  # the kernels one op at a time
-VARIANTS = [(torch.float32, False, False), (torch.float32, True, False), (torch.float32, True, True),
-            (torch.bfloat16, False, False), (torch.bfloat16, True, False), (torch.bfloat16, True, True)]
+VARIANTS = [
+    (torch.float32, False, False),
+    (torch.float32, True, False),
+    (torch.float32, True, True),
+    (torch.bfloat16, False, False),
+    (torch.bfloat16, True, False),
+    (torch.bfloat16, True, True),
+]
 # (cache lengths before the pass, T): one-token steps, a verify pass, ragged requests, empty caches,
 # and a prefill of >= 16 rows (its row-local steps split over the threads).
 CASES = [([5], 1), ([3, 7], 5), ([0, 4, 9], 1), ([0, 0], 3), ([0, 4], 12)]
@@ -42,9 +49,18 @@ class Pass:
 
     def args(self, k=None, v=None, x=None):
         m = self.model
-        return (self.x if x is None else x, self.cache.k.clone() if k is None else k,
-                self.cache.v.clone() if v is None else v, self.cache.lens.clone(), m.rope_cos, m.rope_sin,
-                self.weights, self.scales, m.cfg.num_heads, m.cfg.rms_norm_eps)
+        return (
+            self.x if x is None else x,
+            self.cache.k.clone() if k is None else k,
+            self.cache.v.clone() if v is None else v,
+            self.cache.lens.clone(),
+            m.rope_cos,
+            m.rope_sin,
+            self.weights,
+            self.scales,
+            m.cfg.num_heads,
+            m.cfg.rms_norm_eps,
+        )
 
     def fused(self, *args):
         args = args or self.args()
@@ -66,7 +82,7 @@ def test_one_call_equals_the_op_by_op_composition_bitwise(isa, dtype, quantize, 
     assert torch.equal(got_lens, torch.tensor(lens))  # the lengths are the caller's to advance
     changed = (k != p.cache.k).any(dim=(0, 2, 4))  # [B, L]: the positions written
     for b, n in enumerate(lens):
-        assert changed[b, n:n + T].all() and not changed[b, :n].any() and not changed[b, n + T:].any()
+        assert changed[b, n : n + T].all() and not changed[b, :n].any() and not changed[b, n + T :].any()
 
 
 @pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
@@ -125,8 +141,18 @@ def test_empty_pass_and_zero_layers():
     p = Pass(torch.float32, False, False, [3, 7], 2)
     final = p.weights[-1]
     empty = p.cache.k[:0]
-    got, _ = p.fused(p.x, empty, empty.clone(), p.cache.lens, p.model.rope_cos, p.model.rope_sin, [final], [],
-                     TINY.num_heads, TINY.rms_norm_eps)
+    got, _ = p.fused(
+        p.x,
+        empty,
+        empty.clone(),
+        p.cache.lens,
+        p.model.rope_cos,
+        p.model.rope_sin,
+        [final],
+        [],
+        TINY.num_heads,
+        TINY.rms_norm_eps,
+    )
     assert torch.equal(got, ops.rms_norm(p.x, final, TINY.rms_norm_eps))
 
 
@@ -136,8 +162,20 @@ def test_opcheck(quantize, int8_dot):
     torch.library.opcheck(torch.ops.mtp.decoder_layers.default, p.args(), {"quantize_x": int8_dot})
 
 
-def _bad(p, message, x=None, k=None, v=None, lens=None, cos=None, sin=None, weights=None, scales=None, heads=None,
-         quantize_x=None):
+def _bad(
+    p,
+    message,
+    x=None,
+    k=None,
+    v=None,
+    lens=None,
+    cos=None,
+    sin=None,
+    weights=None,
+    scales=None,
+    heads=None,
+    quantize_x=None,
+):
     args = list(p.args(k=k, v=v, x=x))
     for i, value in ((3, lens), (4, cos), (5, sin), (6, weights), (7, scales), (8, heads)):
         if value is not None:
@@ -157,34 +195,46 @@ def test_bad_input_raises_clear_errors():
     _bad(p, "v_cache must have k_cache's shape", v=p.cache.v[:, :, :, :8])
     _bad(p, "k_cache.size(1) must equal B (x.size(0))", x=p.x[:1])
     _bad(p, "weights must hold 6 tensors per layer", weights=w[:-1])
-    _bad(p, "weights[7] (layer 1's qkv).size(0) must equal (Hq + 2 Hkv) D",
-         weights=w[:7] + [w[7][:-1]] + w[8:])
+    _bad(p, "weights[7] (layer 1's qkv).size(0) must equal (Hq + 2 Hkv) D", weights=w[:7] + [w[7][:-1]] + w[8:])
     _bad(p, "weights[9] (layer 1's post_norm) must have x's dtype", weights=w[:9] + [w[9].bfloat16()] + w[10:])
     _bad(p, "weights[12] (the final norm).size(0) must equal H", weights=w[:12] + [w[12][:-1]])
     _bad(p, "weight rows must be contiguous", weights=w[:1] + [w[1].t().contiguous().t()] + w[2:])
     strided = torch.stack([w[3], w[3]], dim=1)[:, 0]  # layer 0's post_norm, stride 2
-    _bad(p, "weights[3] (layer 0's post_norm): norm weights must be contiguous (stride 1), got stride 2",
-         weights=w[:3] + [strided] + w[4:])
+    _bad(
+        p,
+        "weights[3] (layer 0's post_norm): norm weights must be contiguous (stride 1), got stride 2",
+        weights=w[:3] + [strided] + w[4:],
+    )
     _bad(p, "q's head count Hq = 3 must be a multiple of k_cache's head count Hkv = 2", heads=3)
-    _bad(p, "request 1 would pass the cache capacity: cache_lens[1] + T = 31 + 2 > L = 32",
-         lens=torch.tensor([3, 31]))
+    _bad(p, "request 1 would pass the cache capacity: cache_lens[1] + T = 31 + 2 > L = 32", lens=torch.tensor([3, 31]))
     _bad(p, "cache_lens must lie in [0, L (k_cache.size(3))]", lens=torch.tensor([3, -1]))
-    _bad(p, "would pass the RoPE tables: cache_lens[0] + T = 3 + 2 > P = 4", cos=p.model.rope_cos[:4],
-         sin=p.model.rope_sin[:4])
+    _bad(
+        p,
+        "would pass the RoPE tables: cache_lens[0] + T = 3 + 2 > P = 4",
+        cos=p.model.rope_cos[:4],
+        sin=p.model.rope_sin[:4],
+    )
     _bad(p, "rope_sin must have rope_cos's shape [256, 16], got [4, 16]", sin=p.model.rope_sin[:4])
     _bad(p, "rope_cos must be Float", cos=p.model.rope_cos.double())
     _bad(p, "quantize_x=True needs int8 weights with their scales", quantize_x=True)
     q = Pass(torch.float32, True, False, [3, 7], 2)
     _bad(q, "weight_scales must be empty (float weights) or hold the Q8 scales", scales=q.scales[:-1])
     _bad(q, "weights[1] (layer 0's qkv) is Char but weight_scales is empty", scales=[])
-    _bad(q, "weights[2] (layer 0's o_proj)'s scales.size(1) must equal ceil(K/32)",
-         scales=[q.scales[0], q.scales[1][:, :1]] + q.scales[2:])
+    _bad(
+        q,
+        "weights[2] (layer 0's o_proj)'s scales.size(1) must equal ceil(K/32)",
+        scales=[q.scales[0], q.scales[1][:, :1]] + q.scales[2:],
+    )
     _bad(p, "weights[1] (layer 0's qkv) is Float but weight_scales is not empty", scales=q.scales)
-    _bad(q, "weights[7] (layer 1's qkv) is Float but weight_scales is not empty",
-         weights=q.weights[:7] + [q.weights[7].float()] + q.weights[8:])
+    _bad(
+        q,
+        "weights[7] (layer 1's qkv) is Float but weight_scales is not empty",
+        weights=q.weights[:7] + [q.weights[7].float()] + q.weights[8:],
+    )
 
 
 # ---- mtp.head_draft -------------------------------------------------------------------------
+
 
 class Draft:
     """The arguments of the tiny backbone's MTP head drafting k tokens after a prefill."""
@@ -194,7 +244,9 @@ class Draft:
         self.model = m = tiny_backbone(dtype, quantize=quantize)
         self.head = MTPHead(HeadConfig.for_backbone(TINY, num_blocks=blocks, kv_layer=1))
         if vocab:
-            self.head.set_draft_vocab(torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(seed))[:vocab])
+            self.head.set_draft_vocab(
+                torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(seed))[:vocab]
+            )
         g = torch.Generator().manual_seed(seed)
         self.cache = m.new_cache(len(lens), 32)
         for b, n in enumerate(lens):
@@ -208,8 +260,12 @@ class Draft:
         return args
 
 
-DRAFT_CASES = [(torch.float32, False, [5], 1, 0), (torch.bfloat16, True, [3, 9], 1, 40),
-               (torch.float32, True, [4, 1, 7], 2, 0), (torch.bfloat16, False, [6, 2], 2, 40)]
+DRAFT_CASES = [
+    (torch.float32, False, [5], 1, 0),
+    (torch.bfloat16, True, [3, 9], 1, 40),
+    (torch.float32, True, [4, 1, 7], 2, 0),
+    (torch.bfloat16, False, [6, 2], 2, 40),
+]
 
 
 @pytest.mark.parametrize("dtype,quantize,lens,blocks,vocab", DRAFT_CASES)
@@ -251,12 +307,20 @@ def test_head_draft_bad_input_raises_clear_errors():
     bad("mtp.head_draft: hidden must be 2-D [B, H]", hidden=d.hidden[0])
     bad("k_cache must have hidden's dtype", hidden=d.hidden.bfloat16())
     bad("k_cache must be 4-D [B, Hkv, L, D]", k_cache=d.cache.k)
-    bad("k_cache.size(0) must equal B (hidden.size(0))", hidden=d.hidden[:1], token=d.token[:1],
-        cache_lens=d.cache.lens[:1])
-    bad("token must hold token ids in [0, V (embedding.size(0))) = [0, 97), got token[1] = 97",
-        token=torch.tensor([0, 97]))
-    bad("draft_vocab must hold token ids in [0, V (embedding.size(0))) = [0, 97), got draft_vocab[0] = -1",
-        draft_vocab=torch.cat([torch.tensor([-1]), d.head.draft_vocab[1:]]))
+    bad(
+        "k_cache.size(0) must equal B (hidden.size(0))",
+        hidden=d.hidden[:1],
+        token=d.token[:1],
+        cache_lens=d.cache.lens[:1],
+    )
+    bad(
+        "token must hold token ids in [0, V (embedding.size(0))) = [0, 97), got token[1] = 97",
+        token=torch.tensor([0, 97]),
+    )
+    bad(
+        "draft_vocab must hold token ids in [0, V (embedding.size(0))) = [0, 97), got draft_vocab[0] = -1",
+        draft_vocab=torch.cat([torch.tensor([-1]), d.head.draft_vocab[1:]]),
+    )
     lm_head = d.args(2)["lm_head"]
     bad("lm_head.size(0) must equal V (embedding.size(0))", lm_head=lm_head[:40])
     bad("lm_head.size(1) must equal H (hidden.size(1))", lm_head=lm_head[:, :-1])
@@ -269,11 +333,17 @@ def test_head_draft_bad_input_raises_clear_errors():
     bad("weights[4] (block 0's qkv).size(0) must equal (Hq + 2 Hkv) D", weights=w[:4] + [w[4][:-1]] + w[5:])
     bad("weights[2] (proj).size(1) must equal 2H", weights=w[:2] + [w[2][:, :-1]] + w[3:])
     bad("weights[9] (out_norm) must have hidden's dtype", weights=w[:9] + [w[9].bfloat16()])
-    bad("request 1's drafts would pass the RoPE tables: cache_lens[1] + k = 9 + 2 > P = 10",
-        rope_cos=d.model.rope_cos[:10], rope_sin=d.model.rope_sin[:10])
+    bad(
+        "request 1's drafts would pass the RoPE tables: cache_lens[1] + k = 9 + 2 > P = 10",
+        rope_cos=d.model.rope_cos[:10],
+        rope_sin=d.model.rope_sin[:10],
+    )
     bad("k (draft steps) must be >= 0, got -1", k=-1)
     bad("cache_lens must lie in [0, L (k_cache.size(2))]", cache_lens=torch.tensor([3, 33]))
-    bad("embedding is Char but embedding_scale is empty", embedding=d.model.w("model.embed_tokens.weight").to(torch.int8))
+    bad(
+        "embedding is Char but embedding_scale is empty",
+        embedding=d.model.w("model.embed_tokens.weight").to(torch.int8),
+    )
 
 
 def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
@@ -289,8 +359,9 @@ def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
 
 def to_cuda(args) -> list:
     """A pass's arguments with every tensor (and tensor list) on the GPU."""
-    return [t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t
-            for t in args]
+    return [
+        t.cuda() if isinstance(t, torch.Tensor) else [w.cuda() for w in t] if isinstance(t, list) else t for t in args
+    ]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: needs CUDA")
@@ -302,7 +373,7 @@ def test_cuda_pass_is_shape_invariant():
     steps = []
     lens = c[3].clone()
     for t in range(3):
-        steps.append(torch.ops.mtp.decoder_layers(c[0][:, t:t + 1].contiguous(), c[1], c[2], lens, *c[4:]))
+        steps.append(torch.ops.mtp.decoder_layers(c[0][:, t : t + 1].contiguous(), c[1], c[2], lens, *c[4:]))
         lens += 1
     assert torch.equal(whole, torch.cat(steps, dim=1))
     torch.testing.assert_close(whole.cpu(), p.fused()[0], rtol=1e-4, atol=1e-4)

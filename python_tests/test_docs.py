@@ -5,6 +5,7 @@ bench/RESULTS.md and bench/history/*.md (links). A ```python block runs with exe
 namespace, in the order of its file. A block that cannot run in a test (needs a GPU, or takes
 minutes) starts with the line `# not run in tests: <why>` and is skipped; use that sparingly.
 """
+
 import pathlib
 import re
 
@@ -65,7 +66,7 @@ def test_python_blocks_run(path):
         assert blocks, "README.md has no python example"
     for i, code in enumerate(blocks):
         if code.startswith(SKIP):
-            reason = code.splitlines()[0][len(SKIP):].strip()
+            reason = code.splitlines()[0][len(SKIP) :].strip()
             assert reason, f"{_name(path)} block {i}: `{SKIP}` needs a reason"
             continue
         exec(compile(code, f"{_name(path)} (python block {i})", "exec"), {})

@@ -1,5 +1,6 @@
 """The standalone drafter: exact speculative output through its own cache and prefill,
 save/load, its size against the head's, and its differentiable training forward."""
+
 import dataclasses
 
 import pytest
@@ -13,14 +14,33 @@ from mtp_kernels.models.drafter import StandaloneDrafter, default_config, parame
 from mtp_kernels.models.head import HeadConfig
 from tiny_model import TINY, tiny_backbone, tiny_weights, write_tiny_folder
 
-SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                      num_kv_heads=3, head_dim=64, max_position=8192)
+SMOLLM2 = LlamaConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    max_position=8192,
+)
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], list(range(20, 50)), [60] * 7]
 
 
 def small_drafter(vocab=torch.arange(4, 90), seed=0):
-    return StandaloneDrafter(default_config(len(vocab), TINY.max_position, hidden_size=32, intermediate_size=48,
-                                            num_heads=2, num_kv_heads=1, head_dim=16), vocab, seed=seed)
+    return StandaloneDrafter(
+        default_config(
+            len(vocab),
+            TINY.max_position,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=16,
+        ),
+        vocab,
+        seed=seed,
+    )
 
 
 def copy_of_backbone(vocab):
@@ -58,7 +78,7 @@ def test_speculative_with_the_drafter_equals_greedy(k, batch, kind):
         drafter = copy_of_backbone(vocab)
     max_new = 20
     for start in range(0, len(PROMPTS), batch):
-        prompts = PROMPTS[start:start + batch]
+        prompts = PROMPTS[start : start + batch]
         got = decoding.generate(model, prompts, max_new, head=drafter, k=k)
         assert [g.tokens for g in got] == greedy(model, prompts, max_new)
         check_stats(got, perfect=kind == "perfect")
@@ -73,8 +93,9 @@ def test_bfloat16_and_sampled_generation_stay_exact():
     got = decoding.generate(model, PROMPTS, 12, head=drafter, k=3)
     assert [g.tokens for g in got] == greedy(model, PROMPTS, 12)
     sampled = decoding.generate(model, PROMPTS, 12, head=drafter, k=2, temperature=1.0, seed=4)
-    assert [g.tokens for g in sampled] == [g.tokens for g in decoding.generate(model, PROMPTS, 12, temperature=1.0,
-                                                                                  seed=4)]
+    assert [g.tokens for g in sampled] == [
+        g.tokens for g in decoding.generate(model, PROMPTS, 12, temperature=1.0, seed=4)
+    ]
 
 
 def test_drafter_rolls_its_cache_back_to_the_committed_prefix():
@@ -172,22 +193,40 @@ def test_run_drafter_trains_on_the_cached_distilled_rows(tmp_path):
     prompts = [f"prompt {c}" for c in "abcdefgh"]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"task": "t", "prompt": p}) + "\n" for p in prompts))
     # Cached answers (as distillation writes them): no backbone generation needed.
-    (tmp_path / "distilled.jsonl").write_text("".join(
-        json.dumps({"task": "t", "prompt_ids": tok.encode(tok.apply_chat_template(p)),
-                    "answer_ids": [10 + (i + j) % 5 for j in range(12)], "max_new_tokens": 12,
-                    "distilled_by": train.DISTILLED_BY}) + "\n"
-        for i, p in enumerate(prompts)))
+    (tmp_path / "distilled.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "task": "t",
+                    "prompt_ids": tok.encode(tok.apply_chat_template(p)),
+                    "answer_ids": [10 + (i + j) % 5 for j in range(12)],
+                    "max_new_tokens": 12,
+                    "distilled_by": train.DISTILLED_BY,
+                }
+            )
+            + "\n"
+            for i, p in enumerate(prompts)
+        )
+    )
     tc = train.TrainConfig(batch=4, max_steps=3, minutes=1)
-    result = train_drafter.run_drafter(str(tmp_path / "prompts.jsonl"), str(tmp_path / "out"), str(tmp_path), tc,
-                                       vocab_size=6, max_new_tokens=12, log=lambda m: None,
-                                       model=str(tmp_path / "tiny"))
+    result = train_drafter.run_drafter(
+        str(tmp_path / "prompts.jsonl"),
+        str(tmp_path / "out"),
+        str(tmp_path),
+        tc,
+        vocab_size=6,
+        max_new_tokens=12,
+        log=lambda m: None,
+        model=str(tmp_path / "tiny"),
+    )
     assert result["val_sequences"] == 1 and result["sequences"] == 7 and result["steps"] == 3
     d = StandaloneDrafter.load(tmp_path / "out")
     assert d.trained and d.cfg.vocab_size == 7 and 3 in d.vocab.tolist()  # EOS always in the vocabulary
     (tmp_path / "bad.jsonl").write_text('{"task": "t"}\n')
     with pytest.raises(ValueError, match='expected JSON lines with a string "prompt"'):
-        train_drafter.run_drafter(str(tmp_path / "bad.jsonl"), str(tmp_path / "out"), str(tmp_path), tc,
-                                  model=str(tmp_path / "tiny"))
+        train_drafter.run_drafter(
+            str(tmp_path / "bad.jsonl"), str(tmp_path / "out"), str(tmp_path), tc, model=str(tmp_path / "tiny")
+        )
 
 
 # ---- the `mtp` command ---------------------------------------------------------------------
@@ -218,8 +257,12 @@ def test_cli_train_drafter_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no such file" in err and len(err.splitlines()) == 1
     (tmp_path / "bad.jsonl").write_text("not json\n")
-    assert cli.main(["train", "--drafter", "standalone", "--work-dir", str(tmp_path), "--prompts",
-                     str(tmp_path / "bad.jsonl")]) == 2
+    assert (
+        cli.main(
+            ["train", "--drafter", "standalone", "--work-dir", str(tmp_path), "--prompts", str(tmp_path / "bad.jsonl")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "cannot read the prompts" in err and len(err.splitlines()) == 1
     assert cli.main(["train", "--drafter", "standalone", "--draft-vocab", "0"]) == 2

@@ -3,6 +3,7 @@ reference.gguf_dequantize is the `gguf` package's dequantizer bitwise; mtp.linea
 is reference.gguf_linear bitwise on every instruction set, thread count, row stride and row
 count (shape invariance); decoder_layers / head_draft with block-type matrices are the
 op-by-op composition bitwise; opcheck; bad input raises clear errors."""
+
 import gguf as gguf_pkg
 import numpy as np
 import pytest
@@ -13,8 +14,13 @@ from mtp_kernels.gguf import BLOCK_TYPES, QuantTensor, row_bytes
 
 TYPES = sorted(BLOCK_TYPES)  # 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K
 # where each block's fp16 scales sit: (offset in the block, signed?)
-SCALES = {"Q4_0": [(0, True)], "Q4_1": [(0, True), (2, True)], "Q8_0": [(0, True)],
-          "Q4_K": [(0, False), (2, False)], "Q6_K": [(208, True)]}
+SCALES = {
+    "Q4_0": [(0, True)],
+    "Q4_1": [(0, True), (2, True)],
+    "Q8_0": [(0, True)],
+    "Q4_K": [(0, False), (2, False)],
+    "Q6_K": [(208, True)],
+}
 
 
 def random_rows(gen, code, N, K):
@@ -25,7 +31,7 @@ def random_rows(gen, code, N, K):
         s = torch.rand(N, K // elems, generator=gen) * 0.02 + 0.001
         if signed:
             s = s * torch.where(torch.rand(N, K // elems, generator=gen) < 0.3, -1.0, 1.0)
-        data[:, :, offset:offset + 2] = s.half().view(torch.uint8).view(N, K // elems, 2)
+        data[:, :, offset : offset + 2] = s.half().view(torch.uint8).view(N, K // elems, 2)
     return data.view(N, -1)
 
 
@@ -45,16 +51,19 @@ def test_dequantize_is_the_gguf_packages_bitwise(gen, code):
 
 
 def test_fma32_rounds_once():
-    a = torch.tensor([1 + 2 ** -23, 3.0, 0.1, 1e30])
-    b = torch.tensor([1 - 2 ** -23, 1 / 3, 0.2, 1e30])
+    a = torch.tensor([1 + 2**-23, 3.0, 0.1, 1e30])
+    b = torch.tensor([1 - 2**-23, 1 / 3, 0.2, 1e30])
     c = torch.tensor([-1.0, -1.0, 0.3, -float("inf")])
     got = reference.fma32(a, b, c)
-    exact = [(1 + 2 ** -23) * (1 - 2 ** -23) - 1, float(np.float32(3.0)) * float(np.float32(1 / 3)) - 1,
-             float(np.float32(0.1)) * float(np.float32(0.2)) + float(np.float32(0.3))]
+    exact = [
+        (1 + 2**-23) * (1 - 2**-23) - 1,
+        float(np.float32(3.0)) * float(np.float32(1 / 3)) - 1,
+        float(np.float32(0.1)) * float(np.float32(0.2)) + float(np.float32(0.3)),
+    ]
     assert got[:3].tolist() == [float(np.float32(v)) for v in exact] and got[3] == -float("inf")
     # a product exactly between two fp32 neighbours after an fp64 rounding: round-to-odd settles it
-    a, b, c = torch.tensor([1 + 2 ** -12]), torch.tensor([1 + 2 ** -12]), torch.tensor([2 ** -60])
-    assert reference.fma32(a, b, c).item() == float(np.float32(1 + 2 ** -11 + 2 ** -23))
+    a, b, c = torch.tensor([1 + 2**-12]), torch.tensor([1 + 2**-12]), torch.tensor([2**-60])
+    assert reference.fma32(a, b, c).item() == float(np.float32(1 + 2**-11 + 2**-23))
 
 
 @pytest.mark.parametrize("code", TYPES)
@@ -69,7 +78,7 @@ def test_linear_is_the_reference_bitwise(isa, gen, code, dtype):
             assert got.dtype == dtype and got.shape == (M, 45)
             assert torch.equal(got, reference.gguf_linear(x, w, code, bias))
             for m in range(M):  # each row alone: the same bits
-                assert torch.equal(torch.ops.mtp.linear(x[m:m + 1], w, bias, gguf_type=code), got[m:m + 1])
+                assert torch.equal(torch.ops.mtp.linear(x[m : m + 1], w, bias, gguf_type=code), got[m : m + 1])
 
 
 def test_linear_close_to_the_dequantized_product(gen):
@@ -86,7 +95,7 @@ def test_linear_close_to_the_dequantized_product(gen):
 def test_strides_threads_and_leading_dims(gen, threads):
     code, K = 3, 96
     base = random_rows(gen, code, 30, K + 256)  # rows 20 bytes x (K + 256) / 32 apart: a strided view
-    w = base[:, :row_bytes(code, K)]
+    w = base[:, : row_bytes(code, K)]
     assert w.stride(0) != w.shape[1]
     x = torch.randn(4, 3, 2 * K, generator=gen)[..., ::2]  # x with a non-unit inner stride (copied)
     want = reference.gguf_linear(x, w.contiguous(), code)
@@ -110,16 +119,31 @@ def test_opcheck_and_compile(gen):
     assert torch.equal(f(x), torch.ops.mtp.linear(x, w, gguf_type=3))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(gguf_type=5), "GGML type 5 is not supported: expected 2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K) or 14 (Q6_K)"),
-    (dict(gguf_type=3, w=torch.zeros(4, 40)), "weight of GGML type 3 (Q4_1) must be its uint8 bytes [N, row bytes], got Float"),
-    (dict(gguf_type=3, w=torch.zeros(4, 41, dtype=torch.uint8)), "a Q4_1 row of K = 64 elements is 40 bytes, got weight rows of 41 bytes"),
-    (dict(gguf_type=12), "K = 64 is not a multiple of Q4_K's blocks of 256 elements"),
-    (dict(gguf_type=3, w=torch.zeros(40, 4, dtype=torch.uint8).T), "weight bytes must be contiguous along a row"),
-    (dict(gguf_type=3, w=torch.zeros(40, dtype=torch.uint8)), "weight must be 2-D [N, row bytes]"),
-    (dict(gguf_type=3, weight_scale=torch.ones(4, 2)), "a GGUF block-type weight carries its scales; weight_scale must be None"),
-    (dict(gguf_type=3, quantize_x=True), "quantize_x is for Q8 (int8) weights"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            dict(gguf_type=5),
+            "GGML type 5 is not supported: expected 2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K) or 14 (Q6_K)",
+        ),
+        (
+            dict(gguf_type=3, w=torch.zeros(4, 40)),
+            "weight of GGML type 3 (Q4_1) must be its uint8 bytes [N, row bytes], got Float",
+        ),
+        (
+            dict(gguf_type=3, w=torch.zeros(4, 41, dtype=torch.uint8)),
+            "a Q4_1 row of K = 64 elements is 40 bytes, got weight rows of 41 bytes",
+        ),
+        (dict(gguf_type=12), "K = 64 is not a multiple of Q4_K's blocks of 256 elements"),
+        (dict(gguf_type=3, w=torch.zeros(40, 4, dtype=torch.uint8).T), "weight bytes must be contiguous along a row"),
+        (dict(gguf_type=3, w=torch.zeros(40, dtype=torch.uint8)), "weight must be 2-D [N, row bytes]"),
+        (
+            dict(gguf_type=3, weight_scale=torch.ones(4, 2)),
+            "a GGUF block-type weight carries its scales; weight_scale must be None",
+        ),
+        (dict(gguf_type=3, quantize_x=True), "quantize_x is for Q8 (int8) weights"),
+    ],
+)
 def test_linear_bad_input(kwargs, message):
     w = kwargs.pop("w", torch.zeros(4, 40, dtype=torch.uint8))
     with pytest.raises(RuntimeError) as e:
@@ -129,6 +153,7 @@ def test_linear_bad_input(kwargs, message):
 
 def test_gpu_paths_refuse_clearly():
     from mtp_kernels import fallback
+
     with pytest.raises(RuntimeError, match="GGUF block-type weights .* run on the CPU only"):
         fallback.head_draft(*([None] * 13), 1, 1, 1e-5, embedding_type=3)
 
@@ -147,16 +172,21 @@ def test_quant_tensor_checks():
 # ---- decoder_layers / head_draft with block-type matrices -----------------------------------
 
 # (H, Hq, Hkv, D, I, types of qkv, o_proj, gate_up, down_proj per layer)
-DECODERS = [(64, 4, 2, 16, 96, [[3, 3, 3, 3], [8, 2, 3, 8]]),
-            (256, 8, 2, 32, 256, [[12, 14, 12, 14]])]
+DECODERS = [(64, 4, 2, 16, 96, [[3, 3, 3, 3], [8, 2, 3, 8]]), (256, 8, 2, 32, 256, [[12, 14, 12, 14]])]
 
 
 def decoder_case(gen, H, Hq, Hkv, D, I, types, dtype, lens, T):
     weights = []
     for t in types:
         norm = lambda: (1 + 0.1 * torch.randn(H, generator=gen)).to(dtype)  # noqa: E731
-        weights += [norm(), random_rows(gen, t[0], (Hq + 2 * Hkv) * D, H), random_rows(gen, t[1], H, Hq * D), norm(),
-                    random_rows(gen, t[2], 2 * I, H), random_rows(gen, t[3], H, I)]
+        weights += [
+            norm(),
+            random_rows(gen, t[0], (Hq + 2 * Hkv) * D, H),
+            random_rows(gen, t[1], H, Hq * D),
+            norm(),
+            random_rows(gen, t[2], 2 * I, H),
+            random_rows(gen, t[3], H, I),
+        ]
     weights.append((1 + 0.1 * torch.randn(H, generator=gen)).to(dtype))
     L, B = 24, len(lens)
     k = torch.randn(len(types), B, Hkv, L, D, generator=gen).to(dtype)
@@ -164,8 +194,18 @@ def decoder_case(gen, H, Hq, Hkv, D, I, types, dtype, lens, T):
     cos, sin = torch.cat([angles.cos()] * 2, -1).float(), torch.cat([angles.sin()] * 2, -1).float()
     x = torch.randn(B, T, H, generator=gen).to(dtype)
     flat = [c for t in types for c in t]
-    return (x, k, torch.randn(k.shape, generator=gen).to(dtype), torch.tensor(lens), cos, sin, weights, [], Hq,
-            1e-5), flat
+    return (
+        x,
+        k,
+        torch.randn(k.shape, generator=gen).to(dtype),
+        torch.tensor(lens),
+        cos,
+        sin,
+        weights,
+        [],
+        Hq,
+        1e-5,
+    ), flat
 
 
 @pytest.mark.parametrize("H,Hq,Hkv,D,I,types", DECODERS)
@@ -180,9 +220,10 @@ def test_decoder_layers_is_the_composition_bitwise(isa, gen, H, Hq, Hkv, D, I, t
         if T > 1:  # a verify pass: each token's bits are those of one-token steps
             k3, v3, lens3 = args[1].clone(), args[2].clone(), args[3].clone()
             for t in range(T):
-                step = torch.ops.mtp.decoder_layers(args[0][:, t:t + 1].contiguous(), k3, v3, lens3, *args[4:],
-                                                    weight_types=flat)
-                assert torch.equal(step, got[:, t:t + 1])
+                step = torch.ops.mtp.decoder_layers(
+                    args[0][:, t : t + 1].contiguous(), k3, v3, lens3, *args[4:], weight_types=flat
+                )
+                assert torch.equal(step, got[:, t : t + 1])
                 lens3 += 1
 
 
@@ -193,12 +234,16 @@ def test_decoder_layers_opcheck_and_bad_types(gen):
         torch.ops.mtp.decoder_layers(*args, weight_types=flat[:3])
     with pytest.raises(RuntimeError, match=r"weight_types\[1\]: GGML type 9 is not supported"):
         torch.ops.mtp.decoder_layers(*args, weight_types=[3, 9, 3, 3])
-    with pytest.raises(RuntimeError, match=r"weights\[2\] \(layer 0's o_proj\): a Q8_0 row of K = 64 elements is 68 "
-                                            r"bytes, got weight rows of 40 bytes"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"weights\[2\] \(layer 0's o_proj\): a Q8_0 row of K = 64 elements is 68 "
+        r"bytes, got weight rows of 40 bytes",
+    ):
         torch.ops.mtp.decoder_layers(*args, weight_types=[3, 8, 3, 3])
     with pytest.raises(RuntimeError, match=r"weights\[1\] \(layer 0's qkv\) of GGML type 3 \(Q4_1\) must be its uint8"):
-        torch.ops.mtp.decoder_layers(*args[:6], [args[6][0], args[6][1].float()] + args[6][2:], *args[7:],
-                                     weight_types=flat)
+        torch.ops.mtp.decoder_layers(
+            *args[:6], [args[6][0], args[6][1].float()] + args[6][2:], *args[7:], weight_types=flat
+        )
 
 
 @pytest.mark.parametrize("emb_type,lm_type", [(8, 8), (3, 14), (8, -1)])
@@ -207,9 +252,14 @@ def test_head_draft_with_block_type_embedding_and_lm_head(isa, gen, emb_type, lm
     dtype = torch.bfloat16
     (x, kc, vc, lens, cos, sin, _, _, _, eps), _ = decoder_case(gen, H, Hq, Hkv, D, I, [[3, 3, 3, 3]], dtype, [4, 6], 1)
     norm = lambda: (1 + 0.1 * torch.randn(H, generator=gen)).to(dtype)  # noqa: E731
-    block = [norm(), (torch.randn((Hq + 2 * Hkv) * D, H, generator=gen) / 16).to(dtype),
-             (torch.randn(H, Hq * D, generator=gen) / 16).to(dtype), norm(),
-             (torch.randn(2 * I, H, generator=gen) / 16).to(dtype), (torch.randn(H, I, generator=gen) / 16).to(dtype)]
+    block = [
+        norm(),
+        (torch.randn((Hq + 2 * Hkv) * D, H, generator=gen) / 16).to(dtype),
+        (torch.randn(H, Hq * D, generator=gen) / 16).to(dtype),
+        norm(),
+        (torch.randn(2 * I, H, generator=gen) / 16).to(dtype),
+        (torch.randn(H, I, generator=gen) / 16).to(dtype),
+    ]
     weights = [norm(), norm(), (torch.randn(H, 2 * H, generator=gen) / 16).to(dtype)] + block + [norm()]
     emb = random_rows(gen, emb_type, V, H)
     lm = random_rows(gen, lm_type, V, H) if lm_type >= 0 else torch.randn(V, H, generator=gen).to(dtype)
@@ -225,7 +275,6 @@ def test_head_draft_with_block_type_embedding_and_lm_head(isa, gen, emb_type, lm
         torch.ops.mtp.head_draft(*args, embedding_type=4)
 
 
-
 def test_head_draft_full_vocabulary_wider_than_the_layers_bf16(gen):
     """A head without a draft vocabulary in bf16: its LM head (V rows) is wider than every layer
     buffer; the fp32 logits before rounding must get their own room (this overflowed a heap
@@ -234,13 +283,34 @@ def test_head_draft_full_vocabulary_wider_than_the_layers_bf16(gen):
     dtype = torch.bfloat16
     (x, kc, vc, lens, cos, sin, _, _, _, eps), _ = decoder_case(gen, H, Hq, Hkv, D, I, [[3, 3, 3, 3]], dtype, [4], 1)
     norm = lambda: (1 + 0.1 * torch.randn(H, generator=gen)).to(dtype)  # noqa: E731
-    block = [norm(), (torch.randn((Hq + 2 * Hkv) * D, H, generator=gen) / 8).to(dtype),
-             (torch.randn(H, Hq * D, generator=gen) / 8).to(dtype), norm(),
-             (torch.randn(2 * I, H, generator=gen) / 8).to(dtype), (torch.randn(H, I, generator=gen) / 8).to(dtype)]
+    block = [
+        norm(),
+        (torch.randn((Hq + 2 * Hkv) * D, H, generator=gen) / 8).to(dtype),
+        (torch.randn(H, Hq * D, generator=gen) / 8).to(dtype),
+        norm(),
+        (torch.randn(2 * I, H, generator=gen) / 8).to(dtype),
+        (torch.randn(H, I, generator=gen) / 8).to(dtype),
+    ]
     weights = [norm(), norm(), (torch.randn(H, 2 * H, generator=gen) / 8).to(dtype)] + block + [norm()]
     emb, lm = random_rows(gen, 8, V, H), random_rows(gen, 8, V, H)
-    args = (torch.randn(1, H, generator=gen).to(dtype), torch.tensor([7]), kc[0], vc[0], lens, cos, sin, emb, None,
-            weights, lm, None, None, 3, Hq, eps)
+    args = (
+        torch.randn(1, H, generator=gen).to(dtype),
+        torch.tensor([7]),
+        kc[0],
+        vc[0],
+        lens,
+        cos,
+        sin,
+        emb,
+        None,
+        weights,
+        lm,
+        None,
+        None,
+        3,
+        Hq,
+        eps,
+    )
     kw = dict(embedding_type=8, lm_head_type=8)
     got = torch.ops.mtp.head_draft(*args, **kw)
     assert torch.equal(got, reference.head_draft(*args, **kw, ops=ops.KERNELS))

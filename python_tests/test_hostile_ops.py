@@ -3,6 +3,7 @@ outputs aliasing inputs or each other (or expanded, stride 0), float arguments t
 non-finite or overflow when narrowed to the kernels' float32. Each call raises RuntimeError
 with one sentence naming the argument, writes nothing, and the Python checks of the Triton /
 fallback paths (mtp_kernels._checks) say the same words."""
+
 import re
 
 import pytest
@@ -12,30 +13,71 @@ import mtp_kernels  # noqa: F401  (registers torch.ops.mtp)
 from mtp_kernels import _checks as C
 
 mtp = torch.ops.mtp
-BIG_HEADS = 2 ** 62  # (Hq + 2 Hkv) D wraps to 8 and Hq D to 0 with Hkv = 1, D = 4
+BIG_HEADS = 2**62  # (Hq + 2 Hkv) D wraps to 8 and Hq D to 0 with Hkv = 1, D = 4
 
 
 def decoder_args(H=8, Hkv=1, D=4, I=4, L=4, P=4, qkv_rows=None, o_cols=None, heads=2):
     qkv_rows = (heads + 2 * Hkv) * D if qkv_rows is None else qkv_rows
     o_cols = heads * D if o_cols is None else o_cols
     norm = torch.ones(H)
-    weights = [norm, torch.full((qkv_rows, H), 0.01), torch.full((H, o_cols), 0.01), norm,
-               torch.full((2 * I, H), 0.01), torch.full((H, I), 0.01), norm]
-    return dict(x=torch.full((1, 1, H), 0.5), k_cache=torch.zeros(1, 1, Hkv, L, D), v_cache=torch.zeros(1, 1, Hkv, L, D),
-                cache_lens=torch.zeros(1, dtype=torch.long), rope_cos=torch.ones(P, D), rope_sin=torch.zeros(P, D),
-                weights=weights, weight_scales=[], num_heads=heads, eps=1e-5)
+    weights = [
+        norm,
+        torch.full((qkv_rows, H), 0.01),
+        torch.full((H, o_cols), 0.01),
+        norm,
+        torch.full((2 * I, H), 0.01),
+        torch.full((H, I), 0.01),
+        norm,
+    ]
+    return dict(
+        x=torch.full((1, 1, H), 0.5),
+        k_cache=torch.zeros(1, 1, Hkv, L, D),
+        v_cache=torch.zeros(1, 1, Hkv, L, D),
+        cache_lens=torch.zeros(1, dtype=torch.long),
+        rope_cos=torch.ones(P, D),
+        rope_sin=torch.zeros(P, D),
+        weights=weights,
+        weight_scales=[],
+        num_heads=heads,
+        eps=1e-5,
+    )
 
 
 def run_decoder(a):
-    return mtp.decoder_layers(a["x"], a["k_cache"], a["v_cache"], a["cache_lens"], a["rope_cos"], a["rope_sin"],
-                              a["weights"], a["weight_scales"], a["num_heads"], a["eps"])
+    return mtp.decoder_layers(
+        a["x"],
+        a["k_cache"],
+        a["v_cache"],
+        a["cache_lens"],
+        a["rope_cos"],
+        a["rope_sin"],
+        a["weights"],
+        a["weight_scales"],
+        a["num_heads"],
+        a["eps"],
+    )
 
 
 def head_draft_args(k=2, heads=2, eps=1e-5, lens=0):
     H, Hkv, D, L, P, V = 8, 1, 4, 4, 4, 6
-    return (torch.zeros(1, H), torch.zeros(1, dtype=torch.long), torch.zeros(1, Hkv, L, D), torch.zeros(1, Hkv, L, D),
-            torch.full((1,), lens, dtype=torch.long), torch.ones(P, D), torch.zeros(P, D), torch.zeros(V, H), None,
-            [torch.ones(H)] * 4, torch.zeros(V, H), None, None, k, heads, eps)
+    return (
+        torch.zeros(1, H),
+        torch.zeros(1, dtype=torch.long),
+        torch.zeros(1, Hkv, L, D),
+        torch.zeros(1, Hkv, L, D),
+        torch.full((1,), lens, dtype=torch.long),
+        torch.ones(P, D),
+        torch.zeros(P, D),
+        torch.zeros(V, H),
+        None,
+        [torch.ones(H)] * 4,
+        torch.zeros(V, H),
+        None,
+        None,
+        k,
+        heads,
+        eps,
+    )
 
 
 # ---- sizes: checked arithmetic --------------------------------------------------------------
@@ -46,8 +88,11 @@ def test_decoder_valid_call():
 
 def test_decoder_num_heads_overflow():
     a = decoder_args(heads=BIG_HEADS, qkv_rows=8, o_cols=0)  # the matrices the wrapped widths would match
-    with pytest.raises(RuntimeError, match=r"mtp.decoder_layers: num_heads = 4611686018427387904 is too large: the "
-                                           r"qkv rows \(Hq \+ 2 Hkv\) D with Hkv = 1 and D = 4 overflow int64"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"mtp.decoder_layers: num_heads = 4611686018427387904 is too large: the "
+        r"qkv rows \(Hq \+ 2 Hkv\) D with Hkv = 1 and D = 4 overflow int64",
+    ):
         run_decoder(a)
     assert not a["k_cache"].any()
 
@@ -59,37 +104,54 @@ def test_head_draft_num_heads_overflow():
 
 def test_head_draft_positions_do_not_wrap():
     # cache_lens[b] + k near 2^63 would wrap past the RoPE check
-    with pytest.raises(RuntimeError, match=r"request 0's drafts would pass the RoPE tables: cache_lens\[0\] \+ k = "
-                                           r"1 \+ 9223372036854775806 > P = 4"):
-        mtp.head_draft(*head_draft_args(k=2 ** 63 - 2, lens=1))
+    with pytest.raises(
+        RuntimeError,
+        match=r"request 0's drafts would pass the RoPE tables: cache_lens\[0\] \+ k = "
+        r"1 \+ 9223372036854775806 > P = 4",
+    ):
+        mtp.head_draft(*head_draft_args(k=2**63 - 2, lens=1))
 
 
 def test_verify_k_plus_one_overflow():
-    draft = torch.zeros(1, 1, dtype=torch.long).expand(1, 2 ** 63 - 1)
-    with pytest.raises(RuntimeError, match=r"mtp.verify: draft_tokens.size\(1\) = K = 9223372036854775807 is too "
-                                           r"large \(K \+ 1 overflows int64\)"):
+    draft = torch.zeros(1, 1, dtype=torch.long).expand(1, 2**63 - 1)
+    with pytest.raises(
+        RuntimeError,
+        match=r"mtp.verify: draft_tokens.size\(1\) = K = 9223372036854775807 is too "
+        r"large \(K \+ 1 overflows int64\)",
+    ):
         mtp.verify(draft, torch.zeros(1, 1, 1))
     with pytest.raises(RuntimeError, match=r"mtp.accept_prefix: draft_tokens.size\(1\) = K = 9223372036854775807"):
         mtp.accept_prefix(draft, torch.zeros(1, 1, dtype=torch.long))
 
 
 def test_linear_row_length_bound():
-    x = torch.zeros(1, 1).expand(1, 2 ** 62)
-    with pytest.raises(RuntimeError, match=r"mtp.linear: K \(x.size\(-1\)\) = 4611686018427387904 is beyond the "
-                                           r"72057594037927936 \(2\^56\) elements a row may have"):
-        mtp.linear(x, torch.empty(0, 2 ** 62, dtype=torch.int8), None, torch.empty(0, 2 ** 57))
+    x = torch.zeros(1, 1).expand(1, 2**62)
+    with pytest.raises(
+        RuntimeError,
+        match=r"mtp.linear: K \(x.size\(-1\)\) = 4611686018427387904 is beyond the "
+        r"72057594037927936 \(2\^56\) elements a row may have",
+    ):
+        mtp.linear(x, torch.empty(0, 2**62, dtype=torch.int8), None, torch.empty(0, 2**57))
 
 
 # ---- aliasing ----------------------------------------------------------------------------------
 def append_args():
-    return torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), torch.ones(1, 2, 1, 2), torch.ones(1, 2, 1, 2), \
-        torch.zeros(1, dtype=torch.long)
+    return (
+        torch.zeros(1, 1, 4, 2),
+        torch.zeros(1, 1, 4, 2),
+        torch.ones(1, 2, 1, 2),
+        torch.ones(1, 2, 1, 2),
+        torch.zeros(1, dtype=torch.long),
+    )
 
 
 def test_cache_append_same_tensor_for_k_and_v():
     kc, _, kn, vn, lens = append_args()
-    with pytest.raises(RuntimeError, match=r"mtp.cache_append: k_cache and v_cache overlap in memory: k_cache is "
-                                           r"written in place and must share no memory with another argument"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"mtp.cache_append: k_cache and v_cache overlap in memory: k_cache is "
+        r"written in place and must share no memory with another argument",
+    ):
         mtp.cache_append(kc, kc, kn, vn, lens)
     assert not kc.any()
 
@@ -105,8 +167,13 @@ def test_cache_append_k_new_overlaps_k_cache():
 def test_cache_append_expanded_cache():
     _, vc, kn, vn, lens = append_args()
     kc = torch.zeros(1, 1, 1, 2).expand(1, 1, 4, 2)
-    with pytest.raises(RuntimeError, match=re.escape("k_cache must not have overlapping elements (it is written in "
-                                                     "place), got strides [2, 2, 0, 1] for sizes [1, 1, 4, 2]")):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            "k_cache must not have overlapping elements (it is written in "
+            "place), got strides [2, 2, 0, 1] for sizes [1, 1, 4, 2]"
+        ),
+    ):
         mtp.cache_append(kc, vc, kn, vn, lens)
 
 
@@ -119,8 +186,10 @@ def test_rope_x_overlapping_cos():
 
 def test_rope_expanded_x_keeps_its_message():
     x = torch.zeros(1, 2, 1, 4).expand(1, 2, 3, 4)
-    with pytest.raises(RuntimeError, match=re.escape("x must not have overlapping elements (it is rotated in place), "
-                                                     "got strides [8, 4, 0, 1]")):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape("x must not have overlapping elements (it is rotated in place), got strides [8, 4, 0, 1]"),
+    ):
         mtp.rope_(x, torch.ones(1, 2, 4), torch.zeros(1, 2, 4))
 
 
@@ -140,8 +209,10 @@ def attention_args():
     return torch.ones(1, 1, 2, 4), torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4), torch.full((1,), 3)
 
 
-@pytest.mark.parametrize("scale,shown", [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf"),
-                                         (1e300, "1e+300 (inf as float32)")])
+@pytest.mark.parametrize(
+    "scale,shown",
+    [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf"), (1e300, "1e+300 (inf as float32)")],
+)
 def test_attention_scale_not_finite(scale, shown):
     q, k, v, lens = attention_args()
     with pytest.raises(RuntimeError, match=re.escape(f"mtp.head_attention: scale must be finite, got {shown}")):
@@ -176,27 +247,33 @@ def message(fn):
 
 def test_python_checks_same_words():
     kc, vc, kn, vn, lens = append_args()
-    assert message(lambda: C.check_append_inputs("mtp.cache_append", kc, kc, kn, vn, lens)) == \
-        message(lambda: mtp.cache_append(kc, kc, kn, vn, lens))
+    assert message(lambda: C.check_append_inputs("mtp.cache_append", kc, kc, kn, vn, lens)) == message(
+        lambda: mtp.cache_append(kc, kc, kn, vn, lens)
+    )
     ke = torch.zeros(1, 1, 1, 2).expand(1, 1, 4, 2)
-    assert message(lambda: C.check_append_inputs("mtp.cache_append", ke, vc, kn, vn, lens)) == \
-        message(lambda: mtp.cache_append(ke, vc, kn, vn, lens))
+    assert message(lambda: C.check_append_inputs("mtp.cache_append", ke, vc, kn, vn, lens)) == message(
+        lambda: mtp.cache_append(ke, vc, kn, vn, lens)
+    )
     kn2 = kc[:, :, 2:4].transpose(1, 2)
-    assert message(lambda: C.check_append_inputs("mtp.cache_append", kc, vc, kn2, vn, lens)) == \
-        message(lambda: mtp.cache_append(kc, vc, kn2, vn, lens))
+    assert message(lambda: C.check_append_inputs("mtp.cache_append", kc, vc, kn2, vn, lens)) == message(
+        lambda: mtp.cache_append(kc, vc, kn2, vn, lens)
+    )
     buf = torch.zeros(64)
     x, cos, sin = buf[:32].view(1, 2, 4, 4), buf[16:24].view(1, 2, 4), torch.zeros(1, 2, 4)
     assert message(lambda: C.check_rope_inputs("mtp.rope_", x, cos, sin)) == message(lambda: mtp.rope_(x, cos, sin))
     xe = torch.zeros(1, 2, 1, 4).expand(1, 2, 3, 4)
-    assert message(lambda: C.check_rope_inputs("mtp.rope_", xe, torch.ones(1, 2, 4), sin)) == \
-        message(lambda: mtp.rope_(xe, torch.ones(1, 2, 4), sin))
+    assert message(lambda: C.check_rope_inputs("mtp.rope_", xe, torch.ones(1, 2, 4), sin)) == message(
+        lambda: mtp.rope_(xe, torch.ones(1, 2, 4), sin)
+    )
     for eps in (1e300, float("nan"), -1.0):
-        assert message(lambda: C.check_norm_inputs("mtp.rms_norm", torch.ones(2, 4), torch.ones(4), eps)) == \
-            message(lambda: mtp.rms_norm(torch.ones(2, 4), torch.ones(4), eps))
+        assert message(lambda: C.check_norm_inputs("mtp.rms_norm", torch.ones(2, 4), torch.ones(4), eps)) == message(
+            lambda: mtp.rms_norm(torch.ones(2, 4), torch.ones(4), eps)
+        )
     q, k, v, lens = attention_args()
     for scale in (1e300, float("nan"), float("inf")):
-        assert message(lambda: C.check_attention_inputs("mtp.head_attention", q, k, v, lens, scale=scale)) == \
-            message(lambda: mtp.head_attention(q, k, v, lens, scale=scale))
+        assert message(lambda: C.check_attention_inputs("mtp.head_attention", q, k, v, lens, scale=scale)) == message(
+            lambda: mtp.head_attention(q, k, v, lens, scale=scale)
+        )
 
 
 def test_python_checks_accept_valid_views():

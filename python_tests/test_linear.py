@@ -1,5 +1,6 @@
 """mtp.linear: close to reference.linear, and bitwise shape-invariant (each row's bits do
 not depend on how many rows share the call, nor on the thread count)."""
+
 import re
 
 import pytest
@@ -14,7 +15,7 @@ SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (37, 100), (5, 7), (
 
 def tolerance(out_dtype, K):
     # fp32 sums of K products (vector order vs fp64) / a bf16 result may round to the next value (1 ulp).
-    return dict(rtol=1e-5, atol=1e-6 * K) if out_dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-3)
+    return dict(rtol=1e-5, atol=1e-6 * K) if out_dtype == torch.float32 else dict(rtol=2**-7, atol=1e-3)
 
 
 @pytest.mark.parametrize("x_dtype", DTYPES)
@@ -23,7 +24,7 @@ def test_against_reference(isa, gen, x_dtype, w_dtype):
     for N, K in SHAPES:
         for M in (1, 2, 5, 9):
             x = torch.randn(M, K, generator=gen).to(x_dtype)
-            w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(w_dtype)
+            w = (torch.randn(N, K, generator=gen) / K**0.5).to(w_dtype)
             bias = torch.randn(N, generator=gen) if M % 2 else None
             got = torch.ops.mtp.linear(x, w, bias)
             want = reference.linear(x, w, bias)
@@ -36,13 +37,13 @@ def test_against_reference(isa, gen, x_dtype, w_dtype):
 def test_shape_invariance_bitwise(isa, gen, x_dtype, w_dtype):
     N, K = 333, 576 + 19  # odd sizes: vector tails in both dimensions
     x = torch.randn(70, K, generator=gen).to(x_dtype)  # 70 rows: a span of 64 and a partial one
-    w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(w_dtype)
+    w = (torch.randn(N, K, generator=gen) / K**0.5).to(w_dtype)
     bias = torch.randn(N, generator=gen)
     full = torch.ops.mtp.linear(x, w, bias)
     for i in range(70):
-        assert torch.equal(torch.ops.mtp.linear(x[i:i + 1], w, bias), full[i:i + 1]), i
+        assert torch.equal(torch.ops.mtp.linear(x[i : i + 1], w, bias), full[i : i + 1]), i
     for M in (2, 3, 5, 9, 17, 33, 65):
-        assert torch.equal(torch.ops.mtp.linear(x[3:3 + M], w, bias), full[3:3 + M]), M
+        assert torch.equal(torch.ops.mtp.linear(x[3 : 3 + M], w, bias), full[3 : 3 + M]), M
 
 
 def test_bf16_output_rounds_like_torch(isa, threads):
@@ -50,10 +51,10 @@ def test_bf16_output_rounds_like_torch(isa, threads):
     # Here every output is a + b * s exactly rounded once in fp32 (the other products are
     # zeros, s a power of two), so it must be torch's fp32 -> bf16 of that sum: ties to even
     # both ways, overflow to inf, NaN. N = 70: three column blocks, the last partial.
-    one = 1.0 + 2 ** -7  # odd last mantissa bit
-    big = (2 - 2 ** -7) * 2.0 ** 127  # bf16's largest finite value, odd too
+    one = 1.0 + 2**-7  # odd last mantissa bit
+    big = (2 - 2**-7) * 2.0**127  # bf16's largest finite value, odd too
     a = torch.tensor([1.0, one, -one, big, -big, 0.0, float("nan"), 3.0, -2.5, 1e30, 0.0])
-    b = torch.tensor([2 ** -8, 2 ** -8, -2 ** -8, 2.0 ** 119, -2.0 ** 119, -0.0, 1.0, 2 ** -9, 2 ** -7, 1e22, 1.5])
+    b = torch.tensor([2**-8, 2**-8, -(2**-8), 2.0**119, -(2.0**119), -0.0, 1.0, 2**-9, 2**-7, 1e22, 1.5])
     s = 2.0 ** torch.arange(-3, 67).remainder(7).float()  # 1 .. 64, per column
     K = 64
     x = torch.zeros(len(a), K, dtype=torch.bfloat16)
@@ -76,17 +77,19 @@ def test_thread_count_and_layout_do_not_change_bits(gen, threads):
     assert full.shape == (2, 5, 1536)
     torch.set_num_threads(1)
     assert torch.equal(torch.ops.mtp.linear(x, w), full)
-    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7:7 + 576]  # rows 1000 apart: read in place
+    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7 : 7 + 576]  # rows 1000 apart: read in place
     strided.copy_(x)
     assert torch.equal(torch.ops.mtp.linear(strided, w), full)
-    rows = torch.randn(10, 1000, generator=gen)[:, 7:7 + 576]  # 2-D rows 1000 apart: read in place
+    rows = torch.randn(10, 1000, generator=gen)[:, 7 : 7 + 576]  # 2-D rows 1000 apart: read in place
     rows.copy_(x.reshape(10, 576))
     assert torch.equal(torch.ops.mtp.linear(rows, w), full.reshape(10, 1536))
     repeated = x[0, 3].expand(4, 576)  # row stride 0
     assert torch.equal(torch.ops.mtp.linear(repeated, w), full[0, 3].expand(4, 1536))
     q, scale = mtp_kernels.quantize_q8(w)
-    assert torch.equal(torch.ops.mtp.linear(rows, q, None, scale, quantize_x=True),
-                       torch.ops.mtp.linear(x.reshape(10, 576), q, None, scale, quantize_x=True))
+    assert torch.equal(
+        torch.ops.mtp.linear(rows, q, None, scale, quantize_x=True),
+        torch.ops.mtp.linear(x.reshape(10, 576), q, None, scale, quantize_x=True),
+    )
     big = torch.randn(1536, 700, generator=gen)
     big[:, :576] = w
     with pytest.raises(RuntimeError, match="weight rows must be contiguous"):

@@ -1,6 +1,7 @@
 """mtp.linear with weight-only int8 weights (Q8: fp32 scales per block of 32 along K):
 close to reference.linear, bitwise shape-invariant on every instruction set, thread count
 free; quantize_q8 / dequantize_q8; opcheck; bad input."""
+
 import re
 
 import pytest
@@ -16,11 +17,11 @@ SHAPES = [(37, 100), (5, 7), (3, 1), (64, 31), (33, 32), (17, 33), (1, 70), (1, 
 
 def tolerance(out_dtype, K):
     # fp32 sums in the kernel's order vs fp64; a bf16 result may round to the next value.
-    return dict(rtol=1e-5, atol=1e-6 * K) if out_dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-3)
+    return dict(rtol=1e-5, atol=1e-6 * K) if out_dtype == torch.float32 else dict(rtol=2**-7, atol=1e-3)
 
 
 def q8_weight(gen, N, K):
-    return quantize_q8(torch.randn(N, K, generator=gen) / K ** 0.5)
+    return quantize_q8(torch.randn(N, K, generator=gen) / K**0.5)
 
 
 def raw_q8(gen, N, K):
@@ -41,7 +42,7 @@ def test_against_reference(isa, gen, x_dtype):
             got = torch.ops.mtp.linear(x, q, bias, s)
             assert got.dtype == x_dtype and got.shape == (M, N)
             want = reference.linear(x, q, bias, s)
-            scale = 1.0 if M % 3 else 127 * 0.01 * K ** 0.5  # raw_q8 elements are larger
+            scale = 1.0 if M % 3 else 127 * 0.01 * K**0.5  # raw_q8 elements are larger
             torch.testing.assert_close(got.float() / scale, want.float() / scale, **tolerance(x_dtype, K))
 
 
@@ -50,7 +51,7 @@ def test_reference_is_the_dequantised_weight(gen):
     x, b = torch.randn(3, 70, generator=gen), torch.randn(7, generator=gen)
     w64 = q.double() * s.double().repeat_interleave(32, dim=1)[:, :70]
     assert torch.equal(reference.linear(x, q, b, s), (x.double() @ w64.T + b.double()).float())
-    torch.testing.assert_close(dequantize_q8(q, s).double(), w64, rtol=2 ** -24, atol=0)
+    torch.testing.assert_close(dequantize_q8(q, s).double(), w64, rtol=2**-24, atol=0)
 
 
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
@@ -61,9 +62,9 @@ def test_shape_invariance_bitwise(isa, gen, x_dtype):
     bias = torch.randn(N, generator=gen)
     full = torch.ops.mtp.linear(x, q, bias, s)
     for i in range(70):
-        assert torch.equal(torch.ops.mtp.linear(x[i:i + 1], q, bias, s), full[i:i + 1]), i
+        assert torch.equal(torch.ops.mtp.linear(x[i : i + 1], q, bias, s), full[i : i + 1]), i
     for M in (2, 3, 5, 9, 17, 33, 65):
-        assert torch.equal(torch.ops.mtp.linear(x[3:3 + M], q, bias, s), full[3:3 + M]), M
+        assert torch.equal(torch.ops.mtp.linear(x[3 : 3 + M], q, bias, s), full[3 : 3 + M]), M
     assert torch.equal(torch.ops.mtp.linear(x.reshape(7, 10, K), q, bias, s).reshape(70, N), full)
 
 
@@ -75,7 +76,7 @@ def test_thread_count_and_layout_do_not_change_bits(gen, threads):
     assert full.shape == (2, 5, 1536)
     torch.set_num_threads(1)
     assert torch.equal(torch.ops.mtp.linear(x, q, None, s), full)
-    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7:7 + 576]
+    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7 : 7 + 576]
     strided.copy_(x)
     assert torch.equal(torch.ops.mtp.linear(strided, q, None, s), full)
     # weight and scale rows strided (slices of wider buffers), read in place
@@ -96,7 +97,9 @@ def test_empty_and_degenerate(gen):
     assert torch.equal(y, torch.ones(2, 4))
     # an all-zero scale row gives exactly the bias
     s_zero = torch.zeros_like(s)
-    assert torch.equal(torch.ops.mtp.linear(torch.randn(2, 3), q, torch.full((4,), 0.25), s_zero), torch.full((2, 4), 0.25))
+    assert torch.equal(
+        torch.ops.mtp.linear(torch.randn(2, 3), q, torch.full((4,), 0.25), s_zero), torch.full((2, 4), 0.25)
+    )
 
 
 @pytest.mark.parametrize("quantize_x", [False, True])  # weight-only Q8 and the integer dots
@@ -116,6 +119,7 @@ def test_isas_agree_to_rounding(gen, quantize_x):
 
 
 # ---- quantize_q8 / dequantize_q8
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_quantize_round_trip(gen, dtype):
@@ -180,6 +184,7 @@ def test_quantize_and_dequantize_bad_arguments():
 
 # ---- the op: opcheck, compile, bad input
 
+
 def test_opcheck_and_compile(gen):
     x, b = torch.randn(3, 70, generator=gen), torch.randn(32, generator=gen)
     q, s = q8_weight(gen, 32, 70)
@@ -200,31 +205,57 @@ def _q8(N, K):
 
 # (x, weight, bias, weight_scale), message after "mtp.linear: "
 BAD_Q8 = [
-    ((torch.randn(2, 40), _q8(4, 40)[0], None, None),
-     "an int8 weight needs weight_scale, Float [N, ceil(K/32)] = [4, 2] (one scale per block of 32 along K), got None"),
-    ((torch.randn(2, 40), torch.randn(4, 40), None, torch.ones(4, 2)),
-     "weight_scale goes with an int8 weight only (Q8 blocks), got a Float weight"),
-    ((torch.randn(2, 40), torch.randn(4, 40).bfloat16(), None, torch.ones(4, 2)),
-     "weight_scale goes with an int8 weight only (Q8 blocks), got a BFloat16 weight"),
+    (
+        (torch.randn(2, 40), _q8(4, 40)[0], None, None),
+        "an int8 weight needs weight_scale, Float [N, ceil(K/32)] = [4, 2] (one scale per block of 32 along K), got None",  # noqa: E501
+    ),
+    (
+        (torch.randn(2, 40), torch.randn(4, 40), None, torch.ones(4, 2)),
+        "weight_scale goes with an int8 weight only (Q8 blocks), got a Float weight",
+    ),
+    (
+        (torch.randn(2, 40), torch.randn(4, 40).bfloat16(), None, torch.ones(4, 2)),
+        "weight_scale goes with an int8 weight only (Q8 blocks), got a BFloat16 weight",
+    ),
     ((torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(4, 2).half()), "weight_scale must be Float, got Half"),
     ((torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(4, 2).double()), "weight_scale must be Float, got Double"),
-    ((torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(8)), "weight_scale must be 2-D [N, ceil(K/32)], got shape [8]"),
-    ((torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(3, 2)),
-     "weight_scale.size(0) must equal N (weight.size(0)) = 4, got 3 (shape [3, 2])"),
-    ((torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(4, 1)),
-     "weight_scale.size(1) must equal ceil(K/32) (blocks of 32 along K) = 2, got 1 (shape [4, 1])"),
-    ((torch.randn(2, 64), _q8(4, 64)[0], None, torch.ones(4, 3)),
-     "weight_scale.size(1) must equal ceil(K/32) (blocks of 32 along K) = 2, got 3 (shape [4, 3])"),
-    ((torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(2, 4).t()),
-     "weight_scale rows must be contiguous (stride 1 along the blocks), got strides [1, 4]"),
-    ((torch.randn(2, 40), torch.ones(40, 4, dtype=torch.int8).t(), None, torch.ones(4, 2)),
-     "weight rows must be contiguous"),
-    ((torch.randn(2, 40), _q8(4, 39)[0], None, torch.ones(4, 2)), "weight.size(1) must equal K (x.size(-1)) = 40, got 39"),
-    ((torch.randn(2, 40), torch.ones(4, 40, dtype=torch.uint8), None, torch.ones(4, 2)),
-     "weight must be Float or BFloat16 or Char, got Byte"),
+    (
+        (torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(8)),
+        "weight_scale must be 2-D [N, ceil(K/32)], got shape [8]",
+    ),
+    (
+        (torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(3, 2)),
+        "weight_scale.size(0) must equal N (weight.size(0)) = 4, got 3 (shape [3, 2])",
+    ),
+    (
+        (torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(4, 1)),
+        "weight_scale.size(1) must equal ceil(K/32) (blocks of 32 along K) = 2, got 1 (shape [4, 1])",
+    ),
+    (
+        (torch.randn(2, 64), _q8(4, 64)[0], None, torch.ones(4, 3)),
+        "weight_scale.size(1) must equal ceil(K/32) (blocks of 32 along K) = 2, got 3 (shape [4, 3])",
+    ),
+    (
+        (torch.randn(2, 40), _q8(4, 40)[0], None, torch.ones(2, 4).t()),
+        "weight_scale rows must be contiguous (stride 1 along the blocks), got strides [1, 4]",
+    ),
+    (
+        (torch.randn(2, 40), torch.ones(40, 4, dtype=torch.int8).t(), None, torch.ones(4, 2)),
+        "weight rows must be contiguous",
+    ),
+    (
+        (torch.randn(2, 40), _q8(4, 39)[0], None, torch.ones(4, 2)),
+        "weight.size(1) must equal K (x.size(-1)) = 40, got 39",
+    ),
+    (
+        (torch.randn(2, 40), torch.ones(4, 40, dtype=torch.uint8), None, torch.ones(4, 2)),
+        "weight must be Float or BFloat16 or Char, got Byte",
+    ),
     ((torch.randn(2, 40).half(), _q8(4, 40)[0], None, torch.ones(4, 2)), "x must be Float or BFloat16, got Half"),
-    ((torch.randn(2, 40), _q8(4, 40)[0], torch.ones(5), torch.ones(4, 2)),
-     "bias.size(0) must equal N (weight.size(0)) = 4, got 5"),
+    (
+        (torch.randn(2, 40), _q8(4, 40)[0], torch.ones(5), torch.ones(4, 2)),
+        "bias.size(0) must equal N (weight.size(0)) = 4, got 5",
+    ),
 ]
 
 

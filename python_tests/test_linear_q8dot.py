@@ -2,6 +2,7 @@
 integer dot products. Bitwise where reference.py defines the bits (the quantized activations,
 the integer block sums), within the documented bound of reference.linear's fp64 value
 otherwise; bitwise shape-invariant on every instruction set; NaN/inf; opcheck; bad input."""
+
 import math
 import re
 
@@ -13,8 +14,20 @@ from mtp_kernels import quantize_q8, reference
 
 X_DTYPES = [torch.float32, torch.bfloat16]
 # (N, K): K = 0, K < 32, at and across block and 64-element edges, the model's shapes.
-SHAPES = [(37, 100), (5, 7), (3, 1), (64, 31), (33, 32), (17, 33), (1, 70), (9, 64), (8, 65), (4, 0), (192, 576),
-          (70, 1000)]
+SHAPES = [
+    (37, 100),
+    (5, 7),
+    (3, 1),
+    (64, 31),
+    (33, 32),
+    (17, 33),
+    (1, 70),
+    (9, 64),
+    (8, 65),
+    (4, 0),
+    (192, 576),
+    (70, 1000),
+]
 
 
 def linear_q8dot(x, q, bias, s):
@@ -33,12 +46,13 @@ def bound(x, q, s, bias, out_dtype):
     xq, sx = reference.quantize_rows_q8(x)
     abs_sums = reference.q8_block_sums(xq.long().abs(), q.long().abs()).double()
     terms = abs_sums * (sx.double()[:, None, :] * s.double()[None, :, :])
-    b = (-(-K // 32) + 8) * 2.0 ** -24 * terms.abs().sum(dim=-1)
+    b = (-(-K // 32) + 8) * 2.0**-24 * terms.abs().sum(dim=-1)
     want = reference.linear(x.float(), q, bias, s, quantize_x=True).double()
-    return b + want.abs() * (2.0 ** -8 if out_dtype == torch.bfloat16 else 2.0 ** -23) + 1e-30
+    return b + want.abs() * (2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-23) + 1e-30
 
 
 # ---- the quantization rule (reference.quantize_rows_q8)
+
 
 def test_quantize_rows_rule():
     x = torch.zeros(4, 70)
@@ -63,13 +77,14 @@ def test_quantize_rows_rule():
     r = torch.randn(6, 100, generator=g) * torch.logspace(-30, 30, 6)[:, None]
     rq, rs = reference.quantize_rows_q8(r)
     for b in range(4):
-        blk = r[:, 32 * b:32 * b + 32]
+        blk = r[:, 32 * b : 32 * b + 32]
         s = blk.abs().amax(dim=1) / 127
         assert torch.equal(rs[:, b], s)
-        assert torch.equal(rq[:, 32 * b:32 * b + 32].float(), torch.round(blk / s[:, None]).clamp(-127, 127))
+        assert torch.equal(rq[:, 32 * b : 32 * b + 32].float(), torch.round(blk / s[:, None]).clamp(-127, 127))
 
 
 # ---- the kernel against the rule, bit for bit
+
 
 def test_kernel_quantizes_x_bitwise(isa, gen):
     """An identity weight with unit scales gives y[m, k] = fp32(xq[m, k] * sx[m, k // 32]): the
@@ -90,7 +105,11 @@ def test_kernel_quantizes_x_bitwise(isa, gen):
         want = xq.float() * sx.repeat_interleave(32, dim=1)[:, :K]
         nan_rows = torch.isnan(sx).any(dim=1)
         want[nan_rows] = float("nan")
-        got = linear_q8dot(xd.float(), eye, None, ones) if dt == torch.float32 else linear_q8dot(xd, eye, None, ones).float()
+        got = (
+            linear_q8dot(xd.float(), eye, None, ones)
+            if dt == torch.float32
+            else linear_q8dot(xd, eye, None, ones).float()
+        )
         if dt == torch.float32:
             assert torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num()), isa
@@ -109,11 +128,12 @@ def test_integer_block_sums_exact(isa, gen):
         xq, sx = reference.quantize_rows_q8(x)
         assert torch.equal(xq.float(), x) and (sx == 1).all()
         want = reference.q8_block_sums(xq, q).sum(dim=-1)
-        assert want.abs().max() < 2 ** 24
+        assert want.abs().max() < 2**24
         assert torch.equal(linear_q8dot(x, q, None, s), want.float()), (isa, N, K)
 
 
 # ---- the value, within the documented bound
+
 
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 def test_against_reference(isa, gen, x_dtype):
@@ -139,6 +159,7 @@ def test_close_to_the_weight_only_result(gen):
 
 # ---- shape invariance, bitwise
 
+
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 def test_shape_invariance_bitwise(isa, gen, x_dtype):
     N, K = 333, 576 + 19  # a partial last block, a partial last 64-element chunk, column tails
@@ -150,7 +171,7 @@ def test_shape_invariance_bitwise(isa, gen, x_dtype):
         part = linear_q8dot(x[:M], q, bias, s)
         assert torch.equal(part, full[:M]), (isa, M)
     for i in range(70):
-        assert torch.equal(linear_q8dot(x[i:i + 1], q, bias, s), full[i:i + 1]), (isa, i)
+        assert torch.equal(linear_q8dot(x[i : i + 1], q, bias, s), full[i : i + 1]), (isa, i)
     assert torch.equal(linear_q8dot(x.reshape(7, 10, K), q, bias, s).reshape(70, N), full)
 
 
@@ -161,7 +182,7 @@ def test_small_and_odd_k_rows_alone(isa, gen, K):
     bias = torch.randn(70, generator=gen)
     full = linear_q8dot(x, q, bias, s)
     for i in range(9):
-        assert torch.equal(linear_q8dot(x[i:i + 1], q, bias, s), full[i:i + 1]), (isa, K, i)
+        assert torch.equal(linear_q8dot(x[i : i + 1], q, bias, s), full[i : i + 1]), (isa, K, i)
     if K == 0:
         assert torch.equal(full, bias.expand(9, 70))
 
@@ -173,7 +194,7 @@ def test_threads_and_layout_do_not_change_bits(gen, threads):
     full = linear_q8dot(x, q, None, s)
     torch.set_num_threads(1)
     assert torch.equal(linear_q8dot(x, q, None, s), full)
-    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7:7 + 576]
+    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7 : 7 + 576]
     strided.copy_(x)
     assert torch.equal(linear_q8dot(strided, q, None, s), full)
     big_q = torch.zeros(1536, 600, dtype=torch.int8)
@@ -184,6 +205,7 @@ def test_threads_and_layout_do_not_change_bits(gen, threads):
 
 
 # ---- edge values
+
 
 def test_non_finite_rows_give_nan_rows(isa, gen):
     """A NaN or infinity in a row of x makes that row's outputs NaN (every column, whatever the
@@ -198,7 +220,7 @@ def test_non_finite_rows_give_nan_rows(isa, gen):
     for m in (1, 3, 4):
         assert torch.isnan(y[m]).all(), (isa, m)
     for m in (0, 2, 5):
-        assert torch.equal(y[m], linear_q8dot(x[m:m + 1], q, torch.ones(N), s)[0])
+        assert torch.equal(y[m], linear_q8dot(x[m : m + 1], q, torch.ones(N), s)[0])
         assert not torch.isnan(y[m]).any()
     assert torch.isnan(reference.linear(x, q, None, s, quantize_x=True)[[1, 3, 4]]).all()
     del clean
@@ -212,6 +234,7 @@ def test_zero_rows_give_the_bias(isa, gen):
 
 
 # ---- the op: opcheck, compile, bad input
+
 
 def test_opcheck_and_compile(gen):
     x, b = torch.randn(3, 70, generator=gen), torch.randn(32, generator=gen)
@@ -233,8 +256,12 @@ def test_opcheck_and_compile(gen):
 def test_quantize_x_needs_an_int8_weight(device, w_dtype):
     x, w = torch.randn(2, 40, device=device), torch.randn(4, 40, device=device).to(w_dtype)
     name = {torch.float32: "Float", torch.bfloat16: "BFloat16"}[w_dtype] if device == "cpu" else str(w_dtype)
-    with pytest.raises(RuntimeError, match=re.escape(
-            f"mtp.linear: quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), got a {name} weight")):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            f"mtp.linear: quantize_x=True needs an int8 weight with weight_scale (mtp_kernels.quantize_q8), got a {name} weight"  # noqa: E501
+        ),
+    ):
         torch.ops.mtp.linear(x, w, None, None, quantize_x=True)
 
 

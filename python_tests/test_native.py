@@ -2,6 +2,7 @@
 the dequantizing loader's weights), the native backbone (MTP output equals its greedy), bad
 files (each a clear CheckpointError, exit 2 from `mtp generate`), and the peak RSS of
 `mtp generate` on the default model."""
+
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import torch
 
 from mtp_kernels import cli, decoding
 from mtp_kernels.gguf import QuantTensor
-from mtp_kernels.models import checkpoint
+from mtp_kernels.models import checkpoint, loading
 from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.llama import Backbone
 from tiny_model import TINY, assert_verify_pass_equals_steps, tiny_weights
@@ -25,8 +26,9 @@ for _ours, _theirs in checkpoint._GGUF_LAYER_NAMES.items():
         _GGUF_NAMES[f"model.layers.{_i}.{_theirs}.weight"] = f"blk.{_i}.{_ours}.weight"
 
 
-def write_tiny_gguf(path, block_count=TINY.num_layers, matrix_type=gguf.GGMLQuantizationType.Q4_1,
-                    skip=(), overrides=None):
+def write_tiny_gguf(
+    path, block_count=TINY.num_layers, matrix_type=gguf.GGMLQuantizationType.Q4_1, skip=(), overrides=None
+):
     """A tiny Llama GGUF: Q8_0 embedding, `matrix_type` layer matrices, F32 norms."""
     overrides = overrides or {}
     w = gguf.GGUFWriter(str(path), "llama")
@@ -65,14 +67,14 @@ def patch_tensor_info(path, gguf_name, row_length=None, type_=None, offset_delta
     data = bytearray(open(path, "rb").read())
     key = len(gguf_name).to_bytes(8, "little") + gguf_name.encode()
     at = data.index(key) + len(key)
-    n_dims = int.from_bytes(data[at:at + 4], "little")
+    n_dims = int.from_bytes(data[at : at + 4], "little")
     dims_at, type_at = at + 4, at + 4 + 8 * n_dims
     if row_length is not None:
-        data[dims_at:dims_at + 8] = row_length.to_bytes(8, "little")
+        data[dims_at : dims_at + 8] = row_length.to_bytes(8, "little")
     if type_ is not None:
-        data[type_at:type_at + 4] = type_.to_bytes(4, "little")
-    offset = int.from_bytes(data[type_at + 4:type_at + 12], "little") + offset_delta
-    data[type_at + 4:type_at + 12] = offset.to_bytes(8, "little")
+        data[type_at : type_at + 4] = type_.to_bytes(4, "little")
+    offset = int.from_bytes(data[type_at + 4 : type_at + 12], "little") + offset_delta
+    data[type_at + 4 : type_at + 12] = offset.to_bytes(8, "little")
     open(path, "wb").write(bytes(data))
 
 
@@ -91,16 +93,23 @@ def test_tiny_gguf_native_equals_dequantized(tmp_path):
 
 
 BAD_FILES = {
-    "unknown type": (lambda p: patch_tensor_info(p, "blk.0.ffn_up.weight", type_=99),
-                     r"tensor 'blk.0.ffn_up.weight' has an unknown GGML type 99"),
-    "data past the end": (lambda p: open(p, "r+b").truncate(os.path.getsize(p) - 100),
-                          r"tensor '[^']+' .* lies past the end of the file"),
-    "misaligned": (lambda p: patch_tensor_info(p, "blk.1.attn_v.weight", offset_delta=4),
-                   r"tensor 'blk.1.attn_v.weight': its data offset \d+ is not aligned to 32 bytes"),
-    "partial block": (lambda p: patch_tensor_info(p, "blk.0.attn_q.weight", row_length=48),
-                      r"tensor 'blk.0.attn_q.weight': its row length 48 is not a multiple of Q4_1's blocks of 32"),
-    "overlap": (lambda p: patch_tensor_info(p, "blk.0.attn_q.weight", row_length=128),
-                r"overlap"),
+    "unknown type": (
+        lambda p: patch_tensor_info(p, "blk.0.ffn_up.weight", type_=99),
+        r"tensor 'blk.0.ffn_up.weight' has an unknown GGML type 99",
+    ),
+    "data past the end": (
+        lambda p: open(p, "r+b").truncate(os.path.getsize(p) - 100),
+        r"tensor '[^']+' .* lies past the end of the file",
+    ),
+    "misaligned": (
+        lambda p: patch_tensor_info(p, "blk.1.attn_v.weight", offset_delta=4),
+        r"tensor 'blk.1.attn_v.weight': its data offset \d+ is not aligned to 32 bytes",
+    ),
+    "partial block": (
+        lambda p: patch_tensor_info(p, "blk.0.attn_q.weight", row_length=48),
+        r"tensor 'blk.0.attn_q.weight': its row length 48 is not a multiple of Q4_1's blocks of 32",
+    ),
+    "overlap": (lambda p: patch_tensor_info(p, "blk.0.attn_q.weight", row_length=128), r"overlap"),
 }
 
 
@@ -138,6 +147,7 @@ def test_unsupported_block_type_native(tmp_path):
 
 # ---- the default model -----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def default_native():
     return checkpoint.load(native=True)
@@ -145,8 +155,10 @@ def default_native():
 
 def _in_map(t: torch.Tensor, path: str) -> bool:
     storage = t.untyped_storage()
-    return storage.nbytes() == os.path.getsize(path) and \
-        storage.data_ptr() <= t.data_ptr() < storage.data_ptr() + storage.nbytes()
+    return (
+        storage.nbytes() == os.path.getsize(path)
+        and storage.data_ptr() <= t.data_ptr() < storage.data_ptr() + storage.nbytes()
+    )
 
 
 def test_default_native_is_zero_copy_and_equals_dequantized(default_native):
@@ -189,30 +201,34 @@ def test_native_backbone_keeps_the_file_in_place(native_backbone):
     tokens = torch.tensor([[5, 77, 49151]])
     want = native_backbone[0].embedding[tokens[0]]
     from mtp_kernels.reference import gguf_dequantize
+
     assert torch.equal(model.embed(tokens)[0], gguf_dequantize(want, 8).to(torch.bfloat16))
 
 
 def test_native_mtp_equals_greedy(native_backbone):
     model, tok = native_backbone
-    head = cli.load_head(None, model, lambda m: None)
+    head = loading.load_head(None, model, lambda m: None)
     eos = tuple(model.cfg.eos_token_ids)
     runs = {"Write a haiku about the sea.": ((3, 1, 0), (3, 3, 0)), "What is 12 times 7?": ((2, 1, 6),)}
     for prompt, configs in runs.items():
         ids = tok.encode(tok.apply_chat_template(prompt))
         want = decoding.generate(model, [ids], 16, eos_token_ids=eos)[0].tokens
         for k, branches, lookup in configs:  # a chain, a tree, a chain beside prompt lookup
-            got = decoding.generate(model, [ids], 16, head=head, k=k, eos_token_ids=eos, branches=branches,
-                                    lookup=lookup)[0]
+            got = decoding.generate(
+                model, [ids], 16, head=head, k=k, eos_token_ids=eos, branches=branches, lookup=lookup
+            )[0]
             assert got.tokens == want, (prompt, k, branches, lookup)
             assert got.passes < len(want)
 
 
 def _child_peak_mb(args):
     """Peak RSS (MB) of `python args...` alone: measured by a wrapper process whose only child it is."""
-    probe = ("import resource, subprocess, sys; "
-             f"r = subprocess.run([sys.executable] + {list(args)!r}, capture_output=True, text=True); "
-             "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
-             "print(r.stderr[-2000:], file=sys.stderr)")
+    probe = (
+        "import resource, subprocess, sys; "
+        f"r = subprocess.run([sys.executable] + {list(args)!r}, capture_output=True, text=True); "
+        "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+        "print(r.stderr[-2000:], file=sys.stderr)"
+    )
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     rc, kib = map(int, r.stdout.split())
     assert rc == 0, r.stderr
@@ -244,8 +260,9 @@ def test_mixed_types_fall_back_to_dequantized(tmp_path, capsys):
     run natively; `mtp generate` says so and runs the model dequantized."""
     from mtp_kernels.models.llama import MixedTypesError
 
-    path = write_tiny_gguf(tmp_path / "mixed.gguf",
-                           overrides={"model.layers.0.self_attn.v_proj.weight": gguf.GGMLQuantizationType.Q8_0})
+    path = write_tiny_gguf(
+        tmp_path / "mixed.gguf", overrides={"model.layers.0.self_attn.v_proj.weight": gguf.GGMLQuantizationType.Q8_0}
+    )
     cfg, weights, _ = checkpoint.load(path, native=True)
     with pytest.raises(MixedTypesError, match=r"model.layers.0.qkv have different types \(Q4_1, Q4_1, Q8_0\)"):
         Backbone(cfg, weights, torch.bfloat16)

@@ -6,6 +6,7 @@ CI runs a fixed, derandomized budget (profile "ci"); `make fuzz` runs the long o
 (HYPOTHESIS_PROFILE=fuzz, FUZZ_EXAMPLES per test, random seeds).
 Every comparison is bitwise (NaN positions compared as positions).
 """
+
 import os
 
 import torch
@@ -16,10 +17,15 @@ import mtp_kernels  # noqa: F401  (registers the ops)
 from mtp_kernels import reference
 from mtp_kernels.gguf import BLOCK_TYPES
 
-settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("fuzz", max_examples=int(os.environ.get("FUZZ_EXAMPLES", 5000)), deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 5000)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
@@ -33,8 +39,11 @@ def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
     if not got.is_floating_point():
         return torch.equal(got, want)
     nan = want.isnan()
-    return (torch.equal(got.isnan(), nan) and torch.equal(got[~nan], want[~nan])
-            and torch.equal(got[~nan].signbit(), want[~nan].signbit()))
+    return (
+        torch.equal(got.isnan(), nan)
+        and torch.equal(got[~nan], want[~nan])
+        and torch.equal(got[~nan].signbit(), want[~nan].signbit())
+    )
 
 
 @st.composite
@@ -42,7 +51,7 @@ def tensors(draw, shape, dtype, edge=True, scale=4.0):
     """A tensor of ``shape`` with values from a seed, some replaced by edge values and some
     snapped to a few levels (ties); returned with a stride pattern: contiguous, a column slice
     of a wider buffer, or a transposed copy."""
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31)))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     t = torch.randn(shape, generator=gen) * scale
     if draw(st.booleans()):  # ties: few distinct values
         t = t.round()
@@ -54,8 +63,8 @@ def tensors(draw, shape, dtype, edge=True, scale=4.0):
     layout = draw(st.sampled_from(["contiguous", "sliced", "transposed"]))
     if layout == "sliced" and t.dim():
         wide = torch.zeros(*shape[:-1], shape[-1] + 3, dtype=dtype)
-        wide[..., 1:1 + shape[-1]] = t
-        t = wide[..., 1:1 + shape[-1]]
+        wide[..., 1 : 1 + shape[-1]] = t
+        t = wide[..., 1 : 1 + shape[-1]]
     elif layout == "transposed" and t.dim() >= 2:
         t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
     return t
@@ -68,9 +77,10 @@ def verify_case(draw):
     itype = draw(st.sampled_from([torch.int32, torch.int64]))
     logits = draw(tensors((B, K + 1, V), dtype))
     # drafts: mostly the backbone's own tokens (so prefixes get accepted), else anything, out of range too
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31)))
-    drafts = torch.where(torch.rand(B, K, generator=gen) < 0.7, logits.argmax(-1)[:, :K],
-                         torch.randint(-2, V + 2, (B, K), generator=gen)).to(itype)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    drafts = torch.where(
+        torch.rand(B, K, generator=gen) < 0.7, logits.argmax(-1)[:, :K], torch.randint(-2, V + 2, (B, K), generator=gen)
+    ).to(itype)
     num_drafts = None
     if draw(st.booleans()):
         num_drafts = torch.randint(0, K + 1, (B,), generator=gen).to(draw(st.sampled_from([torch.int32, torch.int64])))
@@ -115,16 +125,25 @@ def test_silu_mul_rows_are_invariant_and_near_the_reference(case):
     x, _ = case
     got, want = torch.ops.mtp.silu_mul(x), reference.silu_mul(x)
     for m in range(x.shape[0]):
-        assert same_bits(torch.ops.mtp.silu_mul(x[m:m + 1]), got[m:m + 1]), m
+        assert same_bits(torch.ops.mtp.silu_mul(x[m : m + 1]), got[m : m + 1]), m
     finite = want.isfinite()
-    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~finite & ~want.isnan()], want[~finite & ~want.isnan()])
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(
+        got[~finite & ~want.isnan()], want[~finite & ~want.isnan()]
+    )
     eps = torch.finfo(x.dtype).eps
-    torch.testing.assert_close(got[finite].float(), want[finite].float(), rtol=8 * eps,
-                               atol=2 ** -24 if x.dtype == torch.float16 else 1e-30)  # fp16 subnormals: one ulp
+    torch.testing.assert_close(
+        got[finite].float(), want[finite].float(), rtol=8 * eps, atol=2**-24 if x.dtype == torch.float16 else 1e-30
+    )  # fp16 subnormals: one ulp
 
 
-@given(st.integers(1, 9), st.integers(1, 70), st.integers(1, 40), st.sampled_from([torch.float32, torch.bfloat16]),
-       st.integers(0, 2 ** 31), st.booleans())
+@given(
+    st.integers(1, 9),
+    st.integers(1, 70),
+    st.integers(1, 40),
+    st.sampled_from([torch.float32, torch.bfloat16]),
+    st.integers(0, 2**31),
+    st.booleans(),
+)
 def test_linear_rows_are_shape_invariant(M, K, N, dtype, seed, bias):
     """Each row of a multi-row call has the bits of that row alone (any M), and is close to
     the reference (the float linear's sum order is the kernel's own, not the reference's)."""
@@ -133,7 +152,7 @@ def test_linear_rows_are_shape_invariant(M, K, N, dtype, seed, bias):
     b = torch.randn(N, generator=gen).to(dtype) if bias else None
     full = torch.ops.mtp.linear(x, w, b)
     for m in range(M):
-        assert torch.equal(torch.ops.mtp.linear(x[m:m + 1], w, b), full[m:m + 1]), m
+        assert torch.equal(torch.ops.mtp.linear(x[m : m + 1], w, b), full[m : m + 1]), m
     tol = 1e-4 * K if dtype == torch.float32 else 2e-2 * K
     torch.testing.assert_close(full.float(), reference.linear(x, w, b).float(), atol=tol, rtol=tol)
 
@@ -143,7 +162,7 @@ def gguf_case(draw):
     code = draw(st.sampled_from(sorted(BLOCK_TYPES)))
     _, elems, nbytes = BLOCK_TYPES[code]
     nb, N, M = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 5))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31)))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     data = torch.randint(0, 256, (N, nb * nbytes), generator=gen, dtype=torch.uint8)
     if draw(st.booleans()):  # tame scales: zero the fp16 exponent's top bits of every byte pair
         data = data & torch.tensor([0xFF, 0x3F], dtype=torch.uint8).repeat(nb * nbytes // 2)
@@ -155,4 +174,3 @@ def gguf_case(draw):
 def test_gguf_linear_is_the_reference(case):
     code, data, x = case
     assert same_bits(torch.ops.mtp.linear(x, data, gguf_type=code), reference.gguf_linear(x, data, code))
-

@@ -3,6 +3,7 @@ bits; mtp.silu_mul is within a few ulp of reference.silu_mul; every op gives the
 every instruction-set path, each row's bits do not depend on the other rows (a verify pass
 equals one-token decoding), any strides, empty tensors, NaN / inf / zero rows, opcheck,
 torch.compile, bad input, and the CUDA fallback (the reference, with the same checks)."""
+
 import re
 
 import pytest
@@ -16,8 +17,11 @@ HIDDEN = [576, 1, 15, 16, 17, 100, 1536]  # whole lane chunks, tails, and a sing
 EPS = 1e-5
 # silu_mul against torch's silu (both within a few fp32 ulp of the exact value); bf16 / fp16:
 # the two fp32 values may round to neighbouring values (one ulp of the result).
-SILU_TOL = {torch.float32: dict(rtol=1e-6, atol=1e-30), torch.bfloat16: dict(rtol=2 ** -7, atol=1e-30),
-            torch.float16: dict(rtol=2 ** -10, atol=2 ** -24)}
+SILU_TOL = {
+    torch.float32: dict(rtol=1e-6, atol=1e-30),
+    torch.bfloat16: dict(rtol=2**-7, atol=1e-30),
+    torch.float16: dict(rtol=2**-10, atol=2**-24),
+}
 
 
 def assert_bitwise(got, want):
@@ -96,8 +100,12 @@ def all_ops(gen, dtype):
     q = rows(gen, (2, 9, 12, 64), dtype)
     cos, sin = torch.randn(2, 9, 64, generator=gen), torch.randn(2, 9, 64, generator=gen)
     g = (6 * torch.randn(9, 2 * 1536 + 6, generator=gen)).to(dtype)
-    return lambda: [torch.ops.mtp.rms_norm(x, w, EPS), *torch.ops.mtp.add_rms_norm(x, r, w, EPS), rope(q, cos, sin),
-                    torch.ops.mtp.silu_mul(g)]
+    return lambda: [
+        torch.ops.mtp.rms_norm(x, w, EPS),
+        *torch.ops.mtp.add_rms_norm(x, r, w, EPS),
+        rope(q, cos, sin),
+        torch.ops.mtp.silu_mul(g),
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -122,8 +130,12 @@ def test_each_row_alone_gives_the_same_bits(isa, gen, dtype):
     q = rows(gen, (2, 9, 12, 64), dtype)
     cos, sin = torch.randn(2, 9, 64, generator=gen), torch.randn(2, 9, 64, generator=gen)
     g = (6 * torch.randn(2, 9, 2 * I, generator=gen)).to(dtype)
-    norm, (s, n), rot, act = (torch.ops.mtp.rms_norm(x, w, EPS), torch.ops.mtp.add_rms_norm(x, r, w, EPS),
-                              rope(q, cos, sin), torch.ops.mtp.silu_mul(g))
+    norm, (s, n), rot, act = (
+        torch.ops.mtp.rms_norm(x, w, EPS),
+        torch.ops.mtp.add_rms_norm(x, r, w, EPS),
+        rope(q, cos, sin),
+        torch.ops.mtp.silu_mul(g),
+    )
     for b in range(2):
         for t in range(9):  # one-token decoding of position t of request b
             one = (slice(b, b + 1), slice(t, t + 1))
@@ -134,13 +146,13 @@ def test_each_row_alone_gives_the_same_bits(isa, gen, dtype):
             assert_bitwise(rope(q[one], cos[one], sin[one]), rot[one])
             assert_bitwise(torch.ops.mtp.silu_mul(g[one]), act[one])
         for T in (2, 5):  # a verify pass over the first T positions
-            assert_bitwise(torch.ops.mtp.rms_norm(x[b:b + 1, :T], w, EPS), norm[b:b + 1, :T])
+            assert_bitwise(torch.ops.mtp.rms_norm(x[b : b + 1, :T], w, EPS), norm[b : b + 1, :T])
 
 
 def test_strided_inputs(gen):
     H = 576
     big = torch.randn(5, 3 * H, generator=gen)
-    x = big[:, 7:7 + H]  # strided rows
+    x = big[:, 7 : 7 + H]  # strided rows
     w_big = torch.randn(2 * H, generator=gen)
     w = w_big[::2]  # strided weight
     want = reference.rms_norm(x.contiguous(), w.contiguous(), EPS)
@@ -161,9 +173,9 @@ def test_strided_inputs(gen):
     before = qkv.clone()
     cos, sin = torch.randn(T, D, generator=gen), torch.randn(T, D, generator=gen)
     cos_b, sin_b = cos.expand(B, T, D), sin.expand(B, T, D)  # stride 0 over B
-    torch.ops.mtp.rope_(qkv[:, :, :Hq + Hkv], cos_b, sin_b)
-    assert_bitwise(qkv[:, :, :Hq + Hkv], reference.rope(before[:, :, :Hq + Hkv], cos_b, sin_b))
-    assert torch.equal(qkv[:, :, Hq + Hkv:], before[:, :, Hq + Hkv:])
+    torch.ops.mtp.rope_(qkv[:, :, : Hq + Hkv], cos_b, sin_b)
+    assert_bitwise(qkv[:, :, : Hq + Hkv], reference.rope(before[:, :, : Hq + Hkv], cos_b, sin_b))
+    assert torch.equal(qkv[:, :, Hq + Hkv :], before[:, :, Hq + Hkv :])
     # permuted heads, an element stride of 2 in D, cos / sin strided in D
     buf = torch.randn(B, Hkv, T, 2 * D, generator=gen)
     xs = buf.permute(0, 2, 1, 3)[..., ::2]
@@ -177,7 +189,7 @@ def test_strided_inputs(gen):
 
     I = 1536
     g_big = torch.randn(4, 2 * I + 10, generator=gen)
-    g = g_big[:, 3:3 + 2 * I]
+    g = g_big[:, 3 : 3 + 2 * I]
     want = torch.ops.mtp.silu_mul(g.contiguous())
     assert_bitwise(torch.ops.mtp.silu_mul(g), want)
     assert_bitwise(torch.ops.mtp.silu_mul(g.t().contiguous().t()), want)
@@ -212,7 +224,7 @@ def test_nan_inf_and_zero_rows(isa, gen, dtype):
         got = torch.ops.mtp.rms_norm(x, w, eps)
         assert_bitwise(got, reference.rms_norm(x, w, eps))
         for i in range(8):  # a bad row changes no other row
-            assert_bitwise(torch.ops.mtp.rms_norm(x[i:i + 1], w, eps), got[i:i + 1])
+            assert_bitwise(torch.ops.mtp.rms_norm(x[i : i + 1], w, eps), got[i : i + 1])
     assert torch.equal(torch.ops.mtp.rms_norm(x[:1], w, EPS), torch.zeros(1, H, dtype=dtype))
     assert torch.ops.mtp.rms_norm(x[:1], w, 0.0).isnan().all()  # 0 / 0, as torch's formula gives
     assert torch.ops.mtp.rms_norm(x[1:2], w, EPS).isnan().all() and torch.isfinite(got[7]).all()
@@ -230,12 +242,33 @@ def test_nan_inf_and_zero_rows(isa, gen, dtype):
 
     # silu(g) below g = -87.3 is 0 here (e^g < 2^-126: no subnormals) and ~1e-37 or 0 in torch:
     # inf / NaN ups only with gates away from that edge.
-    special = [float("-inf"), -1e4, -100.0, -88.5, -87.4, -87.2, -20.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 20.0, 88.5,
-               100.0, 1e4, float("inf"), float("nan")]
+    special = [
+        float("-inf"),
+        -1e4,
+        -100.0,
+        -88.5,
+        -87.4,
+        -87.2,
+        -20.0,
+        -1e-30,
+        -0.0,
+        0.0,
+        1e-30,
+        1.0,
+        20.0,
+        88.5,
+        100.0,
+        1e4,
+        float("inf"),
+        float("nan"),
+    ]
     finite_ups = [1.0, -2.0, 0.0]
     pairs = [(a, b) for a in special for b in finite_ups]
-    pairs += [(a, b) for a in [float("-inf"), -20.0, -1.0, -0.0, 0.0, 1.0, 20.0, float("inf"), float("nan")]
-              for b in [float("inf"), float("-inf"), float("nan")]]
+    pairs += [
+        (a, b)
+        for a in [float("-inf"), -20.0, -1.0, -0.0, 0.0, 1.0, 20.0, float("inf"), float("nan")]
+        for b in [float("inf"), float("-inf"), float("nan")]
+    ]
     g = torch.tensor([a for a, _ in pairs] + [b for _, b in pairs]).to(dtype)[None]
     got, want = torch.ops.mtp.silu_mul(g), reference.silu_mul(g)
     torch.testing.assert_close(got, want, equal_nan=True, **SILU_TOL[dtype])
@@ -265,43 +298,104 @@ def test_opcheck_and_compile(gen):
 
 
 BAD = [
-    ("rms_norm", lambda: (torch.randn(2, 3).double(), torch.ones(3), EPS), "x must be Float or BFloat16 or Half, got Double"),
-    ("rms_norm", lambda: (torch.randn(2, 3), torch.ones(3, dtype=torch.long), EPS),
-     "weight must be Float or BFloat16 or Half, got Long"),
+    (
+        "rms_norm",
+        lambda: (torch.randn(2, 3).double(), torch.ones(3), EPS),
+        "x must be Float or BFloat16 or Half, got Double",
+    ),
+    (
+        "rms_norm",
+        lambda: (torch.randn(2, 3), torch.ones(3, dtype=torch.long), EPS),
+        "weight must be Float or BFloat16 or Half, got Long",
+    ),
     ("rms_norm", lambda: (torch.randn(2, 3), torch.ones(2, 3), EPS), "weight must be 1-D [H], got shape [2, 3]"),
-    ("rms_norm", lambda: (torch.randn(2, 3), torch.ones(4), EPS), "weight.size(0) must equal H (x.size(-1)) = 3, got 4"),
-    ("rms_norm", lambda: (torch.tensor(1.0), torch.ones(1), EPS), "x must have at least 1 dimension [..., H], got a scalar"),
+    (
+        "rms_norm",
+        lambda: (torch.randn(2, 3), torch.ones(4), EPS),
+        "weight.size(0) must equal H (x.size(-1)) = 3, got 4",
+    ),
+    (
+        "rms_norm",
+        lambda: (torch.tensor(1.0), torch.ones(1), EPS),
+        "x must have at least 1 dimension [..., H], got a scalar",
+    ),
     ("rms_norm", lambda: (torch.randn(2, 3), torch.ones(3), -1.0), "eps must be a finite number >= 0, got -1"),
     ("rms_norm", lambda: (torch.randn(2, 3), torch.ones(3), float("nan")), "eps must be a finite number >= 0, got nan"),
-    ("rms_norm", lambda: (torch.randn(2, 3), torch.ones(3, device="meta"), EPS), "weight must be on x's device cpu, got meta"),
-    ("add_rms_norm", lambda: (torch.randn(2, 3), torch.randn(2, 3).bfloat16(), torch.ones(3), EPS),
-     "residual must have x's dtype Float, got BFloat16"),
-    ("add_rms_norm", lambda: (torch.randn(2, 3), torch.randn(2, 4), torch.ones(3), EPS),
-     "residual must have x's shape [2, 3], got [2, 4]"),
-    ("add_rms_norm", lambda: (torch.randn(2, 3), torch.randn(2, 3), torch.ones(5), EPS),
-     "weight.size(0) must equal H (x.size(-1)) = 3, got 5"),
-    ("add_rms_norm", lambda: (torch.randn(2, 3), torch.randn(2, 3, device="meta"), torch.ones(3), EPS),
-     "residual must be on x's device cpu, got meta"),
-    ("rope_", lambda: (torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4)),
-     "x must be 4-D [B, T, H, D], got shape [1, 2, 4]"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4).long(), torch.randn(1, 2, 4), torch.randn(1, 2, 4)),
-     "x must be Float or BFloat16 or Half, got Long"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 5), torch.randn(1, 2, 5), torch.randn(1, 2, 5)),
-     "x.size(3) (the head dim D, rotated as two halves) must be even, got 5"),
-    ("rope_", lambda: (torch.randn(1, 2, 1, 4).expand(1, 2, 3, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4)),
-     "x must not have overlapping elements (it is rotated in place), got strides [8, 4, 0, 1]"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4).bfloat16(), torch.randn(1, 2, 4)),
-     "cos must be Float, got BFloat16"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4), torch.randn(2, 4), torch.randn(1, 2, 4)),
-     "cos must be 3-D [B, T, D], got shape [2, 4]"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4), torch.randn(2, 2, 4)),
-     "sin.size(0) must equal B (x.size(0)) = 1, got 2"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 2, 4)),
-     "cos.size(1) must equal T (x.size(1)) = 2, got 3"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 6)),
-     "sin.size(2) must equal D (x.size(3)) = 4, got 6"),
-    ("rope_", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4, device="meta"), torch.randn(1, 2, 4)),
-     "cos must be on x's device cpu, got meta"),
+    (
+        "rms_norm",
+        lambda: (torch.randn(2, 3), torch.ones(3, device="meta"), EPS),
+        "weight must be on x's device cpu, got meta",
+    ),
+    (
+        "add_rms_norm",
+        lambda: (torch.randn(2, 3), torch.randn(2, 3).bfloat16(), torch.ones(3), EPS),
+        "residual must have x's dtype Float, got BFloat16",
+    ),
+    (
+        "add_rms_norm",
+        lambda: (torch.randn(2, 3), torch.randn(2, 4), torch.ones(3), EPS),
+        "residual must have x's shape [2, 3], got [2, 4]",
+    ),
+    (
+        "add_rms_norm",
+        lambda: (torch.randn(2, 3), torch.randn(2, 3), torch.ones(5), EPS),
+        "weight.size(0) must equal H (x.size(-1)) = 3, got 5",
+    ),
+    (
+        "add_rms_norm",
+        lambda: (torch.randn(2, 3), torch.randn(2, 3, device="meta"), torch.ones(3), EPS),
+        "residual must be on x's device cpu, got meta",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4)),
+        "x must be 4-D [B, T, H, D], got shape [1, 2, 4]",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4).long(), torch.randn(1, 2, 4), torch.randn(1, 2, 4)),
+        "x must be Float or BFloat16 or Half, got Long",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 5), torch.randn(1, 2, 5), torch.randn(1, 2, 5)),
+        "x.size(3) (the head dim D, rotated as two halves) must be even, got 5",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 1, 4).expand(1, 2, 3, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4)),
+        "x must not have overlapping elements (it is rotated in place), got strides [8, 4, 0, 1]",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4).bfloat16(), torch.randn(1, 2, 4)),
+        "cos must be Float, got BFloat16",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4), torch.randn(2, 4), torch.randn(1, 2, 4)),
+        "cos must be 3-D [B, T, D], got shape [2, 4]",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4), torch.randn(2, 2, 4)),
+        "sin.size(0) must equal B (x.size(0)) = 1, got 2",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 2, 4)),
+        "cos.size(1) must equal T (x.size(1)) = 2, got 3",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 6)),
+        "sin.size(2) must equal D (x.size(3)) = 4, got 6",
+    ),
+    (
+        "rope_",
+        lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4, device="meta"), torch.randn(1, 2, 4)),
+        "cos must be on x's device cpu, got meta",
+    ),
     ("silu_mul", lambda: (torch.ones(2, 4, dtype=torch.int32),), "gate_up must be Float or BFloat16 or Half, got Int"),
     ("silu_mul", lambda: (torch.randn(2, 7),), "gate_up.size(-1) must be even [..., 2I] (gate, then up), got 7"),
     ("silu_mul", lambda: (torch.tensor(1.0),), "gate_up must have at least 1 dimension [..., 2I], got a scalar"),

@@ -1,5 +1,6 @@
 """The runtime: a verify pass is bitwise K+1 one-token steps; speculative generation is
 bitwise plain greedy; the head drafts through the backbone's cache in place."""
+
 import pytest
 import torch
 
@@ -9,8 +10,13 @@ from tiny_model import TINY, OracleHead, assert_verify_pass_equals_steps, tiny_b
 
 # (activation dtype, Q8 weights, quantized activations too): the plain backbones, the
 # quantized ones.
-VARIANTS = [(torch.float32, False, False), (torch.bfloat16, False, False), (torch.bfloat16, True, False),
-            (torch.bfloat16, True, True), (torch.float32, True, True)]
+VARIANTS = [
+    (torch.float32, False, False),
+    (torch.bfloat16, False, False),
+    (torch.bfloat16, True, False),
+    (torch.bfloat16, True, True),
+    (torch.float32, True, True),
+]
 
 
 @pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS)
@@ -27,22 +33,31 @@ def greedy_reference(model, prompts, max_new):
 def test_speculative_equals_greedy_on_20_prompts(dtype, quantize, int8_dot, k):
     model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(1, 30, (20,), generator=g)]
+    prompts = [
+        torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 30, (20,), generator=g)
+    ]
     max_new = 24
     want = greedy_reference(model, prompts, max_new)
     # Batched, ragged prompts; each request accepts a different number of drafts.
     futures = {b: prompts[b] + want[b] for b in range(len(prompts))}
-    got = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k,
-                            eos_token_ids=TINY.eos_token_ids)
+    got = decoding.generate(
+        model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k, eos_token_ids=TINY.eos_token_ids
+    )
     for b in range(len(prompts)):
         assert got[b].tokens == want[b], b
     lengths = {a for r in got for a in r.accepted}
     assert sum(r.passes for r in got) < sum(len(w) for w in want)  # drafts were accepted
     assert len(lengths) > 1
     # One request at a time gives the same tokens.
-    single = decoding.generate(model, [prompts[5]], max_new, head=OracleHead({0: futures[5]}, TINY.vocab_size),
-                               k=k, eos_token_ids=TINY.eos_token_ids)
+    single = decoding.generate(
+        model,
+        [prompts[5]],
+        max_new,
+        head=OracleHead({0: futures[5]}, TINY.vocab_size),
+        k=k,
+        eos_token_ids=TINY.eos_token_ids,
+    )
     assert single[0].tokens == want[5]
 
 
@@ -53,18 +68,36 @@ def test_tree_drafts_equal_greedy_on_20_prompts(dtype, quantize, int8_dot, k, br
     lookup's chains too): the tokens of plain greedy, with leaves accepted."""
     model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist() * (1 + int(n) % 2)
-               for n in torch.randint(1, 20, (20,), generator=g)]
+    prompts = [
+        torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist() * (1 + int(n) % 2)
+        for n in torch.randint(1, 20, (20,), generator=g)
+    ]
     max_new = 24
     want = greedy_reference(model, prompts, max_new)
     futures = {b: prompts[b] + want[b] for b in range(len(prompts))}
-    got = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k,
-                            eos_token_ids=TINY.eos_token_ids, branches=branches, lookup=lookup)
+    got = decoding.generate(
+        model,
+        prompts,
+        max_new,
+        head=OracleHead(futures, TINY.vocab_size),
+        k=k,
+        eos_token_ids=TINY.eos_token_ids,
+        branches=branches,
+        lookup=lookup,
+    )
     assert [r.tokens for r in got] == want
     assert sum(r.leaves_accepted for r in got) > 0
     assert sum(r.passes for r in got) < sum(len(w) for w in want)  # drafts were accepted
-    single = decoding.generate(model, [prompts[5]], max_new, head=OracleHead({0: futures[5]}, TINY.vocab_size),
-                               k=k, eos_token_ids=TINY.eos_token_ids, branches=branches, lookup=lookup)
+    single = decoding.generate(
+        model,
+        [prompts[5]],
+        max_new,
+        head=OracleHead({0: futures[5]}, TINY.vocab_size),
+        k=k,
+        eos_token_ids=TINY.eos_token_ids,
+        branches=branches,
+        lookup=lookup,
+    )
     assert single[0].tokens == want[5]
 
 
@@ -74,8 +107,10 @@ def test_tree_drafts_of_a_trained_shape_head_equal_greedy():
     torch.manual_seed(0)
     head = MTPHead(HeadConfig.for_backbone(TINY))
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(1, 30, (6,), generator=g)]
+    prompts = [
+        torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 30, (6,), generator=g)
+    ]
     want = greedy_reference(model, prompts, 16)
     got = decoding.generate(model, prompts, 16, head=head, k=2, branches=3, eos_token_ids=TINY.eos_token_ids)
     assert [r.tokens for r in got] == want
@@ -91,8 +126,12 @@ def test_tree_drafts_bad_input():
 
     with pytest.raises(ValueError, match=r"branches \(first drafts per head pass\) must be >= 1, got 0"):
         decoding.generate(model, [[1, 2]], 4, head=head, branches=0)
-    for kwargs in [dict(head=None), dict(head=Standalone({0: [1, 2]}, 97)), dict(head=head, temperature=0.5),
-                   dict(head=head, lenient=(2, 0.5))]:
+    for kwargs in [
+        dict(head=None),
+        dict(head=Standalone({0: [1, 2]}, 97)),
+        dict(head=head, temperature=0.5),
+        dict(head=head, lenient=(2, 0.5)),
+    ]:
         with pytest.raises(ValueError, match=r"branches > 1 \(tree drafts\) needs the MTP head and greedy"):
             decoding.generate(model, [[1, 2]], 4, branches=2, **kwargs)
 
@@ -129,6 +168,7 @@ def test_quantized_backbone_is_close_to_the_plain_one_and_half_its_size():
 
     def matrices(m):
         return sum(t.nbytes for n, t in m.named_buffers() if "layers" in n and n.endswith(fused))
+
     assert matrices(q8) < 0.6 * matrices(plain)
 
 
@@ -154,14 +194,15 @@ def test_eos_and_max_new_tokens():
         want = greedy_reference(model, prompts, max_new)
         assert all(len(w) <= max_new for w in want)
         futures = {b: prompts[b] + want[b] for b in range(2)}
-        got = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=4,
-                                eos_token_ids=TINY.eos_token_ids)
+        got = decoding.generate(
+            model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=4, eos_token_ids=TINY.eos_token_ids
+        )
         assert [r.tokens for r in got] == want
     # An EOS id that greedy produces stops generation right after it.
     full = greedy_reference(model, prompts, 20)[0]
     stop = full[4]
     out = decoding.generate(model, [prompts[0]], 20, eos_token_ids=(stop,))[0].tokens
-    assert out == full[:full.index(stop) + 1]
+    assert out == full[: full.index(stop) + 1]
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -170,30 +211,52 @@ def test_sampled_speculative_equals_sampled_plain_for_the_same_seed(k):
     passes it takes, never the tokens."""
     model = tiny_backbone()
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(1, 20, (6,), generator=g)]
+    prompts = [
+        torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 20, (6,), generator=g)
+    ]
     max_new = 20
     for temperature, seed in [(1.0, 0), (0.6, 123)]:
-        plain = decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids,
-                                  temperature=temperature, seed=seed)
+        plain = decoding.generate(
+            model, prompts, max_new, eos_token_ids=TINY.eos_token_ids, temperature=temperature, seed=seed
+        )
         want = [r.tokens for r in plain]
         # An oracle that knows the sampled continuation (corrupting a quarter of its drafts),
         # and a random head.
         futures = {b: prompts[b] + want[b] for b in range(len(prompts))}
-        oracle = decoding.generate(model, prompts, max_new, head=OracleHead(futures, TINY.vocab_size), k=k,
-                                   eos_token_ids=TINY.eos_token_ids, temperature=temperature, seed=seed)
+        oracle = decoding.generate(
+            model,
+            prompts,
+            max_new,
+            head=OracleHead(futures, TINY.vocab_size),
+            k=k,
+            eos_token_ids=TINY.eos_token_ids,
+            temperature=temperature,
+            seed=seed,
+        )
         assert [r.tokens for r in oracle] == want
         assert sum(r.passes for r in oracle) < sum(r.passes for r in plain)  # drafts were accepted
         torch.manual_seed(0)
         head = MTPHead(HeadConfig.for_backbone(TINY))
-        rand = decoding.generate(model, prompts, max_new, head=head, k=k, eos_token_ids=TINY.eos_token_ids,
-                                 temperature=temperature, seed=seed)
+        rand = decoding.generate(
+            model,
+            prompts,
+            max_new,
+            head=head,
+            k=k,
+            eos_token_ids=TINY.eos_token_ids,
+            temperature=temperature,
+            seed=seed,
+        )
         assert [r.tokens for r in rand] == want
     # Sampling differs from greedy and between seeds; temperature 0 is greedy.
     other = [r.tokens for r in decoding.generate(model, prompts, max_new, temperature=1.0, seed=1)]
     assert other != want
-    assert [r.tokens for r in decoding.generate(model, prompts, max_new, temperature=0.0, seed=5)] == \
-        greedy_reference(model, prompts, max_new) != want
+    assert (
+        [r.tokens for r in decoding.generate(model, prompts, max_new, temperature=0.0, seed=5)]
+        == greedy_reference(model, prompts, max_new)
+        != want
+    )
 
 
 def test_bad_generation_input():
@@ -226,12 +289,12 @@ def test_int8_dot_backbone_is_close_to_the_q8_one():
 
 
 def test_lookup_drafts_follow_the_latest_earlier_occurrence():
-    assert decoding.lookup_drafts([1, 2, 3, 4, 5, 9, 2, 3], 3) == [4, 5, 9]   # after the earlier "2 3"
+    assert decoding.lookup_drafts([1, 2, 3, 4, 5, 9, 2, 3], 3) == [4, 5, 9]  # after the earlier "2 3"
     assert decoding.lookup_drafts([7, 2, 3, 8, 1, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the latest "1 2 3" wins
     assert decoding.lookup_drafts([1, 2, 3, 5, 9, 2, 3], 6) == [5, 9, 2, 3]  # the context's end caps them
     assert decoding.lookup_drafts([5, 5, 5, 5], 3) == [5]
-    assert decoding.lookup_drafts([1, 2, 3, 4], 3) == []       # no repeated 2-gram
-    assert decoding.lookup_drafts([4, 1, 2, 4], 3) == []       # one repeated token is not enough
+    assert decoding.lookup_drafts([1, 2, 3, 4], 3) == []  # no repeated 2-gram
+    assert decoding.lookup_drafts([4, 1, 2, 4], 3) == []  # one repeated token is not enough
     assert decoding.lookup_drafts([1, 2, 9, 1, 2], 0) == []
     assert decoding.lookup_drafts([], 4) == []
 
@@ -252,8 +315,9 @@ def test_lookup_drafts_keep_greedy_output(dtype, quantize, int8_dot, with_head):
     torch.manual_seed(0)
     head = MTPHead(HeadConfig.for_backbone(TINY)) if with_head else None
     for lookup in (1, 4):
-        got = decoding.generate(model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids,
-                                lookup=lookup)
+        got = decoding.generate(
+            model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids, lookup=lookup
+        )
         assert [r.tokens for r in got] == want
         assert len(got[0].drafted) == max(lookup, 2 if with_head else 0)
         if not with_head:  # every accepted draft came from the lookup
@@ -261,8 +325,9 @@ def test_lookup_drafts_keep_greedy_output(dtype, quantize, int8_dot, with_head):
             assert sum(sum(r.accepted) for r in got) > 0
     # Sampling with lookup drafts gives the tokens of plain sampling for the seed.
     plain = decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids, temperature=0.8, seed=7)
-    drafted = decoding.generate(model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids,
-                                temperature=0.8, seed=7, lookup=3)
+    drafted = decoding.generate(
+        model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids, temperature=0.8, seed=7, lookup=3
+    )
     assert [r.tokens for r in drafted] == [r.tokens for r in plain]
 
 
@@ -324,8 +389,9 @@ def test_generate_with_defaults_equals_the_resolved_configuration():
     prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 10, 11, 12]]
     c = DecodeConfig.resolve(model, head)
     a = decoding.generate(model, prompts, 12, head=head, eos_token_ids=TINY.eos_token_ids)
-    b = decoding.generate(model, prompts, 12, head=head, k=c.k, branches=c.branches, lookup=c.lookup,
-                          eos_token_ids=TINY.eos_token_ids)
+    b = decoding.generate(
+        model, prompts, 12, head=head, k=c.k, branches=c.branches, lookup=c.lookup, eos_token_ids=TINY.eos_token_ids
+    )
     stats = [[(g.tokens, g.passes, g.drafted, g.accepted, g.leaves_accepted) for g in r] for r in (a, b)]
     assert stats[0] == stats[1] and len(a[0].drafted) == 6
     assert [g.tokens for g in a] == greedy_reference(model, prompts, 12)

@@ -4,19 +4,22 @@
 - Its verify pass is bitwise K+1 one-token steps (fp32 and bf16).
 - MTP generation with the head gives exactly plain greedy's tokens.
 """
+
 import os
 
 import pytest
 import torch
 
 from mtp_kernels import decoding
-from mtp_kernels.cli import load_head
+from mtp_kernels.models.loading import load_head
 from mtp_kernels.models import checkpoint
 from mtp_kernels.models.llama import Backbone
 
-PROMPTS = ["Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the "
-           "room was booked.", "Fix the grammar: she don't like apples and they was late.",
-           "Write a short reply: Are you coming to dinner tonight?"]
+PROMPTS = [
+    "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked.",
+    "Fix the grammar: she don't like apples and they was late.",
+    "Write a short reply: Are you coming to dinner tonight?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +42,9 @@ def test_matches_transformers_from_the_same_gguf(smollm2, fp32_model, capsys):
     cfg, _, tok = smollm2
     path = checkpoint.default_gguf_path()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    ref = transformers.LlamaForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                        torch_dtype=torch.float32).eval()
+    ref = transformers.LlamaForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32
+    ).eval()
     max_new = 24
     agree = total = 0
     for ids in prompt_ids(tok):
@@ -51,8 +55,13 @@ def test_matches_transformers_from_the_same_gguf(smollm2, fp32_model, capsys):
         ours = fp32_model.logits(fp32_model(x, cache))[0]
         # Same weights, same math up to fp32 rounding order.
         torch.testing.assert_close(ours, ref_logits, rtol=0, atol=2e-3)
-        want = ref.generate(x, max_new_tokens=max_new, do_sample=False, eos_token_id=cfg.eos_token_ids[0],
-                            pad_token_id=cfg.eos_token_ids[0])[0, len(ids):].tolist()
+        want = ref.generate(
+            x,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=cfg.eos_token_ids[0],
+            pad_token_id=cfg.eos_token_ids[0],
+        )[0, len(ids) :].tolist()
         got = decoding.generate(fp32_model, [ids], max_new, eos_token_ids=cfg.eos_token_ids)[0].tokens
         n = min(len(want), len(got))
         same = sum(a == b for a, b in zip(want[:n], got[:n]))
@@ -73,7 +82,7 @@ def test_verify_pass_is_bitwise_one_token_steps(smollm2, dtype):
     block = torch.tensor([[tok.encode(" the")[0], 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000]])
     one = model.new_cache(1, 128)
     model(torch.tensor([ids]), one)
-    steps = torch.cat([model.logits(model(block[:, t:t + 1], one)) for t in range(block.shape[1])], dim=1)
+    steps = torch.cat([model.logits(model(block[:, t : t + 1], one)) for t in range(block.shape[1])], dim=1)
     for T in (2, 5, 9):  # verify passes of K = 1, 4, 8 drafts
         many = model.new_cache(1, 128)
         model(torch.tensor([ids]), many)
@@ -97,8 +106,23 @@ def test_mtp_command_on_the_default_model():
 
     runs = []
     for flag in ([], ["--no-mtp"]):
-        r = subprocess.run([sys.executable, "-m", "mtp_kernels.cli", "generate", "--prompt", PROMPTS[1],
-                            "--max-new-tokens", "12", "--json", *flag], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mtp_kernels.cli",
+                "generate",
+                "--prompt",
+                PROMPTS[1],
+                "--max-new-tokens",
+                "12",
+                "--json",
+                *flag,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         runs.append(json.loads(r.stdout))
     assert runs[0]["tokens"] == runs[1]["tokens"] and runs[0]["text"]

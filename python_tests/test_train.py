@@ -1,5 +1,6 @@
 """Head training: the differentiable unrolled head computes what MTPHead.draft runs, the
 backbone stays frozen, training is seeded and reproducible, and the loss goes down."""
+
 import pytest
 import torch
 
@@ -38,20 +39,25 @@ def test_unrolled_head_reproduces_draft(kw):
         seq = _greedy_sequence(model, head, prompt, k)
         s = train.sequence_from_backbone(model, seq, len(prompt), head.cfg.kv_layer)
         # Exact fp32 features (bf16 storage would round them).
-        s.hidden, s.k, s.v = (model(torch.tensor([seq]), c := model.new_cache(1, 64))[0],
-                              c.k[head.cfg.kv_layer % TINY.num_layers, 0, :, :len(seq)],
-                              c.v[head.cfg.kv_layer % TINY.num_layers, 0, :, :len(seq)])
+        s.hidden, s.k, s.v = (
+            model(torch.tensor([seq]), c := model.new_cache(1, 64))[0],
+            c.k[head.cfg.kv_layer % TINY.num_layers, 0, :, : len(seq)],
+            c.v[head.cfg.kv_layer % TINY.num_layers, 0, :, : len(seq)],
+        )
         anchors = train.answer_anchors([s])
         assert anchors[0, 0] == len(prompt) - 1
         logits = train.unrolled_logits(head, model, [s], anchors, k, model.lm_head[vocab])
         picked = [int(vocab[lg[0, 0].argmax()]) for lg in logits]
-        assert picked == seq[len(prompt) + 1:]
+        assert picked == seq[len(prompt) + 1 :]
 
 
 def test_anchors_and_targets():
-    seqs = [train.Sequence(torch.tensor([5, 6, 7, 8, 9, 10]), 3, torch.zeros(6, 4), torch.zeros(1, 6, 2),
-                           torch.zeros(1, 6, 2)),
-            train.Sequence(torch.tensor([5, 6, 7, 11]), 1, torch.zeros(4, 4), torch.zeros(1, 4, 2), torch.zeros(1, 4, 2))]
+    seqs = [
+        train.Sequence(
+            torch.tensor([5, 6, 7, 8, 9, 10]), 3, torch.zeros(6, 4), torch.zeros(1, 6, 2), torch.zeros(1, 6, 2)
+        ),
+        train.Sequence(torch.tensor([5, 6, 7, 11]), 1, torch.zeros(4, 4), torch.zeros(1, 4, 2), torch.zeros(1, 4, 2)),
+    ]
     anchors = train.answer_anchors(seqs)
     # From the last prompt position to the last one with a token two further.
     assert anchors.tolist() == [[2, 3], [0, 1]]
@@ -119,7 +125,7 @@ def test_distill_is_greedy_decoding_and_its_features_are_the_teacher_forced_ones
         r = train.sequence_from_backbone(model, s.tokens.tolist(), len(p), 1)
         for name in ("hidden", "k", "v", "greedy"):
             assert torch.equal(getattr(s, name), getattr(r, name)), name
-        assert s.greedy[len(p) - 1:-1].tolist() == w  # each answer token is the argmax after the one before
+        assert s.greedy[len(p) - 1 : -1].tolist() == w  # each answer token is the argmax after the one before
 
 
 def test_distilled_rows_cache_our_answers_and_ignore_other_backbones(tmp_path, monkeypatch):
@@ -134,8 +140,9 @@ def test_distilled_rows_cache_our_answers_and_ignore_other_backbones(tmp_path, m
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"task": "t", "prompt": p}) + "\n" for p in prompts))
     ids = [tok.encode(tok.apply_chat_template(p)) for p in prompts]
     # An answer cached by another backbone (no distilled_by) is not ours: it is distilled again.
-    (tmp_path / "distilled.jsonl").write_text(json.dumps({"task": "t", "prompt_ids": ids[0], "answer_ids": [9, 9],
-                                                          "max_new_tokens": 6}) + "\n")
+    (tmp_path / "distilled.jsonl").write_text(
+        json.dumps({"task": "t", "prompt_ids": ids[0], "answer_ids": [9, 9], "max_new_tokens": 6}) + "\n"
+    )
     args = (str(tmp_path / "prompts.jsonl"), str(tmp_path), 6, 0, cfg, weights, tok, lambda m: None)
     rows, seqs = train.distilled_rows(*args, kv_layer=1)
     assert [r["prompt_ids"] for r in rows] == ids and rows[0]["answer_ids"] != [9, 9]
@@ -184,8 +191,10 @@ def test_draft_loss_mixes_hard_and_soft_cross_entropy_at_the_same_anchors():
     logits = [torch.randn(2, 3, 5, generator=g) for _ in range(2)]
     targets = [torch.tensor([[1, 4, train.IGNORE], [0, 2, 3]]), torch.tensor([[2, train.IGNORE, 0], [1, 1, 4]])]
     soft = [torch.softmax(torch.randn(2, 3, 5, generator=g), -1) for _ in range(2)]
-    hard = sum(F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=train.IGNORE)
-               for lg, t in zip(logits, targets)) / 2
+    hard = (
+        sum(F.cross_entropy(lg.flatten(0, 1), t.flatten(), ignore_index=train.IGNORE) for lg, t in zip(logits, targets))
+        / 2
+    )
 
     def soft_ce(lg, t, q):
         keep = t.flatten() != train.IGNORE

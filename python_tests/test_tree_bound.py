@@ -1,6 +1,7 @@
 """bench/tree_bound.py's replay is a bound only if its chain reproduces real decoding: on the
 tiny backbone with a random head, the chain (2,) replays exactly the passes `generate` made
 (head and prompt-lookup passes alike), and every tree's first branch is the head's chain."""
+
 import os
 import sys
 

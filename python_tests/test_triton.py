@@ -8,6 +8,7 @@ dispatched torch.ops.mtp.* kernel: C++ CUDA when built with MTP_WITH_CUDA, else 
 skipped, and reported as skipped, where torch.cuda.is_available() is False; bench/gpu_check.sh
 runs them on a GPU. Sizes are small: the interpreter is slow.
 """
+
 import os
 import re
 import subprocess
@@ -18,8 +19,18 @@ import torch
 
 import mtp_kernels
 from mtp_kernels import reference
-from test_attention import (BAD_APPEND, BAD_ATTENTION, EXTREME, _bad, assert_equal_nan, close, extreme_case,
-                            extreme_dtypes, inputs, make_cache)
+from test_attention import (
+    BAD_APPEND,
+    BAD_ATTENTION,
+    EXTREME,
+    _bad,
+    assert_equal_nan,
+    close,
+    extreme_case,
+    extreme_dtypes,
+    inputs,
+    make_cache,
+)
 from test_linear import BAD_LINEAR
 from test_linear_q8 import BAD_Q8
 from test_verify import BAD_VERIFY, FLOATS, IDS, accept_cases, make_case
@@ -55,7 +66,10 @@ def check_verify(backend, drafts, logits, num_drafts=None, pad_id=-1, **kw):
     impl, device = backend
     verify = ops_of(impl)[0]
     want = reference.verify(drafts, logits, num_drafts, pad_id)
-    to = (lambda t: None if t is None else t.to(device))
+
+    def to(t):
+        return None if t is None else t.to(device)
+
     got = verify(to(drafts), logits.to(device) if device != "cpu" else logits, to(num_drafts), pad_id, **kw)
     for g, w in zip(got, want):
         assert g.device.type == device and g.dtype == w.dtype and g.shape == w.shape
@@ -83,14 +97,14 @@ def test_verify_unreachable_rows_are_not_read(backend, gen):
     drafts, logits = make_case(gen, 3, 4, 300, torch.float32, torch.int64, match_rate=1.0)
     num_drafts = torch.tensor([1, 0, 2])
     for b, n in enumerate(num_drafts.tolist()):
-        logits[b, n + 1:] = float("nan")
+        logits[b, n + 1 :] = float("nan")
     check_verify(backend, drafts, logits, num_drafts)
 
 
 def test_verify_strided_logits(backend, gen):
     B, K, V = 3, 2, 1500
     big = torch.randn(B, 2 * (K + 1), V + 50, generator=gen)
-    sliced = big[:, ::2, 17:17 + V]
+    sliced = big[:, ::2, 17 : 17 + V]
     drafts = sliced.argmax(-1)[:, :K].clone()
     drafts[1, 1] += 1
     check_verify(backend, drafts, sliced)
@@ -106,15 +120,15 @@ def edge_case_logits(dtype, V, pairs):
     drafts = torch.zeros(2 * len(pairs), 3, dtype=torch.long)
     for p, (i, j) in enumerate(pairs):
         a, b = logits[2 * p], logits[2 * p + 1]
-        a[0, i] = a[0, j] = 3.0                      # tie: the first wins
-        a[1, j] = float("nan")                       # NaN beats +inf
+        a[0, i] = a[0, j] = 3.0  # tie: the first wins
+        a[1, j] = float("nan")  # NaN beats +inf
         a[1, i] = float("inf")
-        a[2, i] = a[2, j] = float("inf")             # tied infinities
-        a[3] = float("-inf")                         # all -inf -> 0
+        a[2, i] = a[2, j] = float("inf")  # tied infinities
+        a[3] = float("-inf")  # all -inf -> 0
         b.fill_(-1.0)
-        b[0, j] = 0.0                                # +0.0 later ...
-        b[0, i] = -0.0                               # ... ties -0.0 earlier
-        b[1, i] = b[1, j] = float("nan")             # two NaN: the first
+        b[0, j] = 0.0  # +0.0 later ...
+        b[0, i] = -0.0  # ... ties -0.0 earlier
+        b[1, i] = b[1, j] = float("nan")  # two NaN: the first
         drafts[2 * p] = torch.tensor([i, j, i])
         drafts[2 * p + 1] = torch.tensor([i, i, 0])
     return drafts, logits
@@ -138,8 +152,9 @@ def test_verify_edge_values_default_slicing(backend):
         check_verify(backend, drafts, logits)
 
 
-@pytest.mark.parametrize("id_dtype,target_dtype", [(torch.int32, torch.int64), (torch.int64, torch.int32),
-                                                     (torch.int64, torch.int64)])
+@pytest.mark.parametrize(
+    "id_dtype,target_dtype", [(torch.int32, torch.int64), (torch.int64, torch.int32), (torch.int64, torch.int64)]
+)
 def test_accept_prefix(backend, gen, id_dtype, target_dtype):
     impl, device = backend
     accept_prefix = ops_of(impl)[1]
@@ -157,9 +172,15 @@ def test_verify_bad_input(drafts, logits, num_drafts, message):
 
 def test_accept_prefix_bad_input():
     d = torch.zeros(2, 3, dtype=torch.long)
-    for target, nd, message in [(torch.zeros(2, 5, dtype=torch.long), None, "target_tokens.size(1) must be K+1 = 4 or K = 3, got 5"),
-                                (torch.zeros(2, 4), None, "target_tokens must be Int or Long, got Float"),
-                                (torch.zeros(2, 4, dtype=torch.long), torch.tensor([0, 9]), "num_drafts must lie in [0, K] = [0, 3], got num_drafts[1] = 9")]:
+    for target, nd, message in [
+        (torch.zeros(2, 5, dtype=torch.long), None, "target_tokens.size(1) must be K+1 = 4 or K = 3, got 5"),
+        (torch.zeros(2, 4), None, "target_tokens must be Int or Long, got Float"),
+        (
+            torch.zeros(2, 4, dtype=torch.long),
+            torch.tensor([0, 9]),
+            "num_drafts must lie in [0, K] = [0, 3], got num_drafts[1] = 9",
+        ),
+    ]:
         with pytest.raises(RuntimeError, match=r"mtp\.accept_prefix: .*" + re.escape(message)):
             triton_mod.accept_prefix(d, target, nd)
 
@@ -175,29 +196,31 @@ def test_linear_against_reference(backend, gen, x_dtype, w_dtype):
     for N, K in [(70, 150), (5, 7), (3, 1), (33, 64)]:
         for M in (1, 3, 6):
             x = torch.randn(M, K, generator=gen).to(x_dtype)
-            w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(w_dtype)
+            w = (torch.randn(N, K, generator=gen) / K**0.5).to(w_dtype)
             bias = torch.randn(N, generator=gen) if M % 2 else None
             got = linear(x.to(device), w.to(device), None if bias is None else bias.to(device))
             want = reference.linear(x, w, bias)
             assert got.dtype == x_dtype and got.shape == (M, N) and got.device.type == device
-            tol = dict(rtol=1e-5, atol=1e-6 * K) if x_dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-3)
+            tol = dict(rtol=1e-5, atol=1e-6 * K) if x_dtype == torch.float32 else dict(rtol=2**-7, atol=1e-3)
             torch.testing.assert_close(got.cpu(), want, **tol)
 
 
-@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                             (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)],
+)
 def test_linear_shape_invariance_bitwise(backend, gen, x_dtype, w_dtype):
     impl, device = backend
     linear = ops_of(impl)[2]
     N, K = 70, 64 * 2 + 19  # tails in both dimensions
     x = torch.randn(11, K, generator=gen).to(x_dtype).to(device)
-    w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(w_dtype).to(device)
+    w = (torch.randn(N, K, generator=gen) / K**0.5).to(w_dtype).to(device)
     bias = torch.randn(N, generator=gen).to(device)
     full = linear(x, w, bias)
     for i in range(11):
-        assert torch.equal(linear(x[i:i + 1], w, bias), full[i:i + 1]), i
+        assert torch.equal(linear(x[i : i + 1], w, bias), full[i : i + 1]), i
     for start, M in [(0, 2), (3, 3), (2, 5), (1, 9)]:
-        assert torch.equal(linear(x[start:start + M], w, bias), full[start:start + M]), M
+        assert torch.equal(linear(x[start : start + M], w, bias), full[start : start + M]), M
     assert torch.equal(linear(x.reshape(11, 1, K), w, bias).reshape(11, N), full)
 
 
@@ -234,8 +257,9 @@ def test_linear_q8_bad_input(args, message):
         triton_mod.linear(*args)
 
 
-@pytest.mark.parametrize("backend", [("triton", DEVICE), pytest.param(("op", "cuda"), marks=ON_GPU, id="op-cuda")],
-                         ids=lambda b: "-".join(b))
+@pytest.mark.parametrize(
+    "backend", [("triton", DEVICE), pytest.param(("op", "cuda"), marks=ON_GPU, id="op-cuda")], ids=lambda b: "-".join(b)
+)
 def test_linear_int8_is_cpu_only(backend, gen):
     """No GPU kernel for int8 weights: a valid Q8 call is refused with one clear line."""
     impl, device = backend
@@ -245,8 +269,9 @@ def test_linear_int8_is_cpu_only(backend, gen):
         ops_of(impl)[2](x.to(device), q.to(device), None, s.to(device))
 
 
-@pytest.mark.parametrize("backend", [("triton", DEVICE), pytest.param(("op", "cuda"), marks=ON_GPU, id="op-cuda")],
-                         ids=lambda b: "-".join(b))
+@pytest.mark.parametrize(
+    "backend", [("triton", DEVICE), pytest.param(("op", "cuda"), marks=ON_GPU, id="op-cuda")], ids=lambda b: "-".join(b)
+)
 def test_linear_quantize_x_is_cpu_only(backend, gen):
     """quantize_x (integer dot products) has no GPU kernel: with an int8 weight the int8 line,
     with a float weight the quantize_x line."""
@@ -266,7 +291,8 @@ def test_register_cuda_kernels_fills_only_missing_keys():
     code = (
         "import torch, mtp_kernels, mtp_kernels.triton as t\n"
         "has = lambda: [torch._C._dispatch_has_kernel_for_dispatch_key(f'mtp::{n}', 'CUDA') for n in t._OPS]\n"
-        "before = has(); first = t.register_cuda_kernels(); print(before, first, has(), t.register_cuda_kernels())\n")
+        "before = has(); first = t.register_cuda_kernels(); print(before, first, has(), t.register_cuda_kernels())\n"
+    )
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "0"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     before, first, after, second = out.strip().replace("] [", "]|[").split("|")
@@ -305,7 +331,7 @@ def test_cuda_kernels_agree_with_triton_large():
     x = torch.randn(9, 576, device="cuda")
     w = torch.randn(1536, 576, device="cuda")
     y = torch.ops.mtp.linear(x, w)
-    assert all(torch.equal(torch.ops.mtp.linear(x[i:i + 1], w), y[i:i + 1]) for i in range(9))
+    assert all(torch.equal(torch.ops.mtp.linear(x[i : i + 1], w), y[i : i + 1]) for i in range(9))
 
 
 @ON_GPU
@@ -378,15 +404,16 @@ def test_attention_rows_bitwise_invariant(backend, causal, S):
     full = attn(q, k, v, lens, kl, vl, None, causal)
     for b in range(3):
         s = slice(b, b + 1)
-        assert torch.equal(attn(q[s], k[s], v[s], lens[s], *(x if x is None else x[s] for x in (kl, vl)), None,
-                                causal), full[s]), b
+        assert torch.equal(
+            attn(q[s], k[s], v[s], lens[s], *(x if x is None else x[s] for x in (kl, vl)), None, causal), full[s]
+        ), b
     other = lens.clone()
     other[1:] = lens[1:].flip(0)
     assert torch.equal(attn(q, k, v, other, kl, vl, None, causal)[0], full[0])
     for t in range(T):
         step_lens = lens - T + t + 1 if causal else lens
-        local = [x if x is None else x[:, :, :S - T + t + 1] for x in (kl, vl)]
-        one = attn(q[:, t:t + 1], k, v, step_lens, *local, None, causal)
+        local = [x if x is None else x[:, :, : S - T + t + 1] for x in (kl, vl)]
+        one = attn(q[:, t : t + 1], k, v, step_lens, *local, None, causal)
         assert torch.equal(one[:, 0], full[:, t]), t
 
 
@@ -428,8 +455,9 @@ def test_attention_no_visible_key_gives_zeros(backend):
     out = attn(*on(device, q, k, v, lens)).cpu()
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
     assert out[1].abs().sum() > 0
-    close(attn(*on(device, q, k, v, lens, kl, vl)).cpu(), reference.head_attention(q, k, v, lens, kl, vl),
-          torch.float32)
+    close(
+        attn(*on(device, q, k, v, lens, kl, vl)).cpu(), reference.head_attention(q, k, v, lens, kl, vl), torch.float32
+    )
     empty = attn(*on(device, q[:, :0], k, v, lens))
     assert empty.shape == (3, 0, 6, 64)
 
@@ -440,7 +468,7 @@ def test_attention_unchecked_lengths_are_clamped(monkeypatch):
     q, k, v, _, _, _ = on(DEVICE, *inputs(B=2, L=300, D=40))
     want = triton_mod.head_attention(q, k, v, torch.tensor([300, 0], device=DEVICE))
     monkeypatch.setattr(triton_mod.C, "checked_counts", lambda *args: None)
-    assert torch.equal(triton_mod.head_attention(q, k, v, torch.tensor([10 ** 6, -5], device=DEVICE)), want)
+    assert torch.equal(triton_mod.head_attention(q, k, v, torch.tensor([10**6, -5], device=DEVICE)), want)
 
 
 @pytest.mark.parametrize("change,message", BAD_ATTENTION)
@@ -457,7 +485,10 @@ def test_cache_append_matches_reference(backend, dtype):
     gen = torch.Generator().manual_seed(3)
     B, T, Hkv, L, D = 3, 4, 2, 20, 40
     for layout in ("contiguous", "layer", "permuted", "d_strided"):
-        k, v = make_cache(B, Hkv, L, D, dtype, layout, gen, device), make_cache(B, Hkv, L, D, dtype, layout, gen, device)
+        k, v = (
+            make_cache(B, Hkv, L, D, dtype, layout, gen, device),
+            make_cache(B, Hkv, L, D, dtype, layout, gen, device),
+        )
         kn = torch.randn(B, T, Hkv, D, generator=gen).to(dtype)
         vn = torch.randn(B, Hkv, T, D, generator=gen).to(dtype).transpose(1, 2)
         kn[0, 1, 0, 3] = float("nan")  # copied as bits
@@ -468,7 +499,9 @@ def test_cache_append_matches_reference(backend, dtype):
         ptr = kd.data_ptr()
         append(kd, vd, *on(device, kn, vn, lens))
         assert kd.data_ptr() == ptr
-        assert torch.equal(triton_mod._raw_bits(kd.cpu().contiguous()), triton_mod._raw_bits(k_ref.contiguous())), layout
+        assert torch.equal(triton_mod._raw_bits(kd.cpu().contiguous()), triton_mod._raw_bits(k_ref.contiguous())), (
+            layout
+        )
         assert torch.equal(vd.cpu(), v_ref), layout
 
 
@@ -492,8 +525,13 @@ def test_cache_append_overflow_writes_nothing(backend, monkeypatch):
 
 @pytest.mark.parametrize("change,message", BAD_APPEND)
 def test_cache_append_bad_input(change, message):
-    a = dict(k_cache=torch.zeros(2, 2, 20, 64), v_cache=torch.zeros(2, 2, 20, 64), k_new=torch.zeros(2, 3, 2, 64),
-             v_new=torch.zeros(2, 3, 2, 64), cache_lens=torch.tensor([0, 5]))
+    a = dict(
+        k_cache=torch.zeros(2, 2, 20, 64),
+        v_cache=torch.zeros(2, 2, 20, 64),
+        k_new=torch.zeros(2, 3, 2, 64),
+        v_new=torch.zeros(2, 3, 2, 64),
+        cache_lens=torch.tensor([0, 5]),
+    )
     a.update(change)
     with pytest.raises(RuntimeError, match="mtp.cache_append: .*" + message):
         triton_mod.cache_append(**a)
@@ -503,8 +541,9 @@ def test_cache_append_bad_input(change, message):
 def test_cuda_attention_long_cache_agrees():
     """A long cache (split over many chunks), GQA 4:1, bf16: the dispatched kernel and the Triton
     one against the reference, and each bitwise shape-invariant on the GPU."""
-    q, k, v, lens, kl, vl = on("cuda", *inputs(B=2, T=4, Hq=16, Hkv=4, L=5000, D=128, dtype=torch.bfloat16, S=4,
-                                               lens=[5000, 2100]))
+    q, k, v, lens, kl, vl = on(
+        "cuda", *inputs(B=2, T=4, Hq=16, Hkv=4, L=5000, D=128, dtype=torch.bfloat16, S=4, lens=[5000, 2100])
+    )
     want = reference.head_attention(*on("cpu", q, k, v, lens, kl, vl), causal=True)
     for attn in attn_ops("op")[0], attn_ops("triton")[0]:
         full = attn(q, k, v, lens, kl, vl, None, True)
@@ -533,8 +572,11 @@ def test_cuda_attention_opcheck_and_graph_capture():
     graph.replay()
     kc, vc = k.cpu(), v.cpu()
     assert torch.equal(kc[0, :, 500:502], kn[0].transpose(0, 1).cpu())
-    close(out.cpu(), reference.head_attention(q.cpu(), kc, vc, lens.cpu() + 2, kl.cpu(), vl.cpu(), causal=True),
-          torch.float32)
+    close(
+        out.cpu(),
+        reference.head_attention(q.cpu(), kc, vc, lens.cpu() + 2, kl.cpu(), vl.cpu(), causal=True),
+        torch.float32,
+    )
     lens.copy_(torch.tensor([699, 100]))  # 699 + 2 > L: the replay writes nothing
     k_before = k.clone()
     graph.replay()
@@ -545,6 +587,7 @@ def test_cuda_attention_opcheck_and_graph_capture():
 # The Triton kernel mirrors sampling.h step for step: its tokens must equal the CPU op's
 # (torch.equal), not merely follow the same distribution.
 
+
 def sampled_case(gen, B, K, V, dtype, id_dtype, with_q, q_dtype=None):
     drafts, logits = make_case(gen, B, K, V, dtype, id_dtype, match_rate=0.6)
     drafts[:, ::3] = torch.randint(-1, V + 1, drafts[:, ::3].shape, generator=gen, dtype=drafts.dtype)
@@ -553,7 +596,7 @@ def sampled_case(gen, B, K, V, dtype, id_dtype, with_q, q_dtype=None):
         q = torch.softmax(torch.randn(B, K, V, generator=gen) * 2, -1).to(q_dtype or dtype)
     temp = torch.rand(B, generator=gen) * 2
     temp[::3] = 0.0
-    seeds = torch.randint(-2**62, 2**62, (B,), generator=gen)
+    seeds = torch.randint(-(2**62), 2**62, (B,), generator=gen)
     offsets = torch.randint(0, 10**6, (B,), generator=gen)
     nd = torch.randint(0, K + 1, (B,), generator=gen)
     return drafts, q, logits, temp, seeds, offsets, nd
@@ -572,8 +615,13 @@ def check_sampled(backend, *args, pad_id=-1):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("with_q", [False, True], ids=["onehot", "draft_probs"])
 def test_verify_sampled_equals_cpu_op(backend, gen, dtype, with_q):
-    for B, K, V, id_dtype in [(0, 2, 5, torch.int64), (3, 0, 40, torch.int32), (4, 1, 300, torch.int64),
-                              (5, 4, 700, torch.int32), (2, 2, 1, torch.int64)]:
+    for B, K, V, id_dtype in [
+        (0, 2, 5, torch.int64),
+        (3, 0, 40, torch.int32),
+        (4, 1, 300, torch.int64),
+        (5, 4, 700, torch.int32),
+        (2, 2, 1, torch.int64),
+    ]:
         drafts, q, logits, temp, seeds, offsets, nd = sampled_case(gen, B, K, V, dtype, id_dtype, with_q)
         check_sampled(backend, drafts, q, logits, temp, seeds, offsets, nd, pad_id=7)
         check_sampled(backend, drafts, q, logits, temp, seeds, None, None)
@@ -584,7 +632,7 @@ def test_verify_sampled_mixed_dtypes_strides_and_special_rows(backend, gen):
     high temperatures (flat rows: every block matters) and near-greedy ones."""
     B, K, V = 6, 3, 600
     big = torch.randn(B, 2 * (K + 1), V + 5, generator=gen).bfloat16()
-    logits = big[:, ::2, 3:3 + V]
+    logits = big[:, ::2, 3 : 3 + V]
     logits[0, 1, 17] = float("nan")
     logits[1, 0, 599] = float("inf")
     logits[2, 2] = float("-inf")
@@ -601,8 +649,16 @@ def test_verify_sampled_temperature_zero_is_verify(backend, gen):
     drafts, _, logits, _, seeds, _, nd = sampled_case(gen, 5, 3, 300, torch.float32, torch.int64, False)
     impl, device = backend
     fn = triton_mod.verify_sampled if impl == "triton" else torch.ops.mtp.verify_sampled
-    got = fn(drafts.to(device), None, logits.to(device), torch.zeros(5, device=device), seeds.to(device), None,
-             nd.to(device), 9)
+    got = fn(
+        drafts.to(device),
+        None,
+        logits.to(device),
+        torch.zeros(5, device=device),
+        seeds.to(device),
+        None,
+        nd.to(device),
+        9,
+    )
     want = reference.verify(drafts, logits, nd, 9)
     assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
 
@@ -621,8 +677,15 @@ BAD_SAMPLED = [
 
 @pytest.mark.parametrize("override,message", BAD_SAMPLED, ids=[m for _, m in BAD_SAMPLED])
 def test_verify_sampled_bad_input(override, message):
-    args = dict(draft_tokens=torch.zeros(2, 3, dtype=torch.long), draft_probs=None, target_logits=torch.zeros(2, 4, 10),
-                temperature=torch.ones(2), seeds=torch.zeros(2, dtype=torch.long), offsets=None, num_drafts=None)
+    args = dict(
+        draft_tokens=torch.zeros(2, 3, dtype=torch.long),
+        draft_probs=None,
+        target_logits=torch.zeros(2, 4, 10),
+        temperature=torch.ones(2),
+        seeds=torch.zeros(2, dtype=torch.long),
+        offsets=None,
+        num_drafts=None,
+    )
     args.update(override)
     for fn in (triton_mod.verify_sampled, torch.ops.mtp.verify_sampled):
         with pytest.raises(RuntimeError, match=r"mtp\.verify_sampled: .*" + re.escape(message)):
@@ -643,8 +706,12 @@ def _exp_fixed_kernel(y, out, N: tl.constexpr):
 
 def test_exp_fixed_bits_equal_reference():
     """The Triton exp_fixed gives reference.exp_fixed's bits (the C++ one is its mirror)."""
-    y = torch.cat([-torch.rand(4093, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 720,
-                   torch.tensor([0.0, -708.0, float("-inf")], dtype=torch.float64)])
+    y = torch.cat(
+        [
+            -torch.rand(4093, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 720,
+            torch.tensor([0.0, -708.0, float("-inf")], dtype=torch.float64),
+        ]
+    )
     out = torch.empty_like(y, device=DEVICE)
     _exp_fixed_kernel[(1,)](y.to(DEVICE), out, N=4096)
     want = reference.exp_fixed(y)

@@ -1,4 +1,5 @@
 """mtp.verify and mtp.accept_prefix against reference.py, bitwise."""
+
 import itertools
 import re
 
@@ -26,7 +27,7 @@ def make_case(gen, B, K, V, dtype, id_dtype, match_rate=0.7):
         # NaN (first one wins), -inf rows, signed zeros as the maximum.
         b0 = int(torch.randint(0, B, (1,), generator=gen))
         logits[b0, 0, V // 3] = float("nan")
-        logits[b0, -1, V // 2:] = float("nan")
+        logits[b0, -1, V // 2 :] = float("nan")
         b1 = int(torch.randint(0, B, (1,), generator=gen))
         logits[b1, K // 2] = float("-inf")
         b2 = int(torch.randint(0, B, (1,), generator=gen))
@@ -65,8 +66,18 @@ def test_example_from_contract():
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("id_dtype", IDS)
 def test_random_shapes(isa, gen, dtype, id_dtype):
-    for B, K, V in [(0, 3, 10), (1, 0, 5), (3, 0, 1000), (1, 1, 1), (2, 4, 7), (5, 3, 300),
-                    (17, 8, 2049), (64, 16, 129), (8, 4, 32000), (4, 2, 49152)]:
+    for B, K, V in [
+        (0, 3, 10),
+        (1, 0, 5),
+        (3, 0, 1000),
+        (1, 1, 1),
+        (2, 4, 7),
+        (5, 3, 300),
+        (17, 8, 2049),
+        (64, 16, 129),
+        (8, 4, 32000),
+        (4, 2, 49152),
+    ]:
         drafts, logits = make_case(gen, B, K, V, dtype, id_dtype)
         check_verify(drafts, logits)
 
@@ -90,7 +101,7 @@ def test_ragged_num_drafts_and_pad(isa, gen, dtype):
 def test_strided_logits_are_read_in_place(isa, gen, dtype):
     B, K, V = 4, 3, 3000
     big = torch.randn(B, 2 * (K + 1), V + 50, generator=gen).to(dtype)
-    sliced = big[:, ::2, 17:17 + V]  # a slice of a bigger buffer, rows not contiguous
+    sliced = big[:, ::2, 17 : 17 + V]  # a slice of a bigger buffer, rows not contiguous
     assert not sliced.is_contiguous()
     drafts = sliced.argmax(-1)[:, :K].clone()
     drafts[1, 1] += 1
@@ -132,8 +143,11 @@ def accept_cases(gen, id_dtype, target_dtype):
     without num_drafts."""
     for B, K in [(0, 4), (1, 0), (7, 1), (33, 8)]:
         target = torch.randint(0, 5, (B, K + 1), generator=gen).to(target_dtype)
-        drafts = torch.where(torch.rand(B, K, generator=gen) < 0.8, target[:, :K],
-                             torch.randint(0, 5, (B, K), generator=gen).to(target_dtype)).to(id_dtype)
+        drafts = torch.where(
+            torch.rand(B, K, generator=gen) < 0.8,
+            target[:, :K],
+            torch.randint(0, 5, (B, K), generator=gen).to(target_dtype),
+        ).to(id_dtype)
         num_drafts = torch.randint(0, K + 1, (B,), generator=gen)
         for tgt in (target, target[:, :K]):
             for nd in (None, num_drafts):
@@ -173,16 +187,41 @@ BAD_VERIFY = [
     # (draft_tokens, target_logits, num_drafts, message fragment)
     (torch.zeros(2, 3, dtype=torch.float32), torch.zeros(2, 4, 10), None, "draft_tokens must be Int or Long"),
     (torch.zeros(2, dtype=torch.long), torch.zeros(2, 4, 10), None, "draft_tokens must be 2-D"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10, dtype=torch.float64), None, "target_logits must be Float"),
+    (
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.zeros(2, 4, 10, dtype=torch.float64),
+        None,
+        "target_logits must be Float",
+    ),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4), None, "target_logits must be 3-D"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 4, 10), None, "target_logits.size(0) must equal B"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, 10), None, "target_logits.size(1) must equal K+1"),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 0), None, "V = 0"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1, 4]), "num_drafts must lie in [0, K] = [0, 3], got num_drafts[1] = 4"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([-1, 0]), "num_drafts must lie in [0, K]"),
+    (
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.zeros(2, 4, 10),
+        torch.tensor([1, 4]),
+        "num_drafts must lie in [0, K] = [0, 3], got num_drafts[1] = 4",
+    ),
+    (
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.zeros(2, 4, 10),
+        torch.tensor([-1, 0]),
+        "num_drafts must lie in [0, K]",
+    ),
     (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1]), "num_drafts.size(0) must equal B"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.tensor([1.0, 2.0]), "num_drafts must be Int or Long"),
-    (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10, device="meta"), None, "target_logits must be on draft_tokens's device"),
+    (
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.zeros(2, 4, 10),
+        torch.tensor([1.0, 2.0]),
+        "num_drafts must be Int or Long",
+    ),
+    (
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.zeros(2, 4, 10, device="meta"),
+        None,
+        "target_logits must be on draft_tokens's device",
+    ),
 ]
 
 

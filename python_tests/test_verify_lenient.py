@@ -1,5 +1,6 @@
 """mtp.verify_lenient (NOT lossless): equal to reference.py bitwise, top_k=1 is mtp.verify
 bitwise, leniency accepts exactly what the rule says, opcheck, compile, bad input."""
+
 import re
 
 import pytest
@@ -55,16 +56,18 @@ def test_rule_on_a_hand_made_row():
     # Row 0: logits log(p) with p = [0.5, 0.3, 0.15, 0.05] (+ a tie for second place at 4).
     p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.3])
     logits = p.log().expand(1, 2, 5).contiguous()
+
     def accepted(draft, top_k, min_ratio):
         return int(torch.ops.mtp.verify_lenient(torch.tensor([[draft]]), logits, None, top_k, min_ratio)[0][0])
-    assert accepted(0, 1, 1.0) == 1                                    # the argmax, always
-    assert accepted(1, 1, 0.0) == 0                                    # top_k = 1: greedy only
-    assert accepted(1, 2, 0.59) == 1 and accepted(1, 2, 0.61) == 0     # p1/p0 = 0.6
-    assert accepted(4, 2, 0.5) == 0 and accepted(4, 3, 0.5) == 1       # tie: index 1 ranks above 4
-    assert accepted(3, 4, 0.0) == 0 and accepted(3, 5, 0.0) == 1       # rank 4 (the tie ranks above)
-    assert accepted(5, 10, 0.0) == 0 and accepted(-1, 10, 0.0) == 0    # outside V: never
+
+    assert accepted(0, 1, 1.0) == 1  # the argmax, always
+    assert accepted(1, 1, 0.0) == 0  # top_k = 1: greedy only
+    assert accepted(1, 2, 0.59) == 1 and accepted(1, 2, 0.61) == 0  # p1/p0 = 0.6
+    assert accepted(4, 2, 0.5) == 0 and accepted(4, 3, 0.5) == 1  # tie: index 1 ranks above 4
+    assert accepted(3, 4, 0.0) == 0 and accepted(3, 5, 0.0) == 1  # rank 4 (the tie ranks above)
+    assert accepted(5, 10, 0.0) == 0 and accepted(-1, 10, 0.0) == 0  # outside V: never
     _, out = torch.ops.mtp.verify_lenient(torch.tensor([[2]]), logits, None, 2, 0.0, pad_id=-9)
-    assert out.tolist() == [[0, -9]]                                   # rejected: the argmax, then pad
+    assert out.tolist() == [[0, -9]]  # rejected: the argmax, then pad
 
 
 def test_nan_row_is_strict():

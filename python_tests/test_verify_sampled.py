@@ -1,5 +1,6 @@
 """mtp.verify_sampled: lossless (chi-square against the target distribution), equal to
 reference.py on token ids, keyed only by (seed, position), temperature 0 == mtp.verify."""
+
 import math
 import re
 
@@ -10,8 +11,8 @@ import mtp_kernels
 from mtp_kernels import reference
 from test_verify import FLOATS, IDS, make_case
 
-N = 120_000     # samples per distribution check (one call, one request per sample)
-P_MIN = 1e-4    # a p-value below this fails; deterministic at the fixed seeds
+N = 120_000  # samples per distribution check (one call, one request per sample)
+P_MIN = 1e-4  # a p-value below this fails; deterministic at the fixed seeds
 
 
 def chi2_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -103,7 +104,7 @@ def random_case(gen, B, K, V, dtype, id_dtype, with_q):
     q = torch.softmax(torch.randn(B, K, V, generator=gen) * 2, -1).to(dtype) if with_q else None
     temp = torch.rand(B, generator=gen) * 2
     temp[::3] = 0.0  # greedy rows among sampled ones
-    seeds = torch.randint(-2**62, 2**62, (B,), generator=gen)
+    seeds = torch.randint(-(2**62), 2**62, (B,), generator=gen)
     offsets = torch.randint(0, 10**6, (B,), generator=gen)
     nd = torch.randint(0, K + 1, (B,), generator=gen)
     return drafts, q, logits, temp, seeds, offsets, nd
@@ -121,15 +122,19 @@ def check_reference(*args, pad_id=-1):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("with_q", [False, True])
 def test_matches_reference_on_token_ids(gen, dtype, with_q):
-    for B, K, V, id_dtype in [(0, 2, 5, torch.int64), (3, 0, 40, torch.int32), (7, 1, 300, torch.int64),
-                              (9, 4, 1000, torch.int32)]:
+    for B, K, V, id_dtype in [
+        (0, 2, 5, torch.int64),
+        (3, 0, 40, torch.int32),
+        (7, 1, 300, torch.int64),
+        (9, 4, 1000, torch.int32),
+    ]:
         check_reference(*random_case(gen, B, K, V, dtype, id_dtype, with_q), pad_id=7)
 
 
 def test_strided_inputs_match_reference(gen):
     B, K, V = 4, 3, 500
     big = torch.randn(B, 2 * (K + 1), V + 9, generator=gen)
-    logits = big[:, ::2, 4:4 + V]
+    logits = big[:, ::2, 4 : 4 + V]
     q = torch.softmax(torch.randn(V, K, B, generator=gen), 0).permute(2, 1, 0)
     drafts = torch.randint(0, V, (K, B), generator=gen).t()
     temp, seeds = torch.ones(B), torch.arange(B)
@@ -162,10 +167,15 @@ def test_same_seed_same_tokens_any_batch_or_threads(gen, threads):
     sl = slice(b, b + 1)
     alone = torch.ops.mtp.verify_sampled(drafts[sl], q[sl], logits[sl], temp[sl], seeds[sl], offsets[sl], nd[sl])
     o_d, o_q, o_l, o_t, o_s, o_o, o_n = random_case(gen, 6, K, V, torch.float32, torch.int64, True)
-    mixed = torch.ops.mtp.verify_sampled(torch.cat([o_d[:3], drafts[sl], o_d[3:]]),
-                                         torch.cat([o_q[:3], q[sl], o_q[3:]]), torch.cat([o_l[:3], logits[sl], o_l[3:]]),
-                                         torch.cat([o_t[:3], temp[sl], o_t[3:]]), torch.cat([o_s[:3], seeds[sl], o_s[3:]]),
-                                         torch.cat([o_o[:3], offsets[sl], o_o[3:]]), torch.cat([o_n[:3], nd[sl], o_n[3:]]))
+    mixed = torch.ops.mtp.verify_sampled(
+        torch.cat([o_d[:3], drafts[sl], o_d[3:]]),
+        torch.cat([o_q[:3], q[sl], o_q[3:]]),
+        torch.cat([o_l[:3], logits[sl], o_l[3:]]),
+        torch.cat([o_t[:3], temp[sl], o_t[3:]]),
+        torch.cat([o_s[:3], seeds[sl], o_s[3:]]),
+        torch.cat([o_o[:3], offsets[sl], o_o[3:]]),
+        torch.cat([o_n[:3], nd[sl], o_n[3:]]),
+    )
     for whole, one, mix in zip(full, alone, mixed):
         assert torch.equal(whole[b], one[0]) and torch.equal(whole[b], mix[3])
     torch.set_num_threads(1)
@@ -220,7 +230,12 @@ def test_torch_compile_fullgraph(gen):
     assert torch.equal(accepted, want_acc + 1) and torch.equal(out, want_out)
 
 
-D, L, T1, S = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, 10), torch.ones(2), torch.zeros(2, dtype=torch.long)
+D, L, T1, S = (
+    torch.zeros(2, 3, dtype=torch.long),
+    torch.zeros(2, 4, 10),
+    torch.ones(2),
+    torch.zeros(2, dtype=torch.long),
+)
 BAD = [
     # (kwargs overriding the good call, message fragment)
     (dict(draft_tokens=D.float()), "draft_tokens must be Int or Long"),
@@ -250,8 +265,9 @@ BAD = [
 
 @pytest.mark.parametrize("override,message", BAD, ids=[m for _, m in BAD])
 def test_bad_input(override, message):
-    args = dict(draft_tokens=D, draft_probs=None, target_logits=L, temperature=T1, seeds=S, offsets=None,
-                num_drafts=None)
+    args = dict(
+        draft_tokens=D, draft_probs=None, target_logits=L, temperature=T1, seeds=S, offsets=None, num_drafts=None
+    )
     args.update(override)
     with pytest.raises(RuntimeError, match=r"mtp\.verify_sampled: .*" + re.escape(message)):
         torch.ops.mtp.verify_sampled(*args.values())

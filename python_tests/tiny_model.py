@@ -1,4 +1,5 @@
 """A tiny random-weight Llama (and helpers) for fast runtime tests."""
+
 import json
 import os
 
@@ -8,20 +9,36 @@ from mtp_kernels.models.checkpoint import expected_shapes
 from mtp_kernels.models.config import LlamaConfig
 from mtp_kernels.models.llama import Backbone
 
-TINY = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
-                   head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position=256, tie_embeddings=True,
-                   eos_token_ids=(3,))
+TINY = LlamaConfig(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position=256,
+    tie_embeddings=True,
+    eos_token_ids=(3,),
+)
 
 
 def tiny_weights(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {name: (torch.randn(shape, generator=g) * (0.5 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5)
-                   + (1.0 if len(shape) == 1 else 0.0))
-            for name, shape in expected_shapes(cfg).items()}
+    return {
+        name: (
+            torch.randn(shape, generator=g) * (0.5 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5)
+            + (1.0 if len(shape) == 1 else 0.0)
+        )
+        for name, shape in expected_shapes(cfg).items()
+    }
 
 
-def tiny_backbone(dtype=torch.float32, cfg: LlamaConfig = TINY, quantize: bool = False,
-                  int8_dot: bool = False) -> Backbone:
+def tiny_backbone(
+    dtype=torch.float32, cfg: LlamaConfig = TINY, quantize: bool = False, int8_dot: bool = False
+) -> Backbone:
     return Backbone(cfg, tiny_weights(cfg), dtype, quantize=quantize, int8_dot=int8_dot)
 
 
@@ -43,12 +60,16 @@ class OracleHead:
             for j in range(k):
                 true = seq[pos + j] if pos + j < len(seq) else 0
                 wrong = torch.rand(1, generator=self.g).item() < 0.25
-                out[b, j] = (true + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.g))) % self.vocab \
-                    if wrong else true
+                out[b, j] = (
+                    (true + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.g))) % self.vocab
+                    if wrong
+                    else true
+                )
             if alternatives:  # distinct from the first draft and each other
                 true = seq[pos] if pos < len(seq) else 0
-                others = [t for t in torch.randperm(self.vocab, generator=self.g).tolist()
-                          if t not in (true, int(out[b, 0]))][:alternatives]
+                others = [
+                    t for t in torch.randperm(self.vocab, generator=self.g).tolist() if t not in (true, int(out[b, 0]))
+                ][:alternatives]
                 if int(out[b, 0]) != true and torch.rand(1, generator=self.g).item() < 0.5:
                     others[int(torch.randint(0, alternatives, (1,), generator=self.g))] = true
                 out[b, k:] = torch.tensor(others)
@@ -62,11 +83,22 @@ def write_tiny_folder(folder, weights=None, cfg=TINY):
     os.makedirs(folder, exist_ok=True)
     save_file(weights or tiny_weights(cfg), os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-                   "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-                   "max_position_embeddings": cfg.max_position, "tie_word_embeddings": True, "eos_token_id": 3}, f)
+        json.dump(
+            {
+                "vocab_size": cfg.vocab_size,
+                "hidden_size": cfg.hidden_size,
+                "intermediate_size": cfg.intermediate_size,
+                "num_hidden_layers": cfg.num_layers,
+                "num_attention_heads": cfg.num_heads,
+                "num_key_value_heads": cfg.num_kv_heads,
+                "rms_norm_eps": cfg.rms_norm_eps,
+                "rope_theta": cfg.rope_theta,
+                "max_position_embeddings": cfg.max_position,
+                "tie_word_embeddings": True,
+                "eos_token_id": 3,
+            },
+            f,
+        )
     vocab = {chr(ord("a") + i) if i < 26 else f"<t{i}>": i for i in range(cfg.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<t26>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
@@ -84,7 +116,7 @@ def assert_verify_pass_equals_steps(model: Backbone, batch: int, prompt_len: int
     one, many = model.new_cache(batch, 64), model.new_cache(batch, 64)
     model(prompt, one)
     model(prompt, many)
-    steps = torch.cat([model(block[:, t:t + 1], one) for t in range(T)], dim=1)
+    steps = torch.cat([model(block[:, t : t + 1], one) for t in range(T)], dim=1)
     together = model(block, many)
     assert torch.equal(steps, together)
     assert torch.equal(model.logits(steps), model.logits(together))

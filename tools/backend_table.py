@@ -13,6 +13,7 @@ Where each column comes from:
 - C API: the ``mtp_<op>`` / ``mtp_<op>_<variant>`` functions declared in csrc/include/mtp/mtp.h,
   each given to the longest op name it starts with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,9 @@ def schema_ops() -> list[str]:
 def cpp_impls(key: str) -> set[str]:
     found = set()
     for path in sorted((ROOT / "csrc").rglob("*.cpp")):
-        for block in re.findall(r"TORCH_LIBRARY_IMPL\(mtp,\s*" + key + r",\s*m\)\s*\{(.*?)\n\}", path.read_text(), re.S):
+        for block in re.findall(
+            r"TORCH_LIBRARY_IMPL\(mtp,\s*" + key + r",\s*m\)\s*\{(.*?)\n\}", path.read_text(), re.S
+        ):
             found.update(re.findall(r'm\.impl\("(\w+)"', block))
     return found
 
@@ -51,6 +54,7 @@ def python_kernels() -> tuple[set[str], set[str]]:
     sys.path.insert(0, str(ROOT))
     from mtp_kernels import fallback
     from mtp_kernels import triton as mtp_triton
+
     return set(mtp_triton._OPS), set(fallback.FALLBACKS)
 
 
@@ -60,12 +64,13 @@ def table() -> str:
     triton, fallback = python_kernels()
     capi = c_api(ops)
     mark = lambda yes: "yes" if yes else "-"  # noqa: E731
-    rows = ["| op | CPU (C++) | CUDA C++ | Triton | torch fallback (CUDA) | C API |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| op | CPU (C++) | CUDA C++ | Triton | torch fallback (CUDA) | C API |", "|---|---|---|---|---|---|"]
     for op in ops:
         fns = ", ".join(f"`{f}`" for f in capi[op]) or "-"
-        rows.append(f"| `{op}` | {mark(op in cpu)} | {mark(op in cuda)} | {mark(op in triton)} | "
-                    f"{mark(op in fallback)} | {fns} |")
+        rows.append(
+            f"| `{op}` | {mark(op in cpu)} | {mark(op in cuda)} | {mark(op in triton)} | "
+            f"{mark(op in fallback)} | {fns} |"
+        )
     return "\n".join(rows)
 
 
@@ -74,7 +79,7 @@ def splice(text: str, body: str) -> str | None:
     i, j = text.find(BEGIN), text.find(END)
     if i < 0 or j < i:
         return None
-    return text[:i + len(BEGIN)] + "\n" + body + "\n" + text[j:]
+    return text[: i + len(BEGIN)] + "\n" + body + "\n" + text[j:]
 
 
 def main(argv=None) -> int:
@@ -100,8 +105,10 @@ def main(argv=None) -> int:
             if args.write:
                 path.write_text(new)
     if args.check and stale:
-        print("stale backend table in " + ", ".join(stale) + ": run python tools/backend_table.py --write",
-              file=sys.stderr)
+        print(
+            "stale backend table in " + ", ".join(stale) + ": run python tools/backend_table.py --write",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

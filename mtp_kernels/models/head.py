@@ -8,6 +8,7 @@ steps: step j feeds its own hidden state and its own draft token to step j + 1. 
 the backbone's frozen embedding and LM head (optionally restricted to the N most frequent
 tokens, a draft vocabulary, to cut the cost of the draft LM head).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,10 +17,10 @@ import os
 
 import torch
 
-MAX_BLOCKS = 64  # dense blocks of one head (the shipped one has 1)
-
 from .config import MAX_DIM, MAX_LAYERS, ConfigError, LlamaConfig, check_int, check_positive_float
 from .llama import Backbone, KVCache
+
+MAX_BLOCKS = 64  # dense blocks of one head (the shipped one has 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,19 +53,43 @@ class HeadConfig:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Every parameter's shape (MTPHead's state dict, draft_vocab aside), from the config
         alone: a head file is compared with it before any module is built."""
-        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
-            self.intermediate_size
+        h, q, kv, i = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.intermediate_size,
+        )
         out = {"embed_norm": (h,), "hidden_norm": (h,), "proj": (h, 2 * h), "out_norm": (h,)}
         for b in range(self.num_blocks):
-            out.update({f"blocks.{b}.{n}": s for n, s in (
-                ("attn_norm", (h,)), ("q_proj", (q, h)), ("k_proj", (kv, h)), ("v_proj", (kv, h)), ("o_proj", (h, q)),
-                ("mlp_norm", (h,)), ("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i)))})
+            out.update(
+                {
+                    f"blocks.{b}.{n}": s
+                    for n, s in (
+                        ("attn_norm", (h,)),
+                        ("q_proj", (q, h)),
+                        ("k_proj", (kv, h)),
+                        ("v_proj", (kv, h)),
+                        ("o_proj", (h, q)),
+                        ("mlp_norm", (h,)),
+                        ("gate_proj", (i, h)),
+                        ("up_proj", (i, h)),
+                        ("down_proj", (h, i)),
+                    )
+                }
+            )
         return out
 
     @classmethod
     def for_backbone(cls, cfg: LlamaConfig, **overrides) -> "HeadConfig":
-        return cls(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads,
-                   num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, **overrides)
+        return cls(
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            rms_norm_eps=cfg.rms_norm_eps,
+            **overrides,
+        )
 
 
 class HeadBlock(torch.nn.Module):
@@ -73,7 +98,7 @@ class HeadBlock(torch.nn.Module):
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
 
         def lin(n, k):  # init=False: uninitialised (never touched: weights about to be loaded)
-            return torch.nn.Parameter(torch.randn(n, k) / k ** 0.5 if init else torch.empty(n, k))
+            return torch.nn.Parameter(torch.randn(n, k) / k**0.5 if init else torch.empty(n, k))
 
         self.attn_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         self.q_proj, self.k_proj, self.v_proj = lin(q, c.hidden_size), lin(kv, c.hidden_size), lin(kv, c.hidden_size)
@@ -89,8 +114,11 @@ class MTPHead(torch.nn.Module):
         self.cfg = c
         self.embed_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         self.hidden_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
-        self.proj = torch.nn.Parameter(torch.randn(c.hidden_size, 2 * c.hidden_size) / (2 * c.hidden_size) ** 0.5
-                                       if init else torch.empty(c.hidden_size, 2 * c.hidden_size))
+        self.proj = torch.nn.Parameter(
+            torch.randn(c.hidden_size, 2 * c.hidden_size) / (2 * c.hidden_size) ** 0.5
+            if init
+            else torch.empty(c.hidden_size, 2 * c.hidden_size)
+        )
         self.blocks = torch.nn.ModuleList(HeadBlock(c, init) for _ in range(c.num_blocks))
         self.out_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         # Token ids of the draft vocabulary (empty: full vocabulary).
@@ -107,8 +135,13 @@ class MTPHead(torch.nn.Module):
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(self.cfg), f, indent=2)
-        save_file({k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
-                   for k, v in self.state_dict().items()}, os.path.join(folder, "head.safetensors"))
+        save_file(
+            {
+                k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
+                for k, v in self.state_dict().items()
+            },
+            os.path.join(folder, "head.safetensors"),
+        )
 
     @classmethod
     def load(cls, folder: str, dtype: torch.dtype | None = None, backbone_cfg: LlamaConfig | None = None) -> "MTPHead":
@@ -130,11 +163,15 @@ class MTPHead(torch.nn.Module):
         if not isinstance(raw, dict):
             raise CheckpointError(f"{config_path}: not an MTP head config (a JSON object)")
         unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(HeadConfig)})
-        missing = sorted({f.name for f in dataclasses.fields(HeadConfig)
-                          if f.default is dataclasses.MISSING} - set(raw))
+        missing = sorted(
+            {f.name for f in dataclasses.fields(HeadConfig) if f.default is dataclasses.MISSING} - set(raw)
+        )
         if unknown or missing:
-            raise CheckpointError(f"{config_path}: not an MTP head config ("
-                                  + (f"unknown field {unknown[0]!r}" if unknown else f"{missing[0]!r} is missing") + ")")
+            raise CheckpointError(
+                f"{config_path}: not an MTP head config ("
+                + (f"unknown field {unknown[0]!r}" if unknown else f"{missing[0]!r} is missing")
+                + ")"
+            )
         try:
             cfg = HeadConfig(**raw)
         except ConfigError as e:
@@ -149,38 +186,45 @@ class MTPHead(torch.nn.Module):
                 header = {k: f.get_slice(k) for k in f.keys()}
                 stored = {k: (tuple(s.get_shape()), s.get_dtype()) for k, s in header.items()}
         except Exception as e:
-            raise CheckpointError(f"{weights_path}: unreadable safetensors ({type(e).__name__}: "
-                                  f"{' '.join(str(e).split())})") from None
+            raise CheckpointError(
+                f"{weights_path}: unreadable safetensors ({type(e).__name__}: {' '.join(str(e).split())})"
+            ) from None
         expected = cfg.shapes()
         for name, shape in expected.items():
             if name not in stored:
-                raise CheckpointError(f"{weights_path}: weight {name!r} is missing (config.json: {cfg.num_blocks} "
-                                      "block(s))")
+                raise CheckpointError(
+                    f"{weights_path}: weight {name!r} is missing (config.json: {cfg.num_blocks} block(s))"
+                )
             if stored[name][0] != shape:
-                raise CheckpointError(f"{weights_path}: weight {name!r} has shape {stored[name][0]}, expected {shape} "
-                                      "from config.json")
+                raise CheckpointError(
+                    f"{weights_path}: weight {name!r} has shape {stored[name][0]}, expected {shape} from config.json"
+                )
         extra = sorted(set(stored) - set(expected) - {"draft_vocab"})
         if extra:
             raise CheckpointError(f"{weights_path}: unexpected weight {extra[0]!r}")
         if "draft_vocab" in stored:
             shape, dt = stored["draft_vocab"]
             if dt not in ("I64", "I32") or len(shape) != 1:
-                raise CheckpointError(f"{weights_path}: draft_vocab ({dt} {list(shape)}) must be a 1-D list of "
-                                      "integer token ids")
+                raise CheckpointError(
+                    f"{weights_path}: draft_vocab ({dt} {list(shape)}) must be a 1-D list of integer token ids"
+                )
         try:
             from safetensors.torch import load_file
 
             state = load_file(weights_path)
         except Exception as e:
-            raise CheckpointError(f"{weights_path}: unreadable safetensors ({type(e).__name__}: "
-                                  f"{' '.join(str(e).split())})") from None
+            raise CheckpointError(
+                f"{weights_path}: unreadable safetensors ({type(e).__name__}: {' '.join(str(e).split())})"
+            ) from None
         check_float_tensors(weights_path, state, skip=("draft_vocab",))
         vocab = state.pop("draft_vocab", torch.zeros(0, dtype=torch.int64)).to(torch.int64)
         if vocab.numel() and (int(vocab.min()) < 0 or vocab.unique().numel() != vocab.numel()):
             raise CheckpointError(f"{weights_path}: draft_vocab must hold distinct non-negative token ids")
         if vocab.numel() and backbone_cfg is not None and int(vocab.max()) >= backbone_cfg.vocab_size:
-            raise CheckpointError(f"{weights_path}: draft_vocab has token id {int(vocab.max())}, outside the "
-                                  f"backbone's vocabulary of {backbone_cfg.vocab_size}")
+            raise CheckpointError(
+                f"{weights_path}: draft_vocab has token id {int(vocab.max())}, outside the "
+                f"backbone's vocabulary of {backbone_cfg.vocab_size}"
+            )
         if dtype is None:
             head = cls(cfg)
             head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
@@ -193,8 +237,10 @@ class MTPHead(torch.nn.Module):
     def check_fits(self, backbone_cfg: LlamaConfig) -> None:
         _check_fits(self.cfg, backbone_cfg)
         if self.draft_vocab.numel() and int(self.draft_vocab.max()) >= backbone_cfg.vocab_size:
-            raise ValueError(f"this head's draft vocabulary has token id {int(self.draft_vocab.max())}, outside the "
-                             f"backbone's vocabulary of {backbone_cfg.vocab_size}")
+            raise ValueError(
+                f"this head's draft vocabulary has token id {int(self.draft_vocab.max())}, outside the "
+                f"backbone's vocabulary of {backbone_cfg.vocab_size}"
+            )
 
     # ---- drafting ----------------------------------------------------------------------
     def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -207,8 +253,14 @@ class MTPHead(torch.nn.Module):
             with torch.no_grad():
                 out = [self.embed_norm, self.hidden_norm, self.proj]
                 for b in self.blocks:
-                    out += [b.attn_norm, _fused(dtype, b.q_proj, b.k_proj, b.v_proj), b.o_proj, b.mlp_norm,
-                            _fused(dtype, b.gate_proj, b.up_proj), b.down_proj]
+                    out += [
+                        b.attn_norm,
+                        _fused(dtype, b.q_proj, b.k_proj, b.v_proj),
+                        b.o_proj,
+                        b.mlp_norm,
+                        _fused(dtype, b.gate_proj, b.up_proj),
+                        b.down_proj,
+                    ]
                 out.append(self.out_norm)
                 self._draft_weights = (self._draft_key(dtype), [w.detach().to(dtype).contiguous() for w in out])
         return self._draft_weights[1]
@@ -216,47 +268,76 @@ class MTPHead(torch.nn.Module):
     def _draft_key(self, dtype: torch.dtype) -> tuple:
         return dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
 
-    def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
-                   k: int) -> dict:
+    def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> dict:
         """mtp.head_draft's arguments (by name) for `draft`'s inputs."""
         c, dt = self.cfg, backbone.dtype
         layer = c.kv_layer % backbone.cfg.num_layers
         name = "model.embed_tokens.weight"
-        return dict(hidden=hidden.to(dt), token=token, k_cache=cache.k[layer], v_cache=cache.v[layer],
-                    cache_lens=cache.lens, rope_cos=backbone.rope_cos, rope_sin=backbone.rope_sin,
-                    embedding=backbone.w(name), embedding_scale=backbone.scale(name), weights=self.draft_weights(dt),
-                    lm_head=backbone.w(backbone.lm_head_name), lm_head_scale=backbone.scale(backbone.lm_head_name),
-                    draft_vocab=self.draft_vocab if self.draft_vocab.numel() else None, k=k, num_heads=c.num_heads,
-                    eps=c.rms_norm_eps)
+        return dict(
+            hidden=hidden.to(dt),
+            token=token,
+            k_cache=cache.k[layer],
+            v_cache=cache.v[layer],
+            cache_lens=cache.lens,
+            rope_cos=backbone.rope_cos,
+            rope_sin=backbone.rope_sin,
+            embedding=backbone.w(name),
+            embedding_scale=backbone.scale(name),
+            weights=self.draft_weights(dt),
+            lm_head=backbone.w(backbone.lm_head_name),
+            lm_head_scale=backbone.scale(backbone.lm_head_name),
+            draft_vocab=self.draft_vocab if self.draft_vocab.numel() else None,
+            k=k,
+            num_heads=c.num_heads,
+            eps=c.rms_norm_eps,
+        )
 
     @torch.no_grad()
-    def draft(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int,
-              alternatives: int = 0) -> torch.Tensor:
+    def draft(
+        self,
+        backbone: Backbone,
+        cache: KVCache,
+        hidden: torch.Tensor,
+        token: torch.Tensor,
+        k: int,
+        alternatives: int = 0,
+    ) -> torch.Tensor:
         """K draft tokens [B, K] after `token` [B] (the backbone's next token, not yet in
         the cache), from the backbone's last hidden state `hidden` [B, H] at position
         cache.lens - 1, then `alternatives` more columns: the first step's next best drafts
         (a tree's other first drafts). Reads the cache in place and changes nothing in it: one
         mtp.head_draft call (reference.head_draft is its op-by-op composition)."""
-        return torch.ops.mtp.head_draft(**self.draft_args(backbone, cache, hidden, token, k), alternatives=alternatives,
-                                        **self.draft_types(backbone))
+        return torch.ops.mtp.head_draft(
+            **self.draft_args(backbone, cache, hidden, token, k),
+            alternatives=alternatives,
+            **self.draft_types(backbone),
+        )
 
     @staticmethod
     def draft_types(backbone: Backbone) -> dict:
         """mtp.head_draft's embedding_type / lm_head_type for a native backbone (its embedding
         and LM head are the GGUF file's uint8 rows of that GGML type); {} otherwise."""
         emb, head = backbone.gguf_type("model.embed_tokens.weight"), backbone.gguf_type(backbone.lm_head_name)
-        return {} if emb is None and head is None else {
-            "embedding_type": -1 if emb is None else emb, "lm_head_type": -1 if head is None else head}
+        return (
+            {}
+            if emb is None and head is None
+            else {"embedding_type": -1 if emb is None else emb, "lm_head_type": -1 if head is None else head}
+        )
+
 
 def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
     mine = (c.hidden_size, c.num_kv_heads, c.head_dim)
     theirs = (backbone_cfg.hidden_size, backbone_cfg.num_kv_heads, backbone_cfg.head_dim)
     if mine != theirs or not -backbone_cfg.num_layers <= c.kv_layer < backbone_cfg.num_layers:
-        raise ValueError(f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
-                         f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)")
+        raise ValueError(
+            f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
+            f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)"
+        )
     if c.draft_vocab_size > backbone_cfg.vocab_size:
-        raise ValueError(f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "
-                         f"{backbone_cfg.vocab_size}")
+        raise ValueError(
+            f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "
+            f"{backbone_cfg.vocab_size}"
+        )
 
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:

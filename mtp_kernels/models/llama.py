@@ -12,6 +12,7 @@ The KV cache is static and preallocated, [layers, B, Hkv, Lmax, D], with a lengt
 request; rejected draft positions are dropped by lowering that length (no data moves;
 `KVCache.truncate`), except an accepted tree leaf's, moved after its parent (`KVCache.move`).
 """
+
 from __future__ import annotations
 
 
@@ -25,7 +26,10 @@ from .config import LlamaConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Fused projection -> its parts, in row order.
-FUSED = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "gate_up": ("mlp.gate_proj", "mlp.up_proj")}
+FUSED = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 class MixedTypesError(ValueError):
@@ -64,7 +68,7 @@ class KVCache:
     def select(self, b: int) -> "KVCache":
         """A view of request b alone (shares the buffers and the length)."""
         view = KVCache.__new__(KVCache)
-        view.k, view.v, view.lens = self.k[:, b:b + 1], self.v[:, b:b + 1], self.lens[b:b + 1]
+        view.k, view.v, view.lens = self.k[:, b : b + 1], self.v[:, b : b + 1], self.lens[b : b + 1]
         return view
 
 
@@ -85,15 +89,25 @@ class Backbone(torch.nn.Module):
     quantize_x: integer dot products; every row keeps its bits whatever the number of rows, so
     speculative decoding still equals this backbone's greedy)."""
 
-    def __init__(self, cfg: LlamaConfig, weights: dict, dtype: torch.dtype = torch.float32,
-                 quantize: bool = False, int8_dot: bool = False):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        weights: dict,
+        dtype: torch.dtype = torch.float32,
+        quantize: bool = False,
+        int8_dot: bool = False,
+    ):
         super().__init__()
         if int8_dot and not quantize:
-            raise ValueError("Backbone: int8_dot=True quantizes the activations for int8 weights: it needs quantize=True")
+            raise ValueError(
+                "Backbone: int8_dot=True quantizes the activations for int8 weights: it needs quantize=True"
+            )
         native = any(isinstance(w, QuantTensor) for w in weights.values())
         if native and quantize:
-            raise ValueError("Backbone: quantize=True re-quantizes float weights to Q8; these are already GGUF "
-                             "block-quantized (QuantTensor): run them as they are, or load them dequantized")
+            raise ValueError(
+                "Backbone: quantize=True re-quantizes float weights to Q8; these are already GGUF "
+                "block-quantized (QuantTensor): run them as they are, or load them dequantized"
+            )
         self.cfg, self.dtype, self.quantized, self.int8_dot, self.native = cfg, dtype, quantize, int8_dot, native
         # Set by models.loading.load_backbone when no dtype was asked for (the file's own
         # weights): config.trees_pay keeps chains there until tree passes are measured.
@@ -206,9 +220,14 @@ class Backbone(torch.nn.Module):
     def decoder_weights(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """mtp.decoder_layers's weights (per layer its DECODER_PARTS, then the final norm) and
         weight_scales (the Q8 scales of the four matrices per layer; empty for float weights)."""
-        parts = {"input_norm": "input_layernorm.weight", "qkv": "qkv", "o_proj": "self_attn.o_proj.weight",
-                 "post_norm": "post_attention_layernorm.weight", "gate_up": "gate_up",
-                 "down_proj": "mlp.down_proj.weight"}
+        parts = {
+            "input_norm": "input_layernorm.weight",
+            "qkv": "qkv",
+            "o_proj": "self_attn.o_proj.weight",
+            "post_norm": "post_attention_layernorm.weight",
+            "gate_up": "gate_up",
+            "down_proj": "mlp.down_proj.weight",
+        }
         names = [f"model.layers.{i}.{parts[p]}" for i in range(self.cfg.num_layers) for p in DECODER_PARTS]
         weights = [self.w(n) for n in names] + [self.w("model.norm.weight")]
         scales = [s for s in map(self.scale, names) if s is not None]
@@ -220,10 +239,18 @@ class Backbone(torch.nn.Module):
         float one); None when no matrix is block-quantized (the argument is left out)."""
         if not self._types:
             return None
-        names = {"qkv": "qkv", "o_proj": "self_attn.o_proj.weight", "gate_up": "gate_up",
-                 "down_proj": "mlp.down_proj.weight"}
-        return [self._types.get(f"model.layers.{i}.{names[p]}", -1)
-                for i in range(self.cfg.num_layers) for p in DECODER_PARTS if p in names]
+        names = {
+            "qkv": "qkv",
+            "o_proj": "self_attn.o_proj.weight",
+            "gate_up": "gate_up",
+            "down_proj": "mlp.down_proj.weight",
+        }
+        return [
+            self._types.get(f"model.layers.{i}.{names[p]}", -1)
+            for i in range(self.cfg.num_layers)
+            for p in DECODER_PARTS
+            if p in names
+        ]
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
@@ -243,9 +270,21 @@ class Backbone(torch.nn.Module):
             self._decoder_weights = self.decoder_weights() + (self.decoder_weight_types(),)
         weights, scales, types = self._decoder_weights
         extra = {} if types is None else {"weight_types": types}
-        h = torch.ops.mtp.decoder_layers(self.embed(tokens), cache.k, cache.v, cache.lens, self.rope_cos,
-                                         self.rope_sin, weights, scales, self.cfg.num_heads, self.cfg.rms_norm_eps,
-                                         quantize_x=self.int8_dot, tree_parents=tree_parents, **extra)
+        h = torch.ops.mtp.decoder_layers(
+            self.embed(tokens),
+            cache.k,
+            cache.v,
+            cache.lens,
+            self.rope_cos,
+            self.rope_sin,
+            weights,
+            scales,
+            self.cfg.num_heads,
+            self.cfg.rms_norm_eps,
+            quantize_x=self.int8_dot,
+            tree_parents=tree_parents,
+            **extra,
+        )
         cache.lens.add_(T)
         return h
 
@@ -261,16 +300,22 @@ def _fuse(name: str, parts: list):
     types = {p.gguf_type for p in parts if isinstance(p, QuantTensor)}
     if not all(quant) or len(types) > 1:
         kinds = [type_name(p.gguf_type) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]
-        raise MixedTypesError(f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run "
-                              "as one matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)")
+        raise MixedTypesError(
+            f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run "
+            "as one matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)"
+        )
     datas = [p.data for p in parts]
     first = datas[0]
-    adjacent = all(d.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-                   and d.stride() == first.stride() and d.shape[1] == first.shape[1] for d in datas) and all(
-        b.storage_offset() == a.storage_offset() + a.shape[0] * a.stride(0) for a, b in zip(datas, datas[1:]))
+    adjacent = all(
+        d.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and d.stride() == first.stride()
+        and d.shape[1] == first.shape[1]
+        for d in datas
+    ) and all(b.storage_offset() == a.storage_offset() + a.shape[0] * a.stride(0) for a, b in zip(datas, datas[1:]))
     if adjacent:
-        data = first.as_strided((sum(d.shape[0] for d in datas), first.shape[1]), first.stride(),
-                                first.storage_offset())
+        data = first.as_strided(
+            (sum(d.shape[0] for d in datas), first.shape[1]), first.stride(), first.storage_offset()
+        )
     elif all(d.device.type == "cpu" for d in datas):  # numpy: torch's cat of a few uint8 rows is slow here
         data = torch.from_numpy(np.concatenate([d.numpy() for d in datas]))
     else:

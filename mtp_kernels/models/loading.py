@@ -1,6 +1,7 @@
 """Loading what `mtp generate` / `mtp bench` run: the backbone (the file's own weights, or
 dequantized), the MTP head and the standalone drafter, with the shipped defaults. The library
 entry points the CLI uses; each logs its notes through `log` (one line per note)."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     head.check_fits(backbone.cfg)
     head.to(backbone.dtype)  # once here: draft() would otherwise cast every weight per call
     if not head.cfg.trained:
-        log("note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
-            "the output is still exactly the backbone's own (greedy, or sampled with the same seed)")
+        log(
+            "note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
+            "the output is still exactly the backbone's own (greedy, or sampled with the same seed)"
+        )
     return head
 
 
@@ -42,8 +45,9 @@ def load_drafter(path: str | None, backbone, log):
 
     folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
     if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
-        raise CheckpointError(f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` "
-                              "or pass --drafter-path")
+        raise CheckpointError(
+            f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` or pass --drafter-path"
+        )
     drafter = StandaloneDrafter.load(folder)
     try:
         drafter.check_fits(backbone.cfg)
@@ -73,8 +77,11 @@ def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = F
             model = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
             model.loaded_as_stored = True
             types = sorted({model.gguf_type(n) for n in weights} - {None})
-            what = (f"{'/'.join(map(type_name, types))} weights as stored, {NATIVE_DTYPE} activations" if types
-                    else NATIVE_DTYPE)
+            what = (
+                f"{'/'.join(map(type_name, types))} weights as stored, {NATIVE_DTYPE} activations"
+                if types
+                else NATIVE_DTYPE
+            )
             return cfg, model, tok, what
         except (checkpoint.NotNativeError, MixedTypesError) as e:
             log(f"note: {e}; running it dequantized ({NATIVE_DTYPE})")
@@ -83,8 +90,12 @@ def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = F
     cfg, weights, tok = checkpoint.load(model_path)
     model = Backbone(cfg, weights, DTYPES[dtype], quantize=int8, int8_dot=int8_dot)
     model.loaded_as_stored = as_stored  # the dequantized fallback still counts: no dtype was asked for
-    return cfg, model, tok, (f"dequantized, {dtype}{', int8 weights' if int8 else ''}"
-                             f"{' and activations' if int8_dot else ''}")
+    return (
+        cfg,
+        model,
+        tok,
+        (f"dequantized, {dtype}{', int8 weights' if int8 else ''}{' and activations' if int8_dot else ''}"),
+    )
 
 
 def release_freed_memory() -> None:

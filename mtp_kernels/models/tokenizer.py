@@ -1,4 +1,5 @@
 """Tokenizer and chat template, built from a GGUF file's metadata or a tokenizer.json."""
+
 from __future__ import annotations
 
 import jinja2
@@ -60,15 +61,23 @@ def compile_template(text: str) -> jinja2.Template:
     try:
         return env.from_string(text)
     except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"chat template is not valid jinja (line {e.lineno}: {' '.join(str(e.message).split())})") \
-            from None
+        raise ValueError(
+            f"chat template is not valid jinja (line {e.lineno}: {' '.join(str(e.message).split())})"
+        ) from None
     except (jinja2.TemplateError, RecursionError, MemoryError) as e:
         raise ValueError(f"chat template is not valid jinja ({type(e).__name__})") from None
 
 
 class Tokenizer:
-    def __init__(self, hf: HFTokenizer, chat_template: str | None, eos_token_ids: tuple[int, ...],
-                 bos_token: str = "", eos_token: str = "", source: str = "the model"):
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        chat_template: str | None,
+        eos_token_ids: tuple[int, ...],
+        bos_token: str = "",
+        eos_token: str = "",
+        source: str = "the model",
+    ):
         self.hf = hf
         self.chat_template = chat_template
         self.eos_token_ids = eos_token_ids
@@ -78,26 +87,42 @@ class Tokenizer:
         self._max_token_bytes = None
 
     @classmethod
-    def from_gguf_fields(cls, tokens: list[str], token_types: list[int], merges: list[str], pre: str,
-                         chat_template: str | None, eos_token_ids: tuple[int, ...],
-                         source: str = "the model") -> "Tokenizer":
+    def from_gguf_fields(
+        cls,
+        tokens: list[str],
+        token_types: list[int],
+        merges: list[str],
+        pre: str,
+        chat_template: str | None,
+        eos_token_ids: tuple[int, ...],
+        source: str = "the model",
+    ) -> "Tokenizer":
         """A byte-level BPE (llama.cpp's "gpt2" tokenizer model)."""
         vocab = {tok: i for i, tok in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         # SmolLM's pre-tokenizer splits digits one by one before the GPT-2 regex.
-        hf.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                            if pre == "smollm" else byte_level)
+        hf.pre_tokenizer = (
+            pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+            if pre == "smollm"
+            else byte_level
+        )
         hf.decoder = decoders.ByteLevel()
-        hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                               for i, t in enumerate(token_types) if t == GGUF_CONTROL])
+        hf.add_special_tokens(
+            [
+                AddedToken(tokens[i], special=True, normalized=False)
+                for i, t in enumerate(token_types)
+                if t == GGUF_CONTROL
+            ]
+        )
         eos = tokens[eos_token_ids[0]] if eos_token_ids else ""
         return cls(hf, chat_template, eos_token_ids, eos_token=eos, source=source)
 
     @classmethod
-    def from_files(cls, tokenizer_json: str, chat_template: str | None, eos_token_ids: tuple[int, ...],
-                   source: str | None = None) -> "Tokenizer":
+    def from_files(
+        cls, tokenizer_json: str, chat_template: str | None, eos_token_ids: tuple[int, ...], source: str | None = None
+    ) -> "Tokenizer":
         hf = HFTokenizer.from_file(tokenizer_json)
         eos = hf.id_to_token(eos_token_ids[0]) if eos_token_ids else ""
         return cls(hf, chat_template, eos_token_ids, eos_token=eos or "", source=source or tokenizer_json)
@@ -115,8 +140,10 @@ class Tokenizer:
         fused BPE unknowns, Unigram) has no bound; WordPiece's covers at most
         max_input_chars_per_word characters; a normalizer may shrink the text (NFC), so x4."""
         if self._max_token_bytes is None:
-            model, bound = self.hf.model, max([len(t.encode("utf-8", "surrogatepass")) for t in self.hf.get_vocab()]
-                                              + [4])
+            model, bound = (
+                self.hf.model,
+                max([len(t.encode("utf-8", "surrogatepass")) for t in self.hf.get_vocab()] + [4]),
+            )
             if not _keeps_every_byte(self.hf):
                 sound = False
             elif isinstance(model, models.BPE):
@@ -141,12 +168,23 @@ class Tokenizer:
             return prompt
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         try:
-            text = self._template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
-                                         eos_token=self.eos_token)
-        except (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError, AttributeError,
-                RecursionError, MemoryError) as e:
-            raise ValueError(f"{self.source}: its chat template fails on this prompt ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]})") from None
+            text = self._template.render(
+                messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+            )
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            LookupError,
+            ArithmeticError,
+            AttributeError,
+            RecursionError,
+            MemoryError,
+        ) as e:
+            raise ValueError(
+                f"{self.source}: its chat template fails on this prompt ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]})"
+            ) from None
         if not isinstance(text, str):
             raise ValueError(f"{self.source}: its chat template did not produce text")
         return text
@@ -166,5 +204,5 @@ class StreamDecoder:
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):
             return ""
-        piece, self.emitted = text[self.emitted:], len(text)
+        piece, self.emitted = text[self.emitted :], len(text)
         return piece

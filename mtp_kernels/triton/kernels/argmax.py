@@ -5,6 +5,7 @@ elementwise: each lane folds its tiles with it. ``argmax_reduce`` applies the sa
 across lanes (or vocabulary slices) with tl.max/tl.min, which are exact and order-free:
 no custom-combine tl.reduce (the interpreter runs that one element at a time).
 """
+
 import triton
 import triton.language as tl
 
@@ -41,9 +42,21 @@ def clamped_num_drafts(num_drafts, b, K, HAS_ND: tl.constexpr):
 
 
 @triton.jit
-def argmax_partials_kernel(logits, stride_b, stride_t, stride_v, num_drafts, K, V, chunk,
-                           part_val, part_idx, splits,
-                           HAS_ND: tl.constexpr, BLOCK_V: tl.constexpr):
+def argmax_partials_kernel(
+    logits,
+    stride_b,
+    stride_t,
+    stride_v,
+    num_drafts,
+    K,
+    V,
+    chunk,
+    part_val,
+    part_idx,
+    splits,
+    HAS_ND: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """One program per (row b*(K+1)+t, vocabulary slice): the slice's argmax into the partials.
     Rows past num_drafts[b] are not read."""
     row = tl.program_id(0)

@@ -14,6 +14,7 @@ every T and B, and a row's operations never involve the other rows of its tile: 
 not depend on T, B or the other requests' lengths. No tl.dot: its order (and TF32) are the
 hardware's. Values are widened to fp32 on load (the interpreter has no bf16 arithmetic).
 """
+
 import triton
 import triton.language as tl
 
@@ -57,10 +58,43 @@ _OUTER_STRIDES = ["q_sb", "q_st", "q_sh", "k_sb", "k_sh", "k_sl", "v_sb", "v_sh"
 
 
 @triton.jit(do_not_specialize=_SIZES + _OUTER_STRIDES + ["c_first"])
-def attention_chunk_kernel(q, q_sb, q_st, q_sh, q_sd, k, k_sb, k_sh, k_sl, k_sd, v, v_sb, v_sh, v_sl, v_sd,
-                           lens, part_m, part_l, part_acc, T, Hkv, G, D, L, S, scale, n_row_blocks, C, c_first,
-                           LOCAL: tl.constexpr, CAUSAL: tl.constexpr, CHUNK: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def attention_chunk_kernel(
+    q,
+    q_sb,
+    q_st,
+    q_sh,
+    q_sd,
+    k,
+    k_sb,
+    k_sh,
+    k_sl,
+    k_sd,
+    v,
+    v_sb,
+    v_sh,
+    v_sl,
+    v_sd,
+    lens,
+    part_m,
+    part_l,
+    part_acc,
+    T,
+    Hkv,
+    G,
+    D,
+    L,
+    S,
+    scale,
+    n_row_blocks,
+    C,
+    c_first,
+    LOCAL: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b, h, r, row_ok, t, g = _rows(tl.program_id(0), n_row_blocks, Hkv, G, T, BLOCK_R)
     c = tl.program_id(1)
     if LOCAL:
@@ -127,8 +161,26 @@ def _fold(active, done, st_m, st_l, st_acc, part_m, part_l, part_acc, idx, D, d,
 
 
 @triton.jit(do_not_specialize=_SIZES + ["Cc"])
-def attention_merge_kernel(lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L, S, n_row_blocks, C, Cc,
-                           CAUSAL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def attention_merge_kernel(
+    lens,
+    part_m,
+    part_l,
+    part_acc,
+    out,
+    T,
+    Hkv,
+    G,
+    D,
+    L,
+    S,
+    n_row_blocks,
+    C,
+    Cc,
+    CAUSAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b, h, r, row_ok, t, g = _rows(tl.program_id(0), n_row_blocks, Hkv, G, T, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
@@ -141,11 +193,13 @@ def attention_merge_kernel(lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L,
     st_l = tl.zeros([BLOCK_R], tl.float32)
     st_acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for c in range(0, tl.max(n_cache, 0)):  # cache chunks, left to right
-        done, st_m, st_l, st_acc = _fold(c < n_cache, done, st_m, st_l, st_acc, part_m, part_l, part_acc,
-                                         base + c * step, D, d, d_ok)
+        done, st_m, st_l, st_acc = _fold(
+            c < n_cache, done, st_m, st_l, st_acc, part_m, part_l, part_acc, base + c * step, D, d, d_ok
+        )
     for c in range(0, tl.max(n_local, 0)):  # then the local segment's
-        done, st_m, st_l, st_acc = _fold(c < n_local, done, st_m, st_l, st_acc, part_m, part_l, part_acc,
-                                         base + (Cc + c) * step, D, d, d_ok)
+        done, st_m, st_l, st_acc = _fold(
+            c < n_local, done, st_m, st_l, st_acc, part_m, part_l, part_acc, base + (Cc + c) * step, D, d, d_ok
+        )
     res = tl.where(done[:, None], st_acc / tl.where(done, st_l, 1.0)[:, None], 0.0)
     # A row is finite or all NaN (as the CPU's write_row): a NaN l (a non-finite score) or a
     # non-finite acc element (a non-finite value: inf, or 0 * inf = NaN) makes every element NaN.
@@ -157,8 +211,26 @@ def attention_merge_kernel(lens, part_m, part_l, part_acc, out, T, Hkv, G, D, L,
 
 
 @triton.jit
-def cache_append_kernel(cache, c_sb, c_sh, c_sl, c_sd, new, n_sb, n_st, n_sh, n_sd, lens, B, T, Hkv, D, L,
-                        BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+def cache_append_kernel(
+    cache,
+    c_sb,
+    c_sh,
+    c_sl,
+    c_sd,
+    new,
+    n_sb,
+    n_st,
+    n_sh,
+    n_sd,
+    lens,
+    B,
+    T,
+    Hkv,
+    D,
+    L,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (b * Hkv + h, t) copies new[b, t, h, :] to cache[b, h, lens[b] + t, :] as raw
     bits. Every program first checks every request: if one would pass the capacity L, none
     writes (the host check raises before; this guards a CUDA-graph replay)."""

@@ -6,6 +6,7 @@ x[m, k] * w[n, k] for k = j, j + BLOCK_K, ... in order, then one tl.sum over the
 lanes (a fixed tree for a fixed layout), then + bias. No tl.dot: its order (and TF32) is
 the hardware's.
 """
+
 import triton
 import triton.language as tl
 
@@ -15,8 +16,25 @@ BLOCK_K = 64
 
 
 @triton.jit
-def linear_kernel(x, x_sm, x_sk, w, w_sn, w_sk, bias, y, y_sm, y_sn, M, N, K,
-                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def linear_kernel(
+    x,
+    x_sm,
+    x_sk,
+    w,
+    w_sn,
+    w_sk,
+    bias,
+    y,
+    y_sm,
+    y_sn,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -31,5 +49,4 @@ def linear_kernel(x, x_sm, x_sk, w, w_sn, w_sk, bias, y, y_sm, y_sn, M, N, K,
     out = tl.sum(acc, axis=2)
     if HAS_BIAS:
         out += tl.load(bias + rn, mask=rn < N, other=0.0)[None, :]
-    tl.store(y + rm.to(tl.int64)[:, None] * y_sm + rn[None, :] * y_sn, out,
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    tl.store(y + rm.to(tl.int64)[:, None] * y_sm + rn[None, :] * y_sn, out, mask=(rm < M)[:, None] & (rn < N)[None, :])

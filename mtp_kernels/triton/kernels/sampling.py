@@ -8,6 +8,7 @@ sums left to right; no tl.sum/tl.cumsum over values, whose order is the backend'
 constants are made with tl.full (a Python float literal would be typed fp32). Launch with
 enable_fp_fusion=False on a GPU, or a*b+c becomes an FMA.
 """
+
 import triton
 import triton.language as tl
 
@@ -47,7 +48,7 @@ def sample_uniform(seed, position, stream: tl.constexpr):
 def exp_fixed(y):
     """sampling.h exp_fixed (y <= 0): the same operations in the same order."""
     yc = tl.maximum(y, _f64(-708.0))  # keeps -inf out of the int conversion; masked below
-    k = tl.floor(yc * _f64(1.44269504088896338700e+00) + _f64(0.5))
+    k = tl.floor(yc * _f64(1.44269504088896338700e00) + _f64(0.5))
     r = (yc - k * _f64(6.93147180369123816490e-01)) - k * _f64(1.90821492927058770002e-10)
     p = _f64(1.0 / 6227020800.0)
     p = p * r + _f64(1.0 / 479001600.0)
@@ -149,10 +150,35 @@ def row_max(row, sv, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def verify_sampled_kernel(draft, d_sb, d_st, q, q_sb, q_st, q_sv, logits, l_sb, l_st, l_sv, temperature, seeds,
-                          offsets, num_drafts, K, V, pad, accepted, out, o_sb, o_st,
-                          HAS_Q: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_ND: tl.constexpr,
-                          BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+def verify_sampled_kernel(
+    draft,
+    d_sb,
+    d_st,
+    q,
+    q_sb,
+    q_st,
+    q_sv,
+    logits,
+    l_sb,
+    l_st,
+    l_sv,
+    temperature,
+    seeds,
+    offsets,
+    num_drafts,
+    K,
+    V,
+    pad,
+    accepted,
+    out,
+    o_sb,
+    o_st,
+    HAS_Q: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_ND: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """One program per request: sampling.h sample_request."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
@@ -192,16 +218,20 @@ def verify_sampled_kernel(draft, d_sb, d_st, q, q_sb, q_st, q_sv, logits, l_sb, 
                 ok = (x >= 0) & (x < V)
                 xs = tl.where(ok, x, 0)
                 xl = tl.load(row + xs * l_sv).to(tl.float32).to(tl.float64)
-                wx = tl.where(point >= 0, tl.where(xs == point, _f64(1.0), _f64(0.0)),
-                              exp_fixed(tl.where(point >= 0, _f64(0.0), (xl - m) / Tw)))
+                wx = tl.where(
+                    point >= 0,
+                    tl.where(xs == point, _f64(1.0), _f64(0.0)),
+                    exp_fixed(tl.where(point >= 0, _f64(0.0), (xl - m) / Tw)),
+                )
                 qx = tl.load(qrow + xs * q_sv).to(tl.float32).to(tl.float64)
                 take = ok & (sample_uniform(seed, pos, 0) * qx < wx / S)
                 y = x
                 if ~take:
                     R = ordered_sum(row, l_sv, qrow, q_sv, V, m, Tw, point, S, ~no, HAS_Q)
                     use_r = R > 0
-                    y = inverse_cdf(row, l_sv, qrow, q_sv, V, m, Tw, point, S, use_r, tl.where(use_r, R, S), us,
-                                    HAS_Q).to(tl.int64)
+                    y = inverse_cdf(
+                        row, l_sv, qrow, q_sv, V, m, Tw, point, S, use_r, tl.where(use_r, R, S), us, HAS_Q
+                    ).to(tl.int64)
             tokens = tl.where(tt == t, tl.where(take, x, y), tokens)
             n = tl.where(take, n, t)
             done = ~take

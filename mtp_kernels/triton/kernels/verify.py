@@ -1,4 +1,5 @@
 """Triton kernels of verify's second step and of accept_prefix: one program per request."""
+
 import triton
 import triton.language as tl
 
@@ -12,9 +13,24 @@ def accepted_length(draft, target, t, nd):
 
 
 @triton.jit
-def verify_finish_kernel(draft, d_sb, d_st, part_val, part_idx, splits, num_drafts, K, pad,
-                         accepted, out, o_sb, o_st,
-                         HAS_ND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr):
+def verify_finish_kernel(
+    draft,
+    d_sb,
+    d_st,
+    part_val,
+    part_idx,
+    splits,
+    num_drafts,
+    K,
+    pad,
+    accepted,
+    out,
+    o_sb,
+    o_st,
+    HAS_ND: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     """Merges the vocabulary slices of request b's rows (exact), then accepts and emits."""
     b = tl.program_id(0)
     nd = clamped_num_drafts(num_drafts, b, K, HAS_ND)
@@ -34,8 +50,9 @@ def verify_finish_kernel(draft, d_sb, d_st, part_val, part_idx, splits, num_draf
 
 
 @triton.jit
-def accept_prefix_kernel(draft, d_sb, d_st, target, t_sb, t_st, num_drafts, K, accepted,
-                         HAS_ND: tl.constexpr, BLOCK_T: tl.constexpr):
+def accept_prefix_kernel(
+    draft, d_sb, d_st, target, t_sb, t_st, num_drafts, K, accepted, HAS_ND: tl.constexpr, BLOCK_T: tl.constexpr
+):
     b = tl.program_id(0)
     nd = clamped_num_drafts(num_drafts, b, K, HAS_ND)
     t = tl.arange(0, BLOCK_T)
