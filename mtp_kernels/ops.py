@@ -1,4 +1,4 @@
-"""Typed wrappers of the ``torch.ops.mtp`` operators and their fake (meta) kernels.
+"""Typed wrappers of the ``torch.ops.mtp`` operators, each followed by its fake (meta) kernel.
 
 The fake kernels give torch.compile / FakeTensor the output shapes and dtypes without
 running anything; the contracts themselves are in ``reference.py``.
@@ -12,6 +12,15 @@ from typing import Optional
 import torch
 
 
+def _chain_outputs(op, draft_tokens, target_logits, **others):
+    # verify, verify_sampled, verify_lenient: accepted [B] and out_tokens [B, K+1].
+    _check_same_device(op, "draft_tokens", draft_tokens, target_logits=target_logits, **others)
+    torch._check(draft_tokens.dim() == 2, lambda: f"{op}: draft_tokens must be 2-D [B, K]")
+    torch._check(target_logits.dim() == 3, lambda: f"{op}: target_logits must be 3-D [B, K+1, V]")
+    B, K = draft_tokens.shape
+    return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
+
+
 def verify(
     draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafts: Optional[torch.Tensor] = None, pad_id: int = -1
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,11 +28,25 @@ def verify(
     return torch.ops.mtp.verify.default(draft_tokens, target_logits, num_drafts, pad_id)
 
 
+@torch.library.register_fake("mtp::verify")
+def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
+    return _chain_outputs("mtp.verify", draft_tokens, target_logits, num_drafts=num_drafts)
+
+
 def accept_prefix(
     draft_tokens: torch.Tensor, target_tokens: torch.Tensor, num_drafts: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """Accepted prefix lengths from token ids already chosen; see ``reference.accept_prefix``."""
     return torch.ops.mtp.accept_prefix.default(draft_tokens, target_tokens, num_drafts)
+
+
+@torch.library.register_fake("mtp::accept_prefix")
+def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
+    _check_same_device(
+        "mtp.accept_prefix", "draft_tokens", draft_tokens, target_tokens=target_tokens, num_drafts=num_drafts
+    )
+    torch._check(draft_tokens.dim() == 2, lambda: "mtp.accept_prefix: draft_tokens must be 2-D [B, K]")
+    return draft_tokens.new_empty((draft_tokens.shape[0],))
 
 
 def _check_same_device(op, ref_name, ref, **tensors):
@@ -51,6 +74,22 @@ def verify_sampled(
     )
 
 
+@torch.library.register_fake("mtp::verify_sampled")
+def _verify_sampled_fake(
+    draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None, pad_id=-1
+):
+    return _chain_outputs(
+        "mtp.verify_sampled",
+        draft_tokens,
+        target_logits,
+        draft_probs=draft_probs,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        num_drafts=num_drafts,
+    )
+
+
 def verify_lenient(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
@@ -62,6 +101,11 @@ def verify_lenient(
     """Lenient greedy verification, NOT lossless: also accepts a draft within the row's top_k
     whose probability is >= min_ratio x the top one's; see ``reference.verify_lenient``."""
     return torch.ops.mtp.verify_lenient.default(draft_tokens, target_logits, num_drafts, top_k, min_ratio, pad_id)
+
+
+@torch.library.register_fake("mtp::verify_lenient")
+def _verify_lenient_fake(draft_tokens, target_logits, num_drafts=None, top_k=1, min_ratio=1.0, pad_id=-1):
+    return _chain_outputs("mtp.verify_lenient", draft_tokens, target_logits, num_drafts=num_drafts)
 
 
 def linear(
@@ -137,6 +181,23 @@ def head_attention(
     return torch.ops.mtp.head_attention.default(q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal)
 
 
+@torch.library.register_fake("mtp::head_attention")
+def _head_attention_fake(q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False):
+    torch._check(q.dim() == 4, lambda: "mtp.head_attention: q must be 4-D [B, T, Hq, D]")
+    torch._check(k_cache.dim() == 4, lambda: "mtp.head_attention: k_cache must be 4-D [B, Hkv, L, D]")
+    _check_same_device(
+        "mtp.head_attention",
+        "q",
+        q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        cache_lens=cache_lens,
+        k_local=k_local,
+        v_local=v_local,
+    )
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
 def cache_append(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache_lens: torch.Tensor
 ) -> None:
@@ -146,9 +207,32 @@ def cache_append(
     torch.ops.mtp.cache_append.default(k_cache, v_cache, k_new, v_new, cache_lens)
 
 
+@torch.library.register_fake("mtp::cache_append")
+def _cache_append_fake(k_cache, v_cache, k_new, v_new, cache_lens):
+    torch._check(k_new.dim() == 4, lambda: "mtp.cache_append: k_new must be 4-D [B, T, Hkv, D]")
+    _check_same_device(
+        "mtp.cache_append", "k_new", k_new, k_cache=k_cache, v_cache=v_cache, v_new=v_new, cache_lens=cache_lens
+    )
+    return None
+
+
+def _norm_fake(op, x, weight, **others):
+    _check_same_device(op, "x", x, weight=weight, **others)
+    torch._check(
+        x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+        lambda: f"{op}: x [..., H] and weight [H] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}",
+    )
+    return x.new_empty(x.shape)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-row RMSNorm of x [..., H] in fp32, in x's dtype; see ``reference.rms_norm``."""
     return torch.ops.mtp.rms_norm.default(x, weight, eps)
+
+
+@torch.library.register_fake("mtp::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    return _norm_fake("mtp.rms_norm", x, weight)
 
 
 def add_rms_norm(
@@ -158,15 +242,34 @@ def add_rms_norm(
     return torch.ops.mtp.add_rms_norm.default(x, residual, weight, eps)
 
 
+@torch.library.register_fake("mtp::add_rms_norm")
+def _add_rms_norm_fake(x, residual, weight, eps):
+    torch._check(residual.shape == x.shape, lambda: "mtp.add_rms_norm: residual must have x's shape")
+    return x.new_empty(x.shape), _norm_fake("mtp.add_rms_norm", x, weight, residual=residual)
+
+
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """Rotates x [B, T, H, D] (any strides, e.g. the q/k heads of a fused projection's output)
     in place by cos, sin [B, T, D] fp32; see ``reference.rope``."""
     torch.ops.mtp.rope_.default(x, cos, sin)
 
 
+@torch.library.register_fake("mtp::rope_")
+def _rope_fake(x, cos, sin):
+    _check_same_device("mtp.rope_", "x", x, cos=cos, sin=sin)
+    torch._check(x.dim() == 4, lambda: "mtp.rope_: x must be 4-D [B, T, H, D]")
+    return None
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gate_up [..., 2I] (gate, then up) -> [..., I]; see ``reference.silu_mul``."""
     return torch.ops.mtp.silu_mul.default(gate_up)
+
+
+@torch.library.register_fake("mtp::silu_mul")
+def _silu_mul_fake(gate_up):
+    torch._check(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0, lambda: "mtp.silu_mul: gate_up must be [..., 2I]")
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
 def decoder_layers(
@@ -314,109 +417,6 @@ def _head_draft_fake(
         "mtp.head_draft", "hidden", hidden, token=token, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens
     )
     return hidden.new_empty((hidden.shape[0], k + alternatives), dtype=torch.int64)
-
-
-def _norm_fake(op, x, weight, **others):
-    _check_same_device(op, "x", x, weight=weight, **others)
-    torch._check(
-        x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-        lambda: f"{op}: x [..., H] and weight [H] do not fit: {tuple(x.shape)}, {tuple(weight.shape)}",
-    )
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("mtp::rms_norm")
-def _rms_norm_fake(x, weight, eps):
-    return _norm_fake("mtp.rms_norm", x, weight)
-
-
-@torch.library.register_fake("mtp::add_rms_norm")
-def _add_rms_norm_fake(x, residual, weight, eps):
-    torch._check(residual.shape == x.shape, lambda: "mtp.add_rms_norm: residual must have x's shape")
-    return x.new_empty(x.shape), _norm_fake("mtp.add_rms_norm", x, weight, residual=residual)
-
-
-@torch.library.register_fake("mtp::rope_")
-def _rope_fake(x, cos, sin):
-    _check_same_device("mtp.rope_", "x", x, cos=cos, sin=sin)
-    torch._check(x.dim() == 4, lambda: "mtp.rope_: x must be 4-D [B, T, H, D]")
-    return None
-
-
-@torch.library.register_fake("mtp::silu_mul")
-def _silu_mul_fake(gate_up):
-    torch._check(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0, lambda: "mtp.silu_mul: gate_up must be [..., 2I]")
-    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
-
-
-def _chain_outputs(op, draft_tokens, target_logits, **others):
-    # verify, verify_sampled, verify_lenient: accepted [B] and out_tokens [B, K+1].
-    _check_same_device(op, "draft_tokens", draft_tokens, target_logits=target_logits, **others)
-    torch._check(draft_tokens.dim() == 2, lambda: f"{op}: draft_tokens must be 2-D [B, K]")
-    torch._check(target_logits.dim() == 3, lambda: f"{op}: target_logits must be 3-D [B, K+1, V]")
-    B, K = draft_tokens.shape
-    return draft_tokens.new_empty((B,)), draft_tokens.new_empty((B, K + 1))
-
-
-@torch.library.register_fake("mtp::verify")
-def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
-    return _chain_outputs("mtp.verify", draft_tokens, target_logits, num_drafts=num_drafts)
-
-
-@torch.library.register_fake("mtp::verify_lenient")
-def _verify_lenient_fake(draft_tokens, target_logits, num_drafts=None, top_k=1, min_ratio=1.0, pad_id=-1):
-    return _chain_outputs("mtp.verify_lenient", draft_tokens, target_logits, num_drafts=num_drafts)
-
-
-@torch.library.register_fake("mtp::verify_sampled")
-def _verify_sampled_fake(
-    draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None, pad_id=-1
-):
-    return _chain_outputs(
-        "mtp.verify_sampled",
-        draft_tokens,
-        target_logits,
-        draft_probs=draft_probs,
-        temperature=temperature,
-        seeds=seeds,
-        offsets=offsets,
-        num_drafts=num_drafts,
-    )
-
-
-@torch.library.register_fake("mtp::accept_prefix")
-def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
-    _check_same_device(
-        "mtp.accept_prefix", "draft_tokens", draft_tokens, target_tokens=target_tokens, num_drafts=num_drafts
-    )
-    torch._check(draft_tokens.dim() == 2, lambda: "mtp.accept_prefix: draft_tokens must be 2-D [B, K]")
-    return draft_tokens.new_empty((draft_tokens.shape[0],))
-
-
-@torch.library.register_fake("mtp::head_attention")
-def _head_attention_fake(q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False):
-    torch._check(q.dim() == 4, lambda: "mtp.head_attention: q must be 4-D [B, T, Hq, D]")
-    torch._check(k_cache.dim() == 4, lambda: "mtp.head_attention: k_cache must be 4-D [B, Hkv, L, D]")
-    _check_same_device(
-        "mtp.head_attention",
-        "q",
-        q,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        cache_lens=cache_lens,
-        k_local=k_local,
-        v_local=v_local,
-    )
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("mtp::cache_append")
-def _cache_append_fake(k_cache, v_cache, k_new, v_new, cache_lens):
-    torch._check(k_new.dim() == 4, lambda: "mtp.cache_append: k_new must be 4-D [B, T, Hkv, D]")
-    _check_same_device(
-        "mtp.cache_append", "k_new", k_new, k_cache=k_cache, v_cache=v_cache, v_new=v_new, cache_lens=cache_lens
-    )
-    return None
 
 
 def _rope_copy(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
