@@ -285,3 +285,14 @@ def test_python_checks_accept_valid_views():
     assert kv[0, 0, 0, :2].eq(1).all() and kv[1, 0, 0, :2].eq(1).all()
     C.check_rope_inputs("mtp.rope_", torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 4), torch.zeros(1, 2, 4))
     C.check_norm_inputs("mtp.rms_norm", torch.ones(2, 4), torch.ones(4), 3e38)  # finite as float32
+
+
+def test_huge_stride_over_a_size_one_dimension():
+    """torch's as_strided accepts any stride over a size-1 dimension; the kernels would form
+    stride * element bytes from it (an int64 overflow): refused by name."""
+    x = torch.randn(4, 64).as_strided((1, 64), (2**61, 1))
+    with pytest.raises(RuntimeError, match=r"mtp.linear: x.stride\(0\) = 2305843009213693952 is too large"):
+        mtp.linear(x, torch.randn(8, 64))
+    drafts = torch.zeros(4, 2, dtype=torch.long).as_strided((1, 2), (2**61, 1))
+    with pytest.raises(RuntimeError, match=r"mtp.verify: draft_tokens.stride\(0\) = 2305843009213693952 is too large"):
+        mtp.verify(drafts, torch.randn(1, 3, 10))

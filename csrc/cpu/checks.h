@@ -34,8 +34,17 @@ inline void check_dtype(const char* op, const char* name, const at::Tensor& t, s
   TORCH_CHECK(false, op, ": ", name, " must be ", dtype_list(ok), ", got ", t.scalar_type());
 }
 
+// The kernels form byte offsets (stride * element bytes) even over a size-1 dimension, where
+// torch allows any stride (as_strided): each must fit int64.
+inline void check_strides(const char* op, const char* name, const at::Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    TORCH_CHECK(t.stride(d) <= INT64_MAX / 8 && t.stride(d) >= -(INT64_MAX / 8), op, ": ", name, ".stride(", d,
+                ") = ", t.stride(d), " is too large (its byte offset would overflow int64)");
+}
+
 inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t dim, const char* shape) {
   TORCH_CHECK(t.dim() == dim, op, ": ", name, " must be ", dim, "-D ", shape, ", got shape ", t.sizes());
+  check_strides(op, name, t);
 }
 
 inline void check_size(const char* op, const char* name, const at::Tensor& t, int64_t d, int64_t want, const char* what) {
@@ -257,6 +266,7 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   check_device(op, "weight", weight, device);
   check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a scalar");
+  check_strides(op, "x", x);
   const int64_t K = x.size(-1), N = weight.dim() == 2 ? weight.size(0) : 0;
   check_ok(op, row_length_error("K (x.size(-1))", K));
   DType block = DType::F32;
