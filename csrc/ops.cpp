@@ -48,7 +48,7 @@ static PyObject* set_isa(PyObject*, PyObject* arg) {
   if (!name) return nullptr;
   mtp::Isa isa;
   if (!mtp::parse_isa(name, &isa)) {
-    PyErr_Format(PyExc_ValueError, "unknown instruction set '%s' (expected generic, avx2, avx512, neon or neon_fp16)", name);
+    PyErr_Format(PyExc_ValueError, "unknown instruction set '%s' (expected one of %s)", name, mtp::isa_names().c_str());
     return nullptr;
   }
   if (!mtp::set_isa(isa)) {

@@ -296,3 +296,13 @@ def test_huge_stride_over_a_size_one_dimension():
     drafts = torch.zeros(4, 2, dtype=torch.long).as_strided((1, 2), (2**61, 1))
     with pytest.raises(RuntimeError, match=r"mtp.verify: draft_tokens.stride\(0\) = 2305843009213693952 is too large"):
         mtp.verify(drafts, torch.randn(1, 3, 10))
+
+
+def test_set_isa_names_every_instruction_set():
+    """The error lists what set_isa accepts, written from the one table (it once missed avx512_bf16)."""
+    with pytest.raises(
+        ValueError,
+        match=r"unknown instruction set 'sse9' \(expected one of generic, avx2, avx512, "
+        r"avx512_bf16, neon, neon_fp16\)",
+    ):
+        mtp_kernels.set_isa("sse9")

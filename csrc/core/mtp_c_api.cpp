@@ -913,7 +913,7 @@ mtp_status mtp_set_isa(const char* name) {
   Isa isa;
   if (!name) c.fail(MTP_ERROR_NULL_POINTER, "name is NULL");
   else if (!parse_isa(name, &isa))
-    c.fail(MTP_ERROR_INVALID_ARGUMENT, "unknown instruction set '", name, "' (expected generic, avx2, avx512, neon or neon_fp16)");
+    c.fail(MTP_ERROR_INVALID_ARGUMENT, "unknown instruction set '", name, "' (expected one of ", isa_names(), ")");
   else if (!set_isa(isa))
     c.fail(MTP_ERROR_UNSUPPORTED, "this CPU does not support the '", name, "' instruction set");
   return c.status;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "mtp/common.h"
 
@@ -166,6 +167,13 @@ inline bool parse_isa(const char* name, Isa* out) {
   for (Isa isa : kAllIsas)
     if (std::strcmp(name, isa_name(isa)) == 0) { *out = isa; return true; }
   return false;
+}
+
+// What parse_isa accepts, for error messages: written from kAllIsas, so it cannot miss one.
+inline std::string isa_names() {
+  std::string s;
+  for (Isa isa : kAllIsas) s += std::string(s.empty() ? "" : ", ") + isa_name(isa);
+  return s;
 }
 
 namespace detail {
