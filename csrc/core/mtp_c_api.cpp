@@ -99,7 +99,9 @@ constexpr const char* kOutput = "it is an output";
 // The aliasing rule of mtp.h over checked views: every output free of overlapping elements
 // and sharing no memory with another output or an input (NULL inputs skipped).
 bool no_aliasing(Checker& c, std::initializer_list<Named> outputs, std::initializer_list<Named> inputs) {
-  View views[16];  // aliasing_error's bound; a function passes a handful (no allocation per call)
+  View views[kMaxAliasViews];  // no allocation per call
+  if (outputs.size() + inputs.size() > kMaxAliasViews)
+    return c.fail(MTP_ERROR_INTERNAL, "internal error: too many views in one aliasing check");
   size_t n = 0;
   for (const Named& o : outputs) views[n++] = view_of(o.first, o.second);
   for (const Named& i : inputs)
@@ -111,7 +113,9 @@ bool no_aliasing(Checker& c, std::initializer_list<Named> outputs, std::initiali
 template <class Name>
 bool disjoint_from(Checker& c, std::initializer_list<Named> outputs, const mtp_tensor* const* list, int64_t n,
                    Name&& name) {
-  View outs[4];
+  View outs[kMaxAliasViews];
+  if (outputs.size() > kMaxAliasViews)
+    return c.fail(MTP_ERROR_INTERNAL, "internal error: too many outputs in one aliasing check");
   size_t n_out = 0;
   for (const Named& o : outputs) outs[n_out++] = view_of(o.first, o.second);
   return c.ok(disjoint_error(outs, n_out, list ? n : 0, [&](int64_t i, View* v) {

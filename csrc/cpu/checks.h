@@ -125,8 +125,8 @@ using NamedTensor = std::pair<const char*, const at::Tensor*>;
 // elements (self: checked here) and shares no memory with another output or with `inputs`.
 inline void check_written(const char* op, const char* why, std::initializer_list<NamedTensor> outputs,
                           std::initializer_list<NamedTensor> inputs) {
-  View views[16];  // aliasing_error's bound; an op passes a handful
-  TORCH_CHECK(outputs.size() + inputs.size() <= 16, op, ": internal error: too many views in one aliasing check");
+  View views[kMaxAliasViews];
+  TORCH_CHECK(outputs.size() + inputs.size() <= kMaxAliasViews, op, ": internal error: too many views in one aliasing check");
   size_t n = 0;
   for (const NamedTensor& t : outputs) views[n++] = view_of(t.first, *t.second);
   for (const NamedTensor& t : inputs) views[n++] = view_of(t.first, *t.second);

@@ -138,12 +138,13 @@ inline std::string overlap_error(const View& out, const View& other) {
 // Every output free of self-overlap, and disjoint from every other view (outputs first in
 // `views`, `outputs` of them). Each range is computed once; a message only on a hit: this runs
 // on every call (a few views, no allocation).
+constexpr size_t kMaxAliasViews = 16;  // the most views one aliasing check takes (an op passes <= 13)
+
 inline std::string aliasing_error(const View* views, size_t count, size_t outputs, const char* why) {
   for (size_t i = 0; i < outputs; ++i)
     if (std::string e = self_overlap_error(views[i], why); !e.empty()) return e;
-  constexpr size_t kMaxViews = 16;
-  uintptr_t lo[kMaxViews], hi[kMaxViews];
-  if (count > kMaxViews) return message("internal error: more than ", kMaxViews, " views in one aliasing check");
+  uintptr_t lo[kMaxAliasViews], hi[kMaxAliasViews];
+  if (count > kMaxAliasViews) return message("internal error: more than ", kMaxAliasViews, " views in one aliasing check");
   for (size_t i = 0; i < count; ++i) byte_range(views[i], &lo[i], &hi[i]);
   for (size_t i = 0; i < outputs; ++i)
     for (size_t j = 0; j < count; ++j)
@@ -156,9 +157,8 @@ inline std::string aliasing_error(const View* views, size_t count, size_t output
 // no name, name(i) its name, built only for an input that meets an output.
 template <class ViewAt, class Name>
 std::string disjoint_error(const View* outputs, size_t n_out, int64_t n, ViewAt&& view_at, Name&& name) {
-  constexpr size_t kMaxOutputs = 4;
-  uintptr_t lo[kMaxOutputs], hi[kMaxOutputs];
-  if (n_out > kMaxOutputs) return message("internal error: more than ", kMaxOutputs, " outputs in one check");
+  uintptr_t lo[kMaxAliasViews], hi[kMaxAliasViews];
+  if (n_out > kMaxAliasViews) return message("internal error: more than ", kMaxAliasViews, " outputs in one check");
   for (size_t o = 0; o < n_out; ++o) byte_range(outputs[o], &lo[o], &hi[o]);
   for (int64_t i = 0; i < n; ++i) {
     View in;
