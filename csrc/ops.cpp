@@ -9,6 +9,10 @@
 TORCH_LIBRARY(mtp, m) {
   m.def("verify(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int pad_id=-1)"
         " -> (Tensor accepted, Tensor out_tokens)");
+  // The flattened ragged layout (continuous batching): draft_token_ids [N], inclusive
+  // cumulative counts cu_num_draft_tokens [B], target_logits [N + B, V]; out_tokens [B, W].
+  m.def("verify_ragged(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, int pad_id=-1,"
+        " int? max_num_drafts=None) -> (Tensor accepted, Tensor out_tokens)");
   m.def("verify_sampled(Tensor draft_tokens, Tensor? draft_probs, Tensor target_logits, Tensor temperature,"
         " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1)"
         " -> (Tensor accepted, Tensor out_tokens)");

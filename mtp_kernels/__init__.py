@@ -25,12 +25,14 @@ from .ops import (
     silu_mul,
     verify,
     verify_lenient,
+    verify_ragged,
     verify_sampled,
 )
 from .quant import dequantize_q8, quantize_q8
 
 __all__ = [
     "verify",
+    "verify_ragged",
     "verify_sampled",
     "verify_lenient",
     "accept_prefix",

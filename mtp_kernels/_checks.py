@@ -175,6 +175,93 @@ def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -
     return num_drafts.to(torch.int64).contiguous()
 
 
+# ---- verify_ragged (op_args.h's ragged_* checks, csrc/cpu/checks.h's check_ragged_inputs) ---
+def check_ragged_inputs(op, draft, cu, logits, pad_id, max_num_drafts=None):
+    _check_same_device(op, "draft_token_ids", draft, cu_num_draft_tokens=cu, target_logits=logits)
+    check_dtype(op, "draft_token_ids", draft, ID_TYPES)
+    check_dim(op, "draft_token_ids", draft, 1, "[N]")
+    check_dtype(op, "cu_num_draft_tokens", cu, ID_TYPES)
+    check_dim(op, "cu_num_draft_tokens", cu, 1, "[B]")
+    check_dtype(op, "target_logits", logits, FLOAT_TYPES)
+    check_dim(op, "target_logits", logits, 2, "[N + B, V]")
+    N, B = draft.shape[0], cu.shape[0]
+    check(
+        logits.shape[0] == N + B,
+        op,
+        f"target_logits.size(0) must equal N + B (N = {N} drafts plus one bonus row per request, B = {B}) = "
+        f"{N + B}, got {logits.shape[0]}",
+    )
+    check(logits.size(1) > 0, op, "target_logits must have a vocabulary of V >= 1 entries, got V = 0")
+    if max_num_drafts is not None:
+        ragged_cap(op, "max_num_drafts", max_num_drafts, None)
+    check(
+        draft.dtype != torch.int32 or -(2**31) <= pad_id < 2**31,
+        op,
+        f"pad_id must fit draft_token_ids' dtype int32, [-2147483648, 2147483647], got {pad_id}",
+    )
+
+
+def ragged_counts(op, cu: list, N: int) -> list:
+    """K_b from cu's values: non-decreasing from 0 and ending at N."""
+    counts, prev = [], 0
+    for b, c in enumerate(cu):
+        if c < prev:
+            got = (
+                f"cu_num_draft_tokens[0] = {c} < 0"
+                if b == 0
+                else (f"cu_num_draft_tokens[{b}] = {c} < cu_num_draft_tokens[{b - 1}] = {prev}")
+            )
+            check(
+                False,
+                op,
+                f"cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got {got}: "
+                f"request {b} would have {c - prev} drafts",
+            )
+        check(
+            c <= N,
+            op,
+            f"cu_num_draft_tokens must end at N (draft_token_ids.size(0)) = {N}, got cu_num_draft_tokens[{b}] = {c} "
+            f"> N (request {b})",
+        )
+        counts.append(c - prev)
+        prev = c
+    got = f"cu_num_draft_tokens[{len(cu) - 1}] = {prev}" if cu else "no requests (B = 0 holds no drafts)"
+    check(prev == N, op, f"cu_num_draft_tokens must end at N (draft_token_ids.size(0)) = {N}, got {got}")
+    return counts
+
+
+def ragged_cap(op, name: str, cap: int, counts: Optional[list]):
+    check(cap >= 0, op, f"{name} must be >= 0, got {cap}")
+    check(cap < 2**63 - 1, op, f"{name} = {cap} is too large ({name} + 1 overflows int64)")
+    for b, k in enumerate(counts or []):
+        prev = f"cu_num_draft_tokens[{b - 1}]" if b else "0"
+        check(
+            k <= cap,
+            op,
+            f"{name} = {cap} is smaller than request {b}'s {k} drafts (cu_num_draft_tokens[{b}] - {prev})",
+        )
+
+
+def checked_ragged_width(op, cu: torch.Tensor, N: int, max_num_drafts: Optional[int]) -> int:
+    """W: max_num_drafts + 1, or the widest request + 1. cu's values are read and checked on
+    the host (one sync on a GPU), except while a CUDA graph is captured: max_num_drafts is
+    needed then, and the kernels clamp (triton.ragged_device_layout)."""
+    values = _host_values(cu)
+    if values is None:
+        check(
+            max_num_drafts is not None,
+            op,
+            "max_num_drafts is needed while a CUDA graph is captured (the width would need "
+            "cu_num_draft_tokens's values on the host)",
+        )
+        return max_num_drafts + 1
+    counts = ragged_counts(op, values, N)
+    if max_num_drafts is not None:
+        ragged_cap(op, "max_num_drafts", max_num_drafts, counts)
+        return max_num_drafts + 1
+    return max(counts, default=0) + 1
+
+
 GGUF_CPU_ONLY = "GGUF block-type weights (gguf_type) run on the CPU only: call it on CPU tensors"
 INT8_CPU_ONLY = (
     "int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or "

@@ -33,6 +33,41 @@ def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
     return _chain_outputs("mtp.verify", draft_tokens, target_logits, num_drafts=num_drafts)
 
 
+def verify_ragged(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    pad_id: int = -1,
+    max_num_drafts: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy chain verification in the flattened ragged layout of continuous batching
+    (draft_token_ids [N], inclusive cumulative counts cu_num_draft_tokens [B], target_logits
+    [N + B, V]); see ``reference.verify_ragged``. With ``max_num_drafts`` the output width is
+    ``max_num_drafts + 1`` and no host read of cu is needed for the shape (CUDA graphs,
+    torch.compile); without it the op reads cu on the host (one sync on a GPU)."""
+    return torch.ops.mtp.verify_ragged.default(
+        draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, max_num_drafts
+    )
+
+
+@torch.library.register_fake("mtp::verify_ragged")
+def _verify_ragged_fake(draft_token_ids, cu_num_draft_tokens, target_logits, pad_id=-1, max_num_drafts=None):
+    op = "mtp.verify_ragged"
+    _check_same_device(
+        op, "draft_token_ids", draft_token_ids, cu_num_draft_tokens=cu_num_draft_tokens, target_logits=target_logits
+    )
+    torch._check(draft_token_ids.dim() == 1, lambda: f"{op}: draft_token_ids must be 1-D [N]")
+    torch._check(cu_num_draft_tokens.dim() == 1, lambda: f"{op}: cu_num_draft_tokens must be 1-D [B]")
+    torch._check(target_logits.dim() == 2, lambda: f"{op}: target_logits must be 2-D [N + B, V]")
+    B = cu_num_draft_tokens.shape[0]
+    if max_num_drafts is not None:
+        torch._check(max_num_drafts >= 0, lambda: f"{op}: max_num_drafts must be >= 0, got {max_num_drafts}")
+        W = max_num_drafts + 1
+    else:  # the widest request + 1: known only from cu's values
+        W = torch.library.get_ctx().new_dynamic_size(min=1)
+    return draft_token_ids.new_empty((B,)), draft_token_ids.new_empty((B, W))
+
+
 def accept_prefix(
     draft_tokens: torch.Tensor, target_tokens: torch.Tensor, num_drafts: Optional[torch.Tensor] = None
 ) -> torch.Tensor:

@@ -55,6 +55,44 @@ def verify(
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
 
 
+def verify_ragged(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    pad_id: int = -1,
+    max_num_drafts: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify`` in the flattened ragged layout of continuous batching (vLLM v1's rejection
+    sampler), request by request.
+
+    draft_token_ids [N] int32|int64; cu_num_draft_tokens [B] int32|int64, inclusive cumulative
+    counts: request b has K_b = cu[b] - cu[b-1] drafts (cu[-1] = 0),
+    draft_token_ids[cu[b-1] : cu[b]]; target_logits [N + B, V] fp32|bf16|fp16, any strides:
+    request b's K_b + 1 rows are contiguous from row cu[b-1] + b (row j predicts the token
+    after its j-th verified position, the last one gives the bonus token).
+    Returns accepted [B] and out_tokens [B, W], W = max_num_drafts + 1 (>= every K_b + 1) or,
+    when None, max_b K_b + 1 (1 when B = 0): per request exactly ``verify`` of its drafts and
+    rows (the same argmax rule), its out_tokens row padded with pad_id up to W; both in
+    draft_token_ids' dtype.
+    """
+    cu = [0] + [int(c) for c in cu_num_draft_tokens.tolist()]
+    B = len(cu) - 1
+    counts = [cu[b + 1] - cu[b] for b in range(B)]
+    W = (max(counts, default=0) if max_num_drafts is None else max_num_drafts) + 1
+    assert all(0 <= k < W for k in counts) and cu[B] == draft_token_ids.shape[0]
+    assert target_logits.shape[0] == cu[B] + B
+    accepted = draft_token_ids.new_zeros((B,))
+    out = draft_token_ids.new_full((B, W), pad_id)
+    for b in range(B):
+        k, start = counts[b], cu[b]
+        acc, tokens = verify(
+            draft_token_ids[start : start + k][None], target_logits[start + b : start + b + k + 1][None], None, pad_id
+        )
+        accepted[b] = acc[0]
+        out[b, : k + 1] = tokens[0]
+    return accepted, out
+
+
 def _q8_blocks(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t [..., K] as `dtype` blocks of 32 along K, the last one padded with zeros: [..., ceil(K/32), 32]."""
     K, lead = t.shape[-1], t.shape[:-1]

@@ -645,6 +645,57 @@ mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* target_l
   });
 }
 
+mtp_status mtp_verify_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor* cu_num_draft_tokens,
+                             const mtp_tensor* target_logits, int64_t pad_id, const mtp_tensor* accepted,
+                             const mtp_tensor* out_tokens, int32_t num_threads) {
+  return guarded("mtp_verify_ragged", [&](Checker& c) {
+    int threads = 1;
+    if (!c.tensor("draft_token_ids", draft_token_ids, 1, "[N]", kIdTypes) ||
+        !c.tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, "[B]", kIdTypes) ||
+        !c.tensor("target_logits", target_logits, 2, "[N + B, V]", kFloatTypes))
+      return c.status;
+    const int64_t N = draft_token_ids->sizes[0], B = cu_num_draft_tokens->sizes[0], V = target_logits->sizes[1];
+    if (!c.ok(ragged_rows_error(N, B, target_logits->sizes[0], "target_logits.sizes[0]"))) return c.status;
+    if (V < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
+    if (!c.ok(pad_id_error(pad_id, draft_token_ids->dtype == MTP_INT32)) ||
+        !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_token_ids)) ||
+        !c.size("accepted", accepted, 0, B, "B (cu_num_draft_tokens.sizes[0])") ||
+        !c.tensor("out_tokens", out_tokens, 2, "[B, W]", same_as(draft_token_ids)) ||
+        !c.size("out_tokens", out_tokens, 0, B, "B (cu_num_draft_tokens.sizes[0])"))
+      return c.status;
+    const int64_t W = out_tokens->sizes[1];
+    if (W < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[1] = W must be >= 1 (the bonus token), got 0");
+    std::vector<int64_t> cu(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) cu[size_t(b)] = load_id(cu_num_draft_tokens, b * cu_num_draft_tokens->strides[0]);
+    RaggedLayout l;
+    if (!c.ok(ragged_layout_error(cu.data(), B, N, "draft_token_ids.sizes[0]", &l)) ||
+        !c.ok(ragged_cap_error("out_tokens.sizes[1] - 1", W - 1, &l)) || !c.threads(num_threads, &threads) ||
+        !no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
+                     {{"draft_token_ids", draft_token_ids},
+                      {"cu_num_draft_tokens", cu_num_draft_tokens},
+                      {"target_logits", target_logits}}))
+      return c.status;
+    VerifyArgs a;
+    a.B = B; a.K = W - 1; a.V = V;
+    a.logits = target_logits->data;
+    a.logits_dtype = float_dtype(target_logits->dtype);
+    a.logits_stride[1] = target_logits->strides[0];
+    a.logits_stride[2] = target_logits->strides[1];
+    a.num_drafts = l.num_drafts.data();
+    a.first_row = l.first_row.data();
+    std::vector<int64_t> target(size_t(B) * size_t(W), 0);
+    greedy_targets(a, target.data(), threads, current_isa(), ThreadParallelFor{threads});
+    with_id_type(draft_token_ids, [&](auto id) {
+      using I = decltype(id);
+      const IdView<const I> drafts{static_cast<const I*>(draft_token_ids->data), {0, draft_token_ids->strides[0]},
+                                   l.draft_start.data()};
+      accept_and_emit<I, int64_t>(B, W - 1, drafts, {target.data(), {W, 1}}, l.num_drafts.data(), pad_id,
+                                  static_cast<I*>(accepted->data), accepted->strides[0], ids<I>(out_tokens));
+    });
+    return MTP_OK;
+  });
+}
+
 mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* draft_probs,
                               const mtp_tensor* target_logits, const mtp_tensor* temperature, const mtp_tensor* seeds,
                               const mtp_tensor* offsets, const mtp_tensor* num_drafts, int64_t pad_id,

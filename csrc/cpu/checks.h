@@ -179,6 +179,59 @@ inline void check_accept_inputs(const char* op, const at::Tensor& draft, const a
               " or K = ", K, ", got ", target.size(1));
 }
 
+// mtp.verify_ragged's tensors on `device`: draft_token_ids [N], cu_num_draft_tokens [B]
+// (both int32/int64), target_logits [N + B, V]; max_num_drafts's range; pad_id fits the ids.
+inline void check_ragged_inputs(const char* op, const at::Tensor& draft, const at::Tensor& cu,
+                                const at::Tensor& logits, int64_t pad_id, c10::optional<int64_t> max_num_drafts,
+                                const at::Device& device) {
+  check_device(op, "draft_token_ids", draft, device);
+  check_dtype(op, "draft_token_ids", draft, kIdTypes);
+  check_dim(op, "draft_token_ids", draft, 1, "[N]");
+  check_device(op, "cu_num_draft_tokens", cu, device);
+  check_dtype(op, "cu_num_draft_tokens", cu, kIdTypes);
+  check_dim(op, "cu_num_draft_tokens", cu, 1, "[B]");
+  check_device(op, "target_logits", logits, device);
+  check_dtype(op, "target_logits", logits, kFloatTypes);
+  check_dim(op, "target_logits", logits, 2, "[N + B, V]");
+  check_ok(op, ragged_rows_error(draft.size(0), cu.size(0), logits.size(0), "target_logits.size(0)"));
+  TORCH_CHECK(logits.size(1) > 0, op, ": target_logits must have a vocabulary of V >= 1 entries, got V = 0");
+  if (max_num_drafts.has_value()) check_ok(op, ragged_cap_error("max_num_drafts", *max_num_drafts, nullptr));
+  check_ok(op, pad_id_error(pad_id, draft.scalar_type() == at::kInt));
+}
+
+// cu_num_draft_tokens's values (a CPU tensor) checked, as the request layout; its width is
+// max_num_drafts + 1 when given (checked >= every K_b), else the widest request + 1.
+inline RaggedLayout checked_ragged_layout(const char* op, const at::Tensor& cu, int64_t N,
+                                          c10::optional<int64_t> max_num_drafts) {
+  const int64_t B = cu.size(0);
+  std::vector<int64_t> v(B);
+  AT_DISPATCH_INDEX_TYPES(cu.scalar_type(), "checked_ragged_layout", [&] {
+    const index_t* p = cu.data_ptr<index_t>();
+    for (int64_t b = 0; b < B; ++b) v[b] = p[b * cu.stride(0)];
+  });
+  RaggedLayout l;
+  check_ok(op, ragged_layout_error(v.data(), B, N, "draft_token_ids.size(0)", &l));
+  if (max_num_drafts.has_value()) check_ok(op, ragged_cap_error("max_num_drafts", *max_num_drafts, &l));
+  l.width = (max_num_drafts.has_value() ? *max_num_drafts : l.max_drafts) + 1;
+  return l;
+}
+
+// verify_ragged's logits [N + B, V] as verify's kernel arguments: request b's row t is row
+// first_row[b] + t, K = W - 1, num_drafts = K_b (pointers into l, which must outlive them).
+inline VerifyArgs ragged_verify_args(const at::Tensor& logits, int64_t B, int64_t W, const int64_t* num_drafts,
+                                     const int64_t* first_row) {
+  VerifyArgs a;
+  a.B = B; a.K = W - 1; a.V = logits.size(1);
+  a.logits = logits.data_ptr();
+  a.logits_dtype = to_dtype(logits.scalar_type());
+  a.logits_stride[0] = 0;
+  a.logits_stride[1] = logits.stride(0);
+  a.logits_stride[2] = logits.stride(1);
+  a.num_drafts = num_drafts;
+  a.first_row = first_row;
+  return a;
+}
+
 // The checked verify inputs as kernel arguments (num_drafts left to the caller).
 inline VerifyArgs verify_args(const at::Tensor& draft, const at::Tensor& logits) {
   VerifyArgs a;
@@ -193,6 +246,13 @@ inline VerifyArgs verify_args(const at::Tensor& draft, const at::Tensor& logits)
 template <class I>
 IdView<I> ids(const at::Tensor& t) {
   return {t.data_ptr<std::remove_const_t<I>>(), {t.stride(0), t.stride(1)}};
+}
+
+// draft_token_ids [N] as verify_ragged's per-request rows: request b's drafts start at
+// first[b] (cu[b-1]).
+template <class I>
+IdView<I> ragged_ids(const at::Tensor& t, const int64_t* first) {
+  return {t.data_ptr<std::remove_const_t<I>>(), {0, t.stride(0)}, first};
 }
 
 // The number of rows of t [..., n]: the product of its leading sizes.

@@ -13,6 +13,7 @@ constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kSampled = "mtp.verify_sampled";
 constexpr const char* kLenient = "mtp.verify_lenient";
+constexpr const char* kRagged = "mtp.verify_ragged";
 
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
@@ -39,6 +40,27 @@ std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& draft_tokens, co
     finish<int32_t>(draft_tokens, target.data(), a.num_drafts, pad_id, accepted, out);
   else
     finish<int64_t>(draft_tokens, target.data(), a.num_drafts, pad_id, accepted, out);
+  return {accepted, out};
+}
+
+// The flattened ragged layout: verify's kernel with per-request row offsets (cu read here).
+std::tuple<at::Tensor, at::Tensor> verify_ragged_cpu(const at::Tensor& draft_token_ids,
+                                                     const at::Tensor& cu_num_draft_tokens,
+                                                     const at::Tensor& target_logits, int64_t pad_id,
+                                                     c10::optional<int64_t> max_num_drafts) {
+  check_ragged_inputs(kRagged, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, max_num_drafts, at::kCPU);
+  const RaggedLayout l = checked_ragged_layout(kRagged, cu_num_draft_tokens, draft_token_ids.size(0), max_num_drafts);
+  const int64_t B = cu_num_draft_tokens.size(0), W = l.width;
+  auto opts = draft_token_ids.options();
+  at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, W}, opts);
+  const VerifyArgs a = ragged_verify_args(target_logits, B, W, l.num_drafts.data(), l.first_row.data());
+  std::vector<int64_t> target(B * W, 0);
+  greedy_targets(a, target.data(), at::get_num_threads(), current_isa(), TorchParallelFor{});
+  AT_DISPATCH_INDEX_TYPES(draft_token_ids.scalar_type(), "verify_ragged", [&] {
+    accept_and_emit<index_t, int64_t>(B, W - 1, ragged_ids<const index_t>(draft_token_ids, l.draft_start.data()),
+                                      {target.data(), {W, 1}}, l.num_drafts.data(), pad_id,
+                                      accepted.data_ptr<index_t>(), 1, ids<index_t>(out));
+  });
   return {accepted, out};
 }
 
@@ -155,6 +177,7 @@ TORCH_LIBRARY_IMPL(mtp, CPU, m) {
   m.impl("verify_lenient", &verify_lenient_cpu);
   m.impl("verify", &verify_cpu);
   m.impl("accept_prefix", &accept_prefix_cpu);
+  m.impl("verify_ragged", &verify_ragged_cpu);
 }
 
 }  // namespace mtp::cpu

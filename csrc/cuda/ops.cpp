@@ -1,4 +1,4 @@
-// CUDA bindings of mtp.verify, mtp.accept_prefix, mtp.linear, mtp.head_attention and
+// CUDA bindings of mtp.verify, mtp.verify_ragged, mtp.accept_prefix, mtp.linear, mtp.head_attention and
 // mtp.cache_append: the checks the CPU bindings make (shared), tensors -> pointers, the
 // current stream. Built only with
 // -DMTP_WITH_CUDA=ON; the kernels are behind the torch-free mtp/cuda/launch.h.
@@ -20,6 +20,11 @@ using namespace mtp::cpu;  // the shared checks
 
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
+constexpr const char* kRagged = "mtp.verify_ragged";
+// The same words as the Triton launcher's (mtp_kernels/_checks.py).
+constexpr const char* kRaggedCaptureNeedsMax =
+    "max_num_drafts is needed while a CUDA graph is captured (the width would need cu_num_draft_tokens's values "
+    "on the host)";
 constexpr const char* kLinear = "mtp.linear";
 // The same words as the Triton launcher's (mtp_kernels/_checks.py).
 constexpr const char* kGgufCpuOnly =
@@ -56,32 +61,74 @@ int sm_count(const at::Device& device) {
   return n;
 }
 
+// verify's two kernels over a's B requests of K + 1 rows (any layout a describes), with
+// their workspace from torch's caching allocator; writes accepted [B] and out [B, K+1].
+template <class I>
+void run_verify(const VerifyArgs& a, IdView<const I> draft, int64_t pad_id, const at::Tensor& logits,
+                at::Tensor& accepted, at::Tensor& out) {
+  const int64_t rows = a.B * (a.K + 1);
+  VerifyWork work;
+  work.splits = verify_splits(rows, a.V, sm_count(logits.device()));
+  // Workspace from torch's caching allocator (aligned far beyond alignof(ArgmaxResult)).
+  const int64_t nparts = rows * work.splits;
+  at::Tensor partials = at::empty({nparts * int64_t(sizeof(ArgmaxResult))}, logits.options().dtype(at::kByte));
+  at::Tensor targets = at::empty({rows}, logits.options().dtype(at::kLong));
+  work.partials = reinterpret_cast<ArgmaxResult*>(partials.data_ptr<uint8_t>());
+  work.targets = targets.data_ptr<int64_t>();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(verify<I>(a, draft, pad_id, accepted.data_ptr<I>(), ids<I>(out), work, stream));
+}
+
 std::tuple<at::Tensor, at::Tensor> verify_cuda(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                                                const c10::optional<at::Tensor>& num_drafts, int64_t pad_id) {
   const at::Device device = target_logits.device();
   check_verify_inputs(kVerify, draft_tokens, target_logits, device);
   const c10::cuda::CUDAGuard guard(device);
-  const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1), V = target_logits.size(2);
+  const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
   at::Tensor nd = device_num_drafts(kVerify, num_drafts, B, K, device);
   VerifyArgs a = verify_args(draft_tokens, target_logits);
   a.num_drafts = nd.defined() ? nd.data_ptr<int64_t>() : nullptr;
 
-  VerifyWork work;
-  work.splits = verify_splits(B * (K + 1), V, sm_count(device));
-  // Workspace from torch's caching allocator (aligned far beyond alignof(ArgmaxResult)).
-  const int64_t nparts = B * (K + 1) * work.splits;
-  at::Tensor partials = at::empty({nparts * int64_t(sizeof(ArgmaxResult))}, target_logits.options().dtype(at::kByte));
-  at::Tensor targets = at::empty({B * (K + 1)}, target_logits.options().dtype(at::kLong));
-  work.partials = reinterpret_cast<ArgmaxResult*>(partials.data_ptr<uint8_t>());
-  work.targets = targets.data_ptr<int64_t>();
-
   auto opts = draft_tokens.options();
   at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "verify_cuda", [&] {
-    const cudaError_t err = verify<index_t>(a, ids<const index_t>(draft_tokens), pad_id,
-                                            accepted.data_ptr<index_t>(), ids<index_t>(out), work, stream);
-    C10_CUDA_CHECK(err);
+    run_verify<index_t>(a, ids<const index_t>(draft_tokens), pad_id, target_logits, accepted, out);
+  });
+  return {accepted, out};
+}
+
+// The flattened ragged layout: verify's kernels with per-request row offsets. Without
+// max_num_drafts the width comes from cu's values on the host (one sync); while a CUDA graph
+// is captured max_num_drafts is required, cu is not read on the host, and the layout
+// computed on the device is clamped so that no read goes out of range.
+std::tuple<at::Tensor, at::Tensor> verify_ragged_cuda(const at::Tensor& draft_token_ids,
+                                                      const at::Tensor& cu_num_draft_tokens,
+                                                      const at::Tensor& target_logits, int64_t pad_id,
+                                                      c10::optional<int64_t> max_num_drafts) {
+  const at::Device device = target_logits.device();
+  check_ragged_inputs(kRagged, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, max_num_drafts, device);
+  const c10::cuda::CUDAGuard guard(device);
+  const int64_t N = draft_token_ids.size(0), B = cu_num_draft_tokens.size(0);
+  int64_t W;
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    TORCH_CHECK(max_num_drafts.has_value(), kRagged, ": ", kRaggedCaptureNeedsMax);
+    W = *max_num_drafts + 1;
+  } else {
+    W = checked_ragged_layout(kRagged, cu_num_draft_tokens.cpu(), N, max_num_drafts).width;
+  }
+  auto opts = draft_token_ids.options();
+  at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, W}, opts);
+  if (B == 0) return {accepted, out};
+  // K_b, cu[b-1], cu[b-1] + b on the device: cu[b-1] in [0, N], K_b in [0, min(W - 1, N - cu[b-1])].
+  const at::Tensor cu = cu_num_draft_tokens.to(at::kLong).clamp(0, N);
+  const at::Tensor prev = at::cat({at::zeros({1}, cu.options()), cu.slice(0, 0, B - 1)});
+  const at::Tensor counts = (cu - prev).clamp(0, W - 1).contiguous();
+  const at::Tensor first_row = (prev + at::arange(B, cu.options())).contiguous();
+  const at::Tensor draft_first = prev.contiguous();
+  const VerifyArgs a = ragged_verify_args(target_logits, B, W, counts.data_ptr<int64_t>(), first_row.data_ptr<int64_t>());
+  AT_DISPATCH_INDEX_TYPES(draft_token_ids.scalar_type(), "verify_ragged_cuda", [&] {
+    run_verify<index_t>(a, ragged_ids<const index_t>(draft_token_ids, draft_first.data_ptr<int64_t>()), pad_id,
+                        target_logits, accepted, out);
   });
   return {accepted, out};
 }
@@ -166,6 +213,7 @@ void cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, con
 
 TORCH_LIBRARY_IMPL(mtp, CUDA, m) {
   m.impl("verify", &verify_cuda);
+  m.impl("verify_ragged", &verify_ragged_cuda);
   m.impl("accept_prefix", &accept_prefix_cuda);
   m.impl("linear", &linear_cuda);
   m.impl("head_attention", &head_attention_cuda);

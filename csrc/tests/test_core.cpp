@@ -269,6 +269,97 @@ void test_verify() {
   std::printf("verify: %d cases on %s\n", cases, mtp_get_isa());
 }
 
+// ---------------------------------------------------------------- verify_ragged through the C API
+// The flattened layout: drafts [N] (stride 2), cu [B] (stride 3), logits [N + B, V] in some
+// layout of a bigger buffer; out [B, W] with W >= the widest request + 1. Against the oracle,
+// request by request.
+void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt, mtp_dtype it, mtp_dtype ct,
+                     Layout layout, int64_t extra_width, int threads, int mode) {
+  const int64_t B = int64_t(counts.size());
+  std::vector<int64_t> cu(static_cast<size_t>(B));
+  int64_t N = 0, widest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    N += counts[size_t(b)];
+    cu[size_t(b)] = N;
+    widest = std::max(widest, counts[size_t(b)]);
+  }
+  const int64_t R = N + B, W = widest + 1 + extra_width;
+  int64_t s0, s1, total;  // row stride, vocabulary stride
+  if (layout == kContiguous) { s0 = V; s1 = 1; total = R * V; }
+  else if (layout == kPadded) { s0 = V + 7; s1 = 1; total = R * s0 + 3; }
+  else { s0 = 1; s1 = R + 2; total = V * s1; }  // [V, R] buffer seen as [R, V]
+  Buffer logits(lt, size_t(std::max<int64_t>(total, 1)));
+  std::vector<uint32_t> bits(size_t(std::max<int64_t>(total, 1)), specials(lt).nan);  // unviewed slots: NaN
+  std::vector<int64_t> row_target(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<uint32_t> row = make_row(lt, V, (mode + r) % kNumModes);
+    for (int64_t v = 0; v < V; ++v) bits[size_t(r * s0 + v * s1)] = row[v];
+    row_target[size_t(r)] = oracle_argmax(lt, row.data(), V);
+  }
+  for (size_t i = 0; i < bits.size(); ++i) logits.set(i, bits[i]);
+
+  // Request b's draft j is drafts[cu[b-1] + j], verified against row cu[b-1] + b + j.
+  Ids draft(it, size_t(std::max<int64_t>(2 * N, 1)), -5);
+  const int64_t bad_ids[] = {-1, V, V + 100, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+  for (int64_t b = 0, start = 0; b < B; start = cu[size_t(b)], ++b)
+    for (int64_t j = 0; j < counts[size_t(b)]; ++j) {
+      int64_t d = row_target[size_t(start + b + j)];
+      const int64_t r = uniform(0, 9);
+      if (r == 0) d = bad_ids[uniform(0, 4)];
+      else if (r <= 2 && V > 1) d = (d + uniform(1, V - 1)) % V;
+      draft.set(size_t(2 * (start + j)), d);
+    }
+  Ids cuv(ct, size_t(std::max<int64_t>(3 * B, 1)), -9);
+  for (int64_t b = 0; b < B; ++b) cuv.set(size_t(3 * b), cu[size_t(b)]);
+  const int64_t pad = mode % 2 ? -1 : 7;
+
+  mtp_tensor dv = view(draft.data(), it, {N}, {2});
+  mtp_tensor cv = view(cuv.data(), ct, {B}, {3});
+  mtp_tensor lv = view(logits.data(), lt, {R, V}, {s0, s1});
+  Out acc(it, B, 1), out(it, B, W);
+  mtp_tensor av = acc.view1(), ov = out.view2();
+  const mtp_status st = mtp_verify_ragged(&dv, &cv, &lv, pad, &av, &ov, threads);
+  EXPECT(st == MTP_OK, "mtp_verify_ragged failed: %s", mtp_last_error());
+  for (int64_t b = 0, start = 0; b < B; start = cu[size_t(b)], ++b) {
+    const int64_t k = counts[size_t(b)];
+    int64_t n = 0;
+    while (n < k && draft.get(size_t(2 * (start + n))) == row_target[size_t(start + b + n)]) ++n;
+    EXPECT(acc.at(b, 0) == n, "%s B=%lld V=%lld layout=%d b=%lld: accepted %lld want %lld", name_of(lt),
+           (long long)B, (long long)V, int(layout), (long long)b, (long long)acc.at(b, 0), (long long)n);
+    for (int64_t t = 0; t < W; ++t) {
+      const int64_t w = t < n ? draft.get(size_t(2 * (start + t))) : t == n ? row_target[size_t(start + b + t)] : pad;
+      EXPECT(out.at(b, t) == w, "%s B=%lld V=%lld layout=%d out[%lld,%lld] = %lld want %lld", name_of(lt),
+             (long long)B, (long long)V, int(layout), (long long)b, (long long)t, (long long)out.at(b, t),
+             (long long)w);
+    }
+  }
+  EXPECT(acc.canaries_intact() && out.canaries_intact(), "write outside the output views");
+}
+
+void test_verify_ragged() {
+  int cases = 0;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {}, {0}, {3}, {0, 0, 0}, {2, 0, 5, 1}, {0, 4, 0}, {1, 1, 1, 1, 1, 1, 1}, {8, 0, 3, 0, 0, 6, 2, 7}};
+  for (mtp_dtype lt : kFloatTypes)
+    for (mtp_dtype it : {MTP_INT32, MTP_INT64})
+      for (Layout layout : {kContiguous, kPadded, kVocabStrided})
+        for (const auto& counts : shapes)
+          for (int64_t V : {1, 5, 300, 1100}) {
+            run_ragged_case(counts, V, lt, it, cases % 2 ? MTP_INT64 : MTP_INT32, layout, cases % 3, 1 + cases % 3,
+                            cases);
+            ++cases;
+          }
+  // Long rows split over threads; random counts over many requests on many threads.
+  for (mtp_dtype lt : kFloatTypes) {
+    run_ragged_case({0}, 20011, lt, MTP_INT64, MTP_INT64, kContiguous, 0, 4, cases++);
+    run_ragged_case({3, 0, 1}, 17000, lt, MTP_INT32, MTP_INT32, kPadded, 1, 3, cases++);
+    std::vector<int64_t> counts(33);
+    for (auto& k : counts) k = uniform(0, 8);
+    run_ragged_case(counts, 2000, lt, MTP_INT32, MTP_INT64, kContiguous, 0, 0, cases++);
+  }
+  std::printf("verify_ragged: %d cases on %s\n", cases, mtp_get_isa());
+}
+
 // ---------------------------------------------------------------- accept_prefix through the C API
 void test_accept_prefix() {
   int cases = 0;
@@ -340,6 +431,124 @@ struct VerifyCall {
     expect_error(c.run(__VA_ARGS__), status, needle, #mutation);        \
     EXPECT(c.untouched(), "%s: outputs written on failure", #mutation); \
   } while (0)
+
+// A valid verify_ragged call (N = 4, B = 3, counts {2, 0, 2}, V = 5, W = 3) that each check
+// below breaks in one way.
+struct RaggedCall {
+  std::vector<int32_t> draft = {1, 2, 3, 4};
+  std::vector<int32_t> cu = {2, 2, 4};
+  std::vector<float> logits = std::vector<float>(7 * 5, 0.f);
+  std::vector<int32_t> acc = std::vector<int32_t>(3, -99), out = std::vector<int32_t>(9, -99);
+  mtp_tensor d, c, l, a, o;
+  int64_t pad = -1;
+  int32_t threads = 1;
+  RaggedCall() {
+    int64_t ds[1] = {4}, cs[1] = {3}, ls[2] = {7, 5}, as[1] = {3}, os[2] = {3, 3};
+    d = mtp_contiguous(draft.data(), MTP_INT32, 1, ds);
+    c = mtp_contiguous(cu.data(), MTP_INT32, 1, cs);
+    l = mtp_contiguous(logits.data(), MTP_FLOAT32, 2, ls);
+    a = mtp_contiguous(acc.data(), MTP_INT32, 1, as);
+    o = mtp_contiguous(out.data(), MTP_INT32, 2, os);
+  }
+  mtp_status run(bool null_d = false, bool null_c = false, bool null_l = false, bool null_a = false,
+                 bool null_o = false) {
+    return mtp_verify_ragged(null_d ? nullptr : &d, null_c ? nullptr : &c, null_l ? nullptr : &l, pad,
+                             null_a ? nullptr : &a, null_o ? nullptr : &o, threads);
+  }
+  bool untouched() const {
+    for (int32_t v : acc) if (v != -99) return false;
+    for (int32_t v : out) if (v != -99) return false;
+    return true;
+  }
+};
+
+#define BAD_RAGGED(mutation, status, needle, ...)                       \
+  do {                                                                  \
+    RaggedCall c;                                                       \
+    mutation;                                                           \
+    expect_error(c.run(__VA_ARGS__), status, needle, #mutation);        \
+    EXPECT(c.untouched(), "%s: outputs written on failure", #mutation); \
+  } while (0)
+
+void test_verify_ragged_errors() {
+  {
+    RaggedCall c;  // the baseline is valid: every row's argmax is 0
+    EXPECT(c.run() == MTP_OK && c.acc[0] == 0 && c.out[0] == 0 && c.out[1] == -1 && c.acc[1] == 0 && c.out[3] == 0 &&
+               c.out[4] == -1,
+           "baseline: %s", mtp_last_error());
+  }
+  BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "mtp_verify_ragged: draft_token_ids is NULL", true);
+  BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "cu_num_draft_tokens is NULL", false, true);
+  BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "target_logits is NULL", false, false, true);
+  BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "accepted is NULL", false, false, false, true);
+  BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "out_tokens is NULL", false, false, false, false, true);
+  BAD_RAGGED(c.c.data = nullptr, MTP_ERROR_NULL_POINTER, "cu_num_draft_tokens.data is NULL");
+  BAD_RAGGED(c.d.dtype = MTP_FLOAT32, MTP_ERROR_UNSUPPORTED_DTYPE, "draft_token_ids must be int32 or int64, got float32");
+  BAD_RAGGED(c.c.dtype = MTP_FLOAT16, MTP_ERROR_UNSUPPORTED_DTYPE, "cu_num_draft_tokens must be int32 or int64");
+  BAD_RAGGED(c.l.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "target_logits must be float32 or bfloat16 or float16");
+  BAD_RAGGED(c.a.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "accepted must be int32, got int64");
+  BAD_RAGGED(c.o.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "out_tokens must be int32, got int64");
+  BAD_RAGGED(c.d.ndim = 2, MTP_ERROR_INVALID_ARGUMENT, "draft_token_ids must be 1-D [N]");
+  BAD_RAGGED(c.c.ndim = 2, MTP_ERROR_INVALID_ARGUMENT, "cu_num_draft_tokens must be 1-D [B]");
+  BAD_RAGGED(c.l.ndim = 3, MTP_ERROR_INVALID_ARGUMENT, "target_logits must be 2-D [N + B, V]");
+  BAD_RAGGED(c.l.sizes[0] = 6, MTP_ERROR_INVALID_ARGUMENT,
+             "target_logits.sizes[0] must equal N + B (N = 4 drafts plus one bonus row per request, B = 3) = 7, got 6");
+  BAD_RAGGED(c.l.sizes[1] = 0, MTP_ERROR_INVALID_ARGUMENT, "V >= 1 entries, got V = 0");
+  BAD_RAGGED(c.cu[1] = 1, MTP_ERROR_INVALID_ARGUMENT,
+             "cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got cu_num_draft_tokens[1] = 1 "
+             "< cu_num_draft_tokens[0] = 2: request 1 would have -1 drafts");
+  BAD_RAGGED(c.cu[0] = -1, MTP_ERROR_INVALID_ARGUMENT, "got cu_num_draft_tokens[0] = -1 < 0: request 0 would have -1");
+  BAD_RAGGED(c.cu[2] = 3, MTP_ERROR_INVALID_ARGUMENT,
+             "cu_num_draft_tokens must end at N (draft_token_ids.sizes[0]) = 4, got cu_num_draft_tokens[2] = 3");
+  BAD_RAGGED(c.cu[0] = 5, MTP_ERROR_INVALID_ARGUMENT, "got cu_num_draft_tokens[0] = 5 > N (request 0)");
+  BAD_RAGGED(c.o.sizes[1] = 2, MTP_ERROR_INVALID_ARGUMENT,
+             "out_tokens.sizes[1] - 1 = 1 is smaller than request 0's 2 drafts (cu_num_draft_tokens[0] - 0)");
+  BAD_RAGGED((c.cu = {1, 1, 4}, c.o.sizes[1] = 3), MTP_ERROR_INVALID_ARGUMENT,
+             "request 2's 3 drafts (cu_num_draft_tokens[2] - cu_num_draft_tokens[1])");
+  BAD_RAGGED(c.o.sizes[1] = 0, MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[1] = W must be >= 1");
+  BAD_RAGGED(c.pad = int64_t(1) << 40, MTP_ERROR_INVALID_ARGUMENT,
+             "pad_id must fit draft_token_ids' dtype int32, [-2147483648, 2147483647], got 1099511627776");
+  BAD_RAGGED(c.a.sizes[0] = 2, MTP_ERROR_INVALID_ARGUMENT, "accepted.sizes[0] must equal B");
+  BAD_RAGGED(c.o.sizes[0] = 2, MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[0] must equal B");
+  BAD_RAGGED(c.threads = -1, MTP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0");
+  // Hostile: sizes whose sum overflows, extents beyond int64, outputs that alias.
+  BAD_RAGGED((c.d.sizes[0] = INT64_MAX, c.d.strides[0] = 0), MTP_ERROR_INVALID_ARGUMENT,
+             "N + B (draft_token_ids' N = 9223372036854775807 drafts plus B = 3 requests) overflows int64");
+  BAD_RAGGED(c.cu[2] = std::numeric_limits<int32_t>::max(), MTP_ERROR_INVALID_ARGUMENT, "> N (request 2)");
+  BAD_RAGGED(c.l.strides[0] = int64_t(1) << 61, MTP_ERROR_INVALID_ARGUMENT, "extent beyond int64");
+  BAD_RAGGED(c.o.strides[0] = 0, MTP_ERROR_INVALID_ARGUMENT, "out_tokens must not have overlapping elements");
+  BAD_RAGGED(c.o.data = c.draft.data(), MTP_ERROR_INVALID_ARGUMENT, "out_tokens and draft_token_ids overlap");
+  BAD_RAGGED(c.a.data = c.cu.data(), MTP_ERROR_INVALID_ARGUMENT, "accepted and cu_num_draft_tokens overlap");
+  {  // int64 ids take any pad_id
+    RaggedCall c;
+    std::vector<int64_t> d64 = {1, 2, 3, 4}, a64(3, -99), o64(9, -99);
+    c.d.data = d64.data(); c.d.dtype = MTP_INT64;
+    c.a.data = a64.data(); c.a.dtype = MTP_INT64;
+    c.o.data = o64.data(); c.o.dtype = MTP_INT64;
+    c.pad = int64_t(1) << 40;
+    EXPECT(c.run() == MTP_OK && o64[2] == int64_t(1) << 40, "int64 pad: %s", mtp_last_error());
+  }
+  {  // B = 0 and N = 0 with NULL data; N = 0 with B = 2 (every request only a bonus row)
+    RaggedCall c;
+    c.d.sizes[0] = c.c.sizes[0] = c.l.sizes[0] = c.a.sizes[0] = c.o.sizes[0] = 0;
+    c.d.data = c.c.data = c.l.data = c.a.data = c.o.data = nullptr;
+    EXPECT(c.run() == MTP_OK, "B = 0 with NULL data: %s", mtp_last_error());
+    RaggedCall z;
+    z.d.sizes[0] = 0;
+    z.d.data = nullptr;
+    z.c.sizes[0] = 2;
+    z.cu = {0, 0};
+    z.c.data = z.cu.data();
+    z.l.sizes[0] = 2;
+    z.a.sizes[0] = z.o.sizes[0] = 2;
+    z.logits[1] = 1.f;      // row 0: token 1
+    z.logits[5 + 4] = 2.f;  // row 1: token 4
+    EXPECT(z.run() == MTP_OK && z.acc[0] == 0 && z.acc[1] == 0 && z.out[0] == 1 && z.out[1] == -1 && z.out[3] == 4 &&
+               z.out[6] == -99,
+           "N = 0: %s", mtp_last_error());
+  }
+  std::printf("verify_ragged_errors: ok\n");
+}
 
 void test_errors() {
   {
@@ -544,7 +753,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|verify_ragged|verify_ragged_errors|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -563,6 +772,8 @@ int main(int argc, char** argv) {
   }
   if (which == "argmax") test_argmax();
   else if (which == "verify") test_verify();
+  else if (which == "verify_ragged") test_verify_ragged();
+  else if (which == "verify_ragged_errors") test_verify_ragged_errors();
   else if (which == "accept_prefix") test_accept_prefix();
   else if (which == "errors") test_errors();
   else if (which == "threads") test_threads();

@@ -76,7 +76,21 @@ def verify(
     nd_arg = nd if has_nd else part_idx  # never read without HAS_ND
     sb, st, sv = target_logits.stride()
     argmax_partials_kernel[(rows, splits)](
-        target_logits, sb, st, sv, nd_arg, K, V, chunk, part_val, part_idx, splits, HAS_ND=has_nd, BLOCK_V=block_v
+        target_logits,
+        sb,
+        st,
+        sv,
+        nd_arg,
+        K,
+        V,
+        chunk,
+        part_val,
+        part_idx,
+        splits,
+        part_idx,  # first_row: never read without HAS_FIRST
+        HAS_ND=has_nd,
+        HAS_FIRST=False,
+        BLOCK_V=block_v,
     )
     verify_finish_kernel[(B,)](
         draft_tokens,
@@ -90,8 +104,91 @@ def verify(
         accepted,
         out,
         *out.stride(),
+        part_idx,  # draft_first: never read without HAS_FIRST
         HAS_ND=has_nd,
+        HAS_FIRST=False,
         BLOCK_T=triton.next_power_of_2(K + 1),
+        BLOCK_S=triton.next_power_of_2(splits),
+    )
+    return accepted, out
+
+
+def ragged_device_layout(cu_num_draft_tokens: torch.Tensor, N: int, W: int):
+    """(K_b, cu[b-1], cu[b-1] + b) as contiguous int64 device tensors, computed on the device
+    (no sync). Clamped so that an unchecked cu (CUDA-graph capture) cannot send a read out of
+    range: cu[b-1] in [0, N], K_b in [0, min(W - 1, N - cu[b-1])]."""
+    cu = cu_num_draft_tokens.to(torch.int64).clamp(0, N)
+    prev = torch.cat([cu.new_zeros(1), cu[:-1]])
+    counts = (cu - prev).clamp(0, W - 1).contiguous()
+    first_row = (prev + torch.arange(cu.shape[0], device=cu.device)).contiguous()
+    return counts, prev.contiguous(), first_row
+
+
+def verify_ragged(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    pad_id: int = -1,
+    max_num_drafts: Optional[int] = None,
+    *,
+    splits: Optional[int] = None,
+    block_v: int = BLOCK_V,
+):
+    """``mtp.verify_ragged`` in Triton: verify's two kernels with per-request row offsets.
+    Without max_num_drafts, cu is read on the host for the width (one sync on a GPU)."""
+    op = "mtp.verify_ragged"
+    C.check_ragged_inputs(op, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, max_num_drafts)
+    N, B, V = draft_token_ids.shape[0], cu_num_draft_tokens.shape[0], target_logits.shape[1]
+    C.check(V < 2**31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
+    W = C.checked_ragged_width(op, cu_num_draft_tokens, N, max_num_drafts)
+    accepted, out = draft_token_ids.new_empty((B,)), draft_token_ids.new_empty((B, W))
+    if B == 0:
+        return accepted, out
+    K = W - 1
+    counts, draft_first, first_row = ragged_device_layout(cu_num_draft_tokens, N, W)
+    rows = B * W
+    if splits is None:
+        splits = verify_splits(rows, V, _sm_count(target_logits.device))
+    chunk = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v  # slices start on a tile
+    splits = triton.cdiv(V, chunk)
+    dev = target_logits.device
+    part_val = torch.empty((rows, splits), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((rows, splits), dtype=torch.int32, device=dev)
+    s_row, s_v = target_logits.stride()
+    argmax_partials_kernel[(rows, splits)](
+        target_logits,
+        0,
+        s_row,
+        s_v,
+        counts,
+        K,
+        V,
+        chunk,
+        part_val,
+        part_idx,
+        splits,
+        first_row,
+        HAS_ND=True,
+        HAS_FIRST=True,
+        BLOCK_V=block_v,
+    )
+    verify_finish_kernel[(B,)](
+        draft_token_ids,
+        0,
+        draft_token_ids.stride(0),
+        part_val,
+        part_idx,
+        splits,
+        counts,
+        K,
+        pad_id,
+        accepted,
+        out,
+        *out.stride(),
+        draft_first,
+        HAS_ND=True,
+        HAS_FIRST=True,
+        BLOCK_T=triton.next_power_of_2(W),
         BLOCK_S=triton.next_power_of_2(splits),
     )
     return accepted, out
@@ -340,6 +437,7 @@ def cache_append(
 
 _OPS = {
     "verify": verify,
+    "verify_ragged": verify_ragged,
     "verify_sampled": verify_sampled,
     "accept_prefix": accept_prefix,
     "linear": linear,

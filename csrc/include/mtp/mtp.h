@@ -151,6 +151,21 @@ MTP_API mtp_status mtp_verify(const mtp_tensor* draft_tokens, const mtp_tensor* 
                               const mtp_tensor* num_drafts, int64_t pad_id, const mtp_tensor* accepted,
                               const mtp_tensor* out_tokens, int32_t num_threads);
 
+/* mtp_verify in the flattened ragged layout of continuous batching (torch.ops.mtp.verify_ragged):
+ *   draft_token_ids     [N]         int32 | int64: every request's drafts, one after the other
+ *   cu_num_draft_tokens [B]         int32 | int64, inclusive cumulative counts: request b has
+ *                                   K_b = cu[b] - cu[b-1] drafts (cu[-1] = 0), non-decreasing, cu[B-1] = N
+ *   target_logits       [N + B, V]  float32 | bfloat16 | float16, V >= 1, any strides: request b's
+ *                                   K_b + 1 rows start at row cu[b-1] + b (the last: the bonus token)
+ *   pad_id                          must fit the id dtype
+ *   accepted            [B]         output, dtype of draft_token_ids
+ *   out_tokens          [B, W]      output, dtype of draft_token_ids; W - 1 >= every K_b
+ * Per request exactly mtp_verify of its K_b drafts and rows, its out_tokens row padded with
+ * pad_id up to W. num_threads as mtp_verify. */
+MTP_API mtp_status mtp_verify_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor* cu_num_draft_tokens,
+                                     const mtp_tensor* target_logits, int64_t pad_id, const mtp_tensor* accepted,
+                                     const mtp_tensor* out_tokens, int32_t num_threads);
+
 /* Lossless chain rejection sampling (torch.ops.mtp.verify_sampled): the emitted tokens follow
  * the target distribution softmax(logits / T) whatever the drafts are.
  *   draft_tokens  [B, K]      int32 | int64

@@ -5,6 +5,7 @@
 // arguments are fine, else the message; the caller prefixes the op's name.
 #pragma once
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -406,6 +407,84 @@ inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D
   if (std::string e = eps_error(eps); !e.empty()) return e;
   if (widths) *widths = w;
   return "";
+}
+
+// ---- verify_ragged: the flattened layout of continuous batching. draft_token_ids [N],
+// cu_num_draft_tokens [B] inclusive cumulative counts, target_logits [N + B, V]: request b
+// has K_b = cu[b] - cu[b-1] drafts (cu[-1] = 0), draft_token_ids[cu[b-1] : cu[b]], and its
+// K_b + 1 logits rows start at row cu[b-1] + b.
+
+// The per-request layout, from cu's values (read on the host).
+struct RaggedLayout {
+  int64_t max_drafts = 0;             // max_b K_b (0 when B = 0)
+  int64_t width = 1;                  // W: the out_tokens columns (max_num_drafts + 1, or max_drafts + 1)
+  std::vector<int64_t> num_drafts;    // K_b
+  std::vector<int64_t> draft_start;   // cu[b-1]: request b's first draft
+  std::vector<int64_t> first_row;     // cu[b-1] + b: its first logits row
+};
+
+// target_logits' rows (rows_what: "target_logits.size(0)") against N + B, in checked arithmetic.
+inline std::string ragged_rows_error(int64_t N, int64_t B, int64_t rows, const char* rows_what) {
+  int64_t want;
+  if (!checked_add(N, B, &want))
+    return message("N + B (draft_token_ids' N = ", N, " drafts plus B = ", B, " requests) overflows int64");
+  if (rows == want) return "";
+  return message(rows_what, " must equal N + B (N = ", N, " drafts plus one bonus row per request, B = ", B,
+                 ") = ", want, ", got ", rows);
+}
+
+// cu's B values checked (non-decreasing from 0, ending at N; n_what: where N comes from) and
+// turned into *out (its width left to ragged_cap_error).
+inline std::string ragged_layout_error(const int64_t* cu, int64_t B, int64_t N, const char* n_what,
+                                       RaggedLayout* out) {
+  out->max_drafts = 0;
+  out->num_drafts.resize(size_t(B));
+  out->draft_start.resize(size_t(B));
+  out->first_row.resize(size_t(B));
+  int64_t prev = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (cu[b] < prev)
+      return b == 0 ? message("cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got "
+                              "cu_num_draft_tokens[0] = ", cu[0], " < 0: request 0 would have ", cu[0], " drafts")
+                    : message("cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got "
+                              "cu_num_draft_tokens[", b, "] = ", cu[b], " < cu_num_draft_tokens[", b - 1, "] = ", prev,
+                              ": request ", b, " would have ", cu[b] - prev, " drafts");
+    if (cu[b] > N)
+      return message("cu_num_draft_tokens must end at N (", n_what, ") = ", N, ", got cu_num_draft_tokens[", b,
+                     "] = ", cu[b], " > N (request ", b, ")");
+    const size_t i = size_t(b);
+    out->num_drafts[i] = cu[b] - prev;  // no overflow: 0 <= prev <= cu[b] <= N
+    out->draft_start[i] = prev;
+    out->first_row[i] = prev + b;       // < N + B, checked by ragged_rows_error
+    out->max_drafts = std::max(out->max_drafts, cu[b] - prev);
+    prev = cu[b];
+  }
+  if (prev != N)
+    return B ? message("cu_num_draft_tokens must end at N (", n_what, ") = ", N, ", got cu_num_draft_tokens[", B - 1,
+                       "] = ", prev)
+             : message("cu_num_draft_tokens must end at N (", n_what, ") = ", N,
+                       ", got no requests (B = 0 holds no drafts)");
+  return "";
+}
+
+// The column cap (cap_name: "max_num_drafts"; the C API: out_tokens' width - 1): >= 0, its
+// + 1 in int64, and, given the layout, >= every K_b.
+inline std::string ragged_cap_error(const char* cap_name, int64_t cap, const RaggedLayout* l) {
+  if (cap < 0) return message(cap_name, " must be >= 0, got ", cap);
+  if (cap == INT64_MAX) return message(cap_name, " = ", cap, " is too large (", cap_name, " + 1 overflows int64)");
+  if (l)
+    for (size_t b = 0; b < l->num_drafts.size(); ++b)
+      if (l->num_drafts[b] > cap)
+        return message(cap_name, " = ", cap, " is smaller than request ", b, "'s ", l->num_drafts[b],
+                       " drafts (cu_num_draft_tokens[", b, "] - ",
+                       b ? message("cu_num_draft_tokens[", b - 1, "]") : std::string("0"), ")");
+  return "";
+}
+
+// pad_id is written into the outputs: it must fit the id dtype (int32 or int64).
+inline std::string pad_id_error(int64_t pad, bool int32_ids) {
+  if (!int32_ids || (pad >= INT32_MIN && pad <= INT32_MAX)) return "";
+  return message("pad_id must fit draft_token_ids' dtype int32, [", INT32_MIN, ", ", INT32_MAX, "], got ", pad);
 }
 
 // ---- verify_sampled

@@ -12,6 +12,8 @@ namespace mtp {
 
 // The backbone's greedy token at each position that verification can reach
 // (t <= num_drafts[b]) into target[b*(K+1) + t]; other entries are left as they are.
+// Row t of request b is logits_row(a, b, t): verify's [B, K+1, V] or verify_ragged's
+// flattened rows (a.first_row).
 // Rows are split over the vocabulary when there are too few of them to keep
 // `threads` busy; the exact merge makes the split invisible.
 template <class ParallelFor>
@@ -34,8 +36,7 @@ void greedy_targets(const VerifyArgs& a, int64_t* target, int threads, Isa isa, 
     for (int64_t w = begin; w < end; ++w) {
       int64_t r = rows[w / chunks], c = w % chunks;
       int64_t b = r / T, t = r % T;
-      const char* row = static_cast<const char*>(a.logits) +
-                        (b * a.logits_stride[0] + t * a.logits_stride[1]) * esize;
+      const char* row = static_cast<const char*>(a.logits) + logits_row(a, b, t) * esize;
       int64_t lo = c * chunk_len, hi = std::min(a.V, lo + chunk_len);
       part[w] = argmax_range(row, a.logits_dtype, a.logits_stride[2], lo, hi, isa);
     }

@@ -42,6 +42,16 @@ def clamped_num_drafts(num_drafts, b, K, HAS_ND: tl.constexpr):
 
 
 @triton.jit
+def first_of(first, b, HAS_FIRST: tl.constexpr):
+    """Request b's row offset in the flattened ragged layout (first[b]), or 0 (verify's layout)."""
+    if HAS_FIRST:
+        f = tl.load(first + b).to(tl.int64)
+    else:
+        f = b.to(tl.int64) * 0
+    return f
+
+
+@triton.jit
 def argmax_partials_kernel(
     logits,
     stride_b,
@@ -54,11 +64,14 @@ def argmax_partials_kernel(
     part_val,
     part_idx,
     splits,
+    first_row,
     HAS_ND: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """One program per (row b*(K+1)+t, vocabulary slice): the slice's argmax into the partials.
-    Rows past num_drafts[b] are not read."""
+    Rows past num_drafts[b] are not read. Request b's row t is at b*stride_b + t*stride_t, or
+    with HAS_FIRST (verify_ragged: stride_b = 0) at (first_row[b] + t)*stride_t."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     b = row // (K + 1)
@@ -66,7 +79,7 @@ def argmax_partials_kernel(
     if t <= clamped_num_drafts(num_drafts, b, K, HAS_ND):
         lo = split * chunk
         hi = tl.minimum(lo + chunk, V)
-        base = logits + b.to(tl.int64) * stride_b + t.to(tl.int64) * stride_t
+        base = logits + b.to(tl.int64) * stride_b + (first_of(first_row, b, HAS_FIRST) + t.to(tl.int64)) * stride_t
         lanes = tl.arange(0, BLOCK_V)
         best_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
         best_i = tl.full([BLOCK_V], V, tl.int32)  # past every real index: loses all ties

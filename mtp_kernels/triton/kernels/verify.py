@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from .argmax import argmax_reduce, clamped_num_drafts
+from .argmax import argmax_reduce, clamped_num_drafts, first_of
 
 
 @triton.jit
@@ -27,11 +27,15 @@ def verify_finish_kernel(
     out,
     o_sb,
     o_st,
+    draft_first,
     HAS_ND: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    """Merges the vocabulary slices of request b's rows (exact), then accepts and emits."""
+    """Merges the vocabulary slices of request b's rows (exact), then accepts and emits. With
+    HAS_FIRST (verify_ragged: d_sb = 0) request b's drafts start at draft_first[b] and only
+    its num_drafts[b] are read."""
     b = tl.program_id(0)
     nd = clamped_num_drafts(num_drafts, b, K, HAS_ND)
     t = tl.arange(0, BLOCK_T)
@@ -42,7 +46,12 @@ def verify_finish_kernel(
     pi = tl.load(part_idx + at, mask=read, other=2147483647)
     _, target = argmax_reduce(pv, pi, 1)
     target = target.to(tl.int64)
-    d = tl.load(draft + b.to(tl.int64) * d_sb + t * d_st, mask=t < K, other=-1).to(tl.int64)
+    if HAS_FIRST:
+        d_mask = t < nd  # the next request's drafts (or the end of the array) follow
+    else:
+        d_mask = t < K
+    d_at = draft + b.to(tl.int64) * d_sb + (first_of(draft_first, b, HAS_FIRST) + t) * d_st
+    d = tl.load(d_at, mask=d_mask, other=-1).to(tl.int64)
     n = accepted_length(d, target, t, nd)
     tl.store(accepted + b, n.to(accepted.dtype.element_ty))
     o = tl.where(t < n, d, tl.where(t == n, target, pad))

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   const int64_t lo = int64_t(blockIdx.y) * chunk;
   const int64_t hi = lo + chunk < a.V ? lo + chunk : a.V;
   const char* base = static_cast<const char*>(a.logits) +
-                     (b * a.logits_stride[0] + t * a.logits_stride[1]) * (T == DType::F32 ? 4 : 2);
+                     logits_row(a, b, t) * (T == DType::F32 ? 4 : 2);
   // Each thread visits increasing indices, so combining in visiting order is exact.
   ArgmaxResult r{-__int_as_float(0x7f800000), hi, false};
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
