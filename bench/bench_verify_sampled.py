@@ -44,3 +44,31 @@ def test_verify_sampled(benchmark, impl, draft_probs, B, K, V):
         benchmark(torch.ops.mtp.verify_sampled, drafts, q, logits, temp, seeds)
     else:
         benchmark(torch_sampled, drafts, q, logits, temp)
+
+
+FILTERS = {
+    "none": {},
+    "top_k=50": dict(top_k=50),
+    "top_p=0.9": dict(top_p=0.9),
+    "min_p=0.05": dict(min_p=0.05),
+    "all three": dict(top_k=50, top_p=0.9, min_p=0.05),
+}
+
+
+@pytest.mark.parametrize("spread", [1.0, 4.0], ids=["flat", "peaked"])
+@pytest.mark.parametrize("filters", list(FILTERS))
+def test_verify_sampled_filters(benchmark, filters, spread):
+    """The filters' cost beside the temperature-only op (same call, same rows): logits
+    N(0, spread^2) over SmolLM2's vocabulary; flat rows put most of V in top_p's nucleus."""
+    B, K, V = 8, 4, 49152
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, K + 1, V, generator=g) * spread
+    drafts = logits.argmax(-1)[:, :K].contiguous()
+    temp, seeds = torch.full((B,), T), torch.arange(B)
+    f = FILTERS[filters]
+    args = [None, None, None]
+    for i, (name, dtype) in enumerate([("top_k", torch.long), ("top_p", torch.float32), ("min_p", torch.float32)]):
+        if name in f:
+            args[i] = torch.full((B,), f[name], dtype=dtype)
+    benchmark.group = f"verify_sampled filters B={B} K={K} V={V} {'flat' if spread == 1.0 else 'peaked'}"
+    benchmark(torch.ops.mtp.verify_sampled, drafts, None, logits, temp, seeds, None, None, -1, *args)

@@ -14,8 +14,8 @@ TORCH_LIBRARY(mtp, m) {
   m.def("verify_ragged(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, int pad_id=-1,"
         " int? max_num_drafts=None) -> (Tensor accepted, Tensor out_tokens)");
   m.def("verify_sampled(Tensor draft_tokens, Tensor? draft_probs, Tensor target_logits, Tensor temperature,"
-        " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1)"
-        " -> (Tensor accepted, Tensor out_tokens)");
+        " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1, Tensor? top_k=None,"
+        " Tensor? top_p=None, Tensor? min_p=None) -> (Tensor accepted, Tensor out_tokens)");
   m.def("verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
         " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");

@@ -415,7 +415,9 @@ def _host_values(t: torch.Tensor) -> Optional[list]:
     return t.tolist()
 
 
-def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=None, num_drafts=None):
+def check_sampled_inputs(
+    op, draft, probs, logits, temperature, seeds, offsets=None, num_drafts=None, top_k=None, top_p=None, min_p=None
+):
     """mtp.verify_sampled's arguments, with csrc/cpu/verify.cpp's messages."""
     _check_same_device(
         op,
@@ -427,6 +429,9 @@ def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=N
         seeds=seeds,
         offsets=offsets,
         num_drafts=num_drafts,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
     )
     check_verify_inputs(op, draft, logits)
     B, K = draft.shape
@@ -441,6 +446,7 @@ def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=N
             check_size(op, name, t, 0, B, "B (draft_tokens.size(0))")
     for b, v in enumerate(_host_values(temperature) or []):
         check(math.isfinite(v) and v >= 0, op, f"temperature must be finite and >= 0, got temperature[{b}] = {v:g}")
+    check_filters(op, B, top_k, top_p, min_p)
     if probs is not None:
         check_dtype(op, "draft_probs", probs, FLOAT_TYPES)
         check_dim(op, "draft_probs", probs, 3, "[B, K, V]")
@@ -449,6 +455,25 @@ def check_sampled_inputs(op, draft, probs, logits, temperature, seeds, offsets=N
         check_size(op, "draft_probs", probs, 2, logits.size(2), "V (target_logits.size(2))")
         bad = _host_values(((probs < 0) | ~probs.isfinite()).any())
         check(not bad, op, "draft_probs must be probabilities (finite, >= 0), found a negative, NaN or infinite entry")
+
+
+def check_filters(op, B: int, top_k=None, top_p=None, min_p=None):
+    """verify_sampled's filters, [B] each or None, with op_args.h filter_error's messages."""
+    for name, t, dtypes in (
+        ("top_k", top_k, ID_TYPES),
+        ("top_p", top_p, (torch.float32,)),
+        ("min_p", min_p, (torch.float32,)),
+    ):
+        if t is not None:
+            check_dtype(op, name, t, dtypes)
+            check_dim(op, name, t, 1, "[B]")
+            check_size(op, name, t, 0, B, "B (draft_tokens.size(0))")
+    for b, k in enumerate(_host_values(top_k) if top_k is not None else []):
+        check(k >= 0, op, f"top_k must be >= 0 (0: off), got top_k[{b}] = {k}")
+    for b, p in enumerate(_host_values(top_p) if top_p is not None else []):
+        check(0 < p <= 1, op, f"top_p must lie in (0, 1] (1: off), got top_p[{b}] = {p:g}")
+    for b, p in enumerate(_host_values(min_p) if min_p is not None else []):
+        check(0 <= p < 1, op, f"min_p must lie in [0, 1) (0: off), got min_p[{b}] = {p:g}")
 
 
 # ---- the row-local layer ops (csrc/cpu/rowwise.cpp's checks) ------------------------------

@@ -102,16 +102,30 @@ def verify_sampled(
     offsets: Optional[torch.Tensor] = None,
     num_drafts: Optional[torch.Tensor] = None,
     pad_id: int = -1,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lossless chain rejection sampling with a counter-based RNG; see ``reference.verify_sampled``."""
+    """Lossless chain rejection sampling with a counter-based RNG, against each request's
+    filtered distribution (top_k / top_p / min_p, [B] each or None); see ``reference.verify_sampled``."""
     return torch.ops.mtp.verify_sampled.default(
-        draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts, pad_id
+        draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts, pad_id, top_k, top_p, min_p
     )
 
 
 @torch.library.register_fake("mtp::verify_sampled")
 def _verify_sampled_fake(
-    draft_tokens, draft_probs, target_logits, temperature, seeds, offsets=None, num_drafts=None, pad_id=-1
+    draft_tokens,
+    draft_probs,
+    target_logits,
+    temperature,
+    seeds,
+    offsets=None,
+    num_drafts=None,
+    pad_id=-1,
+    top_k=None,
+    top_p=None,
+    min_p=None,
 ):
     return _chain_outputs(
         "mtp.verify_sampled",
@@ -122,6 +136,9 @@ def _verify_sampled_fake(
         seeds=seeds,
         offsets=offsets,
         num_drafts=num_drafts,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
     )
 
 

@@ -425,16 +425,53 @@ def exp_fixed(y: torch.Tensor) -> torch.Tensor:
     return torch.where(y >= -708.0, p * two_k, 0.0)
 
 
-def _row_weights(logits_row: torch.Tensor, temperature: float) -> torch.Tensor:
-    """w in fp64: w_i = exp_fixed((x_i - max x) / T); a point mass on torch.argmax's choice
-    when T == 0 or the row has a NaN, +inf or only -inf."""
+def _row_weights(
+    logits_row: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
+    """w in fp64: w_i = exp_fixed((x_i - max x) / T), then the filters (_filter_weights); a
+    point mass on torch.argmax's choice when T == 0 or the row has a NaN, +inf or only -inf
+    (no filter removes it)."""
     x = logits_row.double()
     m = x.max()
     if temperature == 0 or not bool(torch.isfinite(m)):
         w = torch.zeros_like(x)
         w[int(logits_row.argmax())] = 1.0
         return w
-    return exp_fixed((x - m) / temperature)
+    w = exp_fixed((x - m) / temperature)
+    if top_k > 0 or top_p < 1 or min_p > 0:
+        w = _filter_weights(logits_row.float(), w, top_k, top_p, min_p)
+    return w
+
+
+def order_keys(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving keys of fp32 values, as int64 in [0, 2^32): key(a) < key(b) iff a < b,
+    -0 just below +0 (sampling.h order_key). The filters cut on keys: integers."""
+    u = x.float().contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    return torch.where(u >= 2**31, 0xFFFFFFFF - u, u + 2**31)
+
+
+def _filter_weights(x: torch.Tensor, w: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The filters of verify_sampled on one row (x its fp32 logits, w its weights), in vLLM's
+    order after the temperature; returns w with the removed tokens' weights set to 0:
+      min_p: keep w_i >= min_p (p_i >= min_p * max p);
+      top_k: keep the tokens whose key is >= the top_k-th largest key among those kept (ties at
+             the cut all stay; off when top_k is 0 or >= their number);
+      top_p: among those kept, with S1 their _ordered_sum and above(v) the _ordered_sum of the
+             kept weights whose key is > v: keep token i iff above(key_i) < top_p * S1 (the
+             smallest top set of mass >= top_p; ties at its edge all stay)."""
+    keep = w >= min_p
+    keys = order_keys(x)
+    if 0 < top_k < int(keep.sum()):
+        keep &= keys >= keys[keep].topk(top_k).values[-1]
+    if top_p < 1:
+        bound = top_p * _ordered_sum(torch.where(keep, w, 0.0))
+        cut = None
+        for k in keys[keep].unique().flip(0).tolist():  # from the top down; above() only grows
+            if not _ordered_sum(torch.where(keep & (keys > k), w, 0.0)) < bound:
+                break
+            cut = k
+        keep &= keys >= cut
+    return torch.where(keep, w, 0.0)
 
 
 def _block_trees(w: torch.Tensor) -> list[torch.Tensor]:
@@ -488,15 +525,21 @@ def verify_sampled(
     offsets: Optional[torch.Tensor] = None,
     num_drafts: Optional[torch.Tensor] = None,
     pad_id: int = -1,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Lossless chain rejection sampling (Leviathan et al. 2023, Chen et al. 2023).
 
     draft_tokens [B, K] int32|int64; draft_probs [B, K, V] (q: the distributions the drafts
     were sampled from) or None (one-hot: greedy drafts); target_logits [B, K+1, V]; temperature
-    [B] fp32, >= 0; seeds, offsets [B] int64 (offsets default 0); num_drafts [B] in [0, K].
+    [B] fp32, >= 0; seeds, offsets [B] int64 (offsets default 0); num_drafts [B] in [0, K];
+    top_k [B] int32|int64 >= 0, top_p [B] fp32 in (0, 1], min_p [B] fp32 in [0, 1) (None, or
+    0 / 1 / 0: off).
     Request b, row t = 0..n (n = num_drafts[b]), key (seeds[b], position offsets[b] + t):
       p_t = softmax(target_logits[b, t] / T) as w_i / S, w_i = exp_fixed((x_i - max x) / T)
-            in fp64, S their _ordered_sum (a point mass on torch.argmax when T == 0 or the row
+            in fp64 with the request's filters applied (_filter_weights: min_p, top_k, top_p),
+            S their _ordered_sum (a point mass on torch.argmax when T == 0 or the row
             has a NaN, +inf or only -inf);
       u_s = sample_uniform(seed, pos, 1), u_a = sample_uniform(seed, pos, 0);
       inverse_cdf(r, u) = _inverse_cdf(r, _ordered_sum(r), u): ~ the first i with
@@ -517,10 +560,13 @@ def verify_sampled(
     offs = [0] * B if offsets is None else offsets.long().tolist()
     accepted = torch.zeros(B, dtype=torch.long)
     out = torch.full((B, K + 1), pad_id, dtype=torch.long)
+    ks = [0] * B if top_k is None else top_k.long().tolist()
+    ps = [1.0] * B if top_p is None else top_p.double().tolist()
+    mps = [0.0] * B if min_p is None else min_p.double().tolist()
     for b in range(B):
         T, seed = float(temperature[b]), int(seeds[b])
         for t in range(nd[b] + 1):
-            w = _row_weights(target_logits[b, t], T)
+            w = _row_weights(target_logits[b, t], T, ks[b], ps[b], mps[b])
             S = _ordered_sum(w)
             us = sample_uniform(seed, offs[b] + t, STREAM_SAMPLE)
             x = int(draft_tokens[b, t]) if t < nd[b] else None

@@ -603,10 +603,12 @@ def sampled_case(gen, B, K, V, dtype, id_dtype, with_q, q_dtype=None):
 
 
 def check_sampled(backend, *args, pad_id=-1):
+    """args: verify_sampled's up to num_drafts, or all of them (pad_id given among them)."""
     impl, device = backend
     fn = triton_mod.verify_sampled if impl == "triton" else torch.ops.mtp.verify_sampled
-    want = torch.ops.mtp.verify_sampled(*args, pad_id)  # the CPU op
-    got = fn(*[None if a is None else a.to(device) for a in args], pad_id)
+    args = args if len(args) > 7 else (*args, pad_id)
+    want = torch.ops.mtp.verify_sampled(*args)  # the CPU op
+    got = fn(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
     for g, w in zip(got, want):
         assert g.device.type == device and g.dtype == w.dtype and g.shape == w.shape
         assert torch.equal(g.cpu(), w), (g, w)
@@ -643,6 +645,22 @@ def test_verify_sampled_mixed_dtypes_strides_and_special_rows(backend, gen):
     seeds, offsets = torch.arange(B) * 977, torch.arange(B) + 5
     for probs in (None, q):
         check_sampled(backend, drafts, probs, logits, temp, seeds, offsets, None)
+
+
+@pytest.mark.parametrize("with_q", [False, True], ids=["onehot", "draft_probs"])
+def test_verify_sampled_filters_equal_cpu_op(backend, gen, with_q):
+    """top_k / top_p / min_p: the cuts (bit searches over keys, dense sums) and the filtered
+    draws are the CPU op's bits; ties at the cuts, a point-mass row, every filter off."""
+    B, K, V = 6, 2, 300
+    drafts, q, logits, temp, seeds, offsets, nd = sampled_case(gen, B, K, V, torch.float32, torch.int64, with_q)
+    logits[1, 0, :5] = logits[1, 0].max()  # a tie at the top: top_p's edge
+    logits[2, 1, 17] = float("nan")
+    temp[:] = torch.tensor([0.9, 1.0, 0.5, 2.0, 0.0, 1.3])
+    top_k = torch.tensor([0, 3, 40, 1, 5, 0])
+    top_p = torch.tensor([0.7, 0.05, 1.0, 0.95, 0.5, 1.0])
+    min_p = torch.tensor([0.0, 0.1, 0.01, 0.0, 0.2, 0.0])
+    check_sampled(backend, drafts, q, logits, temp, seeds, offsets, nd, -1, top_k, top_p, min_p)
+    check_sampled(backend, drafts, q, logits, temp, seeds, offsets, nd, -1, top_k.int(), None, None)
 
 
 def test_verify_sampled_temperature_zero_is_verify(backend, gen):

@@ -696,11 +696,47 @@ mtp_status mtp_verify_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor
   });
 }
 
+// The per-request filters of mtp_verify_sampled_filtered: top_k int32|int64, top_p and min_p
+// float32, each [B] or NULL (off), every value checked.
+bool filters_of(Checker& c, const mtp_tensor* top_k, const mtp_tensor* top_p, const mtp_tensor* min_p, int64_t B,
+                std::vector<Filters>* f) {
+  f->assign(size_t(B), Filters{});
+  std::vector<int64_t> k64;
+  std::vector<int32_t> k32;
+  std::vector<float> p, mp;
+  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i32 = {MTP_INT32}, i64 = {MTP_INT64};
+  if (top_k && !(c.tensor("top_k", top_k, 1, "[B]", kIdTypes) &&
+                 (top_k->dtype == MTP_INT32 ? vector_of(c, "top_k", top_k, B, i32, &k32)
+                                            : vector_of(c, "top_k", top_k, B, i64, &k64))))
+    return false;
+  if ((top_p && !vector_of(c, "top_p", top_p, B, f32, &p)) || (min_p && !vector_of(c, "min_p", min_p, B, f32, &mp)))
+    return false;
+  for (size_t b = 0; b < size_t(B); ++b) {
+    Filters& g = (*f)[b];
+    if (!k32.empty()) g.top_k = k32[b];
+    if (!k64.empty()) g.top_k = k64[b];
+    if (!p.empty()) g.top_p = p[b];
+    if (!mp.empty()) g.min_p = mp[b];
+    if (!c.ok(filter_error(int64_t(b), g.top_k, g.top_p, g.min_p))) return false;
+  }
+  return true;
+}
+
 mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* draft_probs,
                               const mtp_tensor* target_logits, const mtp_tensor* temperature, const mtp_tensor* seeds,
                               const mtp_tensor* offsets, const mtp_tensor* num_drafts, int64_t pad_id,
                               const mtp_tensor* accepted, const mtp_tensor* out_tokens, int32_t num_threads) {
-  return guarded("mtp_verify_sampled", [&](Checker& c) {
+  return mtp_verify_sampled_filtered(draft_tokens, draft_probs, target_logits, temperature, nullptr, nullptr, nullptr,
+                                     seeds, offsets, num_drafts, pad_id, accepted, out_tokens, num_threads);
+}
+
+mtp_status mtp_verify_sampled_filtered(const mtp_tensor* draft_tokens, const mtp_tensor* draft_probs,
+                                       const mtp_tensor* target_logits, const mtp_tensor* temperature,
+                                       const mtp_tensor* top_k, const mtp_tensor* top_p, const mtp_tensor* min_p,
+                                       const mtp_tensor* seeds, const mtp_tensor* offsets, const mtp_tensor* num_drafts,
+                                       int64_t pad_id, const mtp_tensor* accepted, const mtp_tensor* out_tokens,
+                                       int32_t num_threads) {
+  return guarded(top_k || top_p || min_p ? "mtp_verify_sampled_filtered" : "mtp_verify_sampled", [&](Checker& c) {
     int threads = 1;
     SampledArgs a;
     std::vector<int64_t> nd;
@@ -716,6 +752,8 @@ mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* 
     std::vector<double> temp(tf.begin(), tf.end());
     for (int64_t b = 0; b < B; ++b)
       if (!c.ok(temperature_error(b, temp[size_t(b)]))) return c.status;
+    std::vector<Filters> filters;
+    if (!filters_of(c, top_k, top_p, min_p, B, &filters)) return c.status;
     if (draft_probs) {
       if (!c.tensor("draft_probs", draft_probs, 3, "[B, K, V]", kFloatTypes) ||
           !c.size("draft_probs", draft_probs, 0, B, "B (draft_tokens.sizes[0])") ||
@@ -729,10 +767,12 @@ mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_tensor* 
       std::copy_n(draft_probs->strides, 3, a.q_stride);
     }
     if (!no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
-                     {{"draft_probs", draft_probs}, {"temperature", temperature}, {"seeds", seeds}, {"offsets", offsets}}))
+                     {{"draft_probs", draft_probs}, {"temperature", temperature}, {"seeds", seeds}, {"offsets", offsets},
+                      {"top_k", top_k}, {"top_p", top_p}, {"min_p", min_p}}))
       return c.status;
     a.v.num_drafts = nd.data();
     a.temperature = temp.data();
+    a.filters = filters.data();
     a.seed = seed.data();
     a.offset = offset.data();
     a.pad = pad_id;

@@ -109,18 +109,51 @@ std::vector<int64_t> checked_keys(const char* op, const char* name, const c10::o
   return out;
 }
 
+// top_k (int32|int64), top_p, min_p (fp32), each [B] or absent (off), checked per request.
+std::vector<Filters> checked_filters(const char* op, const c10::optional<at::Tensor>& top_k,
+                                     const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& min_p,
+                                     int64_t B) {
+  std::vector<Filters> f(B);
+  const auto vector_of = [&](const char* name, const at::Tensor& t, std::initializer_list<at::ScalarType> dtypes) {
+    check_cpu(op, name, t);
+    check_dtype(op, name, t, dtypes);
+    check_dim(op, name, t, 1, "[B]");
+    check_size(op, name, t, 0, B, "B (draft_tokens.size(0))");
+  };
+  if (top_k.has_value()) {
+    vector_of("top_k", *top_k, {at::kInt, at::kLong});
+    const at::Tensor k = top_k->to(at::kLong);
+    for (int64_t b = 0; b < B; ++b) f[b].top_k = k.data_ptr<int64_t>()[b * k.stride(0)];
+  }
+  if (top_p.has_value()) {
+    vector_of("top_p", *top_p, {at::kFloat});
+    for (int64_t b = 0; b < B; ++b) f[b].top_p = top_p->data_ptr<float>()[b * top_p->stride(0)];
+  }
+  if (min_p.has_value()) {
+    vector_of("min_p", *min_p, {at::kFloat});
+    for (int64_t b = 0; b < B; ++b) f[b].min_p = min_p->data_ptr<float>()[b * min_p->stride(0)];
+  }
+  for (int64_t b = 0; b < B; ++b) check_ok(op, filter_error(b, f[b].top_k, f[b].top_p, f[b].min_p));
+  return f;
+}
+
 std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_tokens,
                                                       const c10::optional<at::Tensor>& draft_probs,
                                                       const at::Tensor& target_logits, const at::Tensor& temperature,
                                                       const at::Tensor& seeds, const c10::optional<at::Tensor>& offsets,
-                                                      const c10::optional<at::Tensor>& num_drafts, int64_t pad_id) {
+                                                      const c10::optional<at::Tensor>& num_drafts, int64_t pad_id,
+                                                      const c10::optional<at::Tensor>& top_k,
+                                                      const c10::optional<at::Tensor>& top_p,
+                                                      const c10::optional<at::Tensor>& min_p) {
   check_verify_inputs(kSampled, draft_tokens, target_logits, at::kCPU);
   const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
   const std::vector<double> temp = checked_temperatures(kSampled, temperature, B);
   const std::vector<int64_t> seed = checked_keys(kSampled, "seeds", seeds, B);
   const std::vector<int64_t> offset = checked_keys(kSampled, "offsets", offsets, B);
   std::vector<int64_t> nd = checked_num_drafts(kSampled, num_drafts, B, K);
+  const std::vector<Filters> filters = checked_filters(kSampled, top_k, top_p, min_p, B);
   SampledArgs a;
+  a.filters = filters.data();
   a.v = verify_args(draft_tokens, target_logits);
   a.v.num_drafts = nd.data();
   a.temperature = temp.data();

@@ -737,7 +737,7 @@ static void test_sampling() {
       want[t] = int64_t(mtp::sample_uniform(seed, 40 + t, mtp::kStreamSample) * double(V));
     int64_t draft[K] = {want[0], V};  // the first matches the draw, the second lies outside V
     int64_t out[K + 1];
-    int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 1.0, seed, 40, K, -7,
+    int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 1.0, mtp::Filters{}, seed, 40, K, -7,
                                              out, 1, isa);
     EXPECT(n == 1 && out[0] == want[0] && out[1] == want[1] && out[2] == -7, "seed %lld: n %lld out %lld %lld %lld",
            (long long)seed, (long long)n, (long long)out[0], (long long)out[1], (long long)out[2]);
@@ -745,7 +745,7 @@ static void test_sampling() {
   // Temperature 0: the argmax (first of a tie), whatever the seed.
   logits[5] = logits[9] = 3.0f;
   int64_t draft[K] = {5, 1}, out[K + 1];
-  int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 0.0, 77, 0, K, -1, out,
+  int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 0.0, mtp::Filters{}, 77, 0, K, -1, out,
                                            1, isa);
   EXPECT(n == 1 && out[0] == 5 && out[1] == 0 && out[2] == -1, "greedy: n %lld out %lld %lld", (long long)n,
          (long long)out[0], (long long)out[1]);
@@ -753,7 +753,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|verify_ragged|verify_ragged_errors|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|verify_ragged|verify_ragged_errors|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed|sparse_ordered_sum [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -781,6 +781,7 @@ int main(int argc, char** argv) {
   else if (which == "sampling_capi") test_sampling_capi();
   else if (which == "sampling_errors") test_sampling_errors();
   else if (which == "exp_fixed") test_exp_fixed();
+  else if (which == "sparse_ordered_sum") test_sparse_ordered_sum();
   else if (which == "isa") test_isa();
   else if (which == "attention") test_attention();
   else if (which == "cache_append") test_cache_append();

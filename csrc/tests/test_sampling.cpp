@@ -45,6 +45,17 @@ void run_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype qt, bool 
     offsets[size_t(b)] = uniform(0, 1 << 20);
     nd[size_t(b)] = uniform(0, K);
   }
+  // Every other case with filters, each request its own (some off, some cutting most of V).
+  const bool filtered = seed_base % 2 == 1;
+  std::vector<int64_t> top_k(temp.size(), 0);
+  std::vector<float> top_p(temp.size(), 1.f), min_p(temp.size(), 0.f);
+  std::vector<mtp::Filters> filters(temp.size());
+  for (int64_t b = 0; filtered && b < B; ++b) {
+    top_k[size_t(b)] = uniform(0, 2) ? uniform(0, V + 1) : 0;
+    top_p[size_t(b)] = uniform(0, 2) ? float(uniform(1, 100)) / 100.f : 1.f;
+    min_p[size_t(b)] = uniform(0, 3) ? 0.f : float(uniform(0, 60)) / 100.f;
+    filters[size_t(b)] = {top_k[size_t(b)], top_p[size_t(b)], min_p[size_t(b)]};
+  }
   const mtp_dtype it = sizeof(I) == 4 ? MTP_INT32 : MTP_INT64;
   auto view = [](void* p, mtp_dtype t, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides) {
     mtp_tensor v{};
@@ -61,7 +72,12 @@ void run_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype qt, bool 
              nv = view(nd.data(), MTP_INT64, {B}, {1});
   std::vector<I> acc(size_t(std::max<int64_t>(B, 1)), I(-99)), out(size_t(std::max<int64_t>(B * (K + 1), 1)), I(-99));
   mtp_tensor av = view(acc.data(), it, {B}, {1}), outv = view(out.data(), it, {B, K + 1}, {K + 1, 1});
-  mtp_status st = mtp_verify_sampled(&dv, with_q ? &qv : nullptr, &lv, &tv, &sv, &ov, &nv, -7, &av, &outv, threads);
+  mtp_tensor kv = view(top_k.data(), MTP_INT64, {B}, {1}), pv = view(top_p.data(), MTP_FLOAT32, {B}, {1}),
+             mv = view(min_p.data(), MTP_FLOAT32, {B}, {1});
+  mtp_status st = filtered ? mtp_verify_sampled_filtered(&dv, with_q ? &qv : nullptr, &lv, &tv, &kv, &pv, &mv, &sv, &ov,
+                                                         &nv, -7, &av, &outv, threads)
+                           : mtp_verify_sampled(&dv, with_q ? &qv : nullptr, &lv, &tv, &sv, &ov, &nv, -7, &av, &outv,
+                                                threads);
   EXPECT(st == MTP_OK, "mtp_verify_sampled failed: %s", mtp_last_error());
 
   // The scalar kernel, one request at a time.
@@ -73,7 +89,8 @@ void run_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype qt, bool 
     std::vector<I> want(size_t(K + 1));
     const void* qrow = with_q ? static_cast<const char*>(q.data()) + b * (qt == MTP_FLOAT32 ? 4 : 2) : nullptr;
     const int64_t n = mtp::sample_request<I>(a, b, draft.data() + b * K, 1, qrow, mtp::DType(int(qt)), qs,
-                                             temp[size_t(b)], seeds[size_t(b)], offsets[size_t(b)], nd[size_t(b)], -7,
+                                             temp[size_t(b)], filters[size_t(b)], seeds[size_t(b)], offsets[size_t(b)],
+                                             nd[size_t(b)], -7,
                                              want.data(), 1, mtp::current_isa());
     EXPECT(int64_t(acc[size_t(b)]) == n, "%s B=%lld K=%lld V=%lld q=%d b=%lld: accepted %lld want %lld", name_of(lt),
            (long long)B, (long long)K, (long long)V, int(with_q), (long long)b, (long long)acc[size_t(b)], (long long)n);
@@ -90,7 +107,9 @@ struct SampledCall {
                        out = std::vector<int64_t>(8, -99);
   std::vector<float> logits = std::vector<float>(2 * 4 * 5, 0.f), q = std::vector<float>(2 * 3 * 5, 0.2f),
                      temp = {1.f, 0.f};
-  mtp_tensor d, l, qv, tv, sv, ov, a, o;
+  std::vector<int64_t> top_k = {0, 3};
+  std::vector<float> top_p = {1.f, 0.5f}, min_p = {0.f, 0.25f};
+  mtp_tensor d, l, qv, tv, sv, ov, a, o, kv, pv, mv;
   mtp_tensor *qp = &qv, *op = &ov, *tp = &tv, *sp = &sv;
   int32_t threads = 1;
   SampledCall() {
@@ -103,8 +122,15 @@ struct SampledCall {
     ov = mtp_contiguous(offsets.data(), MTP_INT64, 1, bs);
     a = mtp_contiguous(acc.data(), MTP_INT64, 1, bs);
     o = mtp_contiguous(out.data(), MTP_INT64, 2, os);
+    kv = mtp_contiguous(top_k.data(), MTP_INT64, 1, bs);
+    pv = mtp_contiguous(top_p.data(), MTP_FLOAT32, 1, bs);
+    mv = mtp_contiguous(min_p.data(), MTP_FLOAT32, 1, bs);
   }
-  mtp_status run() { return mtp_verify_sampled(&d, qp, &l, tp, sp, op, nullptr, -1, &a, &o, threads); }
+  bool filtered = false;  // through mtp_verify_sampled_filtered, with top_k / top_p / min_p
+  mtp_status run() {
+    if (filtered) return mtp_verify_sampled_filtered(&d, qp, &l, tp, &kv, &pv, &mv, sp, op, nullptr, -1, &a, &o, threads);
+    return mtp_verify_sampled(&d, qp, &l, tp, sp, op, nullptr, -1, &a, &o, threads);
+  }
   bool untouched() const {
     for (int64_t v : acc) if (v != -99) return false;
     for (int64_t v : out) if (v != -99) return false;
@@ -136,6 +162,9 @@ void test_sampling_errors() {
   {
     SampledCall c;
     EXPECT(c.run() == MTP_OK, "baseline: %s", mtp_last_error());
+    SampledCall f;
+    f.filtered = true;
+    EXPECT(f.run() == MTP_OK, "filtered: %s", mtp_last_error());
     SampledCall n;
     n.qp = nullptr;
     n.op = nullptr;
@@ -160,6 +189,38 @@ void test_sampling_errors() {
   BAD_SAMPLED(c.l.sizes[1] = 3, MTP_ERROR_INVALID_ARGUMENT, "target_logits.sizes[1] must equal K+1");
   BAD_SAMPLED(c.o.dtype = MTP_INT32, MTP_ERROR_UNSUPPORTED_DTYPE, "out_tokens must be int64, got int32");
   BAD_SAMPLED(c.threads = -1, MTP_ERROR_INVALID_ARGUMENT, "num_threads");
+  BAD_SAMPLED((c.filtered = true, c.top_k[1] = -1), MTP_ERROR_INVALID_ARGUMENT,
+              "mtp_verify_sampled_filtered: top_k must be >= 0 (0: off), got top_k[1] = -1");
+  BAD_SAMPLED((c.filtered = true, c.top_p[0] = 0.f), MTP_ERROR_INVALID_ARGUMENT, "top_p must lie in (0, 1] (1: off), got top_p[0] = 0");
+  BAD_SAMPLED((c.filtered = true, c.top_p[1] = 1.5f), MTP_ERROR_INVALID_ARGUMENT, "got top_p[1] = 1.5");
+  BAD_SAMPLED((c.filtered = true, c.top_p[1] = NAN), MTP_ERROR_INVALID_ARGUMENT, "got top_p[1] = nan");
+  BAD_SAMPLED((c.filtered = true, c.min_p[0] = 1.f), MTP_ERROR_INVALID_ARGUMENT, "min_p must lie in [0, 1) (0: off), got min_p[0] = 1");
+  BAD_SAMPLED((c.filtered = true, c.min_p[1] = -0.5f), MTP_ERROR_INVALID_ARGUMENT, "got min_p[1] = -0.5");
+  BAD_SAMPLED((c.filtered = true, c.kv.dtype = MTP_FLOAT32), MTP_ERROR_UNSUPPORTED_DTYPE, "top_k must be int32 or int64, got float32");
+  BAD_SAMPLED((c.filtered = true, c.pv.sizes[0] = 3), MTP_ERROR_INVALID_ARGUMENT, "top_p.sizes[0] must equal B");
+}
+
+// The sparse sum of the filters gives the dense sum's bits (x + 0 == x), whatever is kept.
+void test_sparse_ordered_sum() {
+  std::uniform_real_distribution<double> unit(0, 1);
+  for (int round = 0; round < 200; ++round) {
+    const int64_t V = uniform(1, 3000);
+    std::vector<double> w(size_t(V), 0.0);
+    std::vector<mtp::Kept> kept;
+    const int density = uniform(1, 100);
+    for (int64_t i = 0; i < V; ++i)
+      if (uniform(0, 100) < density) {
+        w[size_t(i)] = std::exp(-30 * unit(rng));
+        kept.push_back({i, w[size_t(i)], uint32_t(uniform(1, 1000))});
+      }
+    const uint32_t above = uint32_t(uniform(0, 1000));
+    const double dense = mtp::ordered_sum(V, [&](int64_t i) {
+      for (const auto& k : kept) if (k.i == i) return k.key > above ? k.w : 0.0;
+      return 0.0;
+    });
+    EXPECT(mtp::sparse_ordered_sum(kept, above) == dense, "V=%lld: sparse %.17g dense %.17g", (long long)V,
+           mtp::sparse_ordered_sum(kept, above), dense);
+  }
 }
 
 // exp_fixed against std::exp: relative error below 4e-16 on [-708, 0], 0 below, exact at 0.

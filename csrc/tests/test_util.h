@@ -68,3 +68,4 @@ void test_decoder();
 void test_sampling_capi();
 void test_sampling_errors();
 void test_exp_fixed();
+void test_sparse_ordered_sum();

@@ -228,11 +228,16 @@ def verify_sampled(
     offsets: Optional[torch.Tensor] = None,
     num_drafts: Optional[torch.Tensor] = None,
     pad_id: int = -1,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
 ):
     """``mtp.verify_sampled`` in Triton: one program per request, the tokens bitwise those of
     the CPU op (kernels/sampling.py mirrors csrc/include/mtp/sampling.h)."""
     op = "mtp.verify_sampled"
-    C.check_sampled_inputs(op, draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts)
+    C.check_sampled_inputs(
+        op, draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts, top_k, top_p, min_p
+    )
     B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
     if B == 0:
         return accepted, out
@@ -241,6 +246,11 @@ def verify_sampled(
     offs = offsets.contiguous() if offsets is not None else seeds  # never read without HAS_OFFSETS
     q = draft_probs if draft_probs is not None else target_logits  # never read without HAS_Q
     q_strides = draft_probs.stride() if draft_probs is not None else (0, 0, 0)
+    has_filters = top_k is not None or top_p is not None or min_p is not None
+    # Filters off for a request: 0, 1, 0 (what an absent tensor means).
+    top_k = (top_k if top_k is not None else torch.zeros_like(seeds)).to(torch.int64).contiguous()
+    top_p = (top_p if top_p is not None else torch.ones_like(temp)).contiguous()
+    min_p = (min_p if min_p is not None else torch.zeros_like(temp)).contiguous()
     # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
     # never fuses, and rejects the option).
     opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
@@ -252,6 +262,9 @@ def verify_sampled(
         target_logits,
         *target_logits.stride(),
         temp,
+        top_k,
+        top_p,
+        min_p,
         seeds,
         offs,
         nd if nd is not None else seeds,
@@ -264,6 +277,7 @@ def verify_sampled(
         HAS_Q=draft_probs is not None,
         HAS_OFFSETS=offsets is not None,
         HAS_ND=nd is not None,
+        HAS_FILTERS=has_filters,
         BLOCK_T=triton.next_power_of_2(K + 1),
         BLOCK_V=BLOCK_V,
         **opts,

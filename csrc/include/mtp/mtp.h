@@ -183,6 +183,21 @@ MTP_API mtp_status mtp_verify_sampled(const mtp_tensor* draft_tokens, const mtp_
                                       int64_t pad_id, const mtp_tensor* accepted, const mtp_tensor* out_tokens,
                                       int32_t num_threads);
 
+/* mtp_verify_sampled against the filtered distribution of each request (vLLM's order after
+ * the temperature: min_p, top_k, top_p; torch.ops.mtp.verify_sampled's top_k / top_p / min_p,
+ * docs/ops/verify_sampled.md):
+ *   top_k  [B]  int32 | int64, >= 0 (0: off): keep the top_k largest logits (ties at the cut all kept)
+ *   top_p  [B]  float32 in (0, 1] (1: off): keep the smallest top set of mass >= top_p (ties kept)
+ *   min_p  [B]  float32 in [0, 1) (0: off): keep p >= min_p * max p
+ * each NULL: off for every request. The rest as mtp_verify_sampled (which is this with three NULLs). */
+MTP_API mtp_status mtp_verify_sampled_filtered(const mtp_tensor* draft_tokens, const mtp_tensor* draft_probs,
+                                               const mtp_tensor* target_logits, const mtp_tensor* temperature,
+                                               const mtp_tensor* top_k, const mtp_tensor* top_p,
+                                               const mtp_tensor* min_p, const mtp_tensor* seeds,
+                                               const mtp_tensor* offsets, const mtp_tensor* num_drafts, int64_t pad_id,
+                                               const mtp_tensor* accepted, const mtp_tensor* out_tokens,
+                                               int32_t num_threads);
+
 /* accepted[b] = longest n <= num_drafts[b] with draft_tokens[b, t] == target_tokens[b, t] for
  * t < n (torch.ops.mtp.accept_prefix).
  *   draft_tokens [B, K] int32 | int64;  target_tokens [B, K+1] or [B, K] int32 | int64

@@ -494,6 +494,15 @@ inline std::string temperature_error(int64_t b, double t) {
   return message("temperature must be finite and >= 0, got temperature[", b, "] = ", t);
 }
 
+// One request's filters (sampling.h Filters): top_k >= 0, top_p in (0, 1], min_p in [0, 1)
+// (top_p and min_p as fp32 values; off: 0, 1, 0).
+inline std::string filter_error(int64_t b, int64_t top_k, double top_p, double min_p) {
+  if (top_k < 0) return message("top_k must be >= 0 (0: off), got top_k[", b, "] = ", top_k);
+  if (!(top_p > 0 && top_p <= 1)) return message("top_p must lie in (0, 1] (1: off), got top_p[", b, "] = ", top_p);
+  if (!(min_p >= 0 && min_p < 1)) return message("min_p must lie in [0, 1) (0: off), got min_p[", b, "] = ", min_p);
+  return "";
+}
+
 // draft_probs [B, K, V] (element strides): every entry finite and >= 0.
 inline std::string draft_probs_error(const void* q, DType dt, const int64_t* sizes, const int64_t* strides) {
   for (int64_t b = 0; b < sizes[0]; ++b)

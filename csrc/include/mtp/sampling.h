@@ -2,8 +2,11 @@
 // per-request sampling rule, written once so the Triton/CUDA ports can mirror it line by
 // line. The exact formulas are documented in mtp_kernels/reference.py (verify_sampled).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "mtp/argmax.h"
 #include "mtp/verify_args.h"
@@ -116,17 +119,97 @@ inline int64_t inverse_cdf(int64_t V, double total, double u, Weight weight) {
   return 0;  // unreachable: target < total, the same sum
 }
 
+// Per-request sampling filters, applied after the temperature in vLLM's order: min_p, then
+// top_k, then top_p (off: 0, 0, 1; values checked by filter_error before they get here).
+struct Filters {
+  int64_t top_k = 0;
+  double top_p = 1.0, min_p = 0.0;
+  bool active() const { return top_k > 0 || top_p < 1.0 || min_p > 0.0; }
+};
+
+// Order-preserving key of an fp32 value: key(a) < key(b) iff a < b, -0 just below +0. The
+// filters' cuts compare keys, integers, so every backend draws the same line.
+inline uint32_t order_key(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+// A token a filter keeps so far: its index, weight and key (lists stay in index order).
+struct Kept {
+  int64_t i;
+  double w;
+  uint32_t key;
+};
+
+// ordered_sum of the weights of the tokens in `kept` whose key is > `above` (every other
+// weight 0). The same bits as the dense sum, since x + 0 == x: each block's tree is built
+// from its nonzero leaves only, O(|kept| log kSampleBlock).
+inline double sparse_ordered_sum(const std::vector<Kept>& kept, uint32_t above) {
+  struct Node {
+    int64_t n;  // the node's number in block_tree's numbering
+    double v;
+  };
+  Node nodes[kSampleBlock];
+  double s = 0;
+  for (size_t j = 0; j < kept.size();) {
+    const int64_t block = kept[j].i / kSampleBlock;
+    int len = 0;
+    for (; j < kept.size() && kept[j].i / kSampleBlock == block; ++j)
+      if (kept[j].key > above) nodes[len++] = {kSampleBlock + kept[j].i % kSampleBlock, kept[j].w};
+    if (len == 0) continue;
+    for (int level = 0; level < 8; ++level) {  // 2^8 == kSampleBlock: up to the root
+      int out = 0;
+      for (int k = 0; k < len; ++k) {
+        if (k + 1 < len && nodes[k].n / 2 == nodes[k + 1].n / 2) {
+          nodes[out++] = {nodes[k].n / 2, nodes[k].v + nodes[k + 1].v};  // left + right, as block_tree
+          ++k;
+        } else {
+          nodes[out++] = {nodes[k].n / 2, nodes[k].v};
+        }
+      }
+      len = out;
+    }
+    s += nodes[0].v;
+  }
+  return s;
+}
+static_assert(kSampleBlock == 256, "sparse_ordered_sum climbs 8 levels");
+
+// top_p's cut: the smallest key K with above(K) < bound (bound = top_p * the kept mass,
+// above(K) = sparse_ordered_sum(kept, K)). above falls as K grows, so K is found bit by bit
+// from the top (the Triton kernel runs the same search densely); a token stays iff its key
+// is >= K: the nucleus, ties at its edge all kept. Tokens at or below the search's lower end
+// never count again and are dropped as it narrows.
+inline uint32_t top_p_key(std::vector<Kept> kept, double bound) {
+  if (sparse_ordered_sum(kept, 0) < bound) return 0;  // key 0 is a NaN's: every kept key is above
+  uint32_t lo = 0;  // invariant: above(lo) >= bound (so lo < the top key, whose above is 0)
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t cand = lo | (uint32_t(1) << bit);
+    if (sparse_ordered_sum(kept, cand) < bound) continue;
+    lo = cand;
+    kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key <= lo; }), kept.end());
+  }
+  return lo + 1;
+}
+
 // The target distribution of one logits row: p_i = w_i / S with w_i = exp_fixed((x_i - m) / T)
 // in fp64, m = max x, S = ordered_sum(w). Temperature 0, or a row whose softmax is
-// undefined (a NaN, +inf, or all -inf), is the point mass on torch.argmax's choice.
+// undefined (a NaN, +inf, or all -inf), is the point mass on torch.argmax's choice (filters
+// never remove it). Filters zero the weights they remove (then S sums the rest):
+//   min_p: w_i < min_p (p_i < min_p * max p);
+//   top_k: keys below the top_k-th largest key min_p kept (ties at the cut all stay);
+//   top_p: keys below top_p_key of what min_p and top_k kept (bound top_p * their sum).
 struct RowDist {
   const void* x;
   DType dt;
   int64_t stride, V;
   double T, m = 0, S = 1;
-  int64_t point = -1;  // >= 0: the point mass's index
+  int64_t point = -1;     // >= 0: the point mass's index
+  uint32_t key_min = 0;   // top_k / top_p: tokens with a smaller key are out
+  double w_min = 0;       // min_p: weights below it are out
 
-  RowDist(const void* row, DType dt_, int64_t stride_, int64_t V_, double T_, Isa isa)
+  RowDist(const void* row, DType dt_, int64_t stride_, int64_t V_, double T_, Isa isa, const Filters& f = {})
       : x(row), dt(dt_), stride(stride_), V(V_), T(T_) {
     ArgmaxResult best = argmax_range(x, dt, stride, 0, V, isa);
     m = best.val;
@@ -134,11 +217,38 @@ struct RowDist {
       point = best.idx;
       return;
     }
-    S = ordered_sum(V, [&](int64_t i) { return w(i); });
+    if (!f.active()) {
+      S = ordered_sum(V, [&](int64_t i) { return w(i); });
+      return;
+    }
+    w_min = f.min_p;
+    std::vector<Kept> kept;
+    for (int64_t i = 0; i < V; ++i) {
+      const float xi = load_f32(x, dt, i * stride);
+      const double e = exp_fixed((double(xi) - m) / T);
+      if (e >= w_min) kept.push_back({i, e, order_key(xi)});
+    }
+    if (f.top_k > 0 && f.top_k < int64_t(kept.size())) {
+      std::vector<uint32_t> keys(kept.size());
+      for (size_t j = 0; j < kept.size(); ++j) keys[j] = kept[j].key;
+      std::nth_element(keys.begin(), keys.begin() + (f.top_k - 1), keys.end(), std::greater<uint32_t>());
+      key_min = keys[f.top_k - 1];
+      kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key < key_min; }),
+                 kept.end());
+    }
+    if (f.top_p < 1.0) {
+      key_min = std::max(key_min, top_p_key(kept, f.top_p * sparse_ordered_sum(kept, 0)));
+      kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key < key_min; }),
+                 kept.end());
+    }
+    S = sparse_ordered_sum(kept, 0);  // == ordered_sum(V, w): the same leaves
   }
   double w(int64_t i) const {
     if (point >= 0) return i == point ? 1.0 : 0.0;
-    return exp_fixed((double(load_f32(x, dt, i * stride)) - m) / T);
+    const float xi = load_f32(x, dt, i * stride);
+    if (order_key(xi) < key_min) return 0.0;
+    const double e = exp_fixed((double(xi) - m) / T);
+    return e >= w_min ? e : 0.0;
   }
 };
 
@@ -155,12 +265,12 @@ struct RowDist {
 // y = inverse_cdf(max(0, p - q), u(.., kStreamSample)) (p itself if that is all zero).
 template <class I>
 inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, int64_t ds, const void* q, DType qdt,
-                              const int64_t* qs, double T, int64_t seed, int64_t offset, int64_t nd, int64_t pad,
-                              I* out, int64_t os, Isa isa) {
+                              const int64_t* qs, double T, const Filters& f, int64_t seed, int64_t offset, int64_t nd,
+                              int64_t pad, I* out, int64_t os, Isa isa) {
   const int64_t esize = dtype_size(a.logits_dtype);
   for (int64_t t = 0; t <= nd; ++t) {
     const char* row = static_cast<const char*>(a.logits) + (b * a.logits_stride[0] + t * a.logits_stride[1]) * esize;
-    RowDist p(row, a.logits_dtype, a.logits_stride[2], a.V, T, isa);
+    RowDist p(row, a.logits_dtype, a.logits_stride[2], a.V, T, isa, f);
     // offsets are the caller's: the position wraps modulo 2^64 (as the hash's uint64 does), no UB
     const int64_t position = int64_t(uint64_t(offset) + uint64_t(t));
     const double us = sample_uniform(seed, position, kStreamSample);
@@ -196,6 +306,7 @@ struct SampledArgs {
   DType q_dtype = DType::F32;
   int64_t q_stride[3] = {0, 0, 0};
   const double* temperature = nullptr;
+  const Filters* filters = nullptr;  // [B]; nullptr: none
   const int64_t* seed = nullptr;
   const int64_t* offset = nullptr;
   int64_t pad = -1;
@@ -211,7 +322,8 @@ void verify_sampled(const SampledArgs& a, IdView<const I> draft, I* accepted, in
       const void* qrow = a.q ? static_cast<const char*>(a.q) + b * qb : nullptr;
       accepted[b * acc_stride] =
           I(sample_request<I>(a.v, b, draft.row(b), draft.stride[1], qrow, a.q_dtype, a.q_stride + 1,
-                              a.temperature[b], a.seed[b], a.offset[b], a.v.num_drafts[b], a.pad, out.row(b),
+                              a.temperature[b], a.filters ? a.filters[b] : Filters{}, a.seed[b], a.offset[b],
+                              a.v.num_drafts[b], a.pad, out.row(b),
                               out.stride[1], isa));
     }
   });

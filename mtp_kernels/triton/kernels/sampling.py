@@ -78,16 +78,38 @@ def tree_sum(v):
 
 
 @triton.jit
-def weights(row, sv, q, sq, lo, V, m, T, point, S, residual, HAS_Q: tl.constexpr):
-    """Block [lo, lo + SAMPLE_BLOCK) of RowDist::w (p's weights), or with `residual` of
-    max(0, w / S - q); 0 past V."""
+def order_key(x):
+    """sampling.h order_key of fp32 values, as int64 in [0, 2^32)."""
+    u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    return tl.where(u >= 0x80000000, 0xFFFFFFFF - u, u + 0x80000000)
+
+
+@triton.jit
+def raw_weights(row, sv, lo, V, m, T, point):
+    """Block [lo, lo + SAMPLE_BLOCK) of RowDist's unfiltered weights (0 past V) and keys."""
     idx = lo + tl.arange(0, SAMPLE_BLOCK)
     inside = idx < V
-    x = tl.load(row + idx.to(tl.int64) * sv, mask=inside, other=float("-inf")).to(tl.float32).to(tl.float64)
+    x32 = tl.load(row + idx.to(tl.int64) * sv, mask=inside, other=float("-inf")).to(tl.float32)
+    x = x32.to(tl.float64)
     y = tl.where(point >= 0, _f64(0.0), (x - m) / T)  # a point-mass row's y is never used (m = 0, T = 1 there)
     w = tl.where(point >= 0, tl.where(idx == point, _f64(1.0), _f64(0.0)), exp_fixed(y))
-    w = tl.where(inside, w, _f64(0.0))
+    return tl.where(inside, w, _f64(0.0)), order_key(x32), inside
+
+
+@triton.jit
+def filtered(w, key, key_min, w_min):
+    """RowDist::w's filters: keys below key_min and weights below w_min are out."""
+    return tl.where((key >= key_min) & (w >= w_min), w, _f64(0.0))
+
+
+@triton.jit
+def weights(row, sv, q, sq, lo, V, m, T, point, S, residual, key_min, w_min, HAS_Q: tl.constexpr):
+    """Block [lo, lo + SAMPLE_BLOCK) of RowDist::w (p's weights, filtered), or with `residual`
+    of max(0, w / S - q); 0 past V."""
+    w, key, inside = raw_weights(row, sv, lo, V, m, T, point)
+    w = filtered(w, key, key_min, w_min)
     if HAS_Q:
+        idx = lo + tl.arange(0, SAMPLE_BLOCK)
         # (where, not `inside & residual`: the interpreter cannot broadcast a scalar bool into &)
         read = tl.where(residual, inside, False)
         qv = tl.load(q + idx.to(tl.int64) * sq, mask=read, other=0.0).to(tl.float32).to(tl.float64)
@@ -96,15 +118,51 @@ def weights(row, sv, q, sq, lo, V, m, T, point, S, residual, HAS_Q: tl.constexpr
 
 
 @triton.jit
-def ordered_sum(row, sv, q, sq, V, m, T, point, S, residual, HAS_Q: tl.constexpr):
+def ordered_sum(row, sv, q, sq, V, m, T, point, S, residual, key_min, w_min, HAS_Q: tl.constexpr):
     s = _f64(0.0)
     for lo in range(0, V, SAMPLE_BLOCK):
-        s = s + tree_sum(weights(row, sv, q, sq, lo, V, m, T, point, S, residual, HAS_Q))
+        s = s + tree_sum(weights(row, sv, q, sq, lo, V, m, T, point, S, residual, key_min, w_min, HAS_Q))
     return s
 
 
 @triton.jit
-def inverse_cdf(row, sv, q, sq, V, m, T, point, S, residual, total, u, HAS_Q: tl.constexpr):
+def kept_count(row, sv, V, m, T, point, key_min, w_min):
+    """How many tokens the filters (key_min, w_min) keep: integers, any order."""
+    n = V * 0
+    for lo in range(0, V, SAMPLE_BLOCK):
+        w, key, inside = raw_weights(row, sv, lo, V, m, T, point)
+        n = n + tl.sum(((key >= key_min) & (w >= w_min) & inside).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def filter_cut(row, sv, V, m, T, point, top_k, top_p, w_min):
+    """RowDist's key_min for the filters: top_k's cut, the top_k-th largest key min_p keeps
+    (found bit by bit: the largest key with >= top_k kept keys at or above it), then top_p's,
+    sampling.h top_p_key's search run with dense sums (the same sums: x + 0 == x)."""
+    key_min = V.to(tl.int64) * 0
+    if (top_k > 0) & (top_k < kept_count(row, sv, V, m, T, point, key_min, w_min)):
+        for i in tl.static_range(32):
+            cand = key_min | (1 << (31 - i))
+            key_min = tl.where(kept_count(row, sv, V, m, T, point, cand, w_min) >= top_k, cand, key_min)
+    if top_p < 1:
+        no = tl.zeros([], tl.int1)
+        bound = top_p * ordered_sum(row, sv, row, sv, V, m, T, point, _f64(1.0), no, key_min, w_min, False)
+        above = ordered_sum(row, sv, row, sv, V, m, T, point, _f64(1.0), no, tl.maximum(key_min, 1), w_min, False)
+        lo = key_min * 0  # invariant: above(lo) >= bound
+        if above >= bound:
+            for i in tl.static_range(32):
+                cand = lo | (1 << (31 - i))
+                a = ordered_sum(
+                    row, sv, row, sv, V, m, T, point, _f64(1.0), no, tl.maximum(key_min, cand + 1), w_min, False
+                )
+                lo = tl.where(a < bound, lo, cand)
+            key_min = tl.maximum(key_min, lo + 1)
+    return key_min
+
+
+@triton.jit
+def inverse_cdf(row, sv, q, sq, V, m, T, point, S, residual, key_min, w_min, total, u, HAS_Q: tl.constexpr):
     """sampling.h inverse_cdf: the first block passing u * total, then down its tree."""
     target = u * total
     acc = _f64(0.0)
@@ -113,7 +171,7 @@ def inverse_cdf(row, sv, q, sq, V, m, T, point, S, residual, total, u, HAS_Q: tl
     block_lo = V * 0
     keep = tl.zeros([SAMPLE_BLOCK], tl.float64)
     for lo in range(0, V, SAMPLE_BLOCK):
-        w = weights(row, sv, q, sq, lo, V, m, T, point, S, residual, HAS_Q)
+        w = weights(row, sv, q, sq, lo, V, m, T, point, S, residual, key_min, w_min, HAS_Q)
         s = tree_sum(w)
         hit = ~found & (s > 0) & (acc + s > target)
         keep = tl.where(hit, w, keep)
@@ -163,6 +221,9 @@ def verify_sampled_kernel(
     l_st,
     l_sv,
     temperature,
+    top_ks,
+    top_ps,
+    min_ps,
     seeds,
     offsets,
     num_drafts,
@@ -176,6 +237,7 @@ def verify_sampled_kernel(
     HAS_Q: tl.constexpr,
     HAS_OFFSETS: tl.constexpr,
     HAS_ND: tl.constexpr,
+    HAS_FILTERS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -185,6 +247,14 @@ def verify_sampled_kernel(
     nd = clamped_num_drafts(num_drafts, b, K, HAS_ND)
     T = tl.load(temperature + b).to(tl.float64)
     seed = tl.load(seeds + b)
+    if HAS_FILTERS:
+        top_k = tl.load(top_ks + b).to(tl.int64)
+        top_p = tl.load(top_ps + b).to(tl.float64)
+        w_min = tl.load(min_ps + b).to(tl.float64)
+    else:
+        top_k = seed * 0
+        top_p = _f64(1.0)
+        w_min = _f64(0.0)
     if HAS_OFFSETS:
         offset = tl.load(offsets + b)
     else:
@@ -203,7 +273,12 @@ def verify_sampled_kernel(
             m = tl.where(point >= 0, _f64(0.0), mf.to(tl.float64))
             Tw = tl.where(point >= 0, _f64(1.0), T)
             qrow = q + b64 * q_sb + t * q_st
-            S = ordered_sum(row, l_sv, qrow, q_sv, V, m, Tw, point, _f64(1.0), no, HAS_Q)
+            key_min = seed * 0  # the filters' cuts (none on a point-mass row)
+            wmin = tl.where(point >= 0, _f64(0.0), w_min)
+            if HAS_FILTERS:
+                if point < 0:
+                    key_min = filter_cut(row, l_sv, V, m, Tw, point, top_k, top_p, wmin)
+            S = ordered_sum(row, l_sv, qrow, q_sv, V, m, Tw, point, _f64(1.0), no, key_min, wmin, HAS_Q)
             pos = offset + t
             us = sample_uniform(seed, pos, 1)
             x = tl.load(draft + b64 * d_sb + t * d_st, mask=t < nd, other=-1).to(tl.int64)
@@ -212,25 +287,41 @@ def verify_sampled_kernel(
             else:
                 onehot = t >= 0
             if onehot:
-                y = inverse_cdf(row, l_sv, qrow, q_sv, V, m, Tw, point, S, no, S, us, HAS_Q).to(tl.int64)
+                y = inverse_cdf(row, l_sv, qrow, q_sv, V, m, Tw, point, S, no, key_min, wmin, S, us, HAS_Q).to(tl.int64)
                 take = (t < nd) & (x == y)
             else:
                 ok = (x >= 0) & (x < V)
                 xs = tl.where(ok, x, 0)
-                xl = tl.load(row + xs * l_sv).to(tl.float32).to(tl.float64)
+                xl32 = tl.load(row + xs * l_sv).to(tl.float32)
+                xl = xl32.to(tl.float64)
                 wx = tl.where(
                     point >= 0,
                     tl.where(xs == point, _f64(1.0), _f64(0.0)),
                     exp_fixed(tl.where(point >= 0, _f64(0.0), (xl - m) / Tw)),
                 )
+                wx = filtered(wx, order_key(xl32), key_min, wmin)
                 qx = tl.load(qrow + xs * q_sv).to(tl.float32).to(tl.float64)
                 take = ok & (sample_uniform(seed, pos, 0) * qx < wx / S)
                 y = x
                 if ~take:
-                    R = ordered_sum(row, l_sv, qrow, q_sv, V, m, Tw, point, S, ~no, HAS_Q)
+                    R = ordered_sum(row, l_sv, qrow, q_sv, V, m, Tw, point, S, ~no, key_min, wmin, HAS_Q)
                     use_r = R > 0
                     y = inverse_cdf(
-                        row, l_sv, qrow, q_sv, V, m, Tw, point, S, use_r, tl.where(use_r, R, S), us, HAS_Q
+                        row,
+                        l_sv,
+                        qrow,
+                        q_sv,
+                        V,
+                        m,
+                        Tw,
+                        point,
+                        S,
+                        use_r,
+                        key_min,
+                        wmin,
+                        tl.where(use_r, R, S),
+                        us,
+                        HAS_Q,
                     ).to(tl.int64)
             tokens = tl.where(tt == t, tl.where(take, x, y), tokens)
             n = tl.where(take, n, t)
