@@ -12,7 +12,7 @@ import importlib.util
 
 import torch  # noqa: F401  (must be loaded before the extension that links against it)
 
-from . import _C  # noqa: F401  (registers the ops)
+from ._torch_version import _C  # noqa: F401  (loads the ops after checking the torch they were built for)
 from . import fallback, ops, reference  # noqa: F401
 from .ops import (
     accept_prefix,
