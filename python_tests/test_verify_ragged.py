@@ -324,3 +324,16 @@ def test_bad_input(args, message):
 def test_triton_bad_input(triton_mod, args, message):
     with pytest.raises(RuntimeError, match=r"mtp\.verify_ragged: .*" + re.escape(message)):
         triton_mod.verify_ragged(*args.values())
+
+
+def test_hostile_sizes_and_strides():
+    """Sizes whose sum overflows int64 and strides whose byte offset would: refused, named."""
+    huge = torch.zeros(1, dtype=torch.long).expand(2**63 - 1)  # stride 0: no memory behind it
+    with pytest.raises(RuntimeError, match=r"mtp\.verify_ragged: N \+ B \(draft_token_ids' N = 9223372036854775807"):
+        torch.ops.mtp.verify_ragged(huge, torch.tensor([2**63 - 1]), torch.zeros(1, 5))
+    drafts = torch.zeros(4, dtype=torch.long).as_strided((1,), (2**61,))
+    with pytest.raises(RuntimeError, match=r"mtp\.verify_ragged: draft_token_ids.stride\(0\) = 2305843009213693952"):
+        torch.ops.mtp.verify_ragged(drafts, torch.tensor([1]), torch.zeros(2, 5))
+    # cu far past N (int64 extremes): a clear message, nothing read
+    with pytest.raises(RuntimeError, match=r"got cu_num_draft_tokens\[0\] = 9223372036854775807 > N \(request 0\)"):
+        torch.ops.mtp.verify_ragged(torch.zeros(1, dtype=torch.long), torch.tensor([2**63 - 1]), torch.zeros(2, 5))

@@ -194,7 +194,7 @@ class Call {
 
 // Calls per function that ran (MTP_OK) and that were refused: the driver prints them, so that a
 // harness change that stops reaching the kernels shows.
-uint64_t g_calls[11][2];
+uint64_t g_calls[12][2];
 
 void check_status(mtp_status s) {
   // A failure must carry a message; success leaves "" (mtp.h).
@@ -207,7 +207,7 @@ void check_status(mtp_status s) {
 
 void one_call(Input& in) {
   Call c(in);
-  const uint8_t fn = in.u8() % 11;
+  const uint8_t fn = in.u8() % 12;
   const int32_t threads = in.threads();
   const int32_t fdt = in.u8() % 3 == 0 ? MTP_BFLOAT16 : in.u8() % 2 ? MTP_FLOAT32 : MTP_FLOAT16;  // float dtype
   const int32_t idt = in.u8() & 1 ? MTP_INT64 : MTP_INT32;                                          // index dtype
@@ -311,6 +311,26 @@ void one_call(Input& in) {
                                       eps, alts, dr, threads);
       break;
     }
+    case 11: {  // mtp_verify_ragged: counts 0..3 per request, cu mostly their cumulative sums
+      std::vector<int64_t> counts(static_cast<size_t>(B));
+      int64_t N = 0;
+      for (int64_t& k : counts) N += (k = in.u8() % 4);
+      const bool consistent = in.u8() < 200;
+      auto *dr = c.tensor({N}, idt, I, V - 1), *cu = c.tensor({B}, idt, I, N), *lg = c.tensor({N + B, V}, fdt),
+           *acc = c.tensor({B}, idt), *out = c.tensor({B, 3 + in.u8() % 3}, idt);
+      if (c.skip()) return;
+      if (consistent && cu && cu->data && cu->ndim == 1 && cu->sizes[0] == B && cu->strides[0] >= 0 &&
+          (cu->dtype == MTP_INT32 || cu->dtype == MTP_INT64)) {
+        int64_t sum = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          sum += counts[size_t(b)];
+          if (cu->dtype == MTP_INT32) static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
+          else static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
+        }
+      }
+      s = mtp_verify_ragged(dr, cu, lg, in.u8() < 200 ? -1 : in.i64(), acc, out, threads);
+      break;
+    }
   }
   check_status(s);
   ++g_calls[fn][s == MTP_OK ? 0 : 1];
@@ -364,7 +384,7 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(bytes.data(), bytes.size());
     ++runs;
   }
-  for (int f = 0; f < 11; ++f)
+  for (int f = 0; f < 12; ++f)
     std::printf("  function %2d: %llu ran, %llu refused\n", f, (unsigned long long)g_calls[f][0],
                 (unsigned long long)g_calls[f][1]);
   std::printf("fuzz_capi: %llu random inputs in %.0f s (seed %llu), no finding\n", (unsigned long long)runs, seconds,
