@@ -200,6 +200,34 @@ void test_sampling_errors() {
   BAD_SAMPLED((c.filtered = true, c.pv.sizes[0] = 3), MTP_ERROR_INVALID_ARGUMENT, "top_p.sizes[0] must equal B");
 }
 
+// top_p's fast cut keeps exactly the tokens the bitwise search keeps: flat and peaked
+// weights, tied keys, small and large kept lists (sparse and dense sums), any top_p.
+void test_top_p_key() {
+  std::uniform_real_distribution<double> unit(0, 1);
+  for (int round = 0; round < 300; ++round) {
+    const int64_t V = uniform(1, 5000);
+    const double spread = round % 3 == 0 ? 0.5 : 20.0;
+    std::vector<mtp::Kept> kept;
+    for (int64_t i = 0; i < V; ++i)
+      if (uniform(0, 4) > 0) {
+        const float x = float(-spread * unit(rng));
+        const float xt = round % 2 ? std::round(x * 4) / 4 : x;  // every other round: many ties
+        kept.push_back({i, std::exp(double(xt)), mtp::order_key(xt)});
+      }
+    if (kept.empty()) continue;
+    const double top_p = double(float(unit(rng)));
+    const double bound = top_p * mtp::sparse_ordered_sum(kept, 0);
+    const mtp::AboveSum above(kept, V);
+    double mass = 0;
+    const uint32_t fast = mtp::top_p_key(kept, above, bound, &mass), slow = mtp::top_p_key_bitwise(kept, bound);
+    int64_t differ = 0;
+    for (const auto& k : kept) differ += (k.key >= fast) != (k.key >= slow);
+    EXPECT(differ == 0 && fast > 0, "V=%lld top_p=%.9g: %lld tokens differ (fast %u, bitwise %u)", (long long)V, top_p,
+           (long long)differ, fast, slow);
+    EXPECT(fast == 0 || mass == mtp::sparse_ordered_sum(kept, fast - 1), "V=%lld: kept mass %.17g", (long long)V, mass);
+  }
+}
+
 // The sparse sum of the filters gives the dense sum's bits (x + 0 == x), whatever is kept.
 void test_sparse_ordered_sum() {
   std::uniform_real_distribution<double> unit(0, 1);

@@ -69,3 +69,4 @@ void test_sampling_capi();
 void test_sampling_errors();
 void test_exp_fixed();
 void test_sparse_ordered_sum();
+void test_top_p_key();

@@ -176,12 +176,34 @@ inline double sparse_ordered_sum(const std::vector<Kept>& kept, uint32_t above) 
 }
 static_assert(kSampleBlock == 256, "sparse_ordered_sum climbs 8 levels");
 
-// top_p's cut: the smallest key K with above(K) < bound (bound = top_p * the kept mass,
-// above(K) = sparse_ordered_sum(kept, K)). above falls as K grows, so K is found bit by bit
-// from the top (the Triton kernel runs the same search densely); a token stays iff its key
-// is >= K: the nucleus, ties at its edge all kept. Tokens at or below the search's lower end
-// never count again and are dropped as it narrows.
-inline uint32_t top_p_key(std::vector<Kept> kept, double bound) {
+// above(K) of top_p: the fixed-order sum of the kept weights whose key is > K. Sparse over
+// the kept list when it is short, else dense over copies indexed by token (the same bits).
+class AboveSum {
+ public:
+  AboveSum(const std::vector<Kept>& kept, int64_t V) : kept_(kept), V_(V), dense_(int64_t(kept.size()) * 16 > V) {
+    if (!dense_) return;
+    w_.assign(size_t(V), 0.0);
+    key_.assign(size_t(V), 0);
+    for (const Kept& k : kept) w_[size_t(k.i)] = k.w, key_[size_t(k.i)] = k.key;
+  }
+  double operator()(uint32_t K) const {
+    if (!dense_) return sparse_ordered_sum(kept_, K);
+    return ordered_sum(V_, [&](int64_t i) { return key_[size_t(i)] > K ? w_[size_t(i)] : 0.0; });
+  }
+
+ private:
+  const std::vector<Kept>& kept_;
+  int64_t V_;
+  bool dense_;
+  std::vector<double> w_;
+  std::vector<uint32_t> key_;
+};
+
+// top_p's cut: the smallest key K with above(K) < bound (bound = top_p * the kept mass).
+// above falls as K grows, so K is found bit by bit from the top (the Triton kernel runs
+// this search densely); a token stays iff its key is >= K: the nucleus, ties at its edge all
+// kept. Tokens at or below the search's lower end never count again and are dropped.
+inline uint32_t top_p_key_bitwise(std::vector<Kept> kept, double bound) {
   if (sparse_ordered_sum(kept, 0) < bound) return 0;  // key 0 is a NaN's: every kept key is above
   uint32_t lo = 0;  // invariant: above(lo) >= bound (so lo < the top key, whose above is 0)
   for (int bit = 31; bit >= 0; --bit) {
@@ -191,6 +213,76 @@ inline uint32_t top_p_key(std::vector<Kept> kept, double bound) {
     kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key <= lo; }), kept.end());
   }
   return lo + 1;
+}
+
+// The same cut, fast: above changes only at kept keys, so the cut is the smallest kept key c
+// with above(c) < bound (keeping keys >= c keeps what keys >= lo + 1 keep). Approximate
+// sums (any order) over 4096 key buckets, then over the sorted keys of the bucket that holds
+// the crossing, name a candidate c; two exact sums confirm it (above(c) < bound, and not for
+// the next smaller kept key). If rounding misplaced the candidate, the bitwise search decides.
+// *kept_mass: the exact fixed-order sum of the kept keys >= the cut (the renormalizer).
+inline uint32_t top_p_key(const std::vector<Kept>& kept, const AboveSum& above, double bound, double* kept_mass) {
+  constexpr int kBucketBits = 12;
+  constexpr int kBuckets = 1 << kBucketBits;
+  std::vector<double> mass(kBuckets, 0.0);
+  std::vector<uint32_t> top(kBuckets, 0);
+  std::vector<char> used(kBuckets, 0);
+  for (const Kept& k : kept) {
+    const uint32_t b = k.key >> (32 - kBucketBits);
+    mass[b] += k.w;
+    top[b] = std::max(top[b], k.key);
+    used[b] = 1;
+  }
+  double acc = 0;  // approximate mass above bucket b
+  int b = kBuckets - 1;
+  for (; b >= 0; --b) {
+    if (!used[size_t(b)]) continue;
+    if (acc + mass[size_t(b)] >= bound) break;
+    acc += mass[size_t(b)];
+  }
+  if (b >= 0) {
+    std::vector<std::pair<uint32_t, double>> in;  // the bucket's (key, w), largest key first
+    for (const Kept& k : kept)
+      if (int(k.key >> (32 - kBucketBits)) == b) in.emplace_back(k.key, k.w);
+    std::sort(in.begin(), in.end(), [](const auto& l, const auto& r) { return l.first > r.first; });
+    uint32_t c = in[0].first;
+    bool has_next = false;
+    uint32_t next = 0;  // the largest kept key below c
+    for (size_t j = 0; j < in.size();) {
+      size_t e = j;
+      double tie = 0;
+      for (; e < in.size() && in[e].first == in[j].first; ++e) tie += in[e].second;
+      if (acc + tie >= bound) {  // keys below in[j] would count in[j]'s mass too: c = in[j]
+        c = in[j].first;
+        if (e < in.size()) has_next = true, next = in[e].first;
+        break;
+      }
+      acc += tie;
+      c = in[j].first;
+      j = e;
+    }
+    if (!has_next) {
+      int lower = b - 1;
+      while (lower >= 0 && !used[size_t(lower)]) --lower;
+      if (lower >= 0) has_next = true, next = top[size_t(lower)];
+    }
+    if (above(c) < bound) {
+      *kept_mass = has_next ? above(next) : above(0);  // keys > next: keys >= c
+      if (!(*kept_mass < bound) || !has_next) return c;
+    }
+  }
+  const uint32_t cut = top_p_key_bitwise(kept, bound);
+  *kept_mass = above(cut > 0 ? cut - 1 : 0);
+  return cut;
+}
+
+// The k-th largest of n keys (1 <= k <= n; key(j) for j < n): top_k's cut.
+template <class Key>
+inline uint32_t kth_largest_key(int64_t n, int64_t k, Key key) {
+  std::vector<uint32_t> keys(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) keys[size_t(j)] = key(j);
+  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint32_t>());
+  return keys[size_t(k - 1)];
 }
 
 // The target distribution of one logits row: p_i = w_i / S with w_i = exp_fixed((x_i - m) / T)
@@ -222,26 +314,29 @@ struct RowDist {
       return;
     }
     w_min = f.min_p;
+    // Without min_p, top_k's cut comes from the keys alone: no exp below it.
+    const bool k_first = f.min_p == 0 && f.top_k > 0 && f.top_k < V;
+    if (k_first) key_min = kth_largest_key(V, f.top_k, [&](int64_t i) { return order_key(load_f32(x, dt, i * stride)); });
     std::vector<Kept> kept;
     for (int64_t i = 0; i < V; ++i) {
       const float xi = load_f32(x, dt, i * stride);
+      const uint32_t key = order_key(xi);
+      if (key < key_min) continue;
       const double e = exp_fixed((double(xi) - m) / T);
-      if (e >= w_min) kept.push_back({i, e, order_key(xi)});
+      if (e >= w_min) kept.push_back({i, e, key});
     }
-    if (f.top_k > 0 && f.top_k < int64_t(kept.size())) {
-      std::vector<uint32_t> keys(kept.size());
-      for (size_t j = 0; j < kept.size(); ++j) keys[j] = kept[j].key;
-      std::nth_element(keys.begin(), keys.begin() + (f.top_k - 1), keys.end(), std::greater<uint32_t>());
-      key_min = keys[f.top_k - 1];
+    if (!k_first && f.top_k > 0 && f.top_k < int64_t(kept.size())) {
+      key_min = kth_largest_key(int64_t(kept.size()), f.top_k, [&](int64_t j) { return kept[size_t(j)].key; });
       kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key < key_min; }),
                  kept.end());
     }
-    if (f.top_p < 1.0) {
-      key_min = std::max(key_min, top_p_key(kept, f.top_p * sparse_ordered_sum(kept, 0)));
-      kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key < key_min; }),
-                 kept.end());
-    }
-    S = sparse_ordered_sum(kept, 0);  // == ordered_sum(V, w): the same leaves
+    // The smallest kept key as a cut too: the same tokens, and w() skips the exp below it.
+    uint32_t lowest = UINT32_MAX;  // kept is never empty: the max logit stays (w = 1)
+    for (const Kept& k : kept) lowest = std::min(lowest, k.key);
+    key_min = std::max(key_min, lowest);
+    const AboveSum above(kept, V);  // == ordered_sum(V, w) over the same leaves (key 0 is NaN's)
+    S = above(0);
+    if (f.top_p < 1.0) key_min = std::max(key_min, top_p_key(kept, above, f.top_p * S, &S));
   }
   double w(int64_t i) const {
     if (point >= 0) return i == point ? 1.0 : 0.0;

@@ -139,7 +139,8 @@ def kept_count(row, sv, V, m, T, point, key_min, w_min):
 def filter_cut(row, sv, V, m, T, point, top_k, top_p, w_min):
     """RowDist's key_min for the filters: top_k's cut, the top_k-th largest key min_p keeps
     (found bit by bit: the largest key with >= top_k kept keys at or above it), then top_p's,
-    sampling.h top_p_key's search run with dense sums (the same sums: x + 0 == x)."""
+    sampling.h top_p_key_bitwise's search run with dense sums (the same sums: x + 0 == x; the
+    C++ brackets the cut first, then searches, and keeps the same tokens)."""
     key_min = V.to(tl.int64) * 0
     if (top_k > 0) & (top_k < kept_count(row, sv, V, m, T, point, key_min, w_min)):
         for i in tl.static_range(32):
