@@ -39,6 +39,17 @@ def verify_splits(rows: int, V: int, sm_count: int) -> int:
     return max(1, min(want, -(-V // MIN_SLICE)))
 
 
+def _argmax_partials(rows: int, V: int, dev: torch.device, splits: Optional[int], block_v: int):
+    """verify's vocabulary slicing (slices start on a tile) and its per-slice partial argmaxes."""
+    if splits is None:
+        splits = verify_splits(rows, V, _sm_count(dev))
+    chunk = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v
+    splits = triton.cdiv(V, chunk)
+    part_val = torch.empty((rows, splits), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((rows, splits), dtype=torch.int32, device=dev)
+    return chunk, splits, part_val, part_idx
+
+
 def _chain_outputs(op, draft_tokens, target_logits, num_drafts):
     # verify and verify_sampled after their input checks: sizes, checked num_drafts, outputs.
     B, K = draft_tokens.shape
@@ -65,13 +76,7 @@ def verify(
     if B == 0:
         return accepted, out
     rows = B * (K + 1)
-    if splits is None:
-        splits = verify_splits(rows, V, _sm_count(target_logits.device))
-    chunk = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v  # slices start on a tile
-    splits = triton.cdiv(V, chunk)
-    dev = target_logits.device
-    part_val = torch.empty((rows, splits), dtype=torch.float32, device=dev)
-    part_idx = torch.empty((rows, splits), dtype=torch.int32, device=dev)
+    chunk, splits, part_val, part_idx = _argmax_partials(rows, V, target_logits.device, splits, block_v)
     has_nd = nd is not None
     nd_arg = nd if has_nd else part_idx  # never read without HAS_ND
     sb, st, sv = target_logits.stride()
@@ -147,13 +152,7 @@ def verify_ragged(
     K = W - 1
     counts, draft_first, first_row = ragged_device_layout(cu_num_draft_tokens, N, W)
     rows = B * W
-    if splits is None:
-        splits = verify_splits(rows, V, _sm_count(target_logits.device))
-    chunk = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v  # slices start on a tile
-    splits = triton.cdiv(V, chunk)
-    dev = target_logits.device
-    part_val = torch.empty((rows, splits), dtype=torch.float32, device=dev)
-    part_idx = torch.empty((rows, splits), dtype=torch.int32, device=dev)
+    chunk, splits, part_val, part_idx = _argmax_partials(rows, V, target_logits.device, splits, block_v)
     s_row, s_v = target_logits.stride()
     argmax_partials_kernel[(rows, splits)](
         target_logits,
