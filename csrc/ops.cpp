@@ -16,6 +16,12 @@ TORCH_LIBRARY(mtp, m) {
   m.def("verify_sampled(Tensor draft_tokens, Tensor? draft_probs, Tensor target_logits, Tensor temperature,"
         " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1, Tensor? top_k=None,"
         " Tensor? top_p=None, Tensor? min_p=None) -> (Tensor accepted, Tensor out_tokens)");
+  // verify_sampled in verify_ragged's flattened layout: draft_probs [N, V] (row cu[b-1] + j),
+  // target_logits [N + B, V], per-request values [B]; out_tokens [B, W].
+  m.def("verify_sampled_ragged(Tensor draft_token_ids, Tensor? draft_probs, Tensor cu_num_draft_tokens,"
+        " Tensor target_logits, Tensor temperature, Tensor seeds, Tensor? offsets=None, int pad_id=-1,"
+        " Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, int? max_num_drafts=None)"
+        " -> (Tensor accepted, Tensor out_tokens)");
   m.def("verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
         " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");

@@ -27,6 +27,7 @@ from .ops import (
     verify_lenient,
     verify_ragged,
     verify_sampled,
+    verify_sampled_ragged,
 )
 from .quant import dequantize_q8, quantize_q8
 
@@ -34,6 +35,7 @@ __all__ = [
     "verify",
     "verify_ragged",
     "verify_sampled",
+    "verify_sampled_ragged",
     "verify_lenient",
     "accept_prefix",
     "head_attention",

@@ -435,18 +435,7 @@ def check_sampled_inputs(
     )
     check_verify_inputs(op, draft, logits)
     B, K = draft.shape
-    for name, t, dtype in (
-        ("temperature", temperature, torch.float32),
-        ("seeds", seeds, torch.int64),
-        ("offsets", offsets, torch.int64),
-    ):
-        if t is not None:
-            check_dtype(op, name, t, (dtype,))
-            check_dim(op, name, t, 1, "[B]")
-            check_size(op, name, t, 0, B, "B (draft_tokens.size(0))")
-    for b, v in enumerate(_host_values(temperature) or []):
-        check(math.isfinite(v) and v >= 0, op, f"temperature must be finite and >= 0, got temperature[{b}] = {v:g}")
-    check_filters(op, B, top_k, top_p, min_p)
+    check_sampled_values(op, B, "B (draft_tokens.size(0))", temperature, seeds, offsets, top_k, top_p, min_p)
     if probs is not None:
         check_dtype(op, "draft_probs", probs, FLOAT_TYPES)
         check_dim(op, "draft_probs", probs, 3, "[B, K, V]")
@@ -457,7 +446,52 @@ def check_sampled_inputs(
         check(not bad, op, "draft_probs must be probabilities (finite, >= 0), found a negative, NaN or infinite entry")
 
 
-def check_filters(op, B: int, top_k=None, top_p=None, min_p=None):
+def check_sampled_values(op, B: int, b_what: str, temperature, seeds, offsets, top_k, top_p, min_p):
+    """verify_sampled's per-request tensors [B] (b_what: where B comes from) and their values."""
+    for name, t, dtype in (
+        ("temperature", temperature, torch.float32),
+        ("seeds", seeds, torch.int64),
+        ("offsets", offsets, torch.int64),
+    ):
+        if t is not None:
+            check_dtype(op, name, t, (dtype,))
+            check_dim(op, name, t, 1, "[B]")
+            check_size(op, name, t, 0, B, b_what)
+    for b, v in enumerate(_host_values(temperature) or []):
+        check(math.isfinite(v) and v >= 0, op, f"temperature must be finite and >= 0, got temperature[{b}] = {v:g}")
+    check_filters(op, B, top_k, top_p, min_p, b_what)
+
+
+def check_sampled_ragged_inputs(
+    op, draft, probs, cu, logits, temperature, seeds, offsets, pad_id, top_k, top_p, min_p, max_num_drafts
+):
+    """mtp.verify_sampled_ragged's arguments (cu's values: checked_ragged_width), with
+    csrc/cpu/verify.cpp's messages."""
+    _check_same_device(
+        op,
+        "draft_token_ids",
+        draft,
+        draft_probs=probs,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+    )
+    check_ragged_inputs(op, draft, cu, logits, pad_id, max_num_drafts)
+    B = cu.shape[0]
+    check_sampled_values(op, B, "B (cu_num_draft_tokens.size(0))", temperature, seeds, offsets, top_k, top_p, min_p)
+    if probs is not None:
+        check_dtype(op, "draft_probs", probs, FLOAT_TYPES)
+        check_dim(op, "draft_probs", probs, 2, "[N, V]")
+        check_size(op, "draft_probs", probs, 0, draft.shape[0], "N (draft_token_ids.size(0))")
+        check_size(op, "draft_probs", probs, 1, logits.size(1), "V (target_logits.size(1))")
+        bad = _host_values(((probs < 0) | ~probs.isfinite()).any())
+        check(not bad, op, "draft_probs must be probabilities (finite, >= 0), found a negative, NaN or infinite entry")
+
+
+def check_filters(op, B: int, top_k=None, top_p=None, min_p=None, b_what="B (draft_tokens.size(0))"):
     """verify_sampled's filters, [B] each or None, with op_args.h filter_error's messages."""
     for name, t, dtypes in (
         ("top_k", top_k, ID_TYPES),
@@ -467,7 +501,7 @@ def check_filters(op, B: int, top_k=None, top_p=None, min_p=None):
         if t is not None:
             check_dtype(op, name, t, dtypes)
             check_dim(op, name, t, 1, "[B]")
-            check_size(op, name, t, 0, B, "B (draft_tokens.size(0))")
+            check_size(op, name, t, 0, B, b_what)
     for b, k in enumerate(_host_values(top_k) if top_k is not None else []):
         check(k >= 0, op, f"top_k must be >= 0 (0: off), got top_k[{b}] = {k}")
     for b, p in enumerate(_host_values(top_p) if top_p is not None else []):

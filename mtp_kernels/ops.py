@@ -52,9 +52,18 @@ def verify_ragged(
 
 @torch.library.register_fake("mtp::verify_ragged")
 def _verify_ragged_fake(draft_token_ids, cu_num_draft_tokens, target_logits, pad_id=-1, max_num_drafts=None):
-    op = "mtp.verify_ragged"
+    return _ragged_outputs("mtp.verify_ragged", draft_token_ids, cu_num_draft_tokens, target_logits, max_num_drafts)
+
+
+def _ragged_outputs(op, draft_token_ids, cu_num_draft_tokens, target_logits, max_num_drafts, **others):
+    # verify_ragged's and verify_sampled_ragged's fake outputs: accepted [B], out_tokens [B, W].
     _check_same_device(
-        op, "draft_token_ids", draft_token_ids, cu_num_draft_tokens=cu_num_draft_tokens, target_logits=target_logits
+        op,
+        "draft_token_ids",
+        draft_token_ids,
+        cu_num_draft_tokens=cu_num_draft_tokens,
+        target_logits=target_logits,
+        **others,
     )
     torch._check(draft_token_ids.dim() == 1, lambda: f"{op}: draft_token_ids must be 1-D [N]")
     torch._check(cu_num_draft_tokens.dim() == 1, lambda: f"{op}: cu_num_draft_tokens must be 1-D [B]")
@@ -66,6 +75,71 @@ def _verify_ragged_fake(draft_token_ids, cu_num_draft_tokens, target_logits, pad
     else:  # the widest request + 1: known only from cu's values
         W = torch.library.get_ctx().new_dynamic_size(min=1)
     return draft_token_ids.new_empty((B,)), draft_token_ids.new_empty((B, W))
+
+
+def verify_sampled_ragged(
+    draft_token_ids: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
+    max_num_drafts: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_sampled`` in ``verify_ragged``'s flattened layout (draft_token_ids [N],
+    draft_probs [N, V] or None, cu_num_draft_tokens [B], target_logits [N + B, V]; per-request
+    values [B]); see ``reference.verify_sampled_ragged``. ``max_num_drafts`` as in
+    ``verify_ragged``: a static output width, no host read of cu for the shape."""
+    return torch.ops.mtp.verify_sampled_ragged.default(
+        draft_token_ids,
+        draft_probs,
+        cu_num_draft_tokens,
+        target_logits,
+        temperature,
+        seeds,
+        offsets,
+        pad_id,
+        top_k,
+        top_p,
+        min_p,
+        max_num_drafts,
+    )
+
+
+@torch.library.register_fake("mtp::verify_sampled_ragged")
+def _verify_sampled_ragged_fake(
+    draft_token_ids,
+    draft_probs,
+    cu_num_draft_tokens,
+    target_logits,
+    temperature,
+    seeds,
+    offsets=None,
+    pad_id=-1,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    max_num_drafts=None,
+):
+    return _ragged_outputs(
+        "mtp.verify_sampled_ragged",
+        draft_token_ids,
+        cu_num_draft_tokens,
+        target_logits,
+        max_num_drafts,
+        draft_probs=draft_probs,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+    )
 
 
 def accept_prefix(

@@ -590,6 +590,62 @@ def verify_sampled(
     return accepted.to(draft_tokens.dtype), out.to(draft_tokens.dtype)
 
 
+def verify_sampled_ragged(
+    draft_token_ids: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
+    max_num_drafts: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_sampled`` in ``verify_ragged``'s flattened layout, request by request.
+
+    draft_token_ids [N], cu_num_draft_tokens [B] and target_logits [N + B, V] as
+    ``verify_ragged`` (request b: K_b = cu[b] - cu[b-1] drafts from cu[b-1], K_b + 1 logits
+    rows from cu[b-1] + b); draft_probs [N, V] or None (row cu[b-1] + j: the distribution
+    request b's draft j was sampled from); temperature, seeds, offsets, top_k, top_p, min_p [B]
+    as ``verify_sampled``. Returns accepted [B] and out_tokens [B, W] (W as ``verify_ragged``):
+    request b's outputs are exactly ``verify_sampled``'s for that request alone (its drafts,
+    rows, q rows, seed, offset and filters), its row padded with pad_id up to W.
+    """
+    cu = [0] + [int(c) for c in cu_num_draft_tokens.tolist()]
+    B = len(cu) - 1
+    counts = [cu[b + 1] - cu[b] for b in range(B)]
+    W = (max(counts, default=0) if max_num_drafts is None else max_num_drafts) + 1
+    assert all(0 <= k < W for k in counts) and cu[B] == draft_token_ids.shape[0]
+    assert target_logits.shape[0] == cu[B] + B
+    accepted = draft_token_ids.new_zeros((B,))
+    out = draft_token_ids.new_full((B, W), pad_id)
+
+    def one(t: Optional[torch.Tensor], b: int) -> Optional[torch.Tensor]:
+        return None if t is None else t[b : b + 1]
+
+    for b in range(B):
+        k, start = counts[b], cu[b]
+        acc, tokens = verify_sampled(
+            draft_token_ids[start : start + k][None],
+            None if draft_probs is None else draft_probs[start : start + k][None],
+            target_logits[start + b : start + b + k + 1][None],
+            temperature[b : b + 1],
+            seeds[b : b + 1],
+            one(offsets, b),
+            None,
+            pad_id,
+            one(top_k, b),
+            one(top_p, b),
+            one(min_p, b),
+        )
+        accepted[b] = acc[0]
+        out[b, : k + 1] = tokens[0]
+    return accepted, out
+
+
 def verify_lenient(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,

@@ -37,10 +37,11 @@ def test_fallbacks_are_registered_for_cuda():
 
 
 def test_c_api_names_are_assigned_to_the_longest_op():
-    capi = backend_table.c_api(["verify", "verify_ragged", "verify_sampled", "linear"])
+    capi = backend_table.c_api(["verify", "verify_ragged", "verify_sampled", "verify_sampled_ragged", "linear"])
     assert capi["verify"] == ["mtp_verify"]
     assert capi["verify_ragged"] == ["mtp_verify_ragged"]
     assert capi["verify_sampled"] == ["mtp_verify_sampled", "mtp_verify_sampled_filtered"]
+    assert capi["verify_sampled_ragged"] == ["mtp_verify_sampled_ragged"]
     assert "mtp_linear_q8dot" in capi["linear"]
 
 

@@ -34,6 +34,9 @@ from test_attention import (
 from test_linear import BAD_LINEAR
 from test_linear_q8 import BAD_Q8
 from test_verify import BAD_VERIFY, FLOATS, IDS, accept_cases, make_case
+from test_verify_sampled_ragged import BAD as BAD_SAMPLED_RAGGED
+from test_verify_sampled_ragged import good_args as sampled_ragged_args
+from test_verify_sampled_ragged import ragged_case
 
 triton_mod = pytest.importorskip("mtp_kernels.triton")
 
@@ -661,6 +664,37 @@ def test_verify_sampled_filters_equal_cpu_op(backend, gen, with_q):
     min_p = torch.tensor([0.0, 0.1, 0.01, 0.0, 0.2, 0.0])
     check_sampled(backend, drafts, q, logits, temp, seeds, offsets, nd, -1, top_k, top_p, min_p)
     check_sampled(backend, drafts, q, logits, temp, seeds, offsets, nd, -1, top_k.int(), None, None)
+
+
+@pytest.mark.parametrize("with_q", [False, True], ids=["onehot", "draft_probs"])
+def test_verify_sampled_ragged_equals_cpu_op(backend, gen, with_q):
+    """The flattened layout (HAS_FIRST): per-request drafts, q rows and logits rows, the CPU
+    op's bits; K_b = 0 among others, filters on and off, strided views, max_num_drafts."""
+    impl, device = backend
+    fn = triton_mod.verify_sampled_ragged if impl == "triton" else torch.ops.mtp.verify_sampled_ragged
+    for counts, V, dtype, filt, width in [
+        ([2, 0, 3], 300, torch.float32, True, None),
+        ([0, 1, 0, 2], 40, torch.bfloat16, False, 4),
+        ([], 5, torch.float32, True, None),
+    ]:
+        flat, _, filters = ragged_case(gen, counts, V, dtype, torch.int64, with_q, filt)
+        if counts:
+            flat = (flat[0].int(), flat[1], flat[2], flat[3].t().contiguous().t(), *flat[4:])
+        want = torch.ops.mtp.verify_sampled_ragged(*flat, 7, **filters, max_num_drafts=width)
+
+        def to(t):
+            return t.to(device) if isinstance(t, torch.Tensor) else t
+
+        got = fn(*[to(a) for a in flat], 7, **{k: to(v) for k, v in filters.items()}, max_num_drafts=width)
+        for g, w in zip(got, want):
+            assert g.device.type == device and g.dtype == w.dtype and g.shape == w.shape
+            assert torch.equal(g.cpu(), w), (g, w)
+
+
+@pytest.mark.parametrize("change,message", BAD_SAMPLED_RAGGED[:8], ids=[m[:40] for _, m in BAD_SAMPLED_RAGGED[:8]])
+def test_verify_sampled_ragged_bad_input(change, message):
+    with pytest.raises(RuntimeError, match=r"mtp\.verify_sampled_ragged: .*" + re.escape(message)):
+        triton_mod.verify_sampled_ragged(**sampled_ragged_args(**change))
 
 
 def test_verify_sampled_temperature_zero_is_verify(backend, gen):

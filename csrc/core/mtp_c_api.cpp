@@ -280,8 +280,8 @@ const float* contiguous_table(const mtp_tensor* t, std::vector<char>* tmp) {
 // A [B] view whose dtype (among ok) stores T, checked, as values.
 template <class T>
 bool vector_of(Checker& c, const char* name, const mtp_tensor* t, int64_t B, std::initializer_list<mtp_dtype> ok,
-               std::vector<T>* out) {
-  if (!c.tensor(name, t, 1, "[B]", ok) || !c.size(name, t, 0, B, "B (draft_tokens.sizes[0])")) return false;
+               std::vector<T>* out, const char* b_what = "B (draft_tokens.sizes[0])") {
+  if (!c.tensor(name, t, 1, "[B]", ok) || !c.size(name, t, 0, B, b_what)) return false;
   out->resize(size_t(B));
   for (int64_t b = 0; b < B; ++b) (*out)[size_t(b)] = static_cast<const T*>(t->data)[b * t->strides[0]];
   return true;
@@ -616,6 +616,46 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
   });
 }
 
+// The arguments mtp_verify_ragged and mtp_verify_sampled_ragged share, checked: the layout
+// from cu's values into *l, the kernel arguments into *a (pointers into *l).
+bool ragged_front(Checker& c, const mtp_tensor* draft_token_ids, const mtp_tensor* cu_num_draft_tokens,
+                const mtp_tensor* target_logits, int64_t pad_id, const mtp_tensor* accepted,
+                const mtp_tensor* out_tokens, int32_t num_threads, VerifyArgs* a, RaggedLayout* l, int* threads) {
+  if (!c.tensor("draft_token_ids", draft_token_ids, 1, "[N]", kIdTypes) ||
+      !c.tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, "[B]", kIdTypes) ||
+      !c.tensor("target_logits", target_logits, 2, "[N + B, V]", kFloatTypes))
+    return false;
+  const int64_t N = draft_token_ids->sizes[0], B = cu_num_draft_tokens->sizes[0], V = target_logits->sizes[1];
+  if (!c.ok(ragged_rows_error(N, B, target_logits->sizes[0], "target_logits.sizes[0]"))) return false;
+  if (V < 1) return c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
+  if (!c.ok(pad_id_error(pad_id, draft_token_ids->dtype == MTP_INT32)) ||
+      !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_token_ids)) ||
+      !c.size("accepted", accepted, 0, B, "B (cu_num_draft_tokens.sizes[0])") ||
+      !c.tensor("out_tokens", out_tokens, 2, "[B, W]", same_as(draft_token_ids)) ||
+      !c.size("out_tokens", out_tokens, 0, B, "B (cu_num_draft_tokens.sizes[0])"))
+    return false;
+  const int64_t W = out_tokens->sizes[1];
+  if (W < 1) return c.fail(MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[1] = W must be >= 1 (the bonus token), got 0");
+  std::vector<int64_t> cu(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) cu[size_t(b)] = load_id(cu_num_draft_tokens, b * cu_num_draft_tokens->strides[0]);
+  if (!c.ok(ragged_layout_error(cu.data(), B, N, "draft_token_ids.sizes[0]", l)) ||
+      !c.ok(ragged_cap_error("out_tokens.sizes[1] - 1", W - 1, l)) || !c.threads(num_threads, threads) ||
+      !no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
+                   {{"draft_token_ids", draft_token_ids},
+                    {"cu_num_draft_tokens", cu_num_draft_tokens},
+                    {"target_logits", target_logits}}))
+    return false;
+  a->B = B; a->K = W - 1; a->V = V;
+  a->logits = target_logits->data;
+  a->logits_dtype = float_dtype(target_logits->dtype);
+  a->logits_stride[0] = 0;
+  a->logits_stride[1] = target_logits->strides[0];
+  a->logits_stride[2] = target_logits->strides[1];
+  a->num_drafts = l->num_drafts.data();
+  a->first_row = l->first_row.data();
+  return true;
+}
+
 }  // namespace
 }  // namespace mtp::capi
 
@@ -650,39 +690,12 @@ mtp_status mtp_verify_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor
                              const mtp_tensor* out_tokens, int32_t num_threads) {
   return guarded("mtp_verify_ragged", [&](Checker& c) {
     int threads = 1;
-    if (!c.tensor("draft_token_ids", draft_token_ids, 1, "[N]", kIdTypes) ||
-        !c.tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, "[B]", kIdTypes) ||
-        !c.tensor("target_logits", target_logits, 2, "[N + B, V]", kFloatTypes))
-      return c.status;
-    const int64_t N = draft_token_ids->sizes[0], B = cu_num_draft_tokens->sizes[0], V = target_logits->sizes[1];
-    if (!c.ok(ragged_rows_error(N, B, target_logits->sizes[0], "target_logits.sizes[0]"))) return c.status;
-    if (V < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
-    if (!c.ok(pad_id_error(pad_id, draft_token_ids->dtype == MTP_INT32)) ||
-        !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_token_ids)) ||
-        !c.size("accepted", accepted, 0, B, "B (cu_num_draft_tokens.sizes[0])") ||
-        !c.tensor("out_tokens", out_tokens, 2, "[B, W]", same_as(draft_token_ids)) ||
-        !c.size("out_tokens", out_tokens, 0, B, "B (cu_num_draft_tokens.sizes[0])"))
-      return c.status;
-    const int64_t W = out_tokens->sizes[1];
-    if (W < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[1] = W must be >= 1 (the bonus token), got 0");
-    std::vector<int64_t> cu(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) cu[size_t(b)] = load_id(cu_num_draft_tokens, b * cu_num_draft_tokens->strides[0]);
-    RaggedLayout l;
-    if (!c.ok(ragged_layout_error(cu.data(), B, N, "draft_token_ids.sizes[0]", &l)) ||
-        !c.ok(ragged_cap_error("out_tokens.sizes[1] - 1", W - 1, &l)) || !c.threads(num_threads, &threads) ||
-        !no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
-                     {{"draft_token_ids", draft_token_ids},
-                      {"cu_num_draft_tokens", cu_num_draft_tokens},
-                      {"target_logits", target_logits}}))
-      return c.status;
     VerifyArgs a;
-    a.B = B; a.K = W - 1; a.V = V;
-    a.logits = target_logits->data;
-    a.logits_dtype = float_dtype(target_logits->dtype);
-    a.logits_stride[1] = target_logits->strides[0];
-    a.logits_stride[2] = target_logits->strides[1];
-    a.num_drafts = l.num_drafts.data();
-    a.first_row = l.first_row.data();
+    RaggedLayout l;
+    if (!ragged_front(c, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, accepted, out_tokens, num_threads,
+                      &a, &l, &threads))
+      return c.status;
+    const int64_t B = a.B, W = a.K + 1;
     std::vector<int64_t> target(size_t(B) * size_t(W), 0);
     greedy_targets(a, target.data(), threads, current_isa(), ThreadParallelFor{threads});
     with_id_type(draft_token_ids, [&](auto id) {
@@ -699,17 +712,18 @@ mtp_status mtp_verify_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor
 // The per-request filters of mtp_verify_sampled_filtered: top_k int32|int64, top_p and min_p
 // float32, each [B] or NULL (off), every value checked.
 bool filters_of(Checker& c, const mtp_tensor* top_k, const mtp_tensor* top_p, const mtp_tensor* min_p, int64_t B,
-                std::vector<Filters>* f) {
+                std::vector<Filters>* f, const char* b_what = "B (draft_tokens.sizes[0])") {
   f->assign(size_t(B), Filters{});
   std::vector<int64_t> k64;
   std::vector<int32_t> k32;
   std::vector<float> p, mp;
   static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i32 = {MTP_INT32}, i64 = {MTP_INT64};
   if (top_k && !(c.tensor("top_k", top_k, 1, "[B]", kIdTypes) &&
-                 (top_k->dtype == MTP_INT32 ? vector_of(c, "top_k", top_k, B, i32, &k32)
-                                            : vector_of(c, "top_k", top_k, B, i64, &k64))))
+                 (top_k->dtype == MTP_INT32 ? vector_of(c, "top_k", top_k, B, i32, &k32, b_what)
+                                            : vector_of(c, "top_k", top_k, B, i64, &k64, b_what))))
     return false;
-  if ((top_p && !vector_of(c, "top_p", top_p, B, f32, &p)) || (min_p && !vector_of(c, "min_p", min_p, B, f32, &mp)))
+  if ((top_p && !vector_of(c, "top_p", top_p, B, f32, &p, b_what)) ||
+      (min_p && !vector_of(c, "min_p", min_p, B, f32, &mp, b_what)))
     return false;
   for (size_t b = 0; b < size_t(B); ++b) {
     Filters& g = (*f)[b];
@@ -780,6 +794,67 @@ mtp_status mtp_verify_sampled_filtered(const mtp_tensor* draft_tokens, const mtp
       using I = decltype(id);
       verify_sampled<I>(a, ids<const I>(draft_tokens), static_cast<I*>(accepted->data), accepted->strides[0],
                         ids<I>(out_tokens), current_isa(), ThreadParallelFor{threads});
+    });
+    return MTP_OK;
+  });
+}
+
+mtp_status mtp_verify_sampled_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor* draft_probs,
+                                     const mtp_tensor* cu_num_draft_tokens, const mtp_tensor* target_logits,
+                                     const mtp_tensor* temperature, const mtp_tensor* top_k, const mtp_tensor* top_p,
+                                     const mtp_tensor* min_p, const mtp_tensor* seeds, const mtp_tensor* offsets,
+                                     int64_t pad_id, const mtp_tensor* accepted, const mtp_tensor* out_tokens,
+                                     int32_t num_threads) {
+  return guarded("mtp_verify_sampled_ragged", [&](Checker& c) {
+    static constexpr const char* b_what = "B (cu_num_draft_tokens.sizes[0])";
+    int threads = 1;
+    SampledArgs a;
+    RaggedLayout l;
+    if (!ragged_front(c, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, accepted, out_tokens, num_threads,
+                      &a.v, &l, &threads))
+      return c.status;
+    const int64_t B = a.v.B, N = draft_token_ids->sizes[0];
+    static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i64 = {MTP_INT64};
+    std::vector<float> tf;
+    std::vector<int64_t> seed, offset(size_t(B), 0);
+    if (!vector_of(c, "temperature", temperature, B, f32, &tf, b_what) ||
+        !vector_of(c, "seeds", seeds, B, i64, &seed, b_what) ||
+        (offsets && !vector_of(c, "offsets", offsets, B, i64, &offset, b_what)))
+      return c.status;
+    std::vector<double> temp(tf.begin(), tf.end());
+    for (int64_t b = 0; b < B; ++b)
+      if (!c.ok(temperature_error(b, temp[size_t(b)]))) return c.status;
+    std::vector<Filters> filters;
+    if (!filters_of(c, top_k, top_p, min_p, B, &filters, b_what)) return c.status;
+    if (draft_probs) {
+      if (!c.tensor("draft_probs", draft_probs, 2, "[N, V]", kFloatTypes) ||
+          !c.size("draft_probs", draft_probs, 0, N, "N (draft_token_ids.sizes[0])") ||
+          !c.size("draft_probs", draft_probs, 1, a.v.V, "V (target_logits.sizes[1])") ||
+          !c.ok(draft_probs_error(draft_probs->data, float_dtype(draft_probs->dtype), draft_probs->sizes,
+                                  draft_probs->strides, 2)))
+        return c.status;
+      a.q = draft_probs->data;
+      a.q_dtype = float_dtype(draft_probs->dtype);
+      a.q_stride[0] = 0;
+      a.q_stride[1] = draft_probs->strides[0];
+      a.q_stride[2] = draft_probs->strides[1];
+      a.q_first = l.draft_start.data();
+    }
+    if (!no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
+                     {{"draft_probs", draft_probs}, {"temperature", temperature}, {"seeds", seeds}, {"offsets", offsets},
+                      {"top_k", top_k}, {"top_p", top_p}, {"min_p", min_p}}))
+      return c.status;
+    a.temperature = temp.data();
+    a.filters = filters.data();
+    a.seed = seed.data();
+    a.offset = offset.data();
+    a.pad = pad_id;
+    with_id_type(draft_token_ids, [&](auto id) {
+      using I = decltype(id);
+      const IdView<const I> drafts{static_cast<const I*>(draft_token_ids->data), {0, draft_token_ids->strides[0]},
+                                   l.draft_start.data()};
+      verify_sampled<I>(a, drafts, static_cast<I*>(accepted->data), accepted->strides[0], ids<I>(out_tokens),
+                        current_isa(), ThreadParallelFor{threads});
     });
     return MTP_OK;
   });

@@ -14,6 +14,7 @@ constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kSampled = "mtp.verify_sampled";
 constexpr const char* kLenient = "mtp.verify_lenient";
 constexpr const char* kRagged = "mtp.verify_ragged";
+constexpr const char* kSampledRagged = "mtp.verify_sampled_ragged";
 
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
@@ -81,12 +82,15 @@ at::Tensor accept_prefix_cpu(const at::Tensor& draft_tokens, const at::Tensor& t
   return accepted;
 }
 
-// A [B] fp32 vector of temperatures (values: >= 0 and finite), as doubles.
-std::vector<double> checked_temperatures(const char* op, const at::Tensor& temp, int64_t B) {
+constexpr const char* kBOfDrafts = "B (draft_tokens.size(0))";
+
+// A [B] fp32 vector of temperatures (values: >= 0 and finite), as doubles (b_what: where B comes from).
+std::vector<double> checked_temperatures(const char* op, const at::Tensor& temp, int64_t B,
+                                         const char* b_what = kBOfDrafts) {
   check_cpu(op, "temperature", temp);
   check_dtype(op, "temperature", temp, {at::kFloat});
   check_dim(op, "temperature", temp, 1, "[B]");
-  check_size(op, "temperature", temp, 0, B, "B (draft_tokens.size(0))");
+  check_size(op, "temperature", temp, 0, B, b_what);
   std::vector<double> out(B);
   const float* p = temp.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
@@ -97,12 +101,13 @@ std::vector<double> checked_temperatures(const char* op, const at::Tensor& temp,
 }
 
 // seeds / offsets: int64 [B] (offsets default 0), as values.
-std::vector<int64_t> checked_keys(const char* op, const char* name, const c10::optional<at::Tensor>& t, int64_t B) {
+std::vector<int64_t> checked_keys(const char* op, const char* name, const c10::optional<at::Tensor>& t, int64_t B,
+                                  const char* b_what = kBOfDrafts) {
   if (!t.has_value()) return std::vector<int64_t>(B, 0);
   check_cpu(op, name, *t);
   check_dtype(op, name, *t, {at::kLong});
   check_dim(op, name, *t, 1, "[B]");
-  check_size(op, name, *t, 0, B, "B (draft_tokens.size(0))");
+  check_size(op, name, *t, 0, B, b_what);
   std::vector<int64_t> out(B);
   const int64_t* p = t->data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) out[b] = p[b * t->stride(0)];
@@ -112,13 +117,13 @@ std::vector<int64_t> checked_keys(const char* op, const char* name, const c10::o
 // top_k (int32|int64), top_p, min_p (fp32), each [B] or absent (off), checked per request.
 std::vector<Filters> checked_filters(const char* op, const c10::optional<at::Tensor>& top_k,
                                      const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& min_p,
-                                     int64_t B) {
+                                     int64_t B, const char* b_what = kBOfDrafts) {
   std::vector<Filters> f(B);
   const auto vector_of = [&](const char* name, const at::Tensor& t, std::initializer_list<at::ScalarType> dtypes) {
     check_cpu(op, name, t);
     check_dtype(op, name, t, dtypes);
     check_dim(op, name, t, 1, "[B]");
-    check_size(op, name, t, 0, B, "B (draft_tokens.size(0))");
+    check_size(op, name, t, 0, B, b_what);
   };
   if (top_k.has_value()) {
     vector_of("top_k", *top_k, {at::kInt, at::kLong});
@@ -183,6 +188,55 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
   return {accepted, out};
 }
 
+// verify_sampled in the flattened ragged layout: verify_sampled's kernel with verify_ragged's
+// per-request row offsets (cu read here), draft_probs [N, V] with per-request q rows.
+std::tuple<at::Tensor, at::Tensor> verify_sampled_ragged_cpu(
+    const at::Tensor& draft_token_ids, const c10::optional<at::Tensor>& draft_probs,
+    const at::Tensor& cu_num_draft_tokens, const at::Tensor& target_logits, const at::Tensor& temperature,
+    const at::Tensor& seeds, const c10::optional<at::Tensor>& offsets, int64_t pad_id,
+    const c10::optional<at::Tensor>& top_k, const c10::optional<at::Tensor>& top_p,
+    const c10::optional<at::Tensor>& min_p, c10::optional<int64_t> max_num_drafts) {
+  constexpr const char* op = kSampledRagged;
+  constexpr const char* b_what = "B (cu_num_draft_tokens.size(0))";
+  check_ragged_inputs(op, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, max_num_drafts, at::kCPU);
+  const int64_t N = draft_token_ids.size(0), B = cu_num_draft_tokens.size(0), V = target_logits.size(1);
+  const std::vector<double> temp = checked_temperatures(op, temperature, B, b_what);
+  const std::vector<int64_t> seed = checked_keys(op, "seeds", seeds, B, b_what);
+  const std::vector<int64_t> offset = checked_keys(op, "offsets", offsets, B, b_what);
+  const std::vector<Filters> filters = checked_filters(op, top_k, top_p, min_p, B, b_what);
+  SampledArgs a;
+  if (draft_probs.has_value()) {
+    const at::Tensor& dp = *draft_probs;
+    check_cpu(op, "draft_probs", dp);
+    check_dtype(op, "draft_probs", dp, kFloatTypes);
+    check_dim(op, "draft_probs", dp, 2, "[N, V]");
+    check_size(op, "draft_probs", dp, 0, N, "N (draft_token_ids.size(0))");
+    check_size(op, "draft_probs", dp, 1, V, "V (target_logits.size(1))");
+    a.q = dp.data_ptr();
+    a.q_dtype = to_dtype(dp.scalar_type());
+    a.q_stride[0] = 0;
+    a.q_stride[1] = dp.stride(0);
+    a.q_stride[2] = dp.stride(1);
+    check_ok(op, draft_probs_error(a.q, a.q_dtype, dp.sizes().data(), dp.strides().data(), 2));
+  }
+  const RaggedLayout l = checked_ragged_layout(op, cu_num_draft_tokens, N, max_num_drafts);
+  const int64_t W = l.width;
+  a.v = ragged_verify_args(target_logits, B, W, l.num_drafts.data(), l.first_row.data());
+  a.q_first = l.draft_start.data();
+  a.filters = filters.data();
+  a.temperature = temp.data();
+  a.seed = seed.data();
+  a.offset = offset.data();
+  a.pad = pad_id;
+  auto opts = draft_token_ids.options();
+  at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, W}, opts);
+  AT_DISPATCH_INDEX_TYPES(draft_token_ids.scalar_type(), "verify_sampled_ragged", [&] {
+    verify_sampled<index_t>(a, ragged_ids<const index_t>(draft_token_ids, l.draft_start.data()),
+                            accepted.data_ptr<index_t>(), 1, ids<index_t>(out), current_isa(), TorchParallelFor{});
+  });
+  return {accepted, out};
+}
+
 // Not lossless (lenient.h): accepts near-greedy drafts too.
 std::tuple<at::Tensor, at::Tensor> verify_lenient_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                                                       const c10::optional<at::Tensor>& num_drafts, int64_t top_k,
@@ -211,6 +265,7 @@ TORCH_LIBRARY_IMPL(mtp, CPU, m) {
   m.impl("verify", &verify_cpu);
   m.impl("accept_prefix", &accept_prefix_cpu);
   m.impl("verify_ragged", &verify_ragged_cpu);
+  m.impl("verify_sampled_ragged", &verify_sampled_ragged_cpu);
 }
 
 }  // namespace mtp::cpu

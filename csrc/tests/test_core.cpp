@@ -753,7 +753,7 @@ static void test_sampling() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s argmax|verify|verify_ragged|verify_ragged_errors|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|exp_fixed|sparse_ordered_sum|top_p_key [isa]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s argmax|verify|verify_ragged|verify_ragged_errors|accept_prefix|errors|threads|isa|attention|cache_append|linear|linear_q8|linear_q8dot|gguf|gguf_capi|gguf_capi_errors|ops_errors|rowwise|decoder|sampling|sampling_capi|sampling_errors|sampling_ragged_capi|sampling_ragged_errors|exp_fixed|sparse_ordered_sum|top_p_key [isa]\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
@@ -780,6 +780,8 @@ int main(int argc, char** argv) {
   else if (which == "sampling") test_sampling();
   else if (which == "sampling_capi") test_sampling_capi();
   else if (which == "sampling_errors") test_sampling_errors();
+  else if (which == "sampling_ragged_capi") test_sampling_ragged_capi();
+  else if (which == "sampling_ragged_errors") test_sampling_ragged_errors();
   else if (which == "exp_fixed") test_exp_fixed();
   else if (which == "sparse_ordered_sum") test_sparse_ordered_sum();
   else if (which == "top_p_key") test_top_p_key();

@@ -200,6 +200,168 @@ void test_sampling_errors() {
   BAD_SAMPLED((c.filtered = true, c.pv.sizes[0] = 3), MTP_ERROR_INVALID_ARGUMENT, "top_p.sizes[0] must equal B");
 }
 
+// ---------------------------------------------------------------- the flattened ragged layout
+// mtp_verify_sampled_ragged: request b equals the scalar kernel on its own drafts, rows and q
+// rows (sample_request with no ragged offsets), every dtype, filters, 1-3 threads.
+template <class I>
+void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt, mtp_dtype qt, bool with_q,
+                     bool filtered, int threads, int64_t W) {
+  std::normal_distribution<float> normal(0.f, 3.f);
+  const int64_t B = int64_t(counts.size());
+  int64_t N = 0;
+  std::vector<int64_t> cu(size_t(std::max<int64_t>(B, 1)), 0), start(cu.size(), 0);
+  for (int64_t b = 0; b < B; ++b) start[size_t(b)] = N, N += counts[size_t(b)], cu[size_t(b)] = N;
+  // Logits [N + B, V] with padded rows (stride V + 2); draft_probs [N, V] transposed (strides {1, N}).
+  const int64_t ls = V + 2;
+  Floats logits(lt, size_t((N + B) * ls)), q(qt, size_t(N * V));
+  for (int64_t i = 0; i < (N + B) * ls; ++i) logits.set(i, normal(rng));
+  for (int64_t j = 0; j < N; ++j) {
+    std::vector<float> row(static_cast<size_t>(V));
+    float sum = 0;
+    for (auto& v : row) sum += (v = std::exp(normal(rng) / 2));
+    for (int64_t i = 0; i < V; ++i) q.set(j + i * N, row[size_t(i)] / sum);
+  }
+  std::vector<I> draft(size_t(std::max<int64_t>(N, 1)));
+  for (auto& d : draft) d = I(uniform(-1, V));
+  std::vector<float> temp(cu.size()), top_p(cu.size(), 1.f), min_p(cu.size(), 0.f);
+  std::vector<int64_t> seeds(cu.size()), offsets(cu.size()), top_k(cu.size(), 0);
+  std::vector<mtp::Filters> filters(cu.size());
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = size_t(b);
+    temp[i] = b % 3 == 0 ? 0.f : float(uniform(1, 200)) / 100.f;
+    seeds[i] = uniform(-1000, 1000);
+    offsets[i] = uniform(0, 1 << 20);
+    if (filtered) {
+      top_k[i] = uniform(0, 2) ? uniform(0, V + 1) : 0;
+      top_p[i] = uniform(0, 2) ? float(uniform(1, 100)) / 100.f : 1.f;
+      min_p[i] = uniform(0, 3) ? 0.f : float(uniform(0, 60)) / 100.f;
+      filters[i] = {top_k[i], top_p[i], min_p[i]};
+    }
+  }
+  const mtp_dtype it = sizeof(I) == 4 ? MTP_INT32 : MTP_INT64;
+  auto view = [](void* p, mtp_dtype t, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides) {
+    mtp_tensor v{};
+    v.data = p; v.dtype = t; v.ndim = int32_t(sizes.size());
+    int d = 0;
+    for (int64_t s : sizes) v.sizes[d++] = s;
+    d = 0;
+    for (int64_t s : strides) v.strides[d++] = s;
+    return v;
+  };
+  std::vector<I> acc(cu.size(), I(-99)), out(size_t(std::max<int64_t>(B * W, 1)), I(-99));
+  mtp_tensor dv = view(draft.data(), it, {N}, {1}), cv = view(cu.data(), MTP_INT64, {B}, {1}),
+             lv = view(logits.data(), lt, {N + B, V}, {ls, 1}), qv = view(q.data(), qt, {N, V}, {1, N}),
+             tv = view(temp.data(), MTP_FLOAT32, {B}, {1}), sv = view(seeds.data(), MTP_INT64, {B}, {1}),
+             ov = view(offsets.data(), MTP_INT64, {B}, {1}), kv = view(top_k.data(), MTP_INT64, {B}, {1}),
+             pv = view(top_p.data(), MTP_FLOAT32, {B}, {1}), mv = view(min_p.data(), MTP_FLOAT32, {B}, {1}),
+             av = view(acc.data(), it, {B}, {1}), outv = view(out.data(), it, {B, W}, {W, 1});
+  const mtp_status st = mtp_verify_sampled_ragged(&dv, with_q ? &qv : nullptr, &cv, &lv, &tv, filtered ? &kv : nullptr,
+                                                  filtered ? &pv : nullptr, filtered ? &mv : nullptr, &sv, &ov, -7, &av,
+                                                  &outv, threads);
+  EXPECT(st == MTP_OK, "mtp_verify_sampled_ragged failed: %s", mtp_last_error());
+  const size_t qsize = qt == MTP_FLOAT32 ? 4 : 2;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t k = counts[size_t(b)], s = start[size_t(b)];
+    // Request b alone, as verify_sampled's [1, k, V] view: no ragged offsets.
+    mtp::VerifyArgs a;
+    a.B = 1; a.K = k; a.V = V; a.logits_dtype = mtp::DType(int(lt));
+    a.logits = static_cast<const char*>(logits.data()) + (s + b) * ls * (lt == MTP_FLOAT32 ? 4 : 2);
+    a.logits_stride[0] = 0; a.logits_stride[1] = ls; a.logits_stride[2] = 1;
+    const int64_t qs[2] = {1, N};
+    const void* qrow = with_q ? static_cast<const char*>(q.data()) + s * qsize : nullptr;
+    std::vector<I> want(size_t(k + 1));
+    const int64_t n = mtp::sample_request<I>(a, 0, draft.data() + s, 1, qrow, mtp::DType(int(qt)), qs,
+                                             temp[size_t(b)], filters[size_t(b)], seeds[size_t(b)],
+                                             offsets[size_t(b)], k, -7, want.data(), 1, mtp::current_isa());
+    EXPECT(int64_t(acc[size_t(b)]) == n, "%s V=%lld q=%d b=%lld: accepted %lld want %lld", name_of(lt), (long long)V,
+           int(with_q), (long long)b, (long long)acc[size_t(b)], (long long)n);
+    for (int64_t t = 0; t < W; ++t) {
+      const int64_t w = t <= k ? int64_t(want[size_t(t)]) : -7;
+      EXPECT(int64_t(out[size_t(b * W + t)]) == w, "%s V=%lld b=%lld t=%lld: %lld want %lld", name_of(lt),
+             (long long)V, (long long)b, (long long)t, (long long)out[size_t(b * W + t)], (long long)w);
+    }
+  }
+}
+
+void test_sampling_ragged_capi() {
+  const std::vector<std::vector<int64_t>> layouts = {{}, {0}, {3}, {2, 0, 5, 1}, {0, 4, 0}, {1, 1, 1, 1, 1}};
+  int cases = 0;
+  for (mtp_dtype lt : kFloatTypes)
+    for (bool with_q : {false, true})
+      for (int64_t V : {1, 7, 300, 1100})
+        for (const auto& counts : layouts) {
+          int64_t W = 1;
+          for (int64_t k : counts) W = std::max(W, k + 1);
+          const mtp_dtype qt = kFloatTypes[cases % 3];
+          if (cases % 2) run_ragged_case<int32_t>(counts, V, lt, qt, with_q, cases % 4 == 1, 1 + cases % 3, W);
+          else run_ragged_case<int64_t>(counts, V, lt, qt, with_q, cases % 4 == 2, cases % 3, W + cases % 3);
+          ++cases;
+        }
+  std::printf("sampling_ragged_capi: %d cases on %s\n", cases, mtp_get_isa());
+}
+
+namespace {
+// A valid call (N = 4, B = 3, counts {2, 0, 2}, V = 5, W = 3) that each check below breaks.
+struct SampledRaggedCall {
+  std::vector<int64_t> draft = {1, 2, 3, 4}, cu = {2, 2, 4}, seeds = {1, 2, 3}, offsets = {0, 0, 0},
+                       acc = {-99, -99, -99}, out = std::vector<int64_t>(9, -99), top_k = {0, 3, 1};
+  std::vector<float> logits = std::vector<float>(7 * 5, 0.f), q = std::vector<float>(4 * 5, 0.2f),
+                     temp = {1.f, 0.f, 0.5f}, top_p = {1.f, 0.5f, 0.9f}, min_p = {0.f, 0.25f, 0.f};
+  mtp_tensor d, c, l, qv, tv, sv, ov, a, o, kv, pv, mv;
+  mtp_tensor *qp = &qv, *op = &ov, *tp = &tv;
+  int32_t threads = 1;
+  SampledRaggedCall() {
+    int64_t ns[1] = {4}, bs[1] = {3}, ls[2] = {7, 5}, qs[2] = {4, 5}, os[2] = {3, 3};
+    d = mtp_contiguous(draft.data(), MTP_INT64, 1, ns);
+    c = mtp_contiguous(cu.data(), MTP_INT64, 1, bs);
+    l = mtp_contiguous(logits.data(), MTP_FLOAT32, 2, ls);
+    qv = mtp_contiguous(q.data(), MTP_FLOAT32, 2, qs);
+    tv = mtp_contiguous(temp.data(), MTP_FLOAT32, 1, bs);
+    sv = mtp_contiguous(seeds.data(), MTP_INT64, 1, bs);
+    ov = mtp_contiguous(offsets.data(), MTP_INT64, 1, bs);
+    a = mtp_contiguous(acc.data(), MTP_INT64, 1, bs);
+    o = mtp_contiguous(out.data(), MTP_INT64, 2, os);
+    kv = mtp_contiguous(top_k.data(), MTP_INT64, 1, bs);
+    pv = mtp_contiguous(top_p.data(), MTP_FLOAT32, 1, bs);
+    mv = mtp_contiguous(min_p.data(), MTP_FLOAT32, 1, bs);
+  }
+  mtp_status run() {
+    return mtp_verify_sampled_ragged(&d, qp, &c, &l, tp, &kv, &pv, &mv, &sv, op, -1, &a, &o, threads);
+  }
+  bool untouched() const {
+    for (int64_t v : acc) if (v != -99) return false;
+    for (int64_t v : out) if (v != -99) return false;
+    return true;
+  }
+};
+#define BAD_SAMPLED_RAGGED(mutation, status, needle) BAD_CALL(SampledRaggedCall, mutation, status, needle)
+}  // namespace
+
+void test_sampling_ragged_errors() {
+  {
+    SampledRaggedCall c;
+    EXPECT(c.run() == MTP_OK, "baseline: %s", mtp_last_error());
+  }
+  BAD_SAMPLED_RAGGED(c.cu[1] = 1, MTP_ERROR_INVALID_ARGUMENT,
+                     "mtp_verify_sampled_ragged: cu_num_draft_tokens must hold non-decreasing inclusive cumulative "
+                     "counts, got cu_num_draft_tokens[1] = 1 < cu_num_draft_tokens[0] = 2");
+  BAD_SAMPLED_RAGGED(c.cu[2] = 3, MTP_ERROR_INVALID_ARGUMENT, "cu_num_draft_tokens must end at N");
+  BAD_SAMPLED_RAGGED(c.l.sizes[0] = 6, MTP_ERROR_INVALID_ARGUMENT, "target_logits.sizes[0] must equal N + B");
+  BAD_SAMPLED_RAGGED(c.o.sizes[1] = 2, MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[1] - 1 = 1 is smaller than");
+  BAD_SAMPLED_RAGGED(c.qv.sizes[0] = 3, MTP_ERROR_INVALID_ARGUMENT, "draft_probs.sizes[0] must equal N");
+  BAD_SAMPLED_RAGGED(c.q[7] = -0.1f, MTP_ERROR_INVALID_ARGUMENT,
+                     "draft_probs must be probabilities (finite, >= 0), got draft_probs[1, 2] = -0.1");
+  BAD_SAMPLED_RAGGED(c.temp[2] = -0.5f, MTP_ERROR_INVALID_ARGUMENT,
+                     "temperature must be finite and >= 0, got temperature[2] = -0.5");
+  BAD_SAMPLED_RAGGED(c.tv.sizes[0] = 2, MTP_ERROR_INVALID_ARGUMENT,
+                     "temperature.sizes[0] must equal B (cu_num_draft_tokens.sizes[0])");
+  BAD_SAMPLED_RAGGED(c.tp = nullptr, MTP_ERROR_NULL_POINTER, "mtp_verify_sampled_ragged: temperature is NULL");
+  BAD_SAMPLED_RAGGED(c.top_p[0] = 0.f, MTP_ERROR_INVALID_ARGUMENT, "top_p must lie in (0, 1] (1: off), got top_p[0] = 0");
+  BAD_SAMPLED_RAGGED(c.top_k[1] = -1, MTP_ERROR_INVALID_ARGUMENT, "top_k must be >= 0 (0: off), got top_k[1] = -1");
+  BAD_SAMPLED_RAGGED(c.a.data = c.q.data(), MTP_ERROR_INVALID_ARGUMENT, "accepted");
+  std::printf("sampling_ragged_errors: ok\n");
+}
+
 // top_p's fast cut keeps exactly the tokens the bitwise search keeps: flat and peaked
 // weights, tied keys, small and large kept lists (sparse and dense sums), any top_p.
 void test_top_p_key() {

@@ -67,6 +67,8 @@ void test_decoder();
 // test_sampling.cpp
 void test_sampling_capi();
 void test_sampling_errors();
+void test_sampling_ragged_capi();
+void test_sampling_ragged_errors();
 void test_exp_fixed();
 void test_sparse_ordered_sum();
 void test_top_p_key();

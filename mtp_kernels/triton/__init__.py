@@ -240,16 +240,11 @@ def verify_sampled(
     B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
     if B == 0:
         return accepted, out
-    temp = temperature.contiguous()
-    seeds = seeds.contiguous()
-    offs = offsets.contiguous() if offsets is not None else seeds  # never read without HAS_OFFSETS
+    temp, seeds, offs, has_filters, top_k, top_p, min_p = _sampled_values(
+        temperature, seeds, offsets, top_k, top_p, min_p
+    )
     q = draft_probs if draft_probs is not None else target_logits  # never read without HAS_Q
     q_strides = draft_probs.stride() if draft_probs is not None else (0, 0, 0)
-    has_filters = top_k is not None or top_p is not None or min_p is not None
-    # Filters off for a request: 0, 1, 0 (what an absent tensor means).
-    top_k = (top_k if top_k is not None else torch.zeros_like(seeds)).to(torch.int64).contiguous()
-    top_p = (top_p if top_p is not None else torch.ones_like(temp)).contiguous()
-    min_p = (min_p if min_p is not None else torch.zeros_like(temp)).contiguous()
     # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
     # never fuses, and rejects the option).
     opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
@@ -273,11 +268,111 @@ def verify_sampled(
         accepted,
         out,
         *out.stride(),
+        seeds,  # draft_first, row_first: never read without HAS_FIRST
+        seeds,
         HAS_Q=draft_probs is not None,
         HAS_OFFSETS=offsets is not None,
         HAS_ND=nd is not None,
         HAS_FILTERS=has_filters,
+        HAS_FIRST=False,
         BLOCK_T=triton.next_power_of_2(K + 1),
+        BLOCK_V=BLOCK_V,
+        **opts,
+    )
+    return accepted, out
+
+
+def _sampled_values(temperature, seeds, offsets, top_k, top_p, min_p):
+    # verify_sampled's per-request tensors as the kernel reads them: contiguous, the filters
+    # present (0, 1, 0: off) when any is given.
+    temp = temperature.contiguous()
+    seeds = seeds.contiguous()
+    offs = offsets.contiguous() if offsets is not None else seeds  # never read without HAS_OFFSETS
+    has_filters = top_k is not None or top_p is not None or min_p is not None
+    top_k = (top_k if top_k is not None else torch.zeros_like(seeds)).to(torch.int64).contiguous()
+    top_p = (top_p if top_p is not None else torch.ones_like(temp)).contiguous()
+    min_p = (min_p if min_p is not None else torch.zeros_like(temp)).contiguous()
+    return temp, seeds, offs, has_filters, top_k, top_p, min_p
+
+
+def verify_sampled_ragged(
+    draft_token_ids: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    pad_id: int = -1,
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
+    max_num_drafts: Optional[int] = None,
+):
+    """``mtp.verify_sampled_ragged`` in Triton: verify_sampled's kernel with verify_ragged's
+    per-request offsets (HAS_FIRST). Without max_num_drafts, cu is read on the host for the
+    width (one sync on a GPU)."""
+    op = "mtp.verify_sampled_ragged"
+    C.check_sampled_ragged_inputs(
+        op,
+        draft_token_ids,
+        draft_probs,
+        cu_num_draft_tokens,
+        target_logits,
+        temperature,
+        seeds,
+        offsets,
+        pad_id,
+        top_k,
+        top_p,
+        min_p,
+        max_num_drafts,
+    )
+    N, B, V = draft_token_ids.shape[0], cu_num_draft_tokens.shape[0], target_logits.shape[1]
+    C.check(V < 2**31, op, f"target_logits must have V < 2^31 entries, got V = {V}")
+    W = C.checked_ragged_width(op, cu_num_draft_tokens, N, max_num_drafts)
+    accepted, out = draft_token_ids.new_empty((B,)), draft_token_ids.new_empty((B, W))
+    if B == 0:
+        return accepted, out
+    counts, draft_first, first_row = ragged_device_layout(cu_num_draft_tokens, N, W)
+    temp, seeds, offs, has_filters, top_k, top_p, min_p = _sampled_values(
+        temperature, seeds, offsets, top_k, top_p, min_p
+    )
+    q = draft_probs if draft_probs is not None else target_logits  # never read without HAS_Q
+    q_st, q_sv = draft_probs.stride() if draft_probs is not None else (0, 0)
+    opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
+    verify_sampled_kernel[(B,)](
+        draft_token_ids,
+        0,
+        draft_token_ids.stride(0),
+        q,
+        0,
+        q_st,
+        q_sv,
+        target_logits,
+        0,
+        *target_logits.stride(),
+        temp,
+        top_k,
+        top_p,
+        min_p,
+        seeds,
+        offs,
+        counts,
+        W - 1,
+        V,
+        pad_id,
+        accepted,
+        out,
+        *out.stride(),
+        draft_first,
+        first_row,
+        HAS_Q=draft_probs is not None,
+        HAS_OFFSETS=offsets is not None,
+        HAS_ND=True,
+        HAS_FILTERS=has_filters,
+        HAS_FIRST=True,
+        BLOCK_T=triton.next_power_of_2(W),
         BLOCK_V=BLOCK_V,
         **opts,
     )
@@ -452,6 +547,7 @@ _OPS = {
     "verify": verify,
     "verify_ragged": verify_ragged,
     "verify_sampled": verify_sampled,
+    "verify_sampled_ragged": verify_sampled_ragged,
     "accept_prefix": accept_prefix,
     "linear": linear,
     "head_attention": head_attention,

@@ -198,6 +198,22 @@ MTP_API mtp_status mtp_verify_sampled_filtered(const mtp_tensor* draft_tokens, c
                                                const mtp_tensor* accepted, const mtp_tensor* out_tokens,
                                                int32_t num_threads);
 
+/* mtp_verify_sampled_filtered in the flattened ragged layout of mtp_verify_ragged
+ * (torch.ops.mtp.verify_sampled_ragged):
+ *   draft_token_ids, cu_num_draft_tokens, target_logits [N + B, V], pad_id, accepted [B],
+ *   out_tokens [B, W] (W - 1 >= every K_b), num_threads: as mtp_verify_ragged
+ *   draft_probs   [N, V]  float32 | bfloat16 | float16, finite and >= 0, or NULL (one-hot drafts):
+ *                         row cu[b-1] + j is the distribution request b's draft j was sampled from
+ *   temperature, top_k, top_p, min_p, seeds, offsets [B]: as mtp_verify_sampled_filtered
+ * Request b's outputs are exactly mtp_verify_sampled_filtered's for that request alone (its
+ * drafts, rows, q rows, seed, offset, filters), its out_tokens row padded with pad_id up to W. */
+MTP_API mtp_status mtp_verify_sampled_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor* draft_probs,
+                                             const mtp_tensor* cu_num_draft_tokens, const mtp_tensor* target_logits,
+                                             const mtp_tensor* temperature, const mtp_tensor* top_k,
+                                             const mtp_tensor* top_p, const mtp_tensor* min_p, const mtp_tensor* seeds,
+                                             const mtp_tensor* offsets, int64_t pad_id, const mtp_tensor* accepted,
+                                             const mtp_tensor* out_tokens, int32_t num_threads);
+
 /* accepted[b] = longest n <= num_drafts[b] with draft_tokens[b, t] == target_tokens[b, t] for
  * t < n (torch.ops.mtp.accept_prefix).
  *   draft_tokens [B, K] int32 | int64;  target_tokens [B, K+1] or [B, K] int32 | int64

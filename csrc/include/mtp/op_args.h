@@ -503,15 +503,22 @@ inline std::string filter_error(int64_t b, int64_t top_k, double top_p, double m
   return "";
 }
 
-// draft_probs [B, K, V] (element strides): every entry finite and >= 0.
-inline std::string draft_probs_error(const void* q, DType dt, const int64_t* sizes, const int64_t* strides) {
-  for (int64_t b = 0; b < sizes[0]; ++b)
-    for (int64_t t = 0; t < sizes[1]; ++t)
-      for (int64_t i = 0; i < sizes[2]; ++i) {
-        const float v = load_f32(q, dt, b * strides[0] + t * strides[1] + i * strides[2]);
+// draft_probs [B, K, V] (dims 3) or, in the ragged layout, [N, V] (dims 2), sizes and element
+// strides per dim: every entry finite and >= 0.
+inline std::string draft_probs_error(const void* q, DType dt, const int64_t* sizes, const int64_t* strides,
+                                     int dims = 3) {
+  const int64_t nb = dims == 3 ? sizes[0] : 1, sb = dims == 3 ? strides[0] : 0;
+  const int64_t* s = sizes + (dims - 2);
+  const int64_t* st = strides + (dims - 2);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t t = 0; t < s[0]; ++t)
+      for (int64_t i = 0; i < s[1]; ++i) {
+        const float v = load_f32(q, dt, b * sb + t * st[0] + i * st[1]);
         if (!(v >= 0) || std::isinf(v))
-          return message("draft_probs must be probabilities (finite, >= 0), got draft_probs[", b, ", ", t, ", ", i,
-                         "] = ", v);
+          return dims == 3 ? message("draft_probs must be probabilities (finite, >= 0), got draft_probs[", b, ", ", t,
+                                     ", ", i, "] = ", v)
+                           : message("draft_probs must be probabilities (finite, >= 0), got draft_probs[", t, ", ", i,
+                                     "] = ", v);
       }
   return "";
 }

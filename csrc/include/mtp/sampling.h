@@ -364,7 +364,7 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
                               int64_t pad, I* out, int64_t os, Isa isa) {
   const int64_t esize = dtype_size(a.logits_dtype);
   for (int64_t t = 0; t <= nd; ++t) {
-    const char* row = static_cast<const char*>(a.logits) + (b * a.logits_stride[0] + t * a.logits_stride[1]) * esize;
+    const char* row = static_cast<const char*>(a.logits) + logits_row(a, b, t) * esize;
     RowDist p(row, a.logits_dtype, a.logits_stride[2], a.V, T, isa, f);
     // offsets are the caller's: the position wraps modulo 2^64 (as the hash's uint64 does), no UB
     const int64_t position = int64_t(uint64_t(offset) + uint64_t(t));
@@ -405,6 +405,9 @@ struct SampledArgs {
   const int64_t* seed = nullptr;
   const int64_t* offset = nullptr;
   int64_t pad = -1;
+  // The flattened ragged layout (verify_sampled_ragged: q [N, V] seen with q_stride[0] = 0):
+  // request b's q row t at b*q_stride[0] + (q_first[b] + t)*q_stride[1]; nullptr: all 0.
+  const int64_t* q_first = nullptr;
 };
 
 // Every request, parallel over b (both front doors run this: the torch binding, the C API).
@@ -414,7 +417,8 @@ void verify_sampled(const SampledArgs& a, IdView<const I> draft, I* accepted, in
   const int64_t qb = a.q_stride[0] * dtype_size(a.q_dtype);
   parallel_for(a.v.B, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const void* qrow = a.q ? static_cast<const char*>(a.q) + b * qb : nullptr;
+      const int64_t qoff = b * qb + (a.q_first ? a.q_first[b] * a.q_stride[1] * dtype_size(a.q_dtype) : 0);
+      const void* qrow = a.q ? static_cast<const char*>(a.q) + qoff : nullptr;
       accepted[b * acc_stride] =
           I(sample_request<I>(a.v, b, draft.row(b), draft.stride[1], qrow, a.q_dtype, a.q_stride + 1,
                               a.temperature[b], a.filters ? a.filters[b] : Filters{}, a.seed[b], a.offset[b],

@@ -12,7 +12,7 @@ enable_fp_fusion=False on a GPU, or a*b+c becomes an FMA.
 import triton
 import triton.language as tl
 
-from .argmax import argmax_combine, argmax_reduce, clamped_num_drafts
+from .argmax import argmax_combine, argmax_reduce, clamped_num_drafts, first_of
 
 SAMPLE_BLOCK = tl.constexpr(256)  # sampling.h kSampleBlock (read inside the kernels: constexpr on a GPU)
 LOG2_BLOCK = tl.constexpr(8)
@@ -235,16 +235,23 @@ def verify_sampled_kernel(
     out,
     o_sb,
     o_st,
+    draft_first,
+    row_first,
     HAS_Q: tl.constexpr,
     HAS_OFFSETS: tl.constexpr,
     HAS_ND: tl.constexpr,
     HAS_FILTERS: tl.constexpr,
+    HAS_FIRST: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per request: sampling.h sample_request."""
+    """One program per request: sampling.h sample_request. With HAS_FIRST (verify_sampled_ragged:
+    d_sb = q_sb = l_sb = 0) request b's drafts and q rows start at draft_first[b] and its logits
+    rows at row_first[b] (the flattened layout, clamped on the host side)."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
+    d0 = first_of(draft_first, b, HAS_FIRST)
+    r0 = first_of(row_first, b, HAS_FIRST)
     nd = clamped_num_drafts(num_drafts, b, K, HAS_ND)
     T = tl.load(temperature + b).to(tl.float64)
     seed = tl.load(seeds + b)
@@ -267,13 +274,13 @@ def verify_sampled_kernel(
     done = no
     for t in range(0, K + 1):
         if (t <= nd) & ~done:
-            row = logits + b64 * l_sb + t * l_st
+            row = logits + b64 * l_sb + (r0 + t) * l_st
             mf, mi = row_max(row, l_sv, V, BLOCK_V)
             point = tl.where((T == 0) | (mf != mf) | (mf == float("inf")) | (mf == float("-inf")), mi, -1)
             # What the weights see: m = 0, T = 1 on a point-mass row (no inf - inf, no / 0).
             m = tl.where(point >= 0, _f64(0.0), mf.to(tl.float64))
             Tw = tl.where(point >= 0, _f64(1.0), T)
-            qrow = q + b64 * q_sb + t * q_st
+            qrow = q + b64 * q_sb + (d0 + t) * q_st
             key_min = seed * 0  # the filters' cuts (none on a point-mass row)
             wmin = tl.where(point >= 0, _f64(0.0), w_min)
             if HAS_FILTERS:
@@ -282,7 +289,7 @@ def verify_sampled_kernel(
             S = ordered_sum(row, l_sv, qrow, q_sv, V, m, Tw, point, _f64(1.0), no, key_min, wmin, HAS_Q)
             pos = offset + t
             us = sample_uniform(seed, pos, 1)
-            x = tl.load(draft + b64 * d_sb + t * d_st, mask=t < nd, other=-1).to(tl.int64)
+            x = tl.load(draft + b64 * d_sb + (d0 + t) * d_st, mask=t < nd, other=-1).to(tl.int64)
             if HAS_Q:
                 onehot = (t == nd) | (T == 0)
             else:
