@@ -84,7 +84,10 @@ def _self_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-def check_written(op, why, outputs: dict, inputs: dict):
+def check_written(op, why, outputs: dict, inputs: dict, list_name=None):
+    """Outputs written in place: none overlaps itself or another argument. An input may be a
+    list of tensors, named in a message by list_name(name, k) (default name[k]), formatted
+    only on an error."""
     for name, t in outputs.items():
         check(
             not _self_overlap(t),
@@ -92,19 +95,28 @@ def check_written(op, why, outputs: dict, inputs: dict):
             f"{name} must not have overlapping elements ({why}), got strides "
             f"{list(t.stride())} for sizes {list(t.shape)}",
         )
-    others = list(outputs.items()) + [(n, t) for n, t in inputs.items() if t is not None]
+    others = list(outputs.items())
+    for n, t in inputs.items():
+        if isinstance(t, (list, tuple)):
+            others += [((n, k), u) for k, u in enumerate(t) if u is not None]
+        elif t is not None:
+            others.append((n, t))
     for i, (name, t) in enumerate(outputs.items()):
         a0, a1 = _byte_range(t)
         for j, (other, u) in enumerate(others):
             if j == i or (j < i and j < len(outputs)):
                 continue
             b0, b1 = _byte_range(u)
-            check(
-                a0 == a1 or b0 == b1 or a1 <= b0 or b1 <= a0,
-                op,
-                f"{name} and {other} overlap in memory: {name} "
-                "is written in place and must share no memory with another argument",
-            )
+            if not (a0 == a1 or b0 == b1 or a1 <= b0 or b1 <= a0):
+                label = other
+                if isinstance(other, tuple):
+                    label = list_name(*other) if list_name else f"{other[0]}[{other[1]}]"
+                check(
+                    False,
+                    op,
+                    f"{name} and {label} overlap in memory: {name} "
+                    "is written in place and must share no memory with another argument",
+                )
 
 
 def check_dtype(op, name, t, ok):

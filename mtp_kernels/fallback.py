@@ -44,6 +44,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return reference.silu_mul(gate_up).contiguous()
 
 
+def _decoder_weight_name(k: int, n: int) -> str:
+    """op_args.h WeightNames for decoder_layers: "weights[7] (layer 1's qkv)", the last one
+    the final norm."""
+    parts = reference.DECODER_PARTS
+    what = "final_norm" if k == n - 1 else f"layer {k // len(parts)}'s {parts[k % len(parts)]}"
+    return f"weights[{k}] ({what})"
+
+
 def decoder_layers(
     x,
     k_cache,
@@ -72,8 +80,9 @@ def decoder_layers(
             "cache_lens": cache_lens,
             "rope_cos": rope_cos,
             "rope_sin": rope_sin,
-            **{f"weights[{i}]": w for i, w in enumerate(weights)},
+            "weights": weights,
         },
+        list_name=lambda _, k: _decoder_weight_name(k, len(weights)),
     )
     if tree_parents is not None:
         C.check_tree_parents("mtp.decoder_layers", tree_parents, x.shape[0], x.shape[1])

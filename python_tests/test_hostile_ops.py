@@ -11,6 +11,7 @@ import torch
 
 import mtp_kernels  # noqa: F401  (registers torch.ops.mtp)
 from mtp_kernels import _checks as C
+from mtp_kernels import fallback
 
 mtp = torch.ops.mtp
 BIG_HEADS = 2**62  # (Hq + 2 Hkv) D wraps to 8 and Hq D to 0 with Hkv = 1, D = 4
@@ -43,8 +44,8 @@ def decoder_args(H=8, Hkv=1, D=4, I=4, L=4, P=4, qkv_rows=None, o_cols=None, hea
     )
 
 
-def run_decoder(a):
-    return mtp.decoder_layers(
+def run_decoder(a, op=None):
+    return (op or mtp.decoder_layers)(
         a["x"],
         a["k_cache"],
         a["v_cache"],
@@ -202,6 +203,8 @@ def test_decoder_caches_aliasing():
     a["weights"][0] = a["k_cache"].view(-1)[:8]  # a norm weight inside the cache that is written
     with pytest.raises(RuntimeError, match=r"k_cache and weights\[0\] \(layer 0's input_norm\) overlap in memory"):
         run_decoder(a)
+    with pytest.raises(RuntimeError, match=r"k_cache and weights\[0\] \(layer 0's input_norm\) overlap in memory"):
+        run_decoder(a, fallback.decoder_layers)  # the CUDA fallback's check, the same words
 
 
 # ---- float arguments at the kernels' width --------------------------------------------------
