@@ -60,6 +60,13 @@ struct Case {
   }
 };
 
+// The case's weights in the x8 layout (gguf.h; N a multiple of 8).
+std::vector<uint8_t> x8_bytes(const Case& c) {
+  std::vector<uint8_t> w8(c.w.size());
+  mtp::repack_x8(c.t, c.w.data(), mtp::block_row_bytes(c.t, c.K), c.N, c.K, w8.data());
+  return w8;
+}
+
 auto serial = [](int64_t n, auto&& fn) { fn(int64_t(0), n); };
 
 void run(const mtp::LinearArgs& a, mtp::Isa isa, int threads = 1) {
@@ -126,6 +133,28 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     EXPECT(kernel_matches(c, f, false), "%s %s extreme lanes differ from generic", name, mtp::block_type_name(t));
     ++checked;
   }
+  // the x8 layout: the file layout's generic bits, whole groups split between calls
+  for (mtp::DType t8 : mtp::kX8Types) {
+    const mtp::DType t = mtp::file_type(t8);
+    for (int64_t K : {32, 96})
+      for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+        Case c(t, M, 40, K);
+        if (t == mtp::DType::Q8_0 && M == 9)  // the largest lanes: -128 x -127
+          for (size_t o = 0; o < c.w.size(); o += 34) std::memset(&c.w[o + 2], 0x80, 32);
+        mtp::QuantRows xq;
+        mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
+        std::vector<float> want, got;
+        mtp::LinearArgs a = c.args(want, M % 2 == 0), b = c.args(got, M % 2 == 0);
+        const std::vector<uint8_t> w8 = x8_bytes(c);
+        b.w = w8.data(), b.w_dtype = t8;
+        mtp::generic::gguf_linear(a, xq, 0, a.N);
+        f(b, xq, 0, 16);
+        f(b, xq, 16, b.N);
+        EXPECT(same_bits(want, got), "%s %s M=%lld K=%lld differs from the file layout's generic", name,
+               mtp::block_type_name(t8), (long long)M, (long long)K);
+        ++checked;
+      }
+  }
   std::printf("gguf: %s == generic bitwise on %d cases\n", name, checked);
   return checked;
 }
@@ -170,7 +199,7 @@ void test_gguf() {
         // against the dequantized weights in fp64: within the int8 activations' error
         std::vector<float> wd(size_t(c.N * K));
         for (int64_t n = 0; n < c.N; ++n)
-          mtp::dequantize_row(t, c.w.data() + n * mtp::block_row_bytes(t, K), K, wd.data() + n * K);
+          mtp::dequantize_row(t, c.w.data(), mtp::block_row_bytes(t, K), n, K, wd.data() + n * K);
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = 0; n < c.N; ++n) {
             double exact = bias ? c.bias[size_t(n)] : 0.0, mag = 0.0, xmax = 0.0;
@@ -200,6 +229,39 @@ void test_gguf() {
     for (int64_t m = 0; m < 2; ++m)
       for (size_t i = 0; i < rows.size(); ++i)
         EXPECT(std::memcmp(&sub[m * a.N + i], &full[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows", mtp::block_type_name(t));
+  }
+  // the x8 layout through the dispatch: the file layout's bits, any thread split and row map;
+  // its rows dequantize to the file rows' values
+  for (mtp::DType t8 : mtp::kX8Types) {
+    const mtp::DType t = mtp::file_type(t8);
+    Case c(t, 5, 48, 576);
+    const std::vector<uint8_t> w8 = x8_bytes(c);
+    std::vector<float> want, got;
+    run(c.args(want, true), mtp::Isa::Generic);
+    mtp::LinearArgs a = c.args(got, true);
+    a.w = w8.data(), a.w_dtype = t8;
+    for (int threads : {1, 2, 3}) {
+      run(a, isa, threads);
+      EXPECT(same_bits(want, got), "%s: %s with %d threads differs from the file layout", mtp::block_type_name(t8),
+             mtp::isa_name(isa), threads);
+    }
+    std::vector<int64_t> rows = {47, 0, 9, 9, 20};
+    std::vector<float> sub(2 * rows.size());
+    run(c.args(want, false), mtp::Isa::Generic);
+    mtp::LinearArgs r = a;
+    r.M = 2, r.N = int64_t(rows.size()), r.w_rows = rows.data(), r.bias = nullptr, r.y = sub.data(), r.y_stride = r.N;
+    run(r, isa);
+    for (int64_t m = 0; m < 2; ++m)
+      for (size_t i = 0; i < rows.size(); ++i)
+        EXPECT(std::memcmp(&sub[m * r.N + i], &want[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows",
+               mtp::block_type_name(t8));
+    std::vector<float> d8(576), d(576);
+    for (int64_t n : {0, 7, 8, 47}) {
+      mtp::dequantize_row(t, c.w.data(), mtp::block_row_bytes(t, 576), n, 576, d.data());
+      mtp::dequantize_row(t8, w8.data(), mtp::block_row_bytes(t, 576), n, 576, d8.data());
+      EXPECT(same_bits(d, d8), "%s row %lld dequantizes differently", mtp::block_type_name(t8), (long long)n);
+    }
+    ++checked;
   }
   // bf16 activations are widened exactly: the same bits as their fp32 values
   {

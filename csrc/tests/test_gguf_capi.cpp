@@ -335,7 +335,7 @@ struct Head {
     dequantized.resize(size_t(V * d.H));
     for (int64_t v = 0; v < V; ++v)
       if (mtp::is_block_type(emb))
-        mtp::dequantize_row(emb, embedding.bytes.data() + v * embedding.stride, d.H, dequantized.data() + v * d.H);
+        mtp::dequantize_row(emb, embedding.bytes.data(), embedding.stride, v, d.H, dequantized.data() + v * d.H);
       else
         for (int64_t k = 0; k < d.H; ++k) dequantized[size_t(v * d.H + k)] = mtp::load_f32(embedding.data(), emb, v * d.H + k);
     for (int64_t i = 0; i < Vd; ++i) vocab.push_back((i * 7 + 3) % V);

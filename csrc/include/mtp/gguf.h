@@ -1,4 +1,4 @@
-// GGUF block-quantized weights, read exactly as stored in the file (no repack, no float copy).
+// GGUF block-quantized weights, read exactly as stored in the file (no float copy).
 //
 // A matrix [N, K] of a block type is N rows of row_bytes(K) bytes (rows `stride` bytes apart);
 // a row is K / block_elems blocks laid out as ggml writes them (ggml-common.h):
@@ -13,17 +13,26 @@
 // m_b (0 without one), integer values q and an integer multiplier per half-block (Q6_K's
 // scales, 1 elsewhere): element = d_b * (mul * q) + m_b. All of these are exact in fp32.
 //
+// The x8 layout (Q4_0_X8, Q4_1_X8, Q8_0_X8): the same bytes, 8 rows interleaved so that one
+// vector of 8 int32 lanes holds 8 columns' block sums (x86 VPDPBUSD, NEON SDOT: 4 bytes per
+// lane). N is a multiple of 8; rows 8g..8g+7 form group g (8 * row_bytes bytes, groups
+// contiguous); in a group, block b is 8 * block_bytes bytes at 8 * block_bytes * b:
+//   fp16 d[8] (row 8g + c at 2c), Q4_1: fp16 m[8], then chunks j of 32 bytes, the 4 bytes of
+//   row c at 4c: Q4 chunk j = 0..3 holds bytes 4j..4j+3 of the row's 16 nibble bytes (low
+//   nibbles elements 4j.., high 16 + 4j..), Q8_0 chunk j = 0..7 its elements 4j..4j+3.
+// repack_x8 writes it (the loader does, in place: the same bytes in a new order).
+//
 // The product (linear.h with a block-type weight) quantizes each activation row to int8 in
 // blocks of 32 (quantize_block_q8: scale dx_b = amax / 127, like quantize_x) and computes per
-// output element, in this fixed order on every instruction set:
-//   lanes l = 0..7 of block b:  L = mul * sum_{i<4} q[4l+i] * xq[4l+i]     (exact int32)
-//   acc[l] = fma(float(L), d_b * dx_b, acc[l])                       (blocks in order)
-//   accm   = fma(m_b, dx_b * float(sum_i xq[i]), accm)               (formats with an offset)
-//   y      = sum8(acc) + accm (+ bias)
-// sum8 = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). The integers are exact whatever
-// instructions compute them, so every ISA path gives the same bits (generic, AVX2, AVX-512,
-// NEON with or without SDOT), and a row's bits depend on neither M nor the threads. (A NaN
-// output is NaN on every path; its payload is the hardware's.)
+// output element one chain over the blocks b in order, on every instruction set and layout:
+//   I    = mul_0 * sum_{i<16} q_i xq_i + mul_1 * sum_{i>=16} q_i xq_i   (exact int32)
+//   acc  = fma(float(I), d_b * dx_b, acc)
+//   accm = fma(m_b, dx_b * float(sum_i xq_i), accm)                     (formats with an offset)
+//   y    = acc + accm (+ bias)
+// The integers are exact whatever instructions compute them, and float(I) is exact
+// (|I| < 2^24), so every ISA path of both layouts gives the same bits (generic, AVX2,
+// AVX-512, NEON with or without SDOT), and a row's bits depend on neither M nor the threads.
+// (A NaN output is NaN on every path; its payload is the hardware's.)
 // reference.gguf_linear is the executable form of this contract.
 #pragma once
 #include <algorithm>
@@ -36,6 +45,16 @@
 namespace mtp {
 
 constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+constexpr DType kX8Types[] = {DType::Q4_0_X8, DType::Q4_1_X8, DType::Q8_0_X8};
+
+constexpr bool is_x8(DType t) { return t == DType::Q4_0_X8 || t == DType::Q4_1_X8 || t == DType::Q8_0_X8; }
+// The file's block type of a layout (x8 -> its blocks' type; any other type itself).
+constexpr DType file_type(DType t) { return is_x8(t) ? DType(int32_t(t) - 100) : t; }
+// The x8 layout of a file type, or the type itself where it has none.
+constexpr DType x8_of(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 ? DType(int32_t(t) + 100) : t;
+}
+constexpr int64_t kX8Rows = 8;
 
 inline const char* block_type_name(DType t) {
   switch (t) {
@@ -44,13 +63,16 @@ inline const char* block_type_name(DType t) {
     case DType::Q8_0: return "Q8_0";
     case DType::Q4_K: return "Q4_K";
     case DType::Q6_K: return "Q6_K";
+    case DType::Q4_0_X8: return "Q4_0_X8";
+    case DType::Q4_1_X8: return "Q4_1_X8";
+    case DType::Q8_0_X8: return "Q8_0_X8";
     default: return "not a block type";
   }
 }
 
-// Bytes and elements of one stored block; 0 for a type that is not a block type.
+// Bytes and elements of one stored block (per row); 0 for a type that is not a block type.
 constexpr int64_t block_bytes(DType t) {
-  switch (t) {
+  switch (file_type(t)) {
     case DType::Q4_0: return 18;
     case DType::Q4_1: return 20;
     case DType::Q8_0: return 34;
@@ -63,7 +85,7 @@ constexpr bool is_block_type(DType t) { return block_bytes(t) > 0; }
 constexpr int64_t block_elems(DType t) {
   return t == DType::Q4_K || t == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
 }
-constexpr bool block_has_offset(DType t) { return t == DType::Q4_1 || t == DType::Q4_K; }
+constexpr bool block_has_offset(DType t) { return file_type(t) == DType::Q4_1 || t == DType::Q4_K; }
 // Bytes of a row of K elements (K a multiple of block_elems(t)).
 constexpr int64_t block_row_bytes(DType t, int64_t K) { return K / block_elems(t) * block_bytes(t); }
 
@@ -152,13 +174,65 @@ inline void block_values(DType t, const uint8_t* row, int64_t b, int8_t* q) {
   }
 }
 
-// Row `row` dequantized to fp32 (K elements): d_b * (mul * q) + m_b, the product exact, one
+// ---- the x8 layout (above) ------------------------------------------------------------------
+
+// Bytes of an x8 block before its value chunks: the 8 scales (and Q4_1's 8 offsets).
+constexpr int64_t x8_head_bytes(DType t) { return file_type(t) == DType::Q4_1 ? 32 : 16; }
+// Bytes of a file block before its values (Q4: 16 bytes of nibbles, Q8_0: 32 int8).
+constexpr int64_t file_head_bytes(DType t) { return file_type(t) == DType::Q4_1 ? 4 : 2; }
+// Chunks of 4 value bytes per row in an x8 block.
+constexpr int64_t x8_chunks(DType t) { return file_type(t) == DType::Q8_0 ? 8 : 4; }
+
+// Row 8g + c of file type t's rows (rows src_stride bytes apart) into the x8 layout at dst
+// (N a multiple of 8, K of 32; dst holds N * row_bytes bytes and does not overlap src).
+inline void repack_x8(DType t, const uint8_t* src, int64_t src_stride, int64_t N, int64_t K, uint8_t* dst) {
+  const int64_t bb = block_bytes(t), nb = K / 32, head = file_head_bytes(t), chunks = x8_chunks(t);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t c = n % kX8Rows;
+    uint8_t* group = dst + n / kX8Rows * kX8Rows * nb * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* rb = src + n * src_stride + b * bb;
+      uint8_t* blk = group + b * kX8Rows * bb;
+      std::memcpy(blk + 2 * c, rb, 2);
+      if (head == 4) std::memcpy(blk + 16 + 2 * c, rb + 2, 2);
+      for (int64_t j = 0; j < chunks; ++j) std::memcpy(blk + x8_head_bytes(t) + 32 * j + 4 * c, rb + head + 4 * j, 4);
+    }
+  }
+}
+
+// Block b of row c (0..7) of an x8 group, copied back into the file's block layout (out:
+// block_bytes bytes); repack_x8's inverse for one block.
+inline void x8_block(DType t, const uint8_t* group, int64_t c, int64_t b, uint8_t* out) {
+  const int64_t bb = block_bytes(t), head = file_head_bytes(t), chunks = x8_chunks(t);
+  const uint8_t* blk = group + b * kX8Rows * bb;
+  std::memcpy(out, blk + 2 * c, 2);
+  if (head == 4) std::memcpy(out + 2, blk + 16 + 2 * c, 2);
+  for (int64_t j = 0; j < chunks; ++j) std::memcpy(out + head + 4 * j, blk + x8_head_bytes(t) + 32 * j + 4 * c, 4);
+}
+
+// Block b of weight row n of a matrix at w (rows `stride` bytes apart; x8: groups of 8 rows
+// 8 * stride apart) in the file's layout: its type, row and block index for block_params /
+// block_values; an x8 block is copied out into buf.
+struct RowBlock {
+  DType t;
+  const uint8_t* row;
+  int64_t b;
+};
+inline RowBlock row_block(DType t, const uint8_t* w, int64_t stride, int64_t n, int64_t b, uint8_t (&buf)[34]) {
+  if (!is_x8(t)) return {t, w + n * stride, b};
+  x8_block(t, w + n / kX8Rows * kX8Rows * stride, n % kX8Rows, b, buf);
+  return {file_type(t), buf, 0};
+}
+
+// Weight row n dequantized to fp32 (K elements): d_b * (mul * q) + m_b, the product exact, one
 // rounding; bitwise what the `gguf` package's dequantizer gives.
-inline void dequantize_row(DType t, const uint8_t* row, int64_t K, float* out) {
+inline void dequantize_row(DType t, const uint8_t* w, int64_t stride, int64_t n, int64_t K, float* out) {
   int8_t q[32];
+  uint8_t buf[34];
   for (int64_t b = 0; b < K / 32; ++b) {
-    const Block32 p = block_params(t, row, b);
-    block_values(t, row, b, q);
+    const RowBlock rb = row_block(t, w, stride, n, b, buf);
+    const Block32 p = block_params(rb.t, rb.row, rb.b);
+    block_values(rb.t, rb.row, rb.b, q);
     for (int i = 0; i < 32; ++i) out[b * 32 + i] = p.d * float(p.mul[i / 16] * q[i]) + p.m;
   }
 }
@@ -197,15 +271,17 @@ inline float quantize_block_q8(const float* v, int8_t* q) {
 
 // The quantized activation rows of one call, laid out for the kernels: per row, K int8
 // values, then per block of 32 its scale dx, s = dx * float(sum of its q) (the offset term's
-// factor) and the eight 4-element sums of q (the integer corrections of the SIMD paths).
+// factor), the sum of its q and its eight 4-element sums (the integer offset corrections of
+// the x86 paths: x8 layout, file layout).
 struct QuantRows {
   int64_t M = 0, K = 0, nb = 0;
   std::vector<int8_t> q;     // [M, K]
   std::vector<float> dx, s;  // [M, nb]
-  std::vector<int32_t> sum4;  // [M, nb, 8]
+  std::vector<int32_t> sum, sum4;  // [M, nb], [M, nb, 8]
   const int8_t* qrow(int64_t m) const { return q.data() + m * K; }
   const float* dxrow(int64_t m) const { return dx.data() + m * nb; }
   const float* srow(int64_t m) const { return s.data() + m * nb; }
+  const int32_t* sumrow(int64_t m) const { return sum.data() + m * nb; }
   const int32_t* sum4row(int64_t m) const { return sum4.data() + m * nb * 8; }
 };
 
@@ -215,6 +291,7 @@ inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, 
   out.q.resize(size_t(M * K));
   out.dx.resize(size_t(M * out.nb));
   out.s.resize(size_t(M * out.nb));
+  out.sum.resize(size_t(M * out.nb));
   out.sum4.resize(size_t(M * out.nb * 8));
   float v[32];
   for (int64_t m = 0; m < M; ++m) {
@@ -232,40 +309,38 @@ inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, 
         total += s4[l];
       }
       out.dx[size_t(m * out.nb + b)] = dx;
+      out.sum[size_t(m * out.nb + b)] = total;
       out.s[size_t(m * out.nb + b)] = dx * float(total);
     }
   }
 }
 
-// The fixed reduction of the eight lane accumulators.
-inline float sum8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
-
 namespace generic {
 
-// y[m, n] for the columns [n0, n1) of a block-type weight, the canonical order (above).
-// w: row n at w + weight_row(n) * w_stride bytes.
+// y[m, n] for the columns [n0, n1) of a block-type weight (either layout), the canonical
+// order (above). w: row n at w + weight_row(n) * w_stride bytes (x8: gguf.h's groups).
 template <class Args>
 void gguf_linear(const Args& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 32;
   const bool offset = block_has_offset(a.w_dtype);
+  const uint8_t* w = static_cast<const uint8_t*>(a.w);
   int8_t q[32];
+  uint8_t buf[34];
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* w = static_cast<const uint8_t*>(a.w) + weight_row(a, n) * a.w_stride;
     for (int64_t m = 0; m < a.M; ++m) {
       const int8_t* x = xq.qrow(m);
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, accm = 0.f;
+      float acc = 0.f, accm = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
-        const Block32 p = block_params(a.w_dtype, w, b);
-        block_values(a.w_dtype, w, b, q);
-        const float scale = p.d * xq.dxrow(m)[b];
-        for (int l = 0; l < 8; ++l) {
-          int32_t L = 0;
-          for (int i = 4 * l; i < 4 * l + 4; ++i) L += int32_t(q[i]) * int32_t(x[b * 32 + i]);
-          acc[l] = std::fma(float(L * p.mul[l / 4]), scale, acc[l]);
-        }
+        const RowBlock rb = row_block(a.w_dtype, w, a.w_stride, weight_row(a, n), b, buf);
+        const Block32 p = block_params(rb.t, rb.row, rb.b);
+        block_values(rb.t, rb.row, rb.b, q);
+        int32_t half[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) half[i / 16] += int32_t(q[i]) * int32_t(x[b * 32 + i]);
+        const int32_t I = p.mul[0] * half[0] + p.mul[1] * half[1];
+        acc = std::fma(float(I), p.d * xq.dxrow(m)[b], acc);
         if (offset) accm = std::fma(p.m, xq.srow(m)[b], accm);
       }
-      const float y = sum8(acc) + accm;
+      const float y = acc + accm;
       a.y[m * a.y_stride + n] = a.bias ? y + a.bias[n] : y;
     }
   }

@@ -63,7 +63,7 @@ inline void embedding_row(const DecoderMatrix& e, int64_t H, int64_t id, DType d
   if (is_block_type(e.dtype)) {
     thread_local std::vector<float> row;
     row.resize(size_t(H));
-    dequantize_row(e.dtype, static_cast<const uint8_t*>(e.w) + id * e.stride, H, row.data());
+    dequantize_row(e.dtype, static_cast<const uint8_t*>(e.w), e.stride, id, H, row.data());
     for (int64_t k = 0; k < H; ++k) store_f32(out, dt, k, row[size_t(k)]);
     return;
   }

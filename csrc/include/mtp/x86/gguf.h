@@ -1,6 +1,10 @@
-// x86 products of GGUF block-type weights (gguf.h) with int8 activation rows: 256-bit
-// vectors, one block of 32 per vector, lane l = the four products 4l..4l+3, exactly the
-// canonical lanes of gguf.h, so every path gives the generic kernel's bits.
+// x86 products of GGUF block-type weights (gguf.h) with int8 activation rows, in 256-bit
+// vectors; the integer block sums I are exact, then gguf.h's one chain per output element,
+// so every path gives the generic kernel's bits.
+// x8 layout: a vector lane is one of a group's 8 columns (4 bytes of its block per chunk),
+// so a block's 8 sums come out of the dot products in one vector: one cvt + mul + fma per 8
+// columns. File layout: one block per vector (lane l = products 4l..4l+3), 4 columns' lanes
+// summed by a horizontal-add tree into one vector of 4 column sums.
 // VNNI (AVX-512 VNNI + VL, or AVX-VNNI): VPDPBUSD takes the weights as unsigned bytes (Q4: the
 // nibbles; Q6_K: the 6-bit values; Q8_0: q ^ 0x80 = q + 128) and starts from the offset
 // correction -offset * (lane sum of x) (QuantRows::sum4), which leaves sum (q - offset) * x.
@@ -94,64 +98,140 @@ MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
   return acc;
 }
 
-MTP_TARGET_AVX2 inline float sum8_256(__m256 a) {  // gguf.h's sum8, lane for lane
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // a_l + a_{l+4}
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                 // (0 + 2), (1 + 3)
-  return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+// The block sums of 4 columns: lane c = the sum of L[c]'s 8 lanes (exact int32).
+MTP_TARGET_AVX2 inline __m128i sum_lanes4(const __m256i* L) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(L[0], L[1]), _mm256_hadd_epi32(L[2], L[3]));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-// R rows x C columns (weight rows w[0..C)) over all blocks. Per block, each column's block is
-// decoded once, then meets the R rows (read from L1 as memory operands): only the R x C
-// accumulators and one decoded block stay in registers. Every loop over r and c is unrolled.
+// R rows x C = 4 columns (weight rows w[0..C)) over all blocks. Per block, the C columns'
+// blocks are decoded once, then meet the R rows (read from L1 as memory operands); a lane of
+// the R accumulators is a column. Every loop over r and c is unrolled.
 template <DType T, int kVnni, int R, int C>
 MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb,
                                       float (*out)[C]) {
-  __m256 acc[R][C];
-  float accm[R][C];
+  static_assert(C == 4, "one __m128 of columns");
+  __m128 acc[R], accm[R];
   const int8_t* xr[R];
   const int32_t* s4r[R];
   const float *dxr[R], *sr[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     xr[r] = xq.qrow(m0 + r); s4r[r] = xq.sum4row(m0 + r); dxr[r] = xq.dxrow(m0 + r); sr[r] = xq.srow(m0 + r);
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-      acc[r][c] = _mm256_setzero_ps();
-      accm[r][c] = 0.f;
-    }
+    acc[r] = accm[r] = _mm_setzero_ps();
   }
   constexpr int64_t kBytes32 = block_bytes(T) / (block_elems(T) / 32);  // bytes per 32 elements
   constexpr int shift = offset_shift<T, kVnni != 0>();
   for (int64_t b = 0; b < nb; ++b) {
-    // Per row, once per block: the offset correction -offset * (lane sums of x) and dx.
-    __m256i corr[R];
-    __m256 dx[R];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      corr[r] = shift >= 0 ? _mm256_sub_epi32(_mm256_setzero_si256(),
-                                              _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8)), shift))
-                           : _mm256_setzero_si256();
-      dx[r] = _mm256_broadcast_ss(dxr[r] + b);
-    }
+    WBlock wb[C];
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       _mm_prefetch(reinterpret_cast<const char*>(w[c] + (b + 8) * kBytes32), _MM_HINT_T0);
-      WBlock wb;
-      load_block<T>(w[c], b, wb);
-      const __m256 d = _mm256_set1_ps(wb.d);
+      load_block<T>(w[c], b, wb[c]);
+    }
+    const __m128 d = _mm_setr_ps(wb[0].d, wb[1].d, wb[2].d, wb[3].d);
+    const __m128 m = _mm_setr_ps(wb[0].m, wb[1].m, wb[2].m, wb[3].m);
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r] + b * 32));
-        const __m256i L = lanes<T, kVnni>(wb, x, corr[r]);  // d * dx below: the scalar product, lane for lane
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_mul_ps(d, dx[r]), acc[r][c]);
-        if constexpr (block_has_offset(T)) accm[r][c] = std::fma(wb.m, sr[r][b], accm[r][c]);
-      }
+    for (int r = 0; r < R; ++r) {
+      // the offset correction -offset * (lane sums of x), then the lanes of each column
+      const __m256i corr = shift >= 0 ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                         _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8)), shift))
+                                      : _mm256_setzero_si256();
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r] + b * 32));
+      __m256i L[C];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) L[c] = lanes<T, kVnni>(wb[c], x, corr);
+      const __m128 I = _mm_cvtepi32_ps(sum_lanes4(L));
+      acc[r] = _mm_fmadd_ps(I, _mm_mul_ps(d, _mm_broadcast_ss(dxr[r] + b)), acc[r]);
+      if constexpr (block_has_offset(T)) accm[r] = _mm_fmadd_ps(m, _mm_broadcast_ss(sr[r] + b), accm[r]);
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) _mm_storeu_ps(out[r], _mm_add_ps(acc[r], accm[r]));
+}
+
+// ---- x8 layout ----------------------------------------------------------------------------
+
+MTP_TARGET_AVX2 inline __m256i bcast4(const int8_t* p) {  // 4 bytes into every int32 lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// I += the lanes' dot products of 4 unsigned weight bytes (Q8_0 without VNNI: signed) with
+// the 4 activation bytes in every lane.
+template <DType T, int kVnni>
+MTP_TARGET_AVX2 inline __m256i dot4(__m256i I, __m256i u, __m256i x) {
+  if constexpr (kVnni == 1) return dpbusd256_evex(I, u, x);
+  else if constexpr (kVnni == 2) return dpbusd256_vex(I, u, x);
+  else {
+    const __m256i pairs = T == DType::Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u))
+                                           : _mm256_maddubs_epi16(u, x);
+    return _mm256_add_epi32(I, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+}
+
+// R rows x the 8 columns of one x8 group (T: the blocks' file type) over all blocks: y[r]
+// lane c = column c. Per block and row: I starts from the offset correction -offset * sum(x)
+// and takes 8 dot products (chunks of 4 bytes per lane), then one cvt + mul + fma.
+template <DType T, int kVnni, int R>
+MTP_TARGET_AVX2 inline void x8_tile(const uint8_t* group, const QuantRows& xq, int64_t m0, int64_t nb, __m256* y) {
+  constexpr int64_t gb = kX8Rows * block_bytes(T);
+  constexpr int shift = offset_shift<T, kVnni != 0>();
+  const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
+  __m256 acc[R], accm[R];
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) out[r][c] = sum8_256(acc[r][c]) + accm[r][c];
+  for (int r = 0; r < R; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * gb;
+    const uint8_t* qs = blk + x8_head_bytes(T);
+    __m256i I[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      I[r] = shift >= 0 ? _mm256_set1_epi32(-(xq.sumrow(m0 + r)[b] * (1 << shift))) : _mm256_setzero_si256();
+    if constexpr (T == DType::Q8_0) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+        if constexpr (kVnni != 0) v = _mm256_xor_si256(v, flip);  // q + 128, unsigned
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) I[r] = dot4<T, kVnni>(I[r], v, bcast4(xq.qrow(m0 + r) + b * 32 + 4 * j));
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = xq.qrow(m0 + r) + b * 32 + 4 * j;
+          I[r] = dot4<T, kVnni>(dot4<T, kVnni>(I[r], lo, bcast4(x)), hi, bcast4(x + 16));
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(d, _mm256_set1_ps(xq.dxrow(m0 + r)[b])), acc[r]);
+    if constexpr (block_has_offset(T)) {
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) accm[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xq.srow(m0 + r)[b]), accm[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) y[r] = _mm256_add_ps(acc[r], accm[r]);
+}
+
+template <DType T, int kVnni, int R>
+MTP_TARGET_AVX2 inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / 32;
+  for (int64_t n = n0; n < n1; n += kX8Rows) {  // n0, n1: multiples of 8 (whole groups)
+    __m256 y[R];
+    x8_tile<T, kVnni, R>(static_cast<const uint8_t*>(a.w) + n * a.w_stride, xq, m0, nb, y);
+    const __m256 bias = a.bias ? _mm256_loadu_ps(a.bias + n) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.y + (m0 + r) * a.y_stride + n, a.bias ? _mm256_add_ps(y[r], bias) : y[r]);
+  }
 }
 
 template <DType T, int kVnni, int R>
@@ -170,51 +250,77 @@ MTP_TARGET_AVX2 inline void gguf_rows(const LinearArgs& a, const QuantRows& xq, 
   }
 }
 
-template <DType T, int kVnni, int R>
-inline void gguf_rows_of(int rows, const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+// rows (1..R) as a template argument: Tile<R>::run for the largest R that fits.
+template <template <int> class Tile, int R>
+inline void rows_of(int rows, const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
   if constexpr (R > 1) {
-    if (rows < R) return gguf_rows_of<T, kVnni, R - 1>(rows, a, xq, m0, n0, n1);
+    if (rows < R) return rows_of<Tile, R - 1>(rows, a, xq, m0, n0, n1);
   }
-  gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+  Tile<R>::run(a, xq, m0, n0, n1);
 }
 
 // Columns [n0, n1) of every row, the rows in equal groups of at most kRows (9 = 3 + 3 + 3:
 // a group shares each decoded block); any grouping gives the same bits.
-template <DType T, int kVnni, int kRows>
-inline void gguf_linear_typed(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+template <template <int> class Tile, int kRows>
+inline void in_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   const int64_t groups = (a.M + kRows - 1) / kRows;
   for (int64_t i = 0, m = 0; i < groups; ++i) {
     const int rows = int((a.M - m) / (groups - i));
-    gguf_rows_of<T, kVnni, kRows>(rows, a, xq, m, n0, n1);
+    rows_of<Tile, kRows>(rows, a, xq, m, n0, n1);
     m += rows;
   }
 }
 
-template <int kVnni, int kRows>
+template <DType T, int kVnni>
+struct FileTile {
+  template <int R>
+  struct Of {
+    static void run(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+      gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+    }
+  };
+};
+template <DType T, int kVnni>
+struct X8Tile {
+  template <int R>
+  struct Of {
+    static void run(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+      x8_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+    }
+  };
+};
+
+// kRows: rows sharing a decoded file-layout block; kX8Rows8: rows sharing an x8 chunk. A row
+// map over x8 groups (columns from different groups) takes the generic kernel.
+template <int kVnni, int kRows, int kRowsX8>
 inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  if (is_x8(a.w_dtype) && a.w_rows) return generic::gguf_linear(a, xq, n0, n1);
   switch (a.w_dtype) {
-    case DType::Q4_0: return gguf_linear_typed<DType::Q4_0, kVnni, kRows>(a, xq, n0, n1);
-    case DType::Q4_1: return gguf_linear_typed<DType::Q4_1, kVnni, kRows>(a, xq, n0, n1);
-    case DType::Q8_0: return gguf_linear_typed<DType::Q8_0, kVnni, kRows>(a, xq, n0, n1);
-    case DType::Q4_K: return gguf_linear_typed<DType::Q4_K, kVnni, kRows>(a, xq, n0, n1);
-    default: return gguf_linear_typed<DType::Q6_K, kVnni, kRows>(a, xq, n0, n1);
+    case DType::Q4_0: return in_row_groups<FileTile<DType::Q4_0, kVnni>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_1: return in_row_groups<FileTile<DType::Q4_1, kVnni>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q8_0: return in_row_groups<FileTile<DType::Q8_0, kVnni>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_K: return in_row_groups<FileTile<DType::Q4_K, kVnni>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q6_K: return in_row_groups<FileTile<DType::Q6_K, kVnni>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_0_X8: return in_row_groups<X8Tile<DType::Q4_0, kVnni>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_1_X8: return in_row_groups<X8Tile<DType::Q4_1, kVnni>::template Of, kRowsX8>(a, xq, n0, n1);
+    default: return in_row_groups<X8Tile<DType::Q8_0, kVnni>::template Of, kRowsX8>(a, xq, n0, n1);
   }
 }
 
 // The entry points: each a flatten function of its target, into which everything above is
 // inlined (the VNNI helpers have their own targets and inline only there).
-#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS)                                              \
+#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8)                                     \
   TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, const QuantRows& xq, int64_t n0, \
                                                    int64_t n1) {                                    \
-    gguf_linear_vnni<VNNI, ROWS>(a, xq, n0, n1);                                                    \
+    gguf_linear_vnni<VNNI, ROWS, ROWS_X8>(a, xq, n0, n1);                                           \
   }
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512, gguf_linear_avx512_madd, 0, 4)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2, gguf_linear_avx2_madd, 0, 2)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512, gguf_linear_avx512_madd, 0, 4, 8)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2, 4)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2, gguf_linear_avx2_madd, 0, 2, 4)
 
-// AVX-512 (32 vector registers: groups of 4 rows) with AVX-512 VNNI where present; AVX2
-// (16 registers: 2 rows) with AVX-VNNI where present. The same bits either way.
+// AVX-512 (32 vector registers: groups of 4 rows, x8 8) with AVX-512 VNNI where present; AVX2
+// (16 registers: 2 rows, x8 4) with AVX-VNNI where present. The same bits either way.
 inline void gguf_linear_avx512(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   has_avx512_vnni() ? gguf_linear_avx512_vnni(a, xq, n0, n1) : gguf_linear_avx512_madd(a, xq, n0, n1);
 }
