@@ -100,7 +100,7 @@ bool Checker::block_rows(const std::string& name, const mtp_tensor* t) {
   const DType dt = DType(t->dtype);
   const int64_t N = t->sizes[0], K = t->sizes[1];
   const int64_t row_bytes = K % block_elems(dt) == 0 ? block_row_bytes(dt, K) : 0;
-  if (std::string e = gguf_weight_error(dt, K, row_bytes, t->strides[0], t->strides[1]); !e.empty())
+  if (std::string e = gguf_weight_error(dt, N, K, row_bytes, t->strides[0], t->strides[1]); !e.empty())
     return fail(MTP_ERROR_INVALID_ARGUMENT, name, ": ", e);
   if (N > 1 && t->strides[0] < row_bytes)
     return fail(MTP_ERROR_INVALID_ARGUMENT, name, ": a ", block_type_name(dt), " row of K = ", K, " elements is ",

@@ -313,7 +313,7 @@ inline DType check_gguf_weight(const char* op, const char* name, const at::Tenso
   TORCH_CHECK(w.scalar_type() == at::kByte, op, ": ", name, " of GGML type ", type, " (", block_type_name(t),
               ") must be its uint8 bytes [N, row bytes], got ", w.scalar_type());
   check_dim(op, name, w, 2, "[N, row bytes]");
-  const std::string e = gguf_weight_error(t, K, w.size(1), w.stride(0), w.stride(1));
+  const std::string e = gguf_weight_error(t, w.size(0), K, w.size(1), w.stride(0), w.stride(1));
   TORCH_CHECK(e.empty(), op, ": ", name, ": ", e);
   return t;
 }

@@ -269,21 +269,26 @@ inline void set_q8_weight(LinearArgs& a, const void* w, int64_t w_stride, const 
 
 // ---- GGUF block-type weights (gguf.h): uint8 [N, row bytes], read in place
 
-// The DType of a GGML type number: 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (false otherwise).
+// The DType of a GGML type number: 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K, and of the x8
+// layouts 102 Q4_0_X8, 103 Q4_1_X8, 108 Q8_0_X8 (false otherwise).
 inline bool gguf_dtype(int64_t ggml_type, DType* out) {
   for (DType t : kBlockTypes)
     if (int64_t(t) - 100 == ggml_type) return *out = t, true;
+  for (DType t : kX8Types)
+    if (int64_t(t) - 100 == ggml_type) return *out = t, true;
   return false;
 }
-constexpr const char* kGgufTypes = "2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K) or 14 (Q6_K)";
+constexpr const char* kGgufTypes =
+    "2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), 102 (Q4_0_X8), 103 (Q4_1_X8) or 108 (Q8_0_X8)";
 inline std::string gguf_type_error(int64_t ggml_type) {
   DType t;
   if (gguf_dtype(ggml_type, &t)) return "";
   return message("GGML type ", ggml_type, " is not supported: expected ", kGgufTypes);
 }
 
-// A matrix of K-element rows stored as bytes [N, row_bytes] with strides [stride0, stride1].
-inline std::string gguf_weight_error(DType t, int64_t K, int64_t row_bytes, int64_t stride0, int64_t stride1) {
+// A matrix of N rows of K elements stored as bytes [N, row_bytes] with strides [stride0,
+// stride1]; an x8 one is whole groups of 8 rows, contiguous (gguf.h).
+inline std::string gguf_weight_error(DType t, int64_t N, int64_t K, int64_t row_bytes, int64_t stride0, int64_t stride1) {
   const int64_t e = block_elems(t);
   if (std::string k = row_length_error("K", K); !k.empty()) return k;
   if (K % e != 0)
@@ -293,6 +298,11 @@ inline std::string gguf_weight_error(DType t, int64_t K, int64_t row_bytes, int6
                    " bytes, got weight rows of ", row_bytes, " bytes");
   if (stride1 != 1 && row_bytes > 1)
     return message("weight bytes must be contiguous along a row (stride 1), got strides [", stride0, ", ", stride1, "]");
+  if (is_x8(t) && N % kX8Rows != 0)
+    return message("a ", block_type_name(t), " matrix interleaves groups of 8 rows: N must be a multiple of 8, got ", N);
+  if (is_x8(t) && N > 1 && stride0 != row_bytes)
+    return message("a ", block_type_name(t), " matrix must be contiguous (rows ", row_bytes,
+                   " bytes apart), got strides [", stride0, ", ", stride1, "]");
   return "";
 }
 
