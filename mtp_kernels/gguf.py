@@ -5,6 +5,10 @@ A quantized matrix ``[N, K]`` is a ``QuantTensor``: ``data``, a uint8 tensor ``[
 ``data`` with ``gguf_type=`` (``mtp.linear``), ``weight_types=`` (``mtp.decoder_layers``) or
 ``embedding_type=`` / ``lm_head_type=`` (``mtp.head_draft``). Layouts and the exact product:
 ``csrc/include/mtp/gguf.h``; executable form: ``reference.gguf_dequantize`` / ``reference.gguf_linear``.
+
+The x8 layouts (type numbers 100 + the file's: ``X8_TYPES``) hold the same bytes with 8 rows
+interleaved (``repack_x8``), which the SIMD kernels read 8 columns per vector; the product's
+bits are the file layout's. The loader repacks the decoder layers' matrices in place.
 """
 
 from __future__ import annotations
@@ -23,15 +27,19 @@ BLOCK_TYPES = {
     14: ("Q6_K", 256, 210),
 }
 TYPE_NUMBERS = {name: code for code, (name, _, _) in BLOCK_TYPES.items()}
+# The x8 layout of a file type -> (name, elements per block, bytes per block and row).
+X8_TYPES = {100 + code: (BLOCK_TYPES[code][0] + "_X8", 32, BLOCK_TYPES[code][2]) for code in (2, 3, 8)}
+LAYOUTS = {**BLOCK_TYPES, **X8_TYPES}  # every type number the ops take
+X8_ROWS = 8
 
 
 def type_name(code: int) -> str:
-    return BLOCK_TYPES[code][0] if code in BLOCK_TYPES else f"GGML type {code}"
+    return LAYOUTS[code][0] if code in LAYOUTS else f"GGML type {code}"
 
 
 def row_bytes(code: int, K: int) -> int:
     """Bytes of one row of K elements (K a multiple of the block size)."""
-    _, elems, nbytes = BLOCK_TYPES[code]
+    _, elems, nbytes = LAYOUTS[code]
     if K % elems:
         raise ValueError(f"K = {K} is not a multiple of {type_name(code)}'s blocks of {elems} elements")
     return K // elems * nbytes
@@ -40,32 +48,38 @@ def row_bytes(code: int, K: int) -> int:
 @dataclass(frozen=True)
 class QuantTensor:
     """A GGUF block-quantized matrix [N, K]: ``data`` uint8 [N, row_bytes(K)] (rows may be
-    strided, bytes contiguous within a row) and ``gguf_type`` (a key of BLOCK_TYPES)."""
+    strided, bytes contiguous within a row; x8: contiguous, N a multiple of 8) and
+    ``gguf_type`` (a key of LAYOUTS)."""
 
     data: torch.Tensor
     gguf_type: int
 
     def __post_init__(self):
-        if self.gguf_type not in BLOCK_TYPES:
+        if self.gguf_type not in LAYOUTS:
             raise ValueError(
                 f"QuantTensor: {type_name(self.gguf_type)} is not supported "
-                f"(supported: {', '.join(n for n, _, _ in BLOCK_TYPES.values())})"
+                f"(supported: {', '.join(n for n, _, _ in LAYOUTS.values())})"
             )
         if self.data.dtype != torch.uint8 or self.data.dim() != 2:
             raise ValueError(
                 f"QuantTensor: data must be a 2-D uint8 tensor [N, row bytes], got "
                 f"{self.data.dtype} of shape {list(self.data.shape)}"
             )
-        _, elems, nbytes = BLOCK_TYPES[self.gguf_type]
+        _, elems, nbytes = LAYOUTS[self.gguf_type]
         if self.data.shape[1] % nbytes:
             raise ValueError(
                 f"QuantTensor: {self.data.shape[1]} bytes per row is not a whole number of "
                 f"{type_name(self.gguf_type)} blocks ({nbytes} bytes)"
             )
+        if self.gguf_type in X8_TYPES and (self.data.shape[0] % X8_ROWS or not self.data.is_contiguous()):
+            raise ValueError(
+                f"QuantTensor: a {type_name(self.gguf_type)} matrix is contiguous groups of 8 rows, got "
+                f"{self.data.shape[0]} rows with strides {list(self.data.stride())}"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
-        _, elems, nbytes = BLOCK_TYPES[self.gguf_type]
+        _, elems, nbytes = LAYOUTS[self.gguf_type]
         return (self.data.shape[0], self.data.shape[1] // nbytes * elems)
 
     @property
@@ -74,7 +88,9 @@ class QuantTensor:
 
     def rows(self, index) -> "QuantTensor":
         """The rows ``index`` (an int tensor, a slice or a list): a view for a slice, else a copy
-        of those rows' bytes (never dequantized)."""
+        of those rows' bytes (never dequantized); of an x8 matrix, a copy in the file layout."""
+        if self.gguf_type in X8_TYPES:
+            return QuantTensor(unpack_x8(self.data, self.gguf_type)[index], self.gguf_type - 100)
         return QuantTensor(self.data[index], self.gguf_type)
 
     def dequantize(self) -> torch.Tensor:
@@ -82,3 +98,52 @@ class QuantTensor:
         from .reference import gguf_dequantize
 
         return gguf_dequantize(self.data, self.gguf_type)
+
+    def x8(self, in_place: bool = False) -> "QuantTensor":
+        """This matrix in its x8 layout (repack_x8); in_place writes the new order over data's
+        own bytes (a private file map: no new memory, and nothing else may read them since)."""
+        if self.gguf_type in X8_TYPES:
+            return self
+        packed = repack_x8(self.data, self.gguf_type)
+        if in_place:
+            self.data.copy_(packed)
+            packed = self.data
+        return QuantTensor(packed, self.gguf_type + 100)
+
+
+def can_x8(w) -> bool:
+    """Whether repack_x8 takes this matrix: Q4_0, Q4_1 or Q8_0 with rows in groups of 8."""
+    return isinstance(w, QuantTensor) and w.gguf_type + 100 in X8_TYPES and w.data.shape[0] % X8_ROWS == 0
+
+
+def _x8_parts(code: int) -> tuple[int, int]:
+    """Bytes of a file block's scales (and offset) and of its 4-byte value chunks."""
+    name, _, nbytes = LAYOUTS[code]
+    head = 4 if name.startswith("Q4_1") else 2
+    return head, (nbytes - head) // 4
+
+
+def repack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
+    """File-layout rows [N, row_bytes] of type ``code`` (Q4_0, Q4_1, Q8_0; N a multiple of 8)
+    -> the x8 layout (csrc/include/mtp/gguf.h), a new contiguous tensor of the same shape: per
+    group of 8 rows and block, the 8 scales (and offsets), then chunk j's 4 bytes of each row."""
+    N, rb = data.shape
+    nbytes = LAYOUTS[code][2]
+    head, chunks = _x8_parts(code)
+    G, nb = N // X8_ROWS, rb // nbytes
+    blocks = data.reshape(G, X8_ROWS, nb, nbytes)  # [g, c, b, byte]
+    scales = blocks[..., :head].reshape(G, X8_ROWS, nb, head // 2, 2).permute(0, 2, 3, 1, 4)  # [g, b, d|m, c, 2]
+    values = blocks[..., head:].reshape(G, X8_ROWS, nb, chunks, 4).permute(0, 2, 3, 1, 4)  # [g, b, j, c, 4]
+    return torch.cat([scales.reshape(G, nb, -1), values.reshape(G, nb, -1)], -1).reshape(N, rb)
+
+
+def unpack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
+    """repack_x8's inverse: x8 bytes [N, row_bytes] -> the file layout's rows (a new tensor)."""
+    N, rb = data.shape
+    nbytes = LAYOUTS[code][2]
+    head, chunks = _x8_parts(code)
+    G, nb = N // X8_ROWS, rb // nbytes
+    blocks = data.reshape(G, nb, X8_ROWS * nbytes)
+    scales = blocks[..., : X8_ROWS * head].reshape(G, nb, head // 2, X8_ROWS, 2).permute(0, 3, 1, 2, 4)
+    values = blocks[..., X8_ROWS * head :].reshape(G, nb, chunks, X8_ROWS, 4).permute(0, 3, 1, 2, 4)
+    return torch.cat([scales.reshape(G, X8_ROWS, nb, head), values.reshape(G, X8_ROWS, nb, -1)], -1).reshape(N, rb)

@@ -246,7 +246,7 @@ def linear(
     """Shape-invariant ``x @ weight.T + bias``; an int8 weight takes ``weight_scale`` (Q8 blocks
     of 32 along K, ``mtp_kernels.quantize_q8``), and with ``quantize_x=True`` the activations
     are quantized the same way (row by row) for integer dot products. See ``reference.linear``.
-    ``gguf_type`` (a GGML type number, ``mtp_kernels.gguf.BLOCK_TYPES``): weight is the uint8
+    ``gguf_type`` (a GGML type number, or an x8 layout's: ``mtp_kernels.gguf.LAYOUTS``): weight is the uint8
     bytes [N, row_bytes] of a GGUF block-quantized matrix as stored in the file, read in place
     (CPU); see ``reference.gguf_linear``."""
     return torch.ops.mtp.linear.default(x, weight, bias, weight_scale, quantize_x=quantize_x, gguf_type=gguf_type)
@@ -256,9 +256,9 @@ def linear(
 def _linear_fake(x, weight, bias=None, weight_scale=None, *, quantize_x=False, gguf_type=None):
     _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     if gguf_type is not None:
-        from .gguf import BLOCK_TYPES, row_bytes
+        from .gguf import LAYOUTS, row_bytes
 
-        torch._check(gguf_type in BLOCK_TYPES, lambda: f"mtp.linear: GGML type {gguf_type} is not supported")
+        torch._check(gguf_type in LAYOUTS, lambda: f"mtp.linear: GGML type {gguf_type} is not supported")
         torch._check(
             weight.dtype == torch.uint8
             and weight.dim() == 2

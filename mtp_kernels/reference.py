@@ -199,13 +199,35 @@ def _q4k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([lo_sc, hi_sc], -1), torch.cat([lo_m, hi_m], -1)
 
 
-def gguf_blocks(data: torch.Tensor, gguf_type: int):
-    """The canonical form of gguf.h: rows of bytes [N, row_bytes] -> per block of 32
-    (q int32 [N, nb, 32] with offsets applied, d fp32 [N, nb], m fp32 [N, nb] (0 without an
-    offset), mul int32 [N, nb, 2] (Q6_K's scale per half-block, else 1)); element =
-    d * (mul * q) + m, the product exact in fp32."""
-    from .gguf import BLOCK_TYPES
+def x8_file_rows(data: torch.Tensor, gguf_type: int) -> torch.Tensor:
+    """An x8 matrix's bytes [N, row_bytes] -> its rows in the file's layout, byte by byte from
+    gguf.h's definition: byte i of row n's block b sits in group n // 8 at block b's
+    8 * bytes * b, then at 2 * (n % 8) + i (the fp16 d; Q4_1's m 16 further on), or in chunk
+    j = (i - head) // 4 of 32 bytes after the 8 heads, at 4 * (n % 8) + (i - head) % 4."""
+    from .gguf import LAYOUTS
 
+    _, _, nbytes = LAYOUTS[gguf_type]
+    head = 4 if gguf_type == 103 else 2
+    N, rb = data.shape
+    n = torch.arange(N)[:, None, None]
+    b = torch.arange(rb // nbytes)[None, :, None]
+    i = torch.arange(nbytes)[None, None, :]
+    c = n % 8
+    in_head = torch.where(i < 2, 2 * c + i, 16 + 2 * c + i - 2)
+    in_chunk = 8 * head + 32 * ((i - head) // 4) + 4 * c + (i - head) % 4
+    pos = n // 8 * 8 * rb + 8 * nbytes * b + torch.where(i < head, in_head, in_chunk)
+    return data.reshape(-1)[pos.reshape(N, rb)]
+
+
+def gguf_blocks(data: torch.Tensor, gguf_type: int):
+    """The canonical form of gguf.h: rows of bytes [N, row_bytes] (either layout) -> per block
+    of 32 (q int32 [N, nb, 32] with offsets applied, d fp32 [N, nb], m fp32 [N, nb] (0 without
+    an offset), mul int32 [N, nb, 2] (Q6_K's scale per half-block, else 1)); element =
+    d * (mul * q) + m, the product exact in fp32."""
+    from .gguf import BLOCK_TYPES, X8_TYPES
+
+    if gguf_type in X8_TYPES:
+        data, gguf_type = x8_file_rows(data, gguf_type), gguf_type - 100
     name, elems, nbytes = BLOCK_TYPES[gguf_type]
     N = data.shape[0]
     blocks = data.contiguous().view(N, -1, nbytes)
@@ -264,34 +286,33 @@ def gguf_linear(
     x: torch.Tensor, data: torch.Tensor, gguf_type: int, bias: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """``mtp.linear(x, data, bias, gguf_type=gguf_type)`` bit for bit: x [..., K] fp32|bf16,
-    data [N, row_bytes] uint8 (a GGUF block type). x is quantized row by row
-    (``quantize_rows_q8``); per output element, blocks of 32 in order, lanes l = 0..7:
-    ``L = mul * sum of the 4 products`` (exact), ``acc[l] = fma(L, d * dx, acc[l])``;
-    ``accm = fma(m, dx * sum(xq), accm)`` (formats with an offset only: Q4_1, Q4_K; elsewhere
-    accm stays 0, so an overflowing dx * sum(xq) cannot turn a finite or infinite sum into NaN);
-    ``y = sum8(acc) + accm (+ bias)`` in fp32, then x's dtype."""
-    from .gguf import BLOCK_TYPES
+    data [N, row_bytes] uint8 (a GGUF block type, either layout). x is quantized row by row
+    (``quantize_rows_q8``); per output element one chain over the blocks of 32 in order:
+    ``I = mul_0 * (products 0..15) + mul_1 * (products 16..31)`` (exact),
+    ``acc = fma(I, d * dx, acc)``; ``accm = fma(m, dx * sum(xq), accm)`` (formats with an
+    offset only: Q4_1, Q4_K; elsewhere accm stays 0, so an overflowing dx * sum(xq) cannot turn
+    a finite or infinite sum into NaN); ``y = acc + accm (+ bias)`` in fp32, then x's dtype."""
+    from .gguf import LAYOUTS
 
-    offset = BLOCK_TYPES[gguf_type][0] in ("Q4_1", "Q4_K")
+    offset = LAYOUTS[gguf_type][0] in ("Q4_1", "Q4_1_X8", "Q4_K")
     q, d, m, mul = gguf_blocks(data, gguf_type)  # [N, nb, 32], [N, nb], ...
     K, N, nb = x.shape[-1], data.shape[0], q.shape[1]
     if K != nb * 32:
         raise ValueError(f"reference.gguf_linear: x has K = {K}, the weight rows hold {nb * 32} elements")
     x2 = x.reshape(-1, K)
     xq, dx = quantize_rows_q8(x2)
-    xq = xq.to(torch.int64).view(-1, nb, 8, 4)
+    xq = xq.to(torch.int64).view(-1, nb, 2, 16)
     s = dx * xq.sum(dim=(2, 3)).float()  # [M, nb]
-    lanes = torch.einsum("mblk,nblk->mnbl", xq, q.to(torch.int64).view(N, nb, 8, 4))
-    lanes = (lanes * mul.to(torch.int64).repeat_interleave(4, -1)[None]).float()  # [M, N, nb, 8], exact
+    halves = torch.einsum("mbhi,nbhi->mnbh", xq, q.to(torch.int64).view(N, nb, 2, 16))
+    I = (halves * mul.to(torch.int64)[None]).sum(-1).float()  # [M, N, nb], exact
     p = d[None] * dx[:, None]  # [M, N, nb] fp32
-    acc = torch.zeros(x2.shape[0], N, 8)
+    acc = torch.zeros(x2.shape[0], N)
     accm = torch.zeros(x2.shape[0], N)
     for b in range(nb):
-        acc = fma32(lanes[:, :, b], p[:, :, b, None].expand_as(acc), acc)
+        acc = fma32(I[:, :, b], p[:, :, b], acc)
         if offset:
             accm = fma32(m[None, :, b].expand_as(accm), s[:, None, b].expand_as(accm), accm)
-    a = acc.unbind(-1)
-    y = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + accm
+    y = acc + accm
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype).reshape(*x.shape[:-1], N)
@@ -948,6 +969,12 @@ def head_draft(
     ]
     drafts = torch.empty(B, k + alternatives, dtype=torch.int64, device=hidden.device)
     h = hidden[:, None]  # [B, 1, H]: one token per request
+    from .gguf import X8_TYPES
+
+    if embedding_type in X8_TYPES:  # either layout: the same rows (gathered here in the file's)
+        embedding, embedding_type = x8_file_rows(embedding, embedding_type), embedding_type - 100
+    if lm_head_type in X8_TYPES:
+        lm_head, lm_head_type = x8_file_rows(lm_head, lm_head_type), lm_head_type - 100
     rows, scales = lm_head, lm_head_scale
     if draft_vocab is not None:  # this composition copies them; the kernel does not
         rows, scales = lm_head[draft_vocab], None if lm_head_scale is None else lm_head_scale[draft_vocab]
