@@ -1,4 +1,5 @@
-"""mtp.linear on GGUF block-type weights read as stored (gguf_type=), against the same matrix
+"""mtp.linear on GGUF block-type weights read as stored (gguf_type=), in their x8 layout (the
+same bytes, 8 rows interleaved: what the loader gives the decoder layers), and the same matrix
 as bf16 weights (what the dequantized backbone streams), at the rows of decoding (M = 1) and
 verification (M = 5, 9). Bytes = the weights read once per call. Each call reads the next of
 several copies of the matrix (>= 256 MB in all), so the weights come from DRAM, as in a
@@ -11,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from mtp_kernels.gguf import BLOCK_TYPES, row_bytes
+from mtp_kernels.gguf import BLOCK_TYPES, X8_TYPES, repack_x8, row_bytes
 
 # (N, K) per format: SmolLM2's q/o, gate_up, down and LM head for the 32-element blocks; the
 # K-quants need K % 256 == 0 (Gemma-like widths).
@@ -22,7 +23,12 @@ SHAPES = {
     12: [(2048, 768), (768, 2048)],
     14: [(2048, 768), (768, 2048)],
 }
-CASES = [(code, shape, M) for code, shapes in SHAPES.items() for shape, M in itertools.product(shapes, [1, 5, 9])]
+CASES = [
+    (impl, code, shape, M)
+    for code, shapes in SHAPES.items()
+    for shape, M in itertools.product(shapes, [1, 5, 9])
+    for impl in ["gguf", "bf16"] + (["x8"] if code + 100 in X8_TYPES else [])
+]
 ROTATE_BYTES = 256 << 20
 
 
@@ -30,23 +36,22 @@ def copies(nbytes, make):
     return [make() for _ in range(max(2, ROTATE_BYTES // max(nbytes, 1)))]
 
 
-@pytest.mark.parametrize("impl", ["gguf", "bf16"])
-@pytest.mark.parametrize("code,shape,M", CASES, ids=lambda v: str(v).replace(" ", ""))
+@pytest.mark.parametrize("impl,code,shape,M", CASES, ids=lambda v: str(v).replace(" ", ""))
 def test_gguf_linear(benchmark, impl, code, shape, M):
     N, K = shape
     name = BLOCK_TYPES[code][0]
     x = torch.randn(M, K).to(torch.bfloat16)
-    if impl == "gguf":
+    if impl in ("gguf", "x8"):
         nbytes = N * row_bytes(code, K)
         g = torch.Generator().manual_seed(0)
 
         def make():
             w = torch.randint(0, 256, (N, nbytes // N), dtype=torch.uint8, generator=g)
             w.view(N, -1, BLOCK_TYPES[code][2])[:, :, :2] = torch.tensor([0, 0x20], dtype=torch.uint8)  # fp16 0.0078
-            return w
+            return repack_x8(w, code) if impl == "x8" else w
 
         ws = copies(nbytes, make)
-        kw = {"gguf_type": code}
+        kw = {"gguf_type": code + 100 if impl == "x8" else code}
     else:
         nbytes = N * K * 2
         ws = copies(nbytes, lambda: (torch.randn(N, K) / K**0.5).to(torch.bfloat16))
@@ -54,5 +59,5 @@ def test_gguf_linear(benchmark, impl, code, shape, M):
     it = itertools.cycle(ws)
     benchmark.group = f"gguf {name} {N}x{K} M={M}"
     benchmark.extra_info["bytes"] = nbytes
-    benchmark.extra_info["format"] = name if impl == "gguf" else "bf16"
+    benchmark.extra_info["format"] = {"gguf": name, "x8": name + "_X8", "bf16": "bf16"}[impl]
     benchmark.pedantic(lambda: torch.ops.mtp.linear(x, next(it), **kw), rounds=50, iterations=1, warmup_rounds=len(ws))

@@ -44,10 +44,11 @@ def default_gguf_path() -> str:
     return path
 
 
-def load(path: str | None = None, native: bool = False) -> tuple[LlamaConfig, dict, Tokenizer]:
+def load(path: str | None = None, native: bool = False, x8: bool = True) -> tuple[LlamaConfig, dict, Tokenizer]:
     """(config, weights, tokenizer) from a .gguf file or a safetensors folder. Weights: fp32
     tensors; with native=True a GGUF's block-quantized matrices are `gguf.QuantTensor`s over
-    the file's own bytes, in place (load_gguf); a safetensors folder gives fp32 either way."""
+    the file's own bytes, in place (load_gguf; x8: the decoder layers' in their x8 layout); a
+    safetensors folder gives fp32 either way."""
     path = path or default_gguf_path()
     if os.path.isdir(path):
         return load_safetensors_dir(path)
@@ -56,7 +57,7 @@ def load(path: str | None = None, native: bool = False) -> tuple[LlamaConfig, di
             f"no model at {path!r}: expected a .gguf file or a folder with config.json, "
             "model.safetensors and tokenizer.json"
         )
-    return load_gguf(path, native)
+    return load_gguf(path, native, x8)
 
 
 # ---- GGUF ------------------------------------------------------------------------------
@@ -326,12 +327,16 @@ def _map_file(path: str, size: int) -> torch.Tensor:
     return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
 
 
-def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Tokenizer]:
+def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaConfig, dict, Tokenizer]:
     """native=False: every weight dequantized to fp32 (gguf's dequantizer). native=True:
     2-D tensors of a block type (gguf.BLOCK_TYPES) are QuantTensors whose data are views into
     the file's memory map (zero-copy), except Q and K: llama.cpp permutes their rows for its
     RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
-    SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors."""
+    SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors.
+    x8 (native only): the decoder layers' Q4_0 / Q4_1 / Q8_0 matrices (rows in groups of 8)
+    are repacked in place into their x8 layout (gguf.repack_x8: the same bytes in the kernels'
+    order, written over the private map's pages: no new memory, the file unchanged). The
+    embedding (gathered by token) stays in the file's layout."""
     import mmap
 
     size = os.path.getsize(path)
@@ -389,7 +394,7 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
         path, "GGUF metadata 'llama.block_count'", cfg.num_layers, [t.name for t in tensors], r"blk\.(\d+)\."
     )
 
-    from ..gguf import BLOCK_TYPES, QuantTensor
+    from ..gguf import BLOCK_TYPES, QuantTensor, can_x8
 
     sizes = _ggml_sizes()
     mapped = _map_file(path, size)
@@ -415,7 +420,8 @@ def load_gguf(path: str, native: bool = False) -> tuple[LlamaConfig, dict, Token
             if rows_of:  # the rows in the original order: a copy of their bytes (QuantTensor.rows,
                 # gathered in numpy: torch's gather costs ~15 ms per matrix on some machines)
                 data = torch.from_numpy(np.ascontiguousarray(_unpermute_rope(data.numpy(), rows_of)))
-            weights[name] = QuantTensor(data, t.type)
+            q = QuantTensor(data, t.type)
+            weights[name] = q.x8(in_place=True) if x8 and name.startswith("model.layers.") and can_x8(q) else q
             continue
         if native and t.type in _GGUF_FLOATS:  # norms (small): a copy in their own dtype
             arr = raw.numpy().copy()

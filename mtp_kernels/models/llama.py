@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..gguf import QuantTensor, type_name
+from ..gguf import X8_TYPES, QuantTensor, type_name, unpack_x8
 from ..quant import dequantize_q8, quantize_q8
 from ..reference import DECODER_PARTS, gguf_dequantize
 from .config import LlamaConfig
@@ -191,6 +191,8 @@ class Backbone(torch.nn.Module):
     def _rows(self, name: str, index) -> torch.Tensor:
         w, scale, gguf_type = self.w(name), self.scale(name), self.gguf_type(name)
         if gguf_type is not None:  # the rows' bytes, dequantized in fp32 then rounded (as mtp.head_draft does)
+            if gguf_type in X8_TYPES:  # rows are interleaved: gather from the file's layout
+                w, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
             rows = w if index is None else w[index]
             flat = gguf_dequantize(rows.reshape(-1, w.shape[-1]), gguf_type).to(self.dtype)
             return flat.view(*rows.shape[:-1], flat.shape[-1])
@@ -298,8 +300,11 @@ def _fuse(name: str, parts: list):
     if not any(quant):
         return torch.cat(parts)
     types = {p.gguf_type for p in parts if isinstance(p, QuantTensor)}
+    if all(quant) and len(types) > 1 and len({t % 100 for t in types}) == 1:  # x8 beside the file layout
+        parts = [p.rows(slice(None)) for p in parts]  # all in the file's layout (the x8 ones copied)
+        types = {p.gguf_type for p in parts}
     if not all(quant) or len(types) > 1:
-        kinds = [type_name(p.gguf_type) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]
+        kinds = [type_name(p.gguf_type % 100) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]  # as stored
         raise MixedTypesError(
             f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run "
             "as one matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)"
