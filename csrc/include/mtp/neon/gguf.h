@@ -1,15 +1,25 @@
-// NEON products of GGUF block-type weights (gguf.h) with int8 activation rows: a block of 32
-// is two int8x16 halves, int32 lane l of half h = the four products 16h+4l..16h+4l+3, exactly
-// the canonical lanes 4h+l of gguf.h, so every path gives the generic kernel's bits.
+// NEON products of GGUF block-type weights (gguf.h) with int8 activation rows: the integer
+// block sums I are exact, then gguf.h's one chain per output element (one fma per block, the
+// scale d_b * dx_b rounded first; the offset chain beside it), so every path gives the generic
+// kernel's bits. A vector fma per lane is std::fma.
+// File layout: a block of 32 is two int8x16 halves, int32 lane l of half h = the four products
+// 16h+4l..16h+4l+3; Q6_K multiplies each half by its scale, then pairwise adds reduce 4
+// columns into one int32x4 (lane c = column c's I) and one fma serves the 4 columns.
+// x8 layout: a chunk of 32 bytes is two int8x16 (columns 0-3, 4-7; 4 bytes per int32 lane),
+// so its dot products with 4 activation bytes land in lane c = column c: a block's 8 sums
+// come out in two int32x4, then one cvt + mul + fma per 4 columns. A row map over x8 groups
+// (columns from different groups) takes the generic kernel.
 // The weights are decoded to signed int8 (Q4_0: nibble - 8, Q6_K: value - 32, Q8_0 as stored,
 // Q4_1 / Q4_K: the nibble) and multiplied with the signed x: no offset correction (sum4 is
-// the x86 paths'). With FEAT_DotProd: one SDOT per half from zero. Without: SMULL / SMULL2
-// (int16 products, |q x| <= 128 * 127), ADDP of adjacent products (|pair| <= 32512: no int16
-// overflow), SADDLP to the int32 quads. Both exact: the same integers, so the same bits.
+// the x86 paths'). With FEAT_DotProd: SDOT (x8: the by-element form, x's 4 bytes chosen by
+// lane). Without: SMULL / SMULL2 (int16 products, |q x| <= 128 * 127), ADDP of adjacent
+// products (|pair| <= 32512: no int16 overflow), SADDLP / SADALP to the int32 quads. Both
+// exact: the same integers (|I| < 2^24), so the same bits.
 #pragma once
 #include <arm_neon.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "mtp/gguf.h"
 #include "mtp/isa.h"
@@ -18,21 +28,31 @@
 namespace mtp::neon {
 
 #if defined(MTP_NEON_DOTPROD)
-// Out of line with its own target so that the plain variant compiles without dotprod;
-// flatten inlines it into the dotprod entry point only.
-MTP_TARGET_NEON_DOTPROD inline int32x4_t gguf_sdot(int8x16_t a, int8x16_t b) {
-  return vdotq_s32(vdupq_n_s32(0), a, b);
+// Out of line with their own target so that the plain variant compiles without dotprod;
+// flatten inlines them into the dotprod entry point only.
+MTP_TARGET_NEON_DOTPROD inline int32x4_t gguf_sdot(int32x4_t acc, int8x16_t a, int8x16_t b) {
+  return vdotq_s32(acc, a, b);
+}
+template <int kLane>
+MTP_TARGET_NEON_DOTPROD inline int32x4_t gguf_sdot_lane(int32x4_t acc, int8x16_t w, int8x16_t x) {
+  return vdotq_laneq_s32(acc, w, x, kLane);
 }
 #endif
 
-// The 4 int32 lanes of one half: lane l = sum of the products of elements 4l..4l+3.
+// int16 lane l = the products of elements 2l and 2l + 1 added (|pair| <= 32512: exact);
+// SADDLP / SADALP then add lanes 2l, 2l + 1 into int32 lane l (elements 4l..4l+3).
+inline int16x8_t gguf_pairs(int8x16_t q, int8x16_t x) {
+  return vpaddq_s16(vmull_s8(vget_low_s8(q), vget_low_s8(x)), vmull_high_s8(q, x));
+}
+
+// acc + the 4 int32 lanes of one half: lane l = sum of the products of elements 4l..4l+3.
 template <bool kSdot>
-inline int32x4_t gguf_dot4(int8x16_t q, int8x16_t x) {
+inline int32x4_t gguf_dot4(int32x4_t acc, int8x16_t q, int8x16_t x) {
 #if defined(MTP_NEON_DOTPROD)
-  if constexpr (kSdot) return gguf_sdot(q, x);
+  if constexpr (kSdot) return gguf_sdot(acc, q, x);
   else
 #endif
-    return vpaddlq_s16(vpaddq_s16(vmull_s8(vget_low_s8(q), vget_low_s8(x)), vmull_high_s8(q, x)));
+    return vpadalq_s16(acc, gguf_pairs(q, x));
 }
 
 constexpr int kGgufCols = 4;  // columns per tile: the scales and offsets of a block are one float32x4
@@ -113,50 +133,40 @@ inline void load_blocks(const uint8_t* const* w, int64_t b, WBlocks& o) {
   }
 }
 
-inline float sum8_neon(float32x4_t lo, float32x4_t hi) {  // gguf.h's sum8, lane for lane
-  const float32x4_t t = vaddq_f32(lo, hi);                         // a_l + a_{l+4}
-  const float32x2_t u = vadd_f32(vget_low_f32(t), vget_high_f32(t));  // (0 + 2), (1 + 3)
-  return vget_lane_f32(u, 0) + vget_lane_f32(u, 1);
+// Column c's block sum I (lanes to reduce; Q6_K: each half times its multiplier first).
+template <DType T, bool kSdot>
+inline int32x4_t block_lanes(const WBlocks& wb, int c, int8x16_t x0, int8x16_t x1) {
+  const int32x4_t zero = vdupq_n_s32(0);
+  if constexpr (T == DType::Q6_K)
+    return vmlaq_n_s32(vmulq_n_s32(gguf_dot4<kSdot>(zero, wb.q[c][0], x0), wb.mul[c][0]),
+                       gguf_dot4<kSdot>(zero, wb.q[c][1], x1), wb.mul[c][1]);
+  else
+    return gguf_dot4<kSdot>(gguf_dot4<kSdot>(zero, wb.q[c][0], x0), wb.q[c][1], x1);
 }
 
-// R rows x kGgufCols columns (weight rows w[c]) over all blocks.
+// R rows x kGgufCols columns (weight rows w[c]) over all blocks: acc[r] / accm[r] lane c =
+// column c's chains. Per block, the columns' blocks are decoded once for the R rows.
 template <DType T, bool kSdot, int R>
 inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb,
                       float (*out)[kGgufCols]) {
-  constexpr int C = kGgufCols;
-  float32x4_t acc[R][C][2], accm[R];  // accm: lane c = column c's offset chain (vector fma = std::fma per lane)
-  for (int r = 0; r < R; ++r) {
-    accm[r] = vdupq_n_f32(0.f);
-    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = vdupq_n_f32(0.f);
-  }
+  float32x4_t acc[R], accm[R];
+  for (int r = 0; r < R; ++r) acc[r] = accm[r] = vdupq_n_f32(0.f);
   constexpr int64_t stride = block_bytes(T) / (block_elems(T) / 32);  // bytes per 32 elements
   for (int64_t b = 0; b < nb; ++b) {
-    for (int c = 0; c < C; ++c) __builtin_prefetch(w[c] + (b + 8) * stride);
+    for (int c = 0; c < kGgufCols; ++c) __builtin_prefetch(w[c] + (b + 8) * stride);
     WBlocks wb;
     load_blocks<T>(w, b, wb);
     for (int r = 0; r < R; ++r) {
       const int8_t* x = xq.qrow(m0 + r) + b * 32;
       const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
-      float scale[C];  // d_b * dx_b per column, as the generic kernel rounds it
-      vst1q_f32(scale, vmulq_n_f32(wb.d, xq.dxrow(m0 + r)[b]));
-      for (int c = 0; c < C; ++c) {
-        int32x4_t L0 = gguf_dot4<kSdot>(wb.q[c][0], x0), L1 = gguf_dot4<kSdot>(wb.q[c][1], x1);
-        if constexpr (T == DType::Q6_K) {
-          L0 = vmulq_n_s32(L0, wb.mul[c][0]);
-          L1 = vmulq_n_s32(L1, wb.mul[c][1]);
-        }
-        const float32x4_t s = vdupq_n_f32(scale[c]);
-        acc[r][c][0] = vfmaq_f32(acc[r][c][0], vcvtq_f32_s32(L0), s);
-        acc[r][c][1] = vfmaq_f32(acc[r][c][1], vcvtq_f32_s32(L1), s);
-      }
+      // lane c = column c's I: exact integer adds, any order
+      const int32x4_t I = vpaddq_s32(vpaddq_s32(block_lanes<T, kSdot>(wb, 0, x0, x1), block_lanes<T, kSdot>(wb, 1, x0, x1)),
+                                     vpaddq_s32(block_lanes<T, kSdot>(wb, 2, x0, x1), block_lanes<T, kSdot>(wb, 3, x0, x1)));
+      acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(I), vmulq_n_f32(wb.d, xq.dxrow(m0 + r)[b]));
       if constexpr (block_has_offset(T)) accm[r] = vfmaq_n_f32(accm[r], wb.m, xq.srow(m0 + r)[b]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float m[C];
-    vst1q_f32(m, accm[r]);
-    for (int c = 0; c < C; ++c) out[r][c] = sum8_neon(acc[r][c][0], acc[r][c][1]) + m[c];
-  }
+  for (int r = 0; r < R; ++r) vst1q_f32(out[r], vaddq_f32(acc[r], accm[r]));
 }
 
 template <DType T, bool kSdot, int R>
@@ -175,28 +185,138 @@ inline void gguf_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int6
   }
 }
 
-// Rows in pairs (a pair shares each decoded weight block; 2 x 4 x 2 accumulators of the 32
-// vector registers), then one; any grouping gives the same bits.
-template <DType T, bool kSdot>
-inline void gguf_linear_typed(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
-  int64_t m = 0;
-  for (; m + 2 <= a.M; m += 2) gguf_rows<T, kSdot, 2>(a, xq, m, n0, n1);
-  for (; m < a.M; ++m) gguf_rows<T, kSdot, 1>(a, xq, m, n0, n1);
+// ---- x8 layout ----------------------------------------------------------------------------
+
+// I + the dot products of w's 4 columns (4 bytes per int32 lane) with x's 4 bytes at int32
+// lane kLane (SDOT by element; without it those bytes duplicated, then SMULL and pairwise adds).
+template <bool kSdot, int kLane>
+inline int32x4_t x8_dot(int32x4_t I, int8x16_t w, int8x16_t x) {
+#if defined(MTP_NEON_DOTPROD)
+  if constexpr (kSdot) return gguf_sdot_lane<kLane>(I, w, x);
+  else
+#endif
+    return vpadalq_s16(I, gguf_pairs(w, vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), kLane))));
 }
 
-template <bool kSdot>
-inline void gguf_linear_variant(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
-  switch (a.w_dtype) {
-    case DType::Q4_0: return gguf_linear_typed<DType::Q4_0, kSdot>(a, xq, n0, n1);
-    case DType::Q4_1: return gguf_linear_typed<DType::Q4_1, kSdot>(a, xq, n0, n1);
-    case DType::Q8_0: return gguf_linear_typed<DType::Q8_0, kSdot>(a, xq, n0, n1);
-    case DType::Q4_K: return gguf_linear_typed<DType::Q4_K, kSdot>(a, xq, n0, n1);
-    default: return gguf_linear_typed<DType::Q6_K, kSdot>(a, xq, n0, n1);
+// Chunks J.. of one x8 block (qs: its first chunk) into the R rows' block sums I[r] (columns
+// 0-3, 4-7); x[r]: the row's 32 activations of the block as two int8x16. A template
+// recursion: the lanes of x8_dot are constants.
+template <DType T, bool kSdot, int R, int J>
+inline void x8_chunks_from(const uint8_t* qs, const int8x16_t (*x)[2], int32x4_t (*I)[2]) {
+  const uint8x16_t v0 = vld1q_u8(qs + 32 * J), v1 = vld1q_u8(qs + 32 * J + 16);
+  if constexpr (T == DType::Q8_0) {  // chunk J: elements 4J..4J+3
+    const int8x16_t w0 = vreinterpretq_s8_u8(v0), w1 = vreinterpretq_s8_u8(v1);
+    for (int r = 0; r < R; ++r) {
+      I[r][0] = x8_dot<kSdot, J % 4>(I[r][0], w0, x[r][J / 4]);
+      I[r][1] = x8_dot<kSdot, J % 4>(I[r][1], w1, x[r][J / 4]);
+    }
+  } else {  // chunk J: low nibbles elements 4J..4J+3, high 16+4J..16+4J+3
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(v0, low4)), hi0 = vreinterpretq_s8_u8(vshrq_n_u8(v0, 4));
+    int8x16_t lo1 = vreinterpretq_s8_u8(vandq_u8(v1, low4)), hi1 = vreinterpretq_s8_u8(vshrq_n_u8(v1, 4));
+    if constexpr (T == DType::Q4_0) {
+      const int8x16_t eight = vdupq_n_s8(8);
+      lo0 = vsubq_s8(lo0, eight), hi0 = vsubq_s8(hi0, eight), lo1 = vsubq_s8(lo1, eight), hi1 = vsubq_s8(hi1, eight);
+    }
+    for (int r = 0; r < R; ++r) {
+      I[r][0] = x8_dot<kSdot, J>(x8_dot<kSdot, J>(I[r][0], lo0, x[r][0]), hi0, x[r][1]);
+      I[r][1] = x8_dot<kSdot, J>(x8_dot<kSdot, J>(I[r][1], lo1, x[r][0]), hi1, x[r][1]);
+    }
+  }
+  if constexpr (J + 1 < x8_chunks(T)) x8_chunks_from<T, kSdot, R, J + 1>(qs, x, I);
+}
+
+// Eight fp16 values (one per column) to fp32: columns 0-3 and 4-7, FCVTL / FCVTL2, exact.
+inline void fp16x8(const uint8_t* p, float32x4_t* out) {
+  const float16x8_t h = vreinterpretq_f16_u8(vld1q_u8(p));
+  out[0] = vcvt_f32_f16(vget_low_f16(h));
+  out[1] = vcvt_high_f32_f16(h);
+}
+
+// R rows x the 8 columns of one x8 group (T: the blocks' file type) over all blocks: y[r][h]
+// lane c = column 4h + c. Per block, each chunk is decoded once for the R rows.
+template <DType T, bool kSdot, int R>
+inline void x8_tile(const uint8_t* group, const QuantRows& xq, int64_t m0, int64_t nb, float32x4_t (*y)[2]) {
+  constexpr int64_t gb = kX8Rows * block_bytes(T);
+  float32x4_t acc[R][2], accm[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = accm[r][0] = accm[r][1] = vdupq_n_f32(0.f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * gb;
+    __builtin_prefetch(blk + 8 * gb);
+    int8x16_t x[R][2];
+    int32x4_t I[R][2];
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xr = xq.qrow(m0 + r) + b * 32;
+      x[r][0] = vld1q_s8(xr), x[r][1] = vld1q_s8(xr + 16);
+      I[r][0] = I[r][1] = vdupq_n_s32(0);
+    }
+    x8_chunks_from<T, kSdot, R, 0>(blk + x8_head_bytes(T), x, I);
+    float32x4_t d[2], m[2];
+    fp16x8(blk, d);
+    if constexpr (block_has_offset(T)) fp16x8(blk + 16, m);
+    for (int r = 0; r < R; ++r) {
+      const float dx = xq.dxrow(m0 + r)[b];
+      for (int h = 0; h < 2; ++h) {
+        acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(I[r][h]), vmulq_n_f32(d[h], dx));
+        if constexpr (block_has_offset(T)) accm[r][h] = vfmaq_n_f32(accm[r][h], m[h], xq.srow(m0 + r)[b]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) y[r][h] = vaddq_f32(acc[r][h], accm[r][h]);
+}
+
+template <DType T, bool kSdot, int R>
+inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / 32;
+  for (int64_t n = n0; n < n1; n += kX8Rows) {  // n0, n1: multiples of 8 (whole groups)
+    float32x4_t y[R][2];
+    x8_tile<T, kSdot, R>(static_cast<const uint8_t*>(a.w) + n * a.w_stride, xq, m0, nb, y);
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        float* out = a.y + (m0 + r) * a.y_stride + n + 4 * h;
+        vst1q_f32(out, a.bias ? vaddq_f32(y[r][h], vld1q_f32(a.bias + n + 4 * h)) : y[r][h]);
+      }
   }
 }
 
-// The entry points: flatten functions into which everything above is inlined (gguf_sdot
-// only into the dotprod one, whose target allows it).
+// ---- dispatch -----------------------------------------------------------------------------
+
+// Columns [n0, n1) of rows m.., in groups of R rows (a group shares each decoded block), the
+// rest in smaller groups: the rows as a template argument; any grouping gives the same bits.
+template <DType T, bool kSdot, bool kX8, int R>
+inline void gguf_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t m, int64_t n0, int64_t n1) {
+  for (; m + R <= a.M; m += R) {
+    if constexpr (kX8) x8_rows<T, kSdot, R>(a, xq, m, n0, n1);
+    else gguf_rows<T, kSdot, R>(a, xq, m, n0, n1);
+  }
+  if constexpr (R > 1) gguf_row_groups<T, kSdot, kX8, R - 1>(a, xq, m, n0, n1);
+}
+
+// Rows sharing a decoded block: 2 in both layouts. File layout: 8 int8x16 of weights beside
+// the rows, in the 32 vector registers with GCC at 2 (3 or 4 spill on the plain path and for
+// Q6_K). x8: 8 registers a row (x, I, acc, accm); at 2 a few accumulators go to the stack
+// (Q4_1's offset chains), one load and store per block.
+constexpr int kGgufRows = 2, kGgufRowsX8 = 2;
+
+template <bool kSdot>
+inline void gguf_linear_variant(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  if (is_x8(a.w_dtype) && a.w_rows) return generic::gguf_linear(a, xq, n0, n1);  // a row map over groups
+  switch (a.w_dtype) {
+    case DType::Q4_0: return gguf_row_groups<DType::Q4_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
+    case DType::Q4_1: return gguf_row_groups<DType::Q4_1, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
+    case DType::Q8_0: return gguf_row_groups<DType::Q8_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
+    case DType::Q4_K: return gguf_row_groups<DType::Q4_K, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
+    case DType::Q6_K: return gguf_row_groups<DType::Q6_K, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
+    case DType::Q4_0_X8: return gguf_row_groups<DType::Q4_0, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
+    case DType::Q4_1_X8: return gguf_row_groups<DType::Q4_1, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
+    case DType::Q8_0_X8: return gguf_row_groups<DType::Q8_0, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
+    default: return generic::gguf_linear(a, xq, n0, n1);  // not a block type: never reached
+  }
+}
+
+// The entry points: flatten functions into which everything above is inlined (the SDOT
+// helpers only into the dotprod one, whose target allows them).
 __attribute__((flatten)) inline void gguf_linear_neon_plain(const LinearArgs& a, const QuantRows& xq, int64_t n0,
                                                             int64_t n1) {
   gguf_linear_variant<false>(a, xq, n0, n1);
