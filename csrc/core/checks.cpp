@@ -24,7 +24,10 @@ const char* dtype_name(int32_t dtype) {
     case MTP_Q4_1:
     case MTP_Q8_0:
     case MTP_Q4_K:
-    case MTP_Q6_K: return block_type_name(DType(dtype));
+    case MTP_Q6_K:
+    case MTP_Q4_0_X8:
+    case MTP_Q4_1_X8:
+    case MTP_Q8_0_X8: return block_type_name(DType(dtype));
     default: return "unknown";
   }
 }

@@ -54,8 +54,9 @@ class Checker {
   bool same_sizes(const char* name, const mtp_tensor* t, const char* ref_name, const mtp_tensor* ref);
 
   // A weight view [N, K] of a block dtype (already checked by tensor()): K a multiple of the
-  // block, strides[1] = 1 (gguf_weight_error's wording), rows strides[0] >= the row's bytes
-  // apart. Messages start with `name`.
+  // block, strides[1] = 1, an x8 layout's N a multiple of 8 and its rows contiguous
+  // (gguf_weight_error's wording), rows strides[0] >= the row's bytes apart. Messages start
+  // with `name`.
   bool block_rows(const std::string& name, const mtp_tensor* t);
 
   // A [B] int32/int64 view (shape already checked to be 1-D) -> int64 values, each checked

@@ -23,6 +23,9 @@ static_assert(int(MTP_Q4_0) == int(mtp::DType::Q4_0) && int(MTP_Q4_1) == int(mtp
                   int(MTP_Q8_0) == int(mtp::DType::Q8_0) && int(MTP_Q4_K) == int(mtp::DType::Q4_K) &&
                   int(MTP_Q6_K) == int(mtp::DType::Q6_K),
               "mtp_dtype block values must equal mtp::DType (100 + the GGML type number)");
+static_assert(int(MTP_Q4_0_X8) == int(mtp::DType::Q4_0_X8) && int(MTP_Q4_1_X8) == int(mtp::DType::Q4_1_X8) &&
+                  int(MTP_Q8_0_X8) == int(mtp::DType::Q8_0_X8),
+              "mtp_dtype x8 values must equal mtp::DType (100 + the file type's value)");
 
 namespace mtp::capi {
 namespace {
@@ -137,13 +140,15 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
 }
 
 // Of a decoder pass: the activations, and the matrices (float, int8 with Q8 scales, or GGUF
-// block types).
+// block types in the file's or the x8 layout).
 constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};
-constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8, MTP_Q4_0,
-                                                           MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K, MTP_Q6_K};
+constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,    MTP_Q4_0,
+                                                           MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K,
+                                                           MTP_Q4_0_X8, MTP_Q4_1_X8,  MTP_Q8_0_X8};
 // mtp_linear's weights: float, or GGUF block types (int8: mtp_linear_q8).
 constexpr std::initializer_list<mtp_dtype> kLinearWeightTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_Q4_0,
-                                                                 MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K};
+                                                                 MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K,
+                                                                 MTP_Q4_0_X8, MTP_Q4_1_X8,  MTP_Q8_0_X8};
 
 // Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
 void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {
@@ -1053,6 +1058,40 @@ mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const
   return guarded("mtp_linear_q8dot", [&](Checker& c) {
     if (weight && is_block_dtype(weight->dtype)) return block_weight_to_linear(c, weight);
     return linear_call(c, true, x, weight, weight_scale, bias, y, num_threads, /*quantize_x=*/true);
+  });
+}
+
+mtp_status mtp_gguf_repack_x8(int32_t dtype, const void* src, int64_t rows, int64_t cols, void* dst) {
+  return guarded("mtp_gguf_repack_x8", [&](Checker& c) {
+    const DType t = DType(dtype);
+    if (dtype != MTP_Q4_0 && dtype != MTP_Q4_1 && dtype != MTP_Q8_0)
+      return fail_with(c, MTP_ERROR_UNSUPPORTED_DTYPE,
+                       "dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0, got ",
+                       dtype_name(dtype), " (dtype value ", dtype, ")",
+                       is_x8(t) ? ": already the x8 layout" : is_block_dtype(dtype) ? ": a K-quant, no x8 layout" : "");
+    if (rows < 0 || rows % kX8Rows != 0)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "rows must be >= 0 and a multiple of 8 (the x8 layout ",
+                       "interleaves groups of 8 rows), got ", rows);
+    if (cols < 0 || cols % block_elems(t) != 0)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "cols must be >= 0 and a multiple of ", block_type_name(t),
+                       "'s blocks of ", block_elems(t), " elements, got ", cols);
+    int64_t row_bytes = 0, total = 0;
+    if (!checked_mul(cols / block_elems(t), block_bytes(t), &row_bytes) || !checked_mul(rows, row_bytes, &total))
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "a [rows, cols] = [", rows, ", ", cols, "] ",
+                       block_type_name(t), " matrix has more bytes than int64 counts");
+    if (total == 0) return MTP_OK;
+    if (!src) return fail_with(c, MTP_ERROR_NULL_POINTER, "src is NULL for a [", rows, ", ", cols, "] matrix");
+    if (!dst) return fail_with(c, MTP_ERROR_NULL_POINTER, "dst is NULL for a [", rows, ", ", cols, "] matrix");
+    const uintptr_t s = reinterpret_cast<uintptr_t>(src), d = reinterpret_cast<uintptr_t>(dst),
+                    n = uintptr_t(uint64_t(total));
+    if (uint64_t(total) > uint64_t(UINTPTR_MAX) || s > UINTPTR_MAX - n || d > UINTPTR_MAX - n)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "src or dst: ", total,
+                       " bytes from there run past the end of the address space");
+    if (s < d + n && d < s + n)
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "dst and src overlap in memory (each is rows x ", row_bytes,
+                       " = ", total, " bytes): the repack is not in place, dst must be another buffer");
+    repack_x8(t, static_cast<const uint8_t*>(src), row_bytes, rows, cols, static_cast<uint8_t*>(dst));
+    return MTP_OK;
   });
 }
 

@@ -4,8 +4,11 @@
 // mtp_decoder_layers(_tree) runs with block-type matrices (any mix, float ones too) and gives
 // the core's pass, a token the same bits in a T = 3 pass as in three T = 1 passes; the head
 // drafts with a Q8_0 embedding / lm_head (and block-type matrices of its own) what it drafts
-// with that embedding given as its fp32 dequantized rows. Bad input: a status and message,
-// nothing written (gguf_capi_errors).
+// with that embedding given as its fp32 dequantized rows. The x8 layout (MTP_Q4_0_X8 ..,
+// made by mtp_gguf_repack_x8, which writes mtp::repack_x8's bytes): mtp_linear, the decoder
+// passes and the head (its embedding rows, the draft vocabulary's lm_head rows or all of them)
+// give the file layout's bits. Bad input: a status and message, nothing written
+// (gguf_capi_errors).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -70,6 +73,27 @@ mtp_tensor view(const void* p, DType t, std::initializer_list<int64_t> sizes) {
   return mtp_contiguous(p, capi(t), int32_t(sizes.size()), sizes.begin());
 }
 
+// The x8 layout of N rows of file type t (rows `stride` bytes apart) through mtp_gguf_repack_x8
+// (the rows packed first: it takes the file's packed rows), checked against mtp::repack_x8 and
+// row by row against the file rows' dequantized values.
+std::vector<uint8_t> repacked_x8(DType t, const std::vector<uint8_t>& w, int64_t N, int64_t K, int64_t stride) {
+  const int64_t rb = mtp::block_row_bytes(t, K);
+  std::vector<uint8_t> packed(size_t(std::max<int64_t>(N * rb, 1))), x8(packed.size(), 0xCD), want(packed.size(), 0xCD);
+  for (int64_t n = 0; n < N; ++n) std::memcpy(packed.data() + n * rb, w.data() + n * stride, size_t(rb));
+  EXPECT(mtp_gguf_repack_x8(capi(t), packed.data(), N, K, x8.data()) == MTP_OK, "mtp_gguf_repack_x8 %s [%lld, %lld]: %s",
+         tname(t), (long long)N, (long long)K, mtp_last_error());
+  mtp::repack_x8(t, w.data(), stride, N, K, want.data());
+  EXPECT(x8 == want, "mtp_gguf_repack_x8 %s [%lld, %lld] != mtp::repack_x8", tname(t), (long long)N, (long long)K);
+  std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    mtp::dequantize_row(t, w.data(), stride, n, K, a.data());
+    mtp::dequantize_row(mtp::x8_of(t), x8.data(), rb, n, K, b.data());
+    EXPECT(std::memcmp(a.data(), b.data(), size_t(K) * sizeof(float)) == 0, "%s [%lld, %lld]: x8 row %lld != the file's",
+           tname(t), (long long)N, (long long)K, (long long)n);
+  }
+  return x8;
+}
+
 // ---------------------------------------------------------------- mtp_linear
 
 // y = mtp_linear(x, w, bias) against the core's generic product, bitwise.
@@ -131,6 +155,16 @@ void check_linear(DType wt, DType xt, int64_t M, int64_t N, int64_t K, bool with
                          [](char c) { return c == char(0x5A); }),
              "%s: wrote y's padding", what);
   }
+
+  // The x8 layout of the same weight (whole groups of 8 rows): y's bytes, padding included.
+  if (mtp::x8_of(wt) == wt || N % mtp::kX8Rows != 0) return;
+  const std::vector<uint8_t> w8 = repacked_x8(wt, w, N, K, stride);
+  std::vector<char> y8(y.size(), char(0x5A));
+  const mtp_tensor wv8 = mtp_gguf_matrix(w8.data(), capi(mtp::x8_of(wt)), N, K);
+  mtp_tensor yv8 = yv;
+  yv8.data = y8.data();
+  EXPECT(mtp_linear(&xv, &wv8, with_bias ? &bv : nullptr, &yv8, threads) == MTP_OK, "%s x8: %s", what, mtp_last_error());
+  EXPECT(y8 == y, "%s: the %s weight's y != the file layout's", what, tname(mtp::x8_of(wt)));
 }
 
 void check_linear_all() {
@@ -145,6 +179,19 @@ void check_linear_all() {
     check_linear(wt, DType::F32, 0, 4, e, true, true, 0, false, 1);   // M = 0
     check_linear(wt, DType::F32, 2, 0, e, true, true, 0, false, 1);   // N = 0
     check_linear(wt, DType::F32, 2, 3, 0, true, true, 0, false, 1);   // K = 0: the bias
+  }
+  // N a multiple of 8: the x8 layout too (check_linear compares it with the file layout).
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    for (DType xt : {DType::F32, DType::BF16, DType::F16}) {
+      check_linear(wt, xt, 3, 72, 64, true, true, 0, false, 2);
+      check_linear(wt, xt, 1, 8, 32, false, false, 6, true, 1);
+    }
+    check_linear(wt, DType::F32, 7, 136, 96, true, false, 2, false, 3);
+    check_linear(wt, DType::F32, 10, 24, 128, true, true, 0, false, 0);
+    check_linear(wt, DType::BF16, 2, 16, 128, false, true, 0, true, 4);
+    check_linear(wt, DType::F32, 0, 8, 32, true, true, 0, false, 1);   // M = 0
+    check_linear(wt, DType::F32, 2, 0, 32, true, true, 0, false, 1);   // N = 0
+    check_linear(wt, DType::F32, 2, 8, 0, true, true, 0, false, 1);    // K = 0: the bias
   }
 }
 
@@ -172,6 +219,14 @@ struct Mat {
     return v;
   }
   mtp::DecoderMatrix core() const { return {data(), t, stride, nullptr, 0}; }
+  // Into the x8 layout (mtp_gguf_repack_x8) where the type has one and N is whole groups of 8.
+  bool to_x8() {
+    if (mtp::x8_of(t) == t || N % mtp::kX8Rows != 0) return false;
+    bytes = repacked_x8(t, bytes, N, K, stride);
+    t = mtp::x8_of(t);
+    stride = mtp::block_row_bytes(t, K);
+    return true;
+  }
 };
 
 struct Dims {
@@ -199,6 +254,20 @@ struct Model {
       mats.emplace_back(m[3], d.H, d.I);
     }
     for (int64_t i = 0; i < 2 * n + 1; ++i) norms.push_back(values(t, d.H, 0.25f, 1.f));
+    build();
+    for (int64_t p = 0; p < d.P; ++p)
+      for (int64_t j = 0; j < d.D; ++j) {
+        const double a = p * std::pow(10000.0, -double(2 * (j % (d.D / 2))) / double(d.D));
+        cos.push_back(float(std::cos(a)));
+        sin.push_back(float(std::sin(a)));
+      }
+  }
+  // The C API's views and the core's layers of the norms and matrices.
+  void build() {
+    const int64_t n = int64_t(mats.size()) / 4;
+    w.clear();
+    wp.clear();
+    layers.clear();
     for (int64_t i = 0; i < n; ++i) {
       w.push_back(view(norms[size_t(2 * i)].data(), t, {d.H}));
       for (int j = 0; j < 4; ++j) {
@@ -211,12 +280,13 @@ struct Model {
     }
     w.push_back(view(norms.back().data(), t, {d.H}));
     for (auto& v : w) wp.push_back(&v);
-    for (int64_t p = 0; p < d.P; ++p)
-      for (int64_t j = 0; j < d.D; ++j) {
-        const double a = p * std::pow(10000.0, -double(2 * (j % (d.D / 2))) / double(d.D));
-        cos.push_back(float(std::cos(a)));
-        sin.push_back(float(std::sin(a)));
-      }
+  }
+  // Every matrix that has an x8 layout (and whole groups of 8 rows) into it; false if none.
+  bool to_x8() {
+    bool any = false;
+    for (Mat& m : mats) any |= m.to_x8();
+    build();
+    return any;
   }
   int64_t nlayers() const { return int64_t(layers.size()); }
 };
@@ -276,7 +346,7 @@ bool all_finite(const std::vector<char>& v, DType t) {
 }
 
 void check_decoder(const char* what, Dims d, DType t, const std::vector<DType>& types) {
-  const Model m(d, t, types);
+  Model m(d, t, types);
   const int64_t B = 2, P0 = 5, T = 3, es = mtp::dtype_size(t), row = d.H * es;
   // Prefill (ragged: request 0 keeps 2 of its 5 positions).
   Cache base(m, {0, 0});
@@ -313,6 +383,20 @@ void check_decoder(const char* what, Dims d, DType t, const std::vector<DType>& 
   std::vector<char> tout(next.size());
   EXPECT(capi_pass(m, tree, next, T, tout, 2, chain) == MTP_OK, "%s tree: %s", what, mtp_last_error());
   EXPECT(tout == out && tree.k == batched.k, "%s: mtp_decoder_layers_tree of a chain != the chain", what);
+
+  // The x8 layout of the matrices that have one: the same prefill, pass, caches and tree.
+  if (!m.to_x8()) return;
+  Cache base8(m, {0, 0});
+  std::vector<char> pre8(prompt.size());
+  EXPECT(capi_pass(m, base8, prompt, P0, pre8, 2) == MTP_OK, "%s x8 prefill: %s", what, mtp_last_error());
+  EXPECT(pre8 == pre && base8.k == base.k && base8.v == base.v, "%s: the x8 prefill != the file layout's", what);
+  base8.lens = base.lens;
+  Cache batched8 = base8, tree8 = base8;
+  std::vector<char> out8(next.size()), tout8(next.size());
+  EXPECT(capi_pass(m, batched8, next, T, out8, 3) == MTP_OK, "%s x8 T=3: %s", what, mtp_last_error());
+  EXPECT(out8 == out && batched8.k == batched.k && batched8.v == batched.v, "%s: the x8 pass != the file layout's", what);
+  EXPECT(capi_pass(m, tree8, next, T, tout8, 1, chain) == MTP_OK, "%s x8 tree: %s", what, mtp_last_error());
+  EXPECT(tout8 == out && tree8.k == batched.k, "%s: the x8 tree pass != the file layout's", what);
 }
 
 // ---------------------------------------------------------------- the head
@@ -328,8 +412,9 @@ struct Head {
   std::vector<int64_t> token = {7, 31}, lens = {3, 6}, vocab;
   std::vector<mtp_tensor> w;
   std::vector<const mtp_tensor*> wp;
-  Head(Dims d_, DType t_, DType emb, DType proj_t, const std::vector<DType>& types)
-      : d(d_), t(t_), embedding(emb, V, d.H), proj(proj_t, d.H, 2 * d.H), block(d, t, types),
+  bool all_vocab = false;  // run with draft_vocab NULL (every row of lm_head)
+  Head(Dims d_, DType t_, DType emb, DType proj_t, const std::vector<DType>& types, int64_t V_ = 50)
+      : d(d_), t(t_), V(V_), embedding(emb, V, d.H), proj(proj_t, d.H, 2 * d.H), block(d, t, types),
         embed_norm(values(t, d.H, 0.25f, 1.f)), hidden_norm(values(t, d.H, 0.25f, 1.f)),
         hidden(values(t, B * d.H, 1.f)), kc(values(t, B * d.Hkv * d.L * d.D, 1.f)), vc(values(t, B * d.Hkv * d.L * d.D, 1.f)) {
     dequantized.resize(size_t(V * d.H));
@@ -339,9 +424,21 @@ struct Head {
       else
         for (int64_t k = 0; k < d.H; ++k) dequantized[size_t(v * d.H + k)] = mtp::load_f32(embedding.data(), emb, v * d.H + k);
     for (int64_t i = 0; i < Vd; ++i) vocab.push_back((i * 7 + 3) % V);
+    build();
+  }
+  void build() {
     w = {view(embed_norm.data(), t, {d.H}), view(hidden_norm.data(), t, {d.H}), proj.view()};
     w.insert(w.end(), block.w.begin(), block.w.end());  // 6 tensors, then the final norm: out_norm
+    wp.clear();
     for (auto& v : w) wp.push_back(&v);
+  }
+  // The embedding (= lm_head), proj and the block's matrices that have an x8 layout into it.
+  bool to_x8() {
+    bool any = embedding.to_x8();
+    any |= proj.to_x8();
+    any |= block.to_x8();
+    build();
+    return any;
   }
   // The drafts [B, K + alternatives] (int64) of the embedding `emb` (lm_head: the embedding).
   mtp_status run(const mtp_tensor& emb, int64_t alternatives, std::vector<int64_t>* drafts) const {
@@ -352,17 +449,19 @@ struct Head {
     mtp_tensor tv = view(token.data(), DType::F32, {B}), lv = view(lens.data(), DType::F32, {B}),
                vocv = view(vocab.data(), DType::F32, {Vd}), dv = view(drafts->data(), DType::F32, {B, K + alternatives});
     tv.dtype = lv.dtype = vocv.dtype = dv.dtype = MTP_INT64;
+    const mtp_tensor* voc = all_vocab ? nullptr : &vocv;
     if (alternatives)
       return mtp_head_draft_alternatives(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(),
-                                         int32_t(wp.size()), &lm, nullptr, &vocv, K, d.Hq, 1e-5f, alternatives, &dv,
+                                         int32_t(wp.size()), &lm, nullptr, voc, K, d.Hq, 1e-5f, alternatives, &dv,
                                          2);
     return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(), int32_t(wp.size()), &lm,
-                          nullptr, &vocv, K, d.Hq, 1e-5f, &dv, 2);
+                          nullptr, voc, K, d.Hq, 1e-5f, &dv, 2);
   }
 };
 
-void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const std::vector<DType>& types) {
-  const Head h(d, t, emb, proj, types);
+void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const std::vector<DType>& types,
+                int64_t V = 50) {
+  Head h(d, t, emb, proj, types, V);
   std::vector<int64_t> drafts(size_t(h.B * h.K), -1), floats(drafts.size(), -2);
   EXPECT(h.run(h.embedding.view(), 0, &drafts) == MTP_OK, "%s: %s", what, mtp_last_error());
   for (int64_t v : drafts)
@@ -377,6 +476,21 @@ void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const 
   for (int64_t b = 0; b < h.B; ++b)
     EXPECT(std::equal(drafts.begin() + b * h.K, drafts.begin() + (b + 1) * h.K, alt.begin() + b * (h.K + 2)),
            "%s: request %lld: the chain changed with alternatives", what, (long long)b);
+  // Every row of lm_head (no draft vocabulary).
+  std::vector<int64_t> full(drafts.size(), -3);
+  h.all_vocab = true;
+  EXPECT(h.run(h.embedding.view(), 0, &full) == MTP_OK, "%s full vocabulary: %s", what, mtp_last_error());
+  h.all_vocab = false;
+
+  // The x8 layout of the matrices that have one (the embedding's rows gathered by token, the
+  // draft vocabulary's lm_head rows, all of them): the same drafts.
+  if (!h.to_x8()) return;
+  std::vector<int64_t> drafts8(drafts.size(), -1), alt8(alt.size(), -1), full8(full.size(), -1);
+  EXPECT(h.run(h.embedding.view(), 0, &drafts8) == MTP_OK, "%s x8: %s", what, mtp_last_error());
+  EXPECT(h.run(h.embedding.view(), 2, &alt8) == MTP_OK, "%s x8 alternatives: %s", what, mtp_last_error());
+  h.all_vocab = true;
+  EXPECT(h.run(h.embedding.view(), 0, &full8) == MTP_OK, "%s x8 full vocabulary: %s", what, mtp_last_error());
+  EXPECT(drafts8 == drafts && alt8 == alt && full8 == full, "%s: the x8 layout's drafts != the file layout's", what);
 }
 
 }  // namespace
@@ -396,6 +510,11 @@ void test_gguf_capi() {
                {D::Q4_K, D::Q6_K, D::Q4_K, D::Q6_K});
     check_head(t == D::F32 ? "head Q6_K embedding f32" : "head Q6_K embedding bf16", wide, t, D::Q6_K, t,
                {D::Q4_0, D::Q4_1, D::Q8_0, D::Q4_K});
+    // V = 64: the embedding / lm_head in the x8 layout too.
+    check_head(t == D::F32 ? "head Q4_0 x8 f32" : "head Q4_0 x8 bf16", small, t, D::Q4_0, D::Q8_0,
+               {D::Q4_1, D::Q8_0, D::Q4_0, D::Q4_1}, 64);
+    check_head(t == D::F32 ? "head Q8_0 x8 f32" : "head Q8_0 x8 bf16", wide, t, D::Q8_0, D::Q4_1,
+               {D::Q4_K, D::Q4_0, D::Q8_0, D::Q6_K}, 64);
   }
 }
 
@@ -418,6 +537,33 @@ struct LinearCall {
     return mtp_linear(&x, &w, bias, &y, 1);
   }
   bool untouched() const { return std::all_of(ys.begin(), ys.end(), [](float v) { return v == -3.f; }); }
+};
+
+// LinearCall with a Q4_0_X8 weight [8, 64] (mtp_gguf_repack_x8 of Q4_0 rows) and y [2, 8].
+struct LinearX8Call : LinearCall {
+  LinearX8Call() {
+    ys.assign(16, -3.f);
+    bs.assign(8, 1.f);
+    const std::vector<uint8_t> file = random_blocks(DType::Q4_0, 8, 64);
+    ws.assign(file.size(), 0);
+    mtp_gguf_repack_x8(MTP_Q4_0, file.data(), 8, 64, ws.data());
+    w = mtp_gguf_matrix(ws.data(), MTP_Q4_0_X8, 8, 64);
+    y = view(ys.data(), DType::F32, {2, 8});
+    b = view(bs.data(), DType::F32, {8});
+  }
+};
+
+// mtp_gguf_repack_x8(Q4_0, src [8, 64] (288 bytes), dst), valid until mutated.
+struct RepackCall {
+  std::vector<uint8_t> s = random_blocks(DType::Q4_0, 8, 64), d = std::vector<uint8_t>(288, 0x77), s0 = s;
+  int32_t dtype = MTP_Q4_0;
+  int64_t rows = 8, cols = 64;
+  const void* src = s.data();
+  void* dst = d.data();
+  mtp_status run() const { return mtp_gguf_repack_x8(dtype, src, rows, cols, dst); }
+  bool untouched() const {
+    return s == s0 && std::all_of(d.begin(), d.end(), [](uint8_t v) { return v == 0x77; });
+  }
 };
 
 // mtp_decoder_layers(_tree) of one Q4_1 layer (H 64, Hq D 64, I 96), B = 1, T = 1.
@@ -496,6 +642,14 @@ void test_gguf_capi_errors() {
     EXPECT(d.run() == MTP_OK, "valid mtp_decoder_layers_tree call: %s", mtp_last_error());
     HeadCall h;
     EXPECT(h.run() == MTP_OK && !h.untouched(), "valid mtp_head_draft call: %s", mtp_last_error());
+    LinearX8Call x8;
+    EXPECT(x8.run() == MTP_OK && !x8.untouched(), "valid mtp_linear call (Q4_0_X8): %s", mtp_last_error());
+    RepackCall r;
+    EXPECT(r.run() == MTP_OK && !r.untouched(), "valid mtp_gguf_repack_x8 call: %s", mtp_last_error());
+    // Nothing to repack: fine, NULL pointers included.
+    EXPECT(mtp_gguf_repack_x8(MTP_Q8_0, nullptr, 0, 64, nullptr) == MTP_OK &&
+               mtp_gguf_repack_x8(MTP_Q4_1, nullptr, 8, 0, nullptr) == MTP_OK,
+           "mtp_gguf_repack_x8 of an empty matrix: %s", mtp_last_error());
   }
   // mtp_gguf_matrix: packed rows.
   {
@@ -504,7 +658,50 @@ void test_gguf_capi_errors() {
     EXPECT(q4k.ndim == 2 && q4k.sizes[0] == 3 && q4k.sizes[1] == 512 && q4k.strides[0] == 288 && q4k.strides[1] == 1,
            "mtp_gguf_matrix Q4_K [3, 512]: strides [%lld, %lld]", (long long)q4k.strides[0], (long long)q4k.strides[1]);
     EXPECT(bad.strides[0] == 0 && f.strides[0] == 100 && f.strides[1] == 1, "mtp_gguf_matrix: other strides");
+    // The x8 layouts: their file type's row bytes.
+    const mtp_tensor a = mtp_gguf_matrix(nullptr, MTP_Q4_0_X8, 8, 64), b = mtp_gguf_matrix(nullptr, MTP_Q4_1_X8, 16, 96),
+                     q8 = mtp_gguf_matrix(nullptr, MTP_Q8_0_X8, 8, 64), odd = mtp_gguf_matrix(nullptr, MTP_Q8_0_X8, 8, 48);
+    EXPECT(a.strides[0] == 36 && b.strides[0] == 60 && q8.strides[0] == 68 && odd.strides[0] == 0 &&
+               a.strides[1] == 1 && a.sizes[0] == 8 && b.sizes[1] == 96 && a.dtype == MTP_Q4_0_X8,
+           "mtp_gguf_matrix x8: strides %lld %lld %lld %lld", (long long)a.strides[0], (long long)b.strides[0],
+           (long long)q8.strides[0], (long long)odd.strides[0]);
   }
+
+  // mtp_gguf_repack_x8
+  BAD_CALL(RepackCall, c.dtype = MTP_Q4_K, DTYPE,
+           "mtp_gguf_repack_x8: dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0, "
+           "got Q4_K (dtype value 112): a K-quant, no x8 layout");
+  BAD_CALL(RepackCall, c.dtype = MTP_Q6_K, DTYPE, "got Q6_K (dtype value 114): a K-quant, no x8 layout");
+  BAD_CALL(RepackCall, c.dtype = MTP_Q4_0_X8, DTYPE,
+           "Q4_0 or Q4_1 or Q8_0, got Q4_0_X8 (dtype value 202): already the x8 layout");
+  BAD_CALL(RepackCall, c.dtype = MTP_FLOAT32, DTYPE, "Q4_0 or Q4_1 or Q8_0, got float32 (dtype value 0)");
+  BAD_CALL(RepackCall, c.dtype = 104, DTYPE, "Q4_0 or Q4_1 or Q8_0, got unknown (dtype value 104)");
+  BAD_CALL(RepackCall, c.dtype = -1, DTYPE, "got unknown (dtype value -1)");
+  BAD_CALL(RepackCall, c.rows = 12, INVALID,
+           "mtp_gguf_repack_x8: rows must be >= 0 and a multiple of 8 (the x8 layout interleaves groups of 8 rows), "
+           "got 12");
+  BAD_CALL(RepackCall, c.rows = 4, INVALID, "rows must be >= 0 and a multiple of 8");
+  BAD_CALL(RepackCall, c.rows = -8, INVALID, "rows must be >= 0 and a multiple of 8 (the x8 layout interleaves groups "
+                                             "of 8 rows), got -8");
+  BAD_CALL(RepackCall, c.cols = 48, INVALID,
+           "mtp_gguf_repack_x8: cols must be >= 0 and a multiple of Q4_0's blocks of 32 elements, got 48");
+  BAD_CALL(RepackCall, (c.dtype = MTP_Q8_0, c.cols = 16), INVALID, "a multiple of Q8_0's blocks of 32 elements, got 16");
+  BAD_CALL(RepackCall, c.cols = -32, INVALID, "cols must be >= 0 and a multiple of Q4_0's blocks of 32 elements, got -32");
+  BAD_CALL(RepackCall, c.src = nullptr, MTP_ERROR_NULL_POINTER, "mtp_gguf_repack_x8: src is NULL for a [8, 64] matrix");
+  BAD_CALL(RepackCall, c.dst = nullptr, MTP_ERROR_NULL_POINTER, "mtp_gguf_repack_x8: dst is NULL for a [8, 64] matrix");
+  BAD_CALL(RepackCall, c.dst = c.s.data(), INVALID,
+           "mtp_gguf_repack_x8: dst and src overlap in memory (each is rows x 36 = 288 bytes): the repack is not in "
+           "place, dst must be another buffer");
+  BAD_CALL(RepackCall, c.dst = c.s.data() + 287, INVALID, "dst and src overlap in memory");
+  BAD_CALL(RepackCall, c.src = c.d.data() + 100, INVALID, "dst and src overlap in memory");
+  BAD_CALL(RepackCall, c.rows = INT64_MAX - 7, INVALID,
+           "mtp_gguf_repack_x8: a [rows, cols] = [9223372036854775800, 64] Q4_0 matrix has more bytes than int64 counts");
+  BAD_CALL(RepackCall, c.cols = INT64_MAX / 32 * 32, INVALID,
+           "a [rows, cols] = [8, 9223372036854775776] Q4_0 matrix has more bytes than int64 counts");
+  BAD_CALL(RepackCall, (c.rows = 8, c.cols = INT64_MAX / 64 * 32), INVALID,  // row bytes fit, rows x them do not
+           "Q4_0 matrix has more bytes than int64 counts");
+  BAD_CALL(RepackCall, c.src = reinterpret_cast<const void*>(UINTPTR_MAX - 100), INVALID,
+           "mtp_gguf_repack_x8: src or dst: 288 bytes from there run past the end of the address space");
 
   // mtp_linear
   BAD_CALL(LinearCall, c.w.sizes[1] = c.x.sizes[1] = 48, INVALID,
@@ -522,7 +719,9 @@ void test_gguf_capi_errors() {
   BAD_CALL(LinearCall, c.w.strides[0] = INT64_MAX / 2, INVALID, "weight of sizes [4, 64] has an extent beyond int64 bytes");
   BAD_CALL(LinearCall, c.w.data = nullptr, MTP_ERROR_NULL_POINTER, "mtp_linear: weight.data is NULL");
   BAD_CALL(LinearCall, c.w.dtype = 106, DTYPE,
-           "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K, got unknown (dtype value 106)");
+           "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K or Q4_0_X8 or "
+           "Q4_1_X8 or Q8_0_X8, got unknown (dtype value 106)");
+  BAD_CALL(LinearCall, c.w.dtype = 204, DTYPE, "Q8_0_X8, got unknown (dtype value 204)");
   BAD_CALL(LinearCall, c.w.dtype = 104, DTYPE, "got unknown (dtype value 104)");
   BAD_CALL(LinearCall, c.w.sizes[1] = 32, INVALID, "weight.sizes[1] must equal K (x.sizes[1]) = 64");
   BAD_CALL(LinearCall, c.w.ndim = 3, INVALID, "weight must be 2-D [N, K]");
@@ -532,6 +731,23 @@ void test_gguf_capi_errors() {
   BAD_CALL(LinearCall, c.x.dtype = MTP_Q8_0, DTYPE, "x must be float32 or bfloat16 or float16, got Q8_0");
   BAD_CALL(LinearCall, c.y.dtype = MTP_Q4_0, DTYPE, "y must be float32, got Q4_0");
   BAD_CALL(LinearCall, (c.b.dtype = MTP_Q4_1, c.bias = &c.b), DTYPE, "bias must be float32 or bfloat16 or float16, got Q4_1");
+  // x8 weights: whole groups of 8 contiguous rows.
+  BAD_CALL(LinearCall, c.w.dtype = MTP_Q4_0_X8, INVALID,
+           "mtp_linear: weight: a Q4_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 4");
+  BAD_CALL(LinearX8Call, (c.w.sizes[0] = 12, c.y.sizes[1] = 12), INVALID,
+           "weight: a Q4_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 12");
+  BAD_CALL(LinearX8Call, c.w.strides[0] = 40, INVALID,
+           "mtp_linear: weight: a Q4_0_X8 matrix must be contiguous (rows 36 bytes apart), got strides [40, 1]");
+  BAD_CALL(LinearX8Call, c.w.strides[0] = 18, INVALID,
+           "weight: a Q4_0_X8 matrix must be contiguous (rows 36 bytes apart), got strides [18, 1]");
+  BAD_CALL(LinearX8Call, c.w.strides[1] = 2, INVALID,
+           "weight: weight bytes must be contiguous along a row (stride 1), got strides [36, 2]");
+  BAD_CALL(LinearX8Call, (c.w.sizes[1] = c.x.sizes[1] = 48), INVALID,
+           "weight: K = 48 is not a multiple of Q4_0_X8's blocks of 32 elements");
+  BAD_CALL(LinearX8Call, c.q8 = 1, DTYPE,
+           "mtp_linear_q8: weight is Q4_0_X8, a GGUF block type with its own scales: call mtp_linear (no weight_scale)");
+  BAD_CALL(LinearX8Call, c.x.dtype = MTP_Q8_0_X8, DTYPE, "x must be float32 or bfloat16 or float16, got Q8_0_X8");
+  BAD_CALL(LinearX8Call, c.y.data = c.ws.data(), INVALID, "mtp_linear: y and weight overlap in memory");
 
   // mtp_decoder_layers / _tree
   for (bool tree : {false, true}) {
@@ -553,7 +769,15 @@ void test_gguf_capi_errors() {
              needle("weights[0] (layer 0's input_norm) must be float32, got Q4_1"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = 109), DTYPE,
              needle("weights[1] (layer 0's qkv) must be float32 or bfloat16 or int8 or Q4_0 or Q4_1 or Q8_0 or Q4_K "
-                    "or Q6_K, got unknown (dtype value 109)"));
+                    "or Q6_K or Q4_0_X8 or Q4_1_X8 or Q8_0_X8, got unknown (dtype value 109)"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[5].dtype = MTP_Q4_1_X8, c.w[5].strides[0] = 64), INVALID,
+             needle("weights[5] (layer 0's down_proj): a Q4_1_X8 matrix must be contiguous (rows 60 bytes apart), "
+                    "got strides [64, 1]"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[2].dtype = MTP_Q8_0_X8), INVALID,
+             needle("weights[2] (layer 0's o_proj): a Q8_0_X8 matrix must be contiguous (rows 68 bytes apart), got strides "
+                    "[40, 1]"));
+    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = MTP_Q4_1_X8, c.sp.assign(4, &c.sc)), DTYPE,
+             needle("weights[1] (layer 0's qkv) is Q4_1_X8 but weight_scales is not empty"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.sp.assign(4, &c.sc)), DTYPE,
              needle("weights[1] (layer 0's qkv) is Q4_1 but weight_scales is not empty: with scales the matrix is "
                     "int8 (Q8) (a GGUF block type carries its own scales: give it without)"));
@@ -576,4 +800,10 @@ void test_gguf_capi_errors() {
            "weights[2] (proj): K = 128 is not a multiple of Q4_K's blocks of 256 elements");
   BAD_CALL(HeadCall, c.w[4].strides[0] = 3, INVALID, "weights[4] (block 0's qkv): a Q4_1 row of K = 64 elements is 40 bytes");
   BAD_CALL(HeadCall, c.emb.dtype = 110, DTYPE, "embedding must be float32 or bfloat16 or int8 or Q4_0");
+  BAD_CALL(HeadCall, c.emb.dtype = MTP_Q8_0_X8, INVALID,
+           "mtp_head_draft: embedding: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 50");
+  BAD_CALL(HeadCall, c.lm.dtype = MTP_Q8_0_X8, INVALID,
+           "mtp_head_draft: lm_head: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 50");
+  BAD_CALL(HeadCall, (c.w[4].dtype = MTP_Q4_1_X8, c.w[4].strides[0] = 80), INVALID,
+           "weights[4] (block 0's qkv): a Q4_1_X8 matrix must be contiguous (rows 40 bytes apart), got strides [80, 1]");
 }

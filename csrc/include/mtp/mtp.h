@@ -71,7 +71,17 @@ typedef enum mtp_dtype {
   MTP_Q4_1 = 103, /* 20 bytes per 32: fp16 d, fp16 m, 16 bytes of nibbles */
   MTP_Q8_0 = 108, /* 34 bytes per 32: fp16 d, 32 int8 */
   MTP_Q4_K = 112, /* 144 bytes per 256 */
-  MTP_Q6_K = 114  /* 210 bytes per 256 */
+  MTP_Q6_K = 114, /* 210 bytes per 256 */
+  /* The x8 layout of Q4_0, Q4_1, Q8_0 (mtp/gguf.h): the same bytes as the file's rows in a new
+   * order, 8 rows interleaved (rows 8g..8g+7 take 8 x row bytes; in them block b holds the 8
+   * rows' scales, then their values in 4-byte lanes), so the SIMD kernels get 8 columns per
+   * vector. Made from the file's rows by mtp_gguf_repack_x8. A weight view as above (sizes in
+   * elements, strides {row bytes, 1}: mtp_gguf_matrix) with N a multiple of 8 and the rows
+   * contiguous (strides[0] = the row's bytes exactly). The product's bits are exactly those of
+   * the file layout (the same weight given as MTP_Q4_0 / MTP_Q4_1 / MTP_Q8_0). */
+  MTP_Q4_0_X8 = 202,
+  MTP_Q4_1_X8 = 203,
+  MTP_Q8_0_X8 = 208
 } mtp_dtype;
 
 #define MTP_MAX_DIMS 6
@@ -111,15 +121,16 @@ static inline mtp_tensor mtp_contiguous(const void* data, mtp_dtype dtype, int32
 /* A [rows, cols] weight view of a block dtype whose rows are packed, as a .gguf file stores a
  * tensor: strides {row bytes, 1}, row bytes = cols / block elements * block bytes (0 when the
  * dtype is not a block dtype or cols not a multiple of its block: the call using the view then
- * reports it). Any other dtype: mtp_contiguous's [rows, cols] view. */
+ * reports it); an x8 dtype: its file type's row bytes (the view of mtp_gguf_repack_x8's dst).
+ * Any other dtype: mtp_contiguous's [rows, cols] view. */
 static inline mtp_tensor mtp_gguf_matrix(const void* data, mtp_dtype dtype, int64_t rows, int64_t cols) {
   int64_t elems = 0, bytes = 0;
   mtp_tensor t;
   int32_t d;
   switch (dtype) {
-    case MTP_Q4_0: elems = 32; bytes = 18; break;
-    case MTP_Q4_1: elems = 32; bytes = 20; break;
-    case MTP_Q8_0: elems = 32; bytes = 34; break;
+    case MTP_Q4_0: case MTP_Q4_0_X8: elems = 32; bytes = 18; break;
+    case MTP_Q4_1: case MTP_Q4_1_X8: elems = 32; bytes = 20; break;
+    case MTP_Q8_0: case MTP_Q8_0_X8: elems = 32; bytes = 34; break;
     case MTP_Q4_K: elems = 256; bytes = 144; break;
     case MTP_Q6_K: elems = 256; bytes = 210; break;
     default: break;
@@ -257,7 +268,9 @@ MTP_API mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor*
  *   weight [N, K] float32 | bfloat16 | float16, rows unit-stride (read in place); int8: mtp_linear_q8;
  *                 or a GGUF block dtype (MTP_Q4_0 .. MTP_Q6_K, read in place as stored: sizes in
  *                 elements, strides[0] in bytes, see mtp_dtype), K a multiple of its block; x is
- *                 then quantized to int8 per row in blocks of 32 (mtp/gguf.h's fixed order)
+ *                 then quantized to int8 per row in blocks of 32 (mtp/gguf.h's fixed order); or
+ *                 an x8 layout (MTP_Q4_0_X8 ..: N a multiple of 8, rows contiguous), the bits of
+ *                 its file type
  *   bias   [N]    float32 | bfloat16 | float16, or NULL
  *   y      [M, N] output, float32 or x's dtype (rounded to nearest even), any strides */
 MTP_API mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias,
@@ -302,7 +315,8 @@ MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weigh
  *                    [H, I]; then the final norm [H]. Norms in x's dtype, unit stride; matrices
  *                    float32 | bfloat16 with unit-stride rows, or all int8 (Q8) with their scales;
  *                    without scales each matrix may also be a GGUF block dtype (any mix of them and
- *                    float: e.g. Q4_K and Q6_K), its K (H, Hq D or I) a multiple of its block
+ *                    float: e.g. Q4_K and Q6_K), its K (H, Hq D or I) a multiple of its block (an x8
+ *                    layout: also its N a multiple of 8, rows contiguous)
  *   weight_scales    num_weight_scales = 0 (float matrices) or 4 * layers views: the Q8 scales
  *                    [N, ceil(K/32)] float32 of each layer's qkv, o_proj, gate_up, down_proj
  *   num_heads        Hq, a multiple of Hkv; D even;  eps finite and >= 0
@@ -343,7 +357,8 @@ MTP_API mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor
  *   rope_cos, rope_sin [P, D] float32 (as mtp_decoder_layers)
  *   embedding        [V, H] float32 | bfloat16 with unit-stride rows, or int8 with embedding_scale
  *                    [V, ceil(H/32)] float32 (else NULL), or a GGUF block dtype (H a multiple of its
- *                    block): the token's row dequantized in fp32, then rounded to hidden's dtype
+ *                    block; an x8 layout: V a multiple of 8): the token's row dequantized in fp32,
+ *                    then rounded to hidden's dtype
  *   weights          num_weights = 4 + 6 * blocks views: embed_norm [H], hidden_norm [H], proj
  *                    [H, 2H], each block's 6 tensors as in mtp_decoder_layers, then out_norm [H];
  *                    matrices float or GGUF block dtypes (no int8); norms in hidden's dtype, unit stride
@@ -375,6 +390,20 @@ MTP_API mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const m
                                                const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab,
                                                int64_t k, int64_t num_heads, float eps, int64_t alternatives,
                                                const mtp_tensor* drafts, int32_t num_threads);
+
+/* Repacks a GGUF matrix from the file's layout into the x8 layout (see MTP_Q4_0_X8): the same
+ * bytes in a new order, 8 rows interleaved; a weight view of dst (mtp_gguf_matrix(dst,
+ * MTP_Q4_0_X8, rows, cols) for MTP_Q4_0, ...) then gives mtp_linear, mtp_decoder_layers(_tree)
+ * and mtp_head_draft(_alternatives) the bits of src's view of the file type, faster.
+ *   dtype  MTP_Q4_0, MTP_Q4_1 or MTP_Q8_0 (an int32_t holding an mtp_dtype, as mtp_tensor's):
+ *          src's type, the file's
+ *   src    rows packed rows of cols elements of dtype (row bytes = cols / 32 * block bytes), as a
+ *          .gguf file stores the tensor; read only
+ *   rows   >= 0, a multiple of 8;  cols >= 0, a multiple of 32
+ *   dst    output, rows * row bytes bytes, sharing no byte with src's rows * row bytes
+ * src and dst may be NULL only when rows * row bytes is 0. Sizes whose byte count overflows
+ * int64 are MTP_ERROR_INVALID_ARGUMENT; nothing is written on failure. */
+MTP_API mtp_status mtp_gguf_repack_x8(int32_t dtype, const void* src, int64_t rows, int64_t cols, void* dst);
 
 /* The message of this thread's last failed call ("" after a successful one). Valid until the
  * thread's next mtp_* call. */
