@@ -8,7 +8,7 @@ A quantized matrix ``[N, K]`` is a ``QuantTensor``: ``data``, a uint8 tensor ``[
 
 The x8 layouts (type numbers 100 + the file's: ``X8_TYPES``) hold the same bytes with 8 rows
 interleaved (``repack_x8``), which the SIMD kernels read 8 columns per vector; the product's
-bits are the file layout's. The loader repacks the decoder layers' matrices in place.
+bits are the file layout's. The loader repacks the Q4_0 / Q4_1 / Q8_0 matrices in place.
 """
 
 from __future__ import annotations
@@ -135,6 +135,19 @@ def repack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
     scales = blocks[..., :head].reshape(G, X8_ROWS, nb, head // 2, 2).permute(0, 2, 3, 1, 4)  # [g, b, d|m, c, 2]
     values = blocks[..., head:].reshape(G, X8_ROWS, nb, chunks, 4).permute(0, 2, 3, 1, 4)  # [g, b, j, c, 4]
     return torch.cat([scales.reshape(G, nb, -1), values.reshape(G, nb, -1)], -1).reshape(N, rb)
+
+
+def file_rows(data: torch.Tensor, code: int, index) -> tuple[torch.Tensor, int]:
+    """Rows ``index`` (an int tensor, any shape) of a matrix of type ``code`` in the file's
+    layout: (bytes [*index.shape, row_bytes], their type). An x8 matrix gives up only the
+    groups holding those rows, unpacked (8 rows' bytes per row asked)."""
+    if code not in X8_TYPES:
+        return data[index], code
+    flat = torch.as_tensor(index).reshape(-1)
+    rb = data.shape[1]
+    groups = data.view(-1, X8_ROWS * rb)[flat // X8_ROWS].view(-1, rb)
+    rows = unpack_x8(groups, code)[torch.arange(flat.numel()) * X8_ROWS + flat % X8_ROWS]
+    return rows.view(*torch.as_tensor(index).shape, rb), code - 100
 
 
 def unpack_x8(data: torch.Tensor, code: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 from test_gguf import decoder_case, random_rows
 
 from mtp_kernels import ops, reference
-from mtp_kernels.gguf import X8_TYPES, QuantTensor, can_x8, repack_x8, unpack_x8
+from mtp_kernels.gguf import X8_TYPES, QuantTensor, can_x8, file_rows, repack_x8, unpack_x8
 
 FILE_TYPES = [2, 3, 8]  # Q4_0, Q4_1, Q8_0: the types with an x8 layout
 
@@ -24,6 +24,9 @@ def test_layout_is_the_references_definition(gen, code):
     x8 = q.x8()
     assert x8.gguf_type == code + 100 and torch.equal(x8.data, packed) and x8.shape == q.shape
     assert torch.equal(x8.dequantize(), q.dequantize())
+    index = torch.tensor([[17, 0], [9, 23]])  # the embedding's gather: only those rows' groups unpacked
+    got, t = file_rows(packed, code + 100, index)
+    assert t == code and torch.equal(got, w[index]) and file_rows(w, code, index)[1] == code
     rows = x8.rows(torch.tensor([17, 0, 9]))  # rows of an x8 matrix: a copy in the file layout
     assert rows.gguf_type == code and torch.equal(rows.data, w[[17, 0, 9]])
     in_place = q.x8(in_place=True)  # the same storage, the new order

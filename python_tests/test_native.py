@@ -89,8 +89,8 @@ def test_tiny_gguf_native_equals_dequantized(tmp_path):
         if isinstance(w, torch.Tensor):  # the norms
             assert torch.equal(w.float(), fp32[name]), name
         else:  # the layers' Q4_1 matrices in their x8 layout (whole groups of 8 rows), else as stored
-            x8 = name.startswith("model.layers.") and w.shape[0] % 8 == 0
-            assert isinstance(w, QuantTensor) and w.gguf_type == (8 if "embed" in name else 103 if x8 else 3), name
+            stored = 8 if "embed" in name else 3  # Q8_0 embedding, Q4_1 layers: x8 in whole groups of 8 rows
+            assert isinstance(w, QuantTensor) and w.gguf_type == stored + (100 if w.shape[0] % 8 == 0 else 0), name
             assert file_order[name].gguf_type == w.gguf_type % 100, name
             assert torch.equal(w.dequantize(), fp32[name]) and torch.equal(file_order[name].dequantize(), fp32[name])
 
@@ -169,7 +169,7 @@ def test_default_native_is_zero_copy_and_equals_dequantized(default_native):
     cfg, native, _ = default_native
     quant = {n: w for n, w in native.items() if isinstance(w, QuantTensor)}
     assert len(quant) == 1 + 7 * cfg.num_layers
-    assert quant["model.embed_tokens.weight"].gguf_type == 8
+    assert quant["model.embed_tokens.weight"].gguf_type == 108  # Q8_0, repacked in place: x8
     assert quant["model.layers.0.mlp.up_proj.weight"].gguf_type == 103  # Q4_1, repacked in place: x8
     for name, w in quant.items():
         rope = name.endswith(("q_proj.weight", "k_proj.weight"))
@@ -197,14 +197,14 @@ def test_native_backbone_keeps_the_file_in_place(native_backbone):
         gate_up = model.w(f"model.layers.{i}.gate_up")  # one view over gate's and up's bytes
         assert gate_up.dtype == torch.uint8 and _in_map(gate_up, path)
         assert gate_up.data_ptr() == model.w(f"model.layers.{i}.mlp.gate_proj.weight").data_ptr()
-    assert _in_map(model.embedding, path) and model.gguf_type(model.lm_head_name) == 8
+    assert _in_map(model.embedding, path) and model.gguf_type(model.lm_head_name) == 108
     assert model.decoder_weight_types() == [103] * 4 * model.cfg.num_layers  # Q4_1 in its x8 layout
     floats = [b for b in model.buffers() if b.is_floating_point() and b.numel() > 10 * model.cfg.hidden_size]
     assert all(b.numel() <= model.cfg.max_position * model.cfg.head_dim for b in floats)  # rope tables only
     tokens = torch.tensor([[5, 77, 49151]])
-    want = native_backbone[0].embedding[tokens[0]]
-    from mtp_kernels.reference import gguf_dequantize
+    from mtp_kernels.reference import gguf_dequantize, x8_file_rows
 
+    want = x8_file_rows(model.embedding, 108)[tokens[0]]  # the rows in the file's order
     assert torch.equal(model.embed(tokens)[0], gguf_dequantize(want, 8).to(torch.bfloat16))
 
 

@@ -154,6 +154,22 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
                mtp::block_type_name(t8), (long long)M, (long long)K);
         ++checked;
       }
+    // a row map (gathered groups, a partial last group) gives the file layout's bits
+    Case c(t, 3, 40, 96);
+    const std::vector<uint8_t> w8 = x8_bytes(c);
+    const int64_t rows[] = {39, 0, 7, 7, 20, 33, 8, 15, 16, 1, 2};
+    mtp::QuantRows xq;
+    mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
+    std::vector<float> want, got;
+    mtp::LinearArgs a = c.args(want, true), b = c.args(got, true);
+    for (auto* p : {&a, &b}) p->N = 11, p->w_rows = rows, p->y_stride = 11;
+    want.assign(33, -1.f), got.assign(33, -2.f);
+    a.y = want.data(), b.y = got.data(), b.w = w8.data(), b.w_dtype = t8;
+    mtp::generic::gguf_linear(a, xq, 0, 11);
+    f(b, xq, 0, 3);
+    f(b, xq, 3, 11);
+    EXPECT(same_bits(want, got), "%s %s w_rows differs from the file layout's generic", name, mtp::block_type_name(t8));
+    ++checked;
   }
   std::printf("gguf: %s == generic bitwise on %d cases\n", name, checked);
   return checked;

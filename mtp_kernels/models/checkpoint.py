@@ -47,7 +47,7 @@ def default_gguf_path() -> str:
 def load(path: str | None = None, native: bool = False, x8: bool = True) -> tuple[LlamaConfig, dict, Tokenizer]:
     """(config, weights, tokenizer) from a .gguf file or a safetensors folder. Weights: fp32
     tensors; with native=True a GGUF's block-quantized matrices are `gguf.QuantTensor`s over
-    the file's own bytes, in place (load_gguf; x8: the decoder layers' in their x8 layout); a
+    the file's own bytes, in place (load_gguf; x8: Q4_0 / Q4_1 / Q8_0 in their x8 layout); a
     safetensors folder gives fp32 either way."""
     path = path or default_gguf_path()
     if os.path.isdir(path):
@@ -333,10 +333,10 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     the file's memory map (zero-copy), except Q and K: llama.cpp permutes their rows for its
     RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
     SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors.
-    x8 (native only): the decoder layers' Q4_0 / Q4_1 / Q8_0 matrices (rows in groups of 8)
-    are repacked in place into their x8 layout (gguf.repack_x8: the same bytes in the kernels'
-    order, written over the private map's pages: no new memory, the file unchanged). The
-    embedding (gathered by token) stays in the file's layout."""
+    x8 (native only): the Q4_0 / Q4_1 / Q8_0 matrices (rows in groups of 8) are repacked in
+    place into their x8 layout (gguf.repack_x8: the same bytes in the kernels' order, written
+    over the private map's pages: no new memory, the file unchanged); the kernels gather the
+    embedding's and the draft vocabulary's rows from it."""
     import mmap
 
     size = os.path.getsize(path)
@@ -421,7 +421,7 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
                 # gathered in numpy: torch's gather costs ~15 ms per matrix on some machines)
                 data = torch.from_numpy(np.ascontiguousarray(_unpermute_rope(data.numpy(), rows_of)))
             q = QuantTensor(data, t.type)
-            weights[name] = q.x8(in_place=True) if x8 and name.startswith("model.layers.") and can_x8(q) else q
+            weights[name] = q.x8(in_place=True) if x8 and can_x8(q) else q
             continue
         if native and t.type in _GGUF_FLOATS:  # norms (small): a copy in their own dtype
             arr = raw.numpy().copy()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..gguf import X8_TYPES, QuantTensor, type_name, unpack_x8
+from ..gguf import X8_TYPES, QuantTensor, file_rows, type_name, unpack_x8
 from ..quant import dequantize_q8, quantize_q8
 from ..reference import DECODER_PARTS, gguf_dequantize
 from .config import LlamaConfig
@@ -191,9 +191,10 @@ class Backbone(torch.nn.Module):
     def _rows(self, name: str, index) -> torch.Tensor:
         w, scale, gguf_type = self.w(name), self.scale(name), self.gguf_type(name)
         if gguf_type is not None:  # the rows' bytes, dequantized in fp32 then rounded (as mtp.head_draft does)
-            if gguf_type in X8_TYPES:  # rows are interleaved: gather from the file's layout
-                w, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
-            rows = w if index is None else w[index]
+            if gguf_type in X8_TYPES and index is None:
+                rows, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
+            else:  # an x8 matrix's rows are interleaved: gathered in the file's layout
+                rows, gguf_type = (w, gguf_type) if index is None else file_rows(w, gguf_type, index)
             flat = gguf_dequantize(rows.reshape(-1, w.shape[-1]), gguf_type).to(self.dtype)
             return flat.view(*rows.shape[:-1], flat.shape[-1])
         if scale is None:

@@ -66,7 +66,7 @@ def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = F
     'float32'|'bfloat16' (or --int8): every weight dequantized to fp32, then kept in dtype (or Q8).
     A backbone loaded without a dtype is marked `loaded_as_stored` (its default decode: chains,
     config.trees_pay)."""
-    from ..gguf import type_name
+    from ..gguf import X8_TYPES, type_name
     from . import checkpoint
     from .llama import DTYPES, Backbone, MixedTypesError
 
@@ -76,9 +76,11 @@ def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = F
             cfg, weights, tok = checkpoint.load(model_path, native=True)
             model = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
             model.loaded_as_stored = True
-            types = sorted({model.gguf_type(n) for n in weights} - {None})
+            types = {model.gguf_type(n) for n in weights} - {None}
+            x8 = " (x8 order)" if any(t in X8_TYPES for t in types) else ""  # the same bytes, 8 rows interleaved
             what = (
-                f"{'/'.join(map(type_name, types))} weights as stored, {NATIVE_DTYPE} activations"
+                f"{'/'.join(type_name(t) for t in sorted({t % 100 for t in types}))} weights as stored{x8}, "
+                f"{NATIVE_DTYPE} activations"
                 if types
                 else NATIVE_DTYPE
             )

@@ -210,6 +210,30 @@ inline void x8_block(DType t, const uint8_t* group, int64_t c, int64_t b, uint8_
   for (int64_t j = 0; j < chunks; ++j) std::memcpy(out + head + 4 * j, blk + x8_head_bytes(t) + 32 * j + 4 * c, 4);
 }
 
+// Output columns [n, n + 8) of an x8 matrix as one x8 group: in place without a row map; with
+// one (a.w_rows: each column reads any row), those 8 rows' blocks gathered into buf, columns
+// past n1 repeating the last (computed, then dropped). The SIMD kernels read either alike.
+template <class Args>
+const uint8_t* x8_columns(const Args& a, int64_t n, int64_t n1, std::vector<uint8_t>& buf) {
+  const uint8_t* w = static_cast<const uint8_t*>(a.w);
+  if (!a.w_rows) return w + n * a.w_stride;
+  const DType t = a.w_dtype;
+  const int64_t bb = block_bytes(t), nb = a.K / 32, xh = x8_head_bytes(t);
+  buf.resize(size_t(kX8Rows * nb * bb));
+  for (int64_t c = 0; c < kX8Rows; ++c) {
+    const int64_t row = a.w_rows[std::min(n + c, n1 - 1)], lane = row % kX8Rows;
+    const uint8_t* group = w + row / kX8Rows * kX8Rows * a.w_stride;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src = group + b * kX8Rows * bb;
+      uint8_t* dst = buf.data() + b * kX8Rows * bb;
+      std::memcpy(dst + 2 * c, src + 2 * lane, 2);
+      if (xh == 32) std::memcpy(dst + 16 + 2 * c, src + 16 + 2 * lane, 2);
+      for (int64_t j = 0; j < x8_chunks(t); ++j) std::memcpy(dst + xh + 32 * j + 4 * c, src + xh + 32 * j + 4 * lane, 4);
+    }
+  }
+  return buf.data();
+}
+
 // Block b of weight row n of a matrix at w (rows `stride` bytes apart; x8: groups of 8 rows
 // 8 * stride apart) in the file's layout: its type, row and block index for block_params /
 // block_values; an x8 block is copied out into buf.

@@ -266,17 +266,22 @@ inline void x8_tile(const uint8_t* group, const QuantRows& xq, int64_t m0, int64
     for (int h = 0; h < 2; ++h) y[r][h] = vaddq_f32(acc[r][h], accm[r][h]);
 }
 
+// Columns [n0, n1) in groups of 8 (x8_columns: in place, or gathered through a row map; only
+// then can n1 - n0 end in a partial group).
 template <DType T, bool kSdot, int R>
 inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 32;
-  for (int64_t n = n0; n < n1; n += kX8Rows) {  // n0, n1: multiples of 8 (whole groups)
+  thread_local std::vector<uint8_t> gathered;
+  for (int64_t n = n0; n < n1; n += kX8Rows) {
     float32x4_t y[R][2];
-    x8_tile<T, kSdot, R>(static_cast<const uint8_t*>(a.w) + n * a.w_stride, xq, m0, nb, y);
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h) {
-        float* out = a.y + (m0 + r) * a.y_stride + n + 4 * h;
-        vst1q_f32(out, a.bias ? vaddq_f32(y[r][h], vld1q_f32(a.bias + n + 4 * h)) : y[r][h]);
-      }
+    x8_tile<T, kSdot, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
+    const int64_t cols = std::min<int64_t>(kX8Rows, n1 - n);
+    for (int r = 0; r < R; ++r) {
+      float out[kX8Rows];
+      vst1q_f32(out, y[r][0]);
+      vst1q_f32(out + 4, y[r][1]);
+      for (int64_t c = 0; c < cols; ++c) a.y[(m0 + r) * a.y_stride + n + c] = a.bias ? out[c] + a.bias[n + c] : out[c];
+    }
   }
 }
 
@@ -301,7 +306,6 @@ constexpr int kGgufRows = 2, kGgufRowsX8 = 2;
 
 template <bool kSdot>
 inline void gguf_linear_variant(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
-  if (is_x8(a.w_dtype) && a.w_rows) return generic::gguf_linear(a, xq, n0, n1);  // a row map over groups
   switch (a.w_dtype) {
     case DType::Q4_0: return gguf_row_groups<DType::Q4_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
     case DType::Q4_1: return gguf_row_groups<DType::Q4_1, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);

@@ -223,14 +223,21 @@ MTP_TARGET_AVX2 inline void x8_tile(const uint8_t* group, const QuantRows& xq, i
   for (int r = 0; r < R; ++r) y[r] = _mm256_add_ps(acc[r], accm[r]);
 }
 
+// Columns [n0, n1) in groups of 8 (x8_columns: in place, or gathered through a row map; only
+// then can n1 - n0 end in a partial group).
 template <DType T, int kVnni, int R>
 MTP_TARGET_AVX2 inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 32;
-  for (int64_t n = n0; n < n1; n += kX8Rows) {  // n0, n1: multiples of 8 (whole groups)
+  thread_local std::vector<uint8_t> gathered;
+  for (int64_t n = n0; n < n1; n += kX8Rows) {
     __m256 y[R];
-    x8_tile<T, kVnni, R>(static_cast<const uint8_t*>(a.w) + n * a.w_stride, xq, m0, nb, y);
-    const __m256 bias = a.bias ? _mm256_loadu_ps(a.bias + n) : _mm256_setzero_ps();
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.y + (m0 + r) * a.y_stride + n, a.bias ? _mm256_add_ps(y[r], bias) : y[r]);
+    x8_tile<T, kVnni, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
+    const int64_t cols = std::min<int64_t>(kX8Rows, n1 - n);
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[kX8Rows];
+      _mm256_store_ps(out, y[r]);
+      for (int64_t c = 0; c < cols; ++c) a.y[(m0 + r) * a.y_stride + n + c] = a.bias ? out[c] + a.bias[n + c] : out[c];
+    }
   }
 }
 
@@ -290,11 +297,9 @@ struct X8Tile {
   };
 };
 
-// kRows: rows sharing a decoded file-layout block; kX8Rows8: rows sharing an x8 chunk. A row
-// map over x8 groups (columns from different groups) takes the generic kernel.
+// kRows: rows sharing a decoded file-layout block; kRowsX8: rows sharing an x8 chunk.
 template <int kVnni, int kRows, int kRowsX8>
 inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
-  if (is_x8(a.w_dtype) && a.w_rows) return generic::gguf_linear(a, xq, n0, n1);
   switch (a.w_dtype) {
     case DType::Q4_0: return in_row_groups<FileTile<DType::Q4_0, kVnni>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q4_1: return in_row_groups<FileTile<DType::Q4_1, kVnni>::template Of, kRows>(a, xq, n0, n1);
