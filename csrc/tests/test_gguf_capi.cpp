@@ -85,7 +85,7 @@ std::vector<uint8_t> repacked_x8(DType t, const std::vector<uint8_t>& w, int64_t
   mtp::repack_x8(t, w.data(), stride, N, K, want.data());
   EXPECT(x8 == want, "mtp_gguf_repack_x8 %s [%lld, %lld] != mtp::repack_x8", tname(t), (long long)N, (long long)K);
   std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = 0; n < N && K > 0; ++n) {  // K = 0: no values (and NULL data())
     mtp::dequantize_row(t, w.data(), stride, n, K, a.data());
     mtp::dequantize_row(mtp::x8_of(t), x8.data(), rb, n, K, b.data());
     EXPECT(std::memcmp(a.data(), b.data(), size_t(K) * sizeof(float)) == 0, "%s [%lld, %lld]: x8 row %lld != the file's",
