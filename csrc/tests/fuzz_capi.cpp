@@ -147,6 +147,7 @@ class Call {
 
  private:
   static int64_t row_bytes(int32_t dtype, int64_t cols) {
+    if (dtype >= MTP_Q4_0_X8) dtype -= 100;  // an x8 layout: its file type's rows
     const int64_t elems = dtype == MTP_Q4_K || dtype == MTP_Q6_K ? 256 : 32;
     const int64_t block = dtype == MTP_Q4_0 ? 18 : dtype == MTP_Q4_1 ? 20 : dtype == MTP_Q8_0 ? 34
                           : dtype == MTP_Q4_K ? 144 : 210;
@@ -264,8 +265,9 @@ void one_call(Input& in) {
       break;
     }
     case 5: case 6: case 7: {  // linear: float, GGUF block, Q8 (and Q8 with int8 activations)
-      static const int32_t kBlocks[] = {MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K, MTP_Q6_K};
-      const int32_t wdt = fn == 5 ? (in.u8() & 1 ? fdt : kBlocks[in.u8() % 5]) : MTP_INT8;
+      static const int32_t kBlocks[] = {MTP_Q4_0,    MTP_Q4_1,    MTP_Q8_0,   MTP_Q4_K,
+                                        MTP_Q6_K,    MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8};
+      const int32_t wdt = fn == 5 ? (in.u8() & 1 ? fdt : kBlocks[in.u8() % 8]) : MTP_INT8;
       const int64_t M = c.dim(), N = c.dim(), Kx = wdt == MTP_Q4_K || wdt == MTP_Q6_K ? 256 : 32 * c.dim();
       const int32_t xdt = fdt == MTP_FLOAT16 && wdt >= MTP_Q4_0 ? MTP_FLOAT32 : fdt;
       auto *x = c.tensor({M, Kx}, xdt), *w = c.tensor({N, Kx}, wdt), *sc = c.tensor({N, (Kx + 31) / 32}, MTP_FLOAT32, I),
