@@ -130,7 +130,8 @@ def gguf_table(groups):
     lines = [
         f"read bandwidth: {read:.1f} GB/s" if read else "read bandwidth: not measured in this run",
         "",
-        "| case | file layout (us) | x8 layout (us) | best GB/s | % of read bandwidth | bf16 (us) | bf16 / best GGUF time |",
+        "| case | file layout (us) | x8 layout (us) | best GB/s | % of read bandwidth | bf16 (us) "
+        "| bf16 / best GGUF time |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     us = lambda b: f"{b['stats']['median'] * 1e6:.1f}" if b else "-"  # noqa: E731

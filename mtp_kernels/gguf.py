@@ -104,11 +104,18 @@ class QuantTensor:
         own bytes (a private file map: no new memory, and nothing else may read them since)."""
         if self.gguf_type in X8_TYPES:
             return self
-        packed = repack_x8(self.data, self.gguf_type)
-        if in_place:
-            self.data.copy_(packed)
-            packed = self.data
-        return QuantTensor(packed, self.gguf_type + 100)
+        if not in_place:
+            return QuantTensor(repack_x8(self.data, self.gguf_type), self.gguf_type + 100)
+        # A few groups at a time: small temporaries, which the allocator reuses, where one
+        # matrix-sized temporary (30 MB for the embedding) would stay in the process's heap.
+        step = max(X8_ROWS, (_REPACK_CHUNK_BYTES // self.data.shape[1]) // X8_ROWS * X8_ROWS)
+        for r in range(0, self.data.shape[0], step):
+            part = self.data[r : r + step]
+            part.copy_(repack_x8(part, self.gguf_type))
+        return QuantTensor(self.data, self.gguf_type + 100)
+
+
+_REPACK_CHUNK_BYTES = 1 << 20
 
 
 def can_x8(w) -> bool:

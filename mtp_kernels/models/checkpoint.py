@@ -398,7 +398,7 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
 
     sizes = _ggml_sizes()
     mapped = _map_file(path, size)
-    weights = {}
+    weights, to_x8 = {}, []
     for t in tensors:
         name = _our_name(t.name)
         if name is None:
@@ -420,8 +420,9 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
             if rows_of:  # the rows in the original order: a copy of their bytes (QuantTensor.rows,
                 # gathered in numpy: torch's gather costs ~15 ms per matrix on some machines)
                 data = torch.from_numpy(np.ascontiguousarray(_unpermute_rope(data.numpy(), rows_of)))
-            q = QuantTensor(data, t.type)
-            weights[name] = q.x8(in_place=True) if x8 and can_x8(q) else q
+            weights[name] = QuantTensor(data, t.type)
+            if x8 and can_x8(weights[name]):
+                to_x8.append(name)
             continue
         if native and t.type in _GGUF_FLOATS:  # norms (small): a copy in their own dtype
             arr = raw.numpy().copy()
@@ -466,6 +467,11 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     except Exception as e:
         raise CheckpointError(f"{path}: its tokenizer cannot be built ({type(e).__name__}: {_one_line(e)})") from None
     _check_weights(path, cfg, weights)
+    # The repack touches every page of those matrices: after the metadata's strings are gone,
+    # so that their peak and the weights' pages do not add up.
+    del meta, tokens
+    for name in to_x8:
+        weights[name] = weights[name].x8(in_place=True)
     return cfg, weights, tokenizer
 
 

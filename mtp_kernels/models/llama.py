@@ -305,7 +305,8 @@ def _fuse(name: str, parts: list):
         parts = [p.rows(slice(None)) for p in parts]  # all in the file's layout (the x8 ones copied)
         types = {p.gguf_type for p in parts}
     if not all(quant) or len(types) > 1:
-        kinds = [type_name(p.gguf_type % 100) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]  # as stored
+        # the types as stored (an x8 layout's file type)
+        kinds = [type_name(p.gguf_type % 100) if isinstance(p, QuantTensor) else str(p.dtype) for p in parts]
         raise MixedTypesError(
             f"Backbone: the parts of {name} have different types ({', '.join(kinds)}): they run "
             "as one matrix of one type; load this model dequantized (mtp: --dtype float32|bfloat16)"
