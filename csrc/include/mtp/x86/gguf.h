@@ -278,21 +278,14 @@ inline void in_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t n0, 
   }
 }
 
-template <DType T, int kVnni>
-struct FileTile {
+// The R-row pass of a layout (kX8: x8_rows, else gguf_rows) as rows_of's Tile<R>.
+template <DType T, int kVnni, bool kX8>
+struct Layout {
   template <int R>
   struct Of {
     static void run(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
-      gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
-    }
-  };
-};
-template <DType T, int kVnni>
-struct X8Tile {
-  template <int R>
-  struct Of {
-    static void run(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
-      x8_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+      if constexpr (kX8) x8_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+      else gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
     }
   };
 };
@@ -301,14 +294,14 @@ struct X8Tile {
 template <int kVnni, int kRows, int kRowsX8>
 inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   switch (a.w_dtype) {
-    case DType::Q4_0: return in_row_groups<FileTile<DType::Q4_0, kVnni>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q4_1: return in_row_groups<FileTile<DType::Q4_1, kVnni>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q8_0: return in_row_groups<FileTile<DType::Q8_0, kVnni>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q4_K: return in_row_groups<FileTile<DType::Q4_K, kVnni>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q6_K: return in_row_groups<FileTile<DType::Q6_K, kVnni>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q4_0_X8: return in_row_groups<X8Tile<DType::Q4_0, kVnni>::template Of, kRowsX8>(a, xq, n0, n1);
-    case DType::Q4_1_X8: return in_row_groups<X8Tile<DType::Q4_1, kVnni>::template Of, kRowsX8>(a, xq, n0, n1);
-    default: return in_row_groups<X8Tile<DType::Q8_0, kVnni>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_0: return in_row_groups<Layout<DType::Q4_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_1: return in_row_groups<Layout<DType::Q4_1, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q8_0: return in_row_groups<Layout<DType::Q8_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_K: return in_row_groups<Layout<DType::Q4_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q6_K: return in_row_groups<Layout<DType::Q6_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_0_X8: return in_row_groups<Layout<DType::Q4_0, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_1_X8: return in_row_groups<Layout<DType::Q4_1, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
+    default: return in_row_groups<Layout<DType::Q8_0, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
   }
 }
 
