@@ -26,23 +26,23 @@ for _ours, _theirs in checkpoint._GGUF_LAYER_NAMES.items():
 _TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
-def tiny_gguf(path, **meta):
-    """A tiny Llama GGUF (Q8_0 embedding, Q4_1 matrices, F32 norms). meta: GGUF key (dots as
-    '__') -> a value written with the type of the value (int: uint32, float: float32, str,
-    ('u64', v) / ('f64', v) / ('i32', v)), or None to leave the key out."""
+def tiny_gguf(path, cfg=TINY, **meta):
+    """A tiny Llama GGUF (Q8_0 embedding, Q4_1 matrices, F32 norms) of `cfg` (TINY's layer
+    count). meta: GGUF key (dots as '__') -> a value written with the type of the value (int:
+    uint32, float: float32, str, ('u64', v) / ('f64', v) / ('i32', v)), or None to leave the key out."""
     w = gguf.GGUFWriter(str(path), "llama")
-    tokens = [chr(ord("a") + i) if i < 26 else "ab" if i == 26 else f"<t{i}>" for i in range(TINY.vocab_size)]
+    tokens = [chr(ord("a") + i) if i < 26 else "ab" if i == 26 else f"<t{i}>" for i in range(cfg.vocab_size)]
     fields = {
-        "llama.context_length": TINY.max_position,
-        "llama.embedding_length": TINY.hidden_size,
-        "llama.feed_forward_length": TINY.intermediate_size,
-        "llama.block_count": TINY.num_layers,
-        "llama.attention.head_count": TINY.num_heads,
-        "llama.attention.head_count_kv": TINY.num_kv_heads,
-        "llama.attention.layer_norm_rms_epsilon": TINY.rms_norm_eps,
-        "llama.rope.freq_base": TINY.rope_theta,
+        "llama.context_length": cfg.max_position,
+        "llama.embedding_length": cfg.hidden_size,
+        "llama.feed_forward_length": cfg.intermediate_size,
+        "llama.block_count": cfg.num_layers,
+        "llama.attention.head_count": cfg.num_heads,
+        "llama.attention.head_count_kv": cfg.num_kv_heads,
+        "llama.attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+        "llama.rope.freq_base": cfg.rope_theta,
         "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.eos_token_id": TINY.eos_token_ids[0],
+        "tokenizer.ggml.eos_token_id": cfg.eos_token_ids[0],
         "tokenizer.chat_template": _TEMPLATE,
     }
     fields.update({k.replace("__", "."): v for k, v in meta.items()})
@@ -63,9 +63,9 @@ def tiny_gguf(path, **meta):
             "str": w.add_string,
         }[kind](key, v)
     w.add_token_list(tokens)
-    w.add_token_types([1] * TINY.vocab_size)
+    w.add_token_types([1] * cfg.vocab_size)
     w.add_token_merges(["a b"])
-    for name, t in tiny_weights().items():
+    for name, t in tiny_weights(cfg).items():
         arr = t.numpy()
         if t.dim() == 1:
             w.add_tensor(_NAMES[name], arr)
@@ -178,6 +178,26 @@ def test_tensor_type_or_offset_changed(tmp_path, name, type_, delta, fragment):
     patch_tensor(path, name, type_, delta)
     for native in (False, True):
         refused(path, fragment, native=native)
+
+
+def test_native_x8_rows_not_a_multiple_of_8(tmp_path):
+    """The native path's in-place x8 repack takes whole groups of 8 rows only: K and V of 4 rows
+    (1 kv head of 4) stay in the file's layout beside Q's x8 rows, and the backbone's fused
+    qkv runs with the bits of the file layout (x8=False), never reading past a matrix's rows."""
+    import dataclasses
+
+    from mtp_kernels.models.llama import Backbone
+
+    cfg = dataclasses.replace(TINY, num_heads=16, num_kv_heads=1, head_dim=4)
+    path = tiny_gguf(tmp_path / "odd.gguf", cfg=cfg)
+    outs = []
+    for x8 in (True, False):
+        _, weights, _ = checkpoint.load(path, native=True, x8=x8)
+        k, q = weights["model.layers.0.self_attn.k_proj.weight"], weights["model.layers.0.self_attn.q_proj.weight"]
+        assert k.data.shape[0] == 4 and k.gguf_type == 3 and q.gguf_type == (103 if x8 else 3)
+        model = Backbone(cfg, weights, torch.bfloat16)
+        outs.append(model(torch.tensor([[1, 5, 9, 20]]), model.new_cache(1, 16).select(0)))
+    assert outs[0].isfinite().all() and torch.equal(outs[0], outs[1])
 
 
 def test_trailing_bytes_and_default_gguf_context(tmp_path):

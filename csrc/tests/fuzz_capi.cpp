@@ -145,6 +145,21 @@ class Call {
   }
   bool skip() const { return skip_; }
 
+  // Mostly-valid values for a [n] float32 view the call left sane (the fill's values are
+  // often out of a filter's range): lo + (i % 8) * step, so most calls reach the kernels.
+  static void set_f32(const mtp_tensor* t, int64_t n, float lo, float step) {
+    if (!t || !t->data || t->dtype != MTP_FLOAT32 || t->ndim != 1 || t->sizes[0] != n || t->strides[0] < 0) return;
+    for (int64_t i = 0; i < n; ++i) static_cast<float*>(t->data)[i * t->strides[0]] = lo + float(i % 8) * step;
+  }
+
+  // A buffer of `bytes` (at most 1 MiB; else 64) owned by the call, raw bytes from the input.
+  uint8_t* bytes(int64_t n) {
+    const size_t size = n > 0 && n <= (1 << 20) ? size_t(n) : 64;
+    buffers_.emplace_back(new uint8_t[size]);
+    for (size_t i = 0; i < size; ++i) buffers_.back()[i] = uint8_t(i * 131 + 7);
+    return buffers_.back().get();
+  }
+
  private:
   static int64_t row_bytes(int32_t dtype, int64_t cols) {
     if (dtype >= MTP_Q4_0_X8) dtype -= 100;  // an x8 layout: its file type's rows
@@ -195,7 +210,8 @@ class Call {
 
 // Calls per function that ran (MTP_OK) and that were refused: the driver prints them, so that a
 // harness change that stops reaching the kernels shows.
-uint64_t g_calls[12][2];
+constexpr int kFunctions = 14;
+uint64_t g_calls[kFunctions][2];
 
 void check_status(mtp_status s) {
   // A failure must carry a message; success leaves "" (mtp.h).
@@ -208,7 +224,7 @@ void check_status(mtp_status s) {
 
 void one_call(Input& in) {
   Call c(in);
-  const uint8_t fn = in.u8() % 12;
+  const uint8_t fn = in.u8() % kFunctions;
   const int32_t threads = in.threads();
   const int32_t fdt = in.u8() % 3 == 0 ? MTP_BFLOAT16 : in.u8() % 2 ? MTP_FLOAT32 : MTP_FLOAT16;  // float dtype
   const int32_t idt = in.u8() & 1 ? MTP_INT64 : MTP_INT32;                                          // index dtype
@@ -333,6 +349,55 @@ void one_call(Input& in) {
       s = mtp_verify_ragged(dr, cu, lg, in.u8() < 200 ? -1 : in.i64(), acc, out, threads);
       break;
     }
+    case 12: {  // mtp_gguf_repack_x8: file rows -> x8; hostile sizes only where their bytes overflow
+      static const int32_t kTypes[] = {MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K, MTP_Q4_0_X8, MTP_FLOAT32, -1};
+      const int32_t dtype = in.u8() < 200 ? kTypes[in.u8() % 3] : kTypes[in.u8() % 7];
+      static const int64_t kRows[] = {-8, 7, int64_t(1) << 62, std::numeric_limits<int64_t>::max() - 7};
+      static const int64_t kCols[] = {31, -32, int64_t(1) << 62, std::numeric_limits<int64_t>::max() - 31};
+      const bool odd_rows = in.u8() < 20, odd_cols = in.u8() < 20;
+      const int64_t rows = odd_rows ? kRows[in.u8() % 4] : 8 * (in.u8() % 9),
+                    cols = odd_cols ? kCols[in.u8() % 4] : 32 * (in.u8() % 9);
+      const int64_t block = dtype == MTP_Q4_0 ? 18 : dtype == MTP_Q4_1 ? 20 : 34;
+      // the caller owns rows * row bytes when both are ordinary; else a small buffer (the call
+      // must refuse, or touch nothing: 0 bytes)
+      const int64_t n = odd_rows || odd_cols ? 64 : rows * (cols / 32) * block;
+      uint8_t* src = c.bytes(n);
+      const uint8_t mode = in.u8();
+      uint8_t* dst = mode < 200 ? c.bytes(n) : mode < 215 ? src : mode < 230 ? src + (n > 1 ? 1 : 0) : nullptr;
+      const void* from = mode >= 245 ? nullptr : src;
+      s = mtp_gguf_repack_x8(dtype, from, rows, cols, dst);
+      break;
+    }
+    case 13: {  // mtp_verify_sampled_ragged (its filters: mtp_verify_sampled_filtered's checks)
+      std::vector<int64_t> counts(static_cast<size_t>(B));
+      int64_t N = 0;
+      for (int64_t& k : counts) N += (k = in.u8() % 4);
+      const bool consistent = in.u8() < 200;
+      auto *dr = c.tensor({N}, idt, I, V - 1), *pr = in.u8() & 1 ? c.tensor({N, V}, fdt, I) : nullptr,
+           *cu = c.tensor({B}, idt, I, N), *lg = c.tensor({N + B, V}, fdt), *te = c.tensor({B}, MTP_FLOAT32, I),
+           *tk = in.u8() & 1 ? c.tensor({B}, idt, I, V + 1) : nullptr,
+           *tp = in.u8() & 1 ? c.tensor({B}, MTP_FLOAT32, I) : nullptr,
+           *mp = in.u8() & 1 ? c.tensor({B}, MTP_FLOAT32, I) : nullptr, *se = c.tensor({B}, MTP_INT64, Fill::kRaw),
+           *of = in.u8() & 1 ? c.tensor({B}, MTP_INT64, I, 9) : nullptr, *acc = c.tensor({B}, idt),
+           *out = c.tensor({B, 3 + in.u8() % 3}, idt);
+      if (c.skip()) return;
+      if (consistent) {
+        Call::set_f32(tp, B, 0.125f, 0.125f);  // (0, 1]
+        Call::set_f32(mp, B, 0.f, 0.1f);       // [0, 1)
+      }
+      if (consistent && cu && cu->data && cu->ndim == 1 && cu->sizes[0] == B && cu->strides[0] >= 0 &&
+          (cu->dtype == MTP_INT32 || cu->dtype == MTP_INT64)) {
+        int64_t sum = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          sum += counts[size_t(b)];
+          if (cu->dtype == MTP_INT32) static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
+          else static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
+        }
+      }
+      s = mtp_verify_sampled_ragged(dr, pr, cu, lg, te, tk, tp, mp, se, of, in.u8() < 200 ? -1 : in.i64(), acc, out,
+                                    threads);
+      break;
+    }
   }
   check_status(s);
   ++g_calls[fn][s == MTP_OK ? 0 : 1];
@@ -386,7 +451,7 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(bytes.data(), bytes.size());
     ++runs;
   }
-  for (int f = 0; f < 12; ++f)
+  for (int f = 0; f < kFunctions; ++f)
     std::printf("  function %2d: %llu ran, %llu refused\n", f, (unsigned long long)g_calls[f][0],
                 (unsigned long long)g_calls[f][1]);
   std::printf("fuzz_capi: %llu random inputs in %.0f s (seed %llu), no finding\n", (unsigned long long)runs, seconds,
