@@ -205,6 +205,22 @@ def test_decoder_caches_aliasing():
         run_decoder(a)
     with pytest.raises(RuntimeError, match=r"k_cache and weights\[0\] \(layer 0's input_norm\) overlap in memory"):
         run_decoder(a, fallback.decoder_layers)  # the CUDA fallback's check, the same words
+    a = decoder_args()
+    a["k_cache"] = torch.zeros(1, 1, 1, 1, 4).expand(1, 1, 1, 4, 4)  # every position the same memory
+    for op in (None, fallback.decoder_layers):
+        with pytest.raises(
+            RuntimeError,
+            match=re.escape(
+                "mtp.decoder_layers: k_cache must not have overlapping elements (it is written in place), got "
+                "strides [4, 4, 4, 0, 1] for sizes [1, 1, 1, 4, 4]"
+            ),
+        ):
+            run_decoder(a, op)
+    a = decoder_args()
+    a["x"] = a["k_cache"].view(-1)[:8].view(1, 1, 8)  # the input inside the cache it writes
+    with pytest.raises(RuntimeError, match=r"mtp.decoder_layers: k_cache and x overlap in memory"):
+        run_decoder(a)
+    assert not a["k_cache"].any()
 
 
 # ---- float arguments at the kernels' width --------------------------------------------------
