@@ -39,7 +39,7 @@ TORCH_LIBRARY(mtp, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor sum, Tensor normed)");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
-  // A whole decoder pass (decoder.h): the ops above, every layer, in one call.
+  // A whole decoder pass (decoder_layers.h): the ops above, every layer, in one call.
   m.def("decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
         " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
         " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None) -> Tensor");

@@ -426,14 +426,14 @@ def sample_uniform(seed: int, position: int, stream: int) -> float:
     return (h >> 40) / 16777216.0
 
 
-# exp_fixed's constants (sampling.h): Cody-Waite ln2 split, Taylor terms to r^13.
+# exp_fixed's constants (verify_sampled.h): Cody-Waite ln2 split, Taylor terms to r^13.
 _LN2_HI, _LN2_LO, _INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e00
 _EXP_TERMS = 13
 SAMPLE_BLOCK = 256  # kSampleBlock: the fixed summation order's block
 
 
 def exp_fixed(y: torch.Tensor) -> torch.Tensor:
-    """exp(y) for fp64 y <= 0 in sampling.h's exact steps (every backend gets the same bits):
+    """exp(y) for fp64 y <= 0 in verify_sampled.h's exact steps (every backend gets the same bits):
     k = floor(y / ln2 + 0.5), r = (y - k ln2_hi) - k ln2_lo, Horner over 1/n! (n = 13..0,
     each coefficient 1.0 / n!), times 2^k; 0 below -708."""
     yc = torch.clamp_min(y, -708.0)
@@ -466,7 +466,7 @@ def _row_weights(
 
 def order_keys(x: torch.Tensor) -> torch.Tensor:
     """Order-preserving keys of fp32 values, as int64 in [0, 2^32): key(a) < key(b) iff a < b,
-    -0 just below +0 (sampling.h order_key). The filters cut on keys: integers."""
+    -0 just below +0 (verify_sampled.h order_key). The filters cut on keys: integers."""
     u = x.float().contiguous().view(torch.int32).long() & 0xFFFFFFFF
     return torch.where(u >= 2**31, 0xFFFFFFFF - u, u + 2**31)
 

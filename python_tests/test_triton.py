@@ -587,7 +587,7 @@ def test_cuda_attention_opcheck_and_graph_capture():
 
 
 # ---------------------------------------------------------------- verify_sampled
-# The Triton kernel mirrors sampling.h step for step: its tokens must equal the CPU op's
+# The Triton kernel mirrors verify_sampled.h step for step: its tokens must equal the CPU op's
 # (torch.equal), not merely follow the same distribution.
 
 
@@ -747,7 +747,7 @@ def test_verify_sampled_bad_input(override, message):
 import triton  # noqa: E402  (importable: mtp_kernels.triton was)
 import triton.language as tl  # noqa: E402
 
-from mtp_kernels.triton.kernels.sampling import exp_fixed  # noqa: E402
+from mtp_kernels.triton.kernels.verify_sampled import exp_fixed  # noqa: E402
 
 
 @triton.jit

@@ -12,7 +12,7 @@
 #include "mtp/mtp.h"
 #include "mtp/op_args.h"
 #include "mtp/parallel.h"
-#include "mtp/sampling.h"
+#include "mtp/verify_sampled.h"
 #include "mtp/verify.h"
 
 static_assert(int(MTP_FLOAT32) == int(mtp::DType::F32) && int(MTP_BFLOAT16) == int(mtp::DType::BF16) &&
@@ -510,7 +510,7 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
       out_tmp.resize(size_t(a.B * a.T * a.H * es));
       a.out = out_tmp.data();
     }
-    decoder(a, threads, current_isa(), ThreadParallelFor{threads});
+    decoder_layers(a, threads, current_isa(), ThreadParallelFor{threads});
     if (!out_tmp.empty()) {
       const int64_t packed[3] = {a.T * a.H, a.H, 1};
       copy3(out_tmp.data(), packed, bytes(out), out->strides, out->sizes, es);

@@ -1,4 +1,4 @@
-// CPU bindings of mtp.decoder_layers (a whole Llama-family decoder pass, mtp/decoder.h) and
+// CPU bindings of mtp.decoder_layers (a whole Llama-family decoder pass, mtp/decoder_layers.h) and
 // mtp.head_draft (the MTP head's draft steps, mtp/head_draft.h), one call each. Every tensor
 // is checked against the shapes the first layer's weights and the caches imply, then handed
 // to the core as pointers and strides.
@@ -212,7 +212,7 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   a.eps = float(eps);  // eps_error checked it as a float
   a.quantize_x = quantize_x;
   a.out = out.data_ptr();
-  decoder(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
+  decoder_layers(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
   return out;
 }
 

@@ -3,7 +3,7 @@
 
 #include "checks.h"
 #include "mtp/lenient.h"
-#include "mtp/sampling.h"
+#include "mtp/verify_sampled.h"
 #include "mtp/verify.h"
 
 namespace mtp::cpu {

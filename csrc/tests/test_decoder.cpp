@@ -1,4 +1,4 @@
-// The whole-pass cores (mtp/decoder.h, mtp/head_draft.h), called directly on a tiny random
+// The whole-pass cores (mtp/decoder_layers.h, mtp/head_draft.h), called directly on a tiny random
 // model on the selected instruction set: a pass over T tokens gives each token the bits of T
 // one-token passes (outputs and cache entries), a request's bits do not depend on the other
 // requests of the batch, the thread count changes nothing, and the head's drafts of a batch
@@ -106,7 +106,7 @@ std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int
   a.eps = 1e-5f; a.quantize_x = m.quantize_x;
   std::vector<char> out(x.size());
   a.out = out.data();
-  mtp::decoder(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
+  mtp::decoder_layers(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
   for (auto& n : c.lens) n += T;
   return out;
 }

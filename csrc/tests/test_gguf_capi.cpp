@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "mtp/decoder.h"
+#include "mtp/decoder_layers.h"
 #include "mtp/gguf.h"
 #include "mtp/linear.h"
 #include "mtp/mtp.h"
@@ -320,7 +320,7 @@ mtp_status capi_pass(const Model& m, Cache& c, const std::vector<char>& x, int64
                             1e-5f, 0, &ov, threads);
 }
 
-// The core's pass (mtp::decoder) over the same bytes.
+// The core's pass (mtp::decoder_layers) over the same bytes.
 std::vector<char> core_pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
   mtp::DecoderArgs a;
   a.B = c.B(); a.T = T; a.H = m.d.H; a.Hq = m.d.Hq; a.Hkv = m.d.Hkv; a.D = m.d.D; a.I = m.d.I;
@@ -335,7 +335,7 @@ std::vector<char> core_pass(const Model& m, Cache& c, const std::vector<char>& x
   a.eps = 1e-5f;
   std::vector<char> out(x.size());
   a.out = out.data();
-  mtp::decoder(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
+  mtp::decoder_layers(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
   return out;
 }
 

@@ -1,5 +1,5 @@
 // What the test files share: the EXPECT macro and failure count, the random source, dtype
-// names, the error-status check, and the test cases of test_ops.cpp.
+// names, the error-status check, and the test cases of every test_*.cpp (main: test_core.cpp).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -43,13 +43,24 @@ inline void expect_error(mtp_status got, mtp_status want, const char* needle, co
     EXPECT(c.untouched(), "%s: output written on failure", #mutation);  \
   } while (0)
 
-// test_ops.cpp
+// test_verify.cpp
+void test_argmax();
+void test_verify();
+void test_verify_ragged();
+void test_accept_prefix();
+void test_errors();
+void test_verify_ragged_errors();
+
+// test_head_attention.cpp
 void test_attention();
 void test_cache_append();
+void test_head_attention_errors();
+
+// test_linear.cpp
 void test_linear();
 void test_linear_q8();
 void test_linear_q8dot();
-void test_ops_errors();
+void test_linear_errors();
 
 // test_gguf.cpp
 void test_gguf();
@@ -64,7 +75,8 @@ void test_rowwise();
 // test_decoder.cpp
 void test_decoder();
 
-// test_sampling.cpp
+// test_verify_sampled.cpp
+void test_sampling();
 void test_sampling_capi();
 void test_sampling_errors();
 void test_sampling_ragged_capi();

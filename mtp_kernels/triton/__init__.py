@@ -18,7 +18,7 @@ from .. import _checks as C
 from .kernels import attention as A
 from .kernels.argmax import argmax_partials_kernel
 from .kernels.linear import BLOCK_K, BLOCK_M, BLOCK_N, linear_kernel
-from .kernels.sampling import verify_sampled_kernel
+from .kernels.verify_sampled import verify_sampled_kernel
 from .kernels.verify import accept_prefix_kernel, verify_finish_kernel
 
 # Vocabulary tile of the argmax, and the smallest slice worth a program of its own.
@@ -232,7 +232,7 @@ def verify_sampled(
     min_p: Optional[torch.Tensor] = None,
 ):
     """``mtp.verify_sampled`` in Triton: one program per request, the tokens bitwise those of
-    the CPU op (kernels/sampling.py mirrors csrc/include/mtp/sampling.h)."""
+    the CPU op (kernels/verify_sampled.py mirrors csrc/include/mtp/verify_sampled.h)."""
     op = "mtp.verify_sampled"
     C.check_sampled_inputs(
         op, draft_tokens, draft_probs, target_logits, temperature, seeds, offsets, num_drafts, top_k, top_p, min_p

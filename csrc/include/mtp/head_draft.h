@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mtp/argmax.h"
-#include "mtp/decoder.h"
+#include "mtp/decoder_layers.h"
 
 namespace mtp {
 

@@ -15,7 +15,7 @@
 #include "mtp/attention.h"
 #include "mtp/cache.h"
 #include "mtp/linear.h"
-#include "mtp/sampling.h"
+#include "mtp/verify_sampled.h"
 
 namespace mtp {
 
@@ -504,7 +504,7 @@ inline std::string temperature_error(int64_t b, double t) {
   return message("temperature must be finite and >= 0, got temperature[", b, "] = ", t);
 }
 
-// One request's filters (sampling.h Filters): top_k >= 0, top_p in (0, 1], min_p in [0, 1)
+// One request's filters (verify_sampled.h Filters): top_k >= 0, top_p in (0, 1], min_p in [0, 1)
 // (top_p and min_p as fp32 values; off: 0, 1, 0).
 inline std::string filter_error(int64_t b, int64_t top_k, double top_p, double min_p) {
   if (top_k < 0) return message("top_k must be >= 0 (0: off), got top_k[", b, "] = ", top_k);

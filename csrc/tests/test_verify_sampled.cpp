@@ -1,13 +1,14 @@
 // mtp_verify_sampled through the C API: results equal to the scalar kernel (sample_request,
 // request by request) for every dtype, layout, thread count, with and without draft_probs;
 // bad arguments rejected with a message naming the argument, outputs untouched.
-// Also the accuracy of exp_fixed, the exp every backend evaluates the same way.
+// Also the accuracy of exp_fixed, the exp every backend evaluates the same way, and the rule
+// itself (sample_request) called directly.
 #include <cmath>
 #include <vector>
 
 #include "mtp/common.h"
 #include "mtp/isa.h"
-#include "mtp/sampling.h"
+#include "mtp/verify_sampled.h"
 #include "test_util.h"
 
 namespace {
@@ -423,4 +424,35 @@ void test_exp_fixed() {
     worst = std::max(worst, std::fabs(mtp::exp_fixed(y) / std::exp(y) - 1));
   }
   EXPECT(worst < 4e-16, "exp_fixed relative error %.3g", worst);
+}
+
+// verify_sampled's torch-free rule: the RNG formula (values fixed as in reference.py's
+// test), the inverse CDF on a uniform row, temperature 0 = argmax, one-hot accept/reject.
+void test_sampling() {
+  EXPECT(mtp::mix64(0) == 0xE220A8397B1DCDAFull, "mix64(0) = %llx", (unsigned long long)mtp::mix64(0));
+  const int64_t V = 4096, K = 2;
+  std::vector<float> logits((K + 1) * V, 0.0f);
+  mtp::VerifyArgs a;
+  a.B = 1; a.K = K; a.V = V; a.logits = logits.data();
+  a.logits_stride[0] = (K + 1) * V; a.logits_stride[1] = V; a.logits_stride[2] = 1;
+  const mtp::Isa isa = mtp::current_isa();
+  for (int64_t seed : {int64_t(0), int64_t(-1), int64_t(12345)}) {
+    // Uniform rows: the drawn token is floor(u * V) at each position.
+    int64_t want[K + 1];
+    for (int64_t t = 0; t <= K; ++t)
+      want[t] = int64_t(mtp::sample_uniform(seed, 40 + t, mtp::kStreamSample) * double(V));
+    int64_t draft[K] = {want[0], V};  // the first matches the draw, the second lies outside V
+    int64_t out[K + 1];
+    int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 1.0, mtp::Filters{}, seed, 40, K, -7,
+                                             out, 1, isa);
+    EXPECT(n == 1 && out[0] == want[0] && out[1] == want[1] && out[2] == -7, "seed %lld: n %lld out %lld %lld %lld",
+           (long long)seed, (long long)n, (long long)out[0], (long long)out[1], (long long)out[2]);
+  }
+  // Temperature 0: the argmax (first of a tie), whatever the seed.
+  logits[5] = logits[9] = 3.0f;
+  int64_t draft[K] = {5, 1}, out[K + 1];
+  int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 0.0, mtp::Filters{}, 77, 0, K, -1, out,
+                                           1, isa);
+  EXPECT(n == 1 && out[0] == 5 && out[1] == 0 && out[2] == -1, "greedy: n %lld out %lld %lld", (long long)n,
+         (long long)out[0], (long long)out[1]);
 }

@@ -63,7 +63,7 @@ struct DecoderArgs {
 };
 
 // The buffers and steps of M rows (B requests x T tokens) through decoder layers, shared by
-// the backbone's pass (decoder) and the MTP head's draft steps (head_draft.h).
+// the backbone's pass (decoder_layers) and the MTP head's draft steps (head_draft.h).
 template <class ParallelFor>
 struct LayerPass {
   int64_t M, T, H, Hq, Hkv, D, I;
@@ -219,7 +219,7 @@ inline void gather_angles(const float* table, const int64_t* lens, int64_t offse
 // the caches. parallel_for runs the projections and the attention (see linear.h,
 // attention.h); `threads` only shapes the attention's work split.
 template <class ParallelFor>
-void decoder(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
+void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
   const int64_t M = a.B * a.T, D = a.D;
   if (M == 0) return;
   LayerPass<ParallelFor> p(M, a.T, a.H, a.Hq, a.Hkv, D, a.I, a.dtype, a.eps, a.quantize_x, isa, pf);

@@ -1,9 +1,9 @@
-"""verify_sampled in Triton: csrc/include/mtp/sampling.h step for step, so the tokens are
+"""verify_sampled in Triton: csrc/include/mtp/verify_sampled.h step for step, so the tokens are
 bitwise those of the CPU op for the same inputs.
 
 What makes that hold: the RNG is integer (uint64 splitmix64); the exp is exp_fixed, built
 from exact IEEE steps (never tl.exp: libdevice, numpy and glibc differ in the last place);
-every sum runs in sampling.h's fixed order (256-wide blocks, each a pairwise tree, the block
+every sum runs in verify_sampled.h's fixed order (256-wide blocks, each a pairwise tree, the block
 sums left to right; no tl.sum/tl.cumsum over values, whose order is the backend's); fp64
 constants are made with tl.full (a Python float literal would be typed fp32). Launch with
 enable_fp_fusion=False on a GPU, or a*b+c becomes an FMA.
@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .argmax import argmax_combine, argmax_reduce, clamped_num_drafts, first_of
 
-SAMPLE_BLOCK = tl.constexpr(256)  # sampling.h kSampleBlock (read inside the kernels: constexpr on a GPU)
+SAMPLE_BLOCK = tl.constexpr(256)  # verify_sampled.h kSampleBlock (read inside the kernels: constexpr on a GPU)
 LOG2_BLOCK = tl.constexpr(8)
 
 
@@ -38,7 +38,7 @@ def mix64(z):
 
 @triton.jit
 def sample_uniform(seed, position, stream: tl.constexpr):
-    """sampling.h sample_uniform: (seed, position) int64 as two's-complement uint64."""
+    """verify_sampled.h sample_uniform: (seed, position) int64 as two's-complement uint64."""
     s = mix64(seed.to(tl.uint64, bitcast=True))
     h = mix64(mix64(s + position.to(tl.uint64, bitcast=True)) + _u64(stream))
     return (h >> 40).to(tl.float64) * _f64(1.0 / 16777216.0)
@@ -46,7 +46,7 @@ def sample_uniform(seed, position, stream: tl.constexpr):
 
 @triton.jit
 def exp_fixed(y):
-    """sampling.h exp_fixed (y <= 0): the same operations in the same order."""
+    """verify_sampled.h exp_fixed (y <= 0): the same operations in the same order."""
     yc = tl.maximum(y, _f64(-708.0))  # keeps -inf out of the int conversion; masked below
     k = tl.floor(yc * _f64(1.44269504088896338700e00) + _f64(0.5))
     r = (yc - k * _f64(6.93147180369123816490e-01)) - k * _f64(1.90821492927058770002e-10)
@@ -79,7 +79,7 @@ def tree_sum(v):
 
 @triton.jit
 def order_key(x):
-    """sampling.h order_key of fp32 values, as int64 in [0, 2^32)."""
+    """verify_sampled.h order_key of fp32 values, as int64 in [0, 2^32)."""
     u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
     return tl.where(u >= 0x80000000, 0xFFFFFFFF - u, u + 0x80000000)
 
@@ -139,7 +139,7 @@ def kept_count(row, sv, V, m, T, point, key_min, w_min):
 def filter_cut(row, sv, V, m, T, point, top_k, top_p, w_min):
     """RowDist's key_min for the filters: top_k's cut, the top_k-th largest key min_p keeps
     (found bit by bit: the largest key with >= top_k kept keys at or above it), then top_p's,
-    sampling.h top_p_key_bitwise's search run with dense sums (the same sums: x + 0 == x; the
+    verify_sampled.h top_p_key_bitwise's search run with dense sums (the same sums: x + 0 == x; the
     C++ brackets the cut first, then searches, and keeps the same tokens)."""
     key_min = V.to(tl.int64) * 0
     if (top_k > 0) & (top_k < kept_count(row, sv, V, m, T, point, key_min, w_min)):
@@ -164,7 +164,7 @@ def filter_cut(row, sv, V, m, T, point, top_k, top_p, w_min):
 
 @triton.jit
 def inverse_cdf(row, sv, q, sq, V, m, T, point, S, residual, key_min, w_min, total, u, HAS_Q: tl.constexpr):
-    """sampling.h inverse_cdf: the first block passing u * total, then down its tree."""
+    """verify_sampled.h inverse_cdf: the first block passing u * total, then down its tree."""
     target = u * total
     acc = _f64(0.0)
     found = tl.zeros([], tl.int1)
@@ -245,7 +245,7 @@ def verify_sampled_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per request: sampling.h sample_request. With HAS_FIRST (verify_sampled_ragged:
+    """One program per request: verify_sampled.h sample_request. With HAS_FIRST (verify_sampled_ragged:
     d_sb = q_sb = l_sb = 0) request b's drafts and q rows start at draft_first[b] and its logits
     rows at row_first[b] (the flattened layout, clamped on the host side)."""
     b = tl.program_id(0)
