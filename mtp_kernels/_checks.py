@@ -1,5 +1,5 @@
 """Argument checks of the Python launchers (Triton), with the messages of the C++ bindings
-(csrc/cpu/checks.h): the op, the argument, what was expected and what came, so every
+(csrc/torch/adapter.h): the op, the argument, what was expected and what came, so every
 backend fails the same way on the same bad input."""
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def check_accept_inputs(op, draft, target, num_drafts=None):
 
 
 def checked_counts(op, name, n: torch.Tensor, B: int, b_what: str, hi: int, hi_what: str) -> Optional[list]:
-    """A [B] int32/int64 vector of counts in [0, hi] (checks.h's checked_counts). The values
+    """A [B] int32/int64 vector of counts in [0, hi] (adapter.h's checked_counts). The values
     are checked on the host (one sync on a GPU) and returned as a list, except while a CUDA
     graph is being captured, where no sync is allowed (None then: the kernels guard instead)."""
     check_dtype(op, name, n, ID_TYPES)
@@ -187,7 +187,7 @@ def checked_num_drafts(op, num_drafts: Optional[torch.Tensor], B: int, K: int) -
     return num_drafts.to(torch.int64).contiguous()
 
 
-# ---- verify_ragged (op_args.h's ragged_* checks, csrc/cpu/checks.h's check_ragged_inputs) ---
+# ---- verify_ragged (op_args.h's ragged_* checks, csrc/torch/adapter.h's check_ragged_inputs) ---
 def check_ragged_inputs(op, draft, cu, logits, pad_id, max_num_drafts=None):
     _check_same_device(op, "draft_token_ids", draft, cu_num_draft_tokens=cu, target_logits=logits)
     check_dtype(op, "draft_token_ids", draft, ID_TYPES)
@@ -296,7 +296,7 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=
         "it is read in place, call .contiguous() once when loading",
     )
     _check_weight_scale(op, weight, weight_scale)
-    # checks.h's check_quantize_x
+    # adapter.h's check_quantize_x
     check(
         not quantize_x or weight.dtype == torch.int8,
         op,
@@ -308,7 +308,7 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=
 
 
 def _check_weight_scale(op, weight, scale):
-    # checks.h's check_weight_scale: an int8 weight takes fp32 [N, ceil(K/32)] scales, a float one none.
+    # adapter.h's check_weight_scale: an int8 weight takes fp32 [N, ceil(K/32)] scales, a float one none.
     N, K = weight.shape
     blocks = q8_blocks(K)
     if weight.dtype != torch.int8:
@@ -349,7 +349,7 @@ def check_same_dtype(op, name, t, ref_name, ref):
 
 
 def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal=False, scale=None) -> Optional[list]:
-    """mtp.head_attention's arguments (checks.h's attention_args + cache_lens, same order and messages);
+    """mtp.head_attention's arguments (adapter.h's attention_args + cache_lens, same order and messages);
     returns the cache lengths on the host (None under CUDA-graph capture)."""
     _check_same_device(op, "q", q, k_cache=k, v_cache=v, cache_lens=lens, k_local=k_local, v_local=v_local)
     check_dtype(op, "q", q, FLOAT_TYPES)

@@ -1,9 +1,9 @@
 // CPU bindings of mtp.head_attention and mtp.cache_append: checks (shared with the CUDA
-// bindings, checks.h), tensors -> pointers and strides (caches are read and written in
+// bindings, torch/adapter.h), tensors -> pointers and strides (caches are read and written in
 // place, whatever their strides), threads.
 #include <torch/library.h>
 
-#include "checks.h"
+#include "../torch/adapter.h"
 
 namespace mtp::cpu {
 namespace {

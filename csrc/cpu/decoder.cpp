@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "checks.h"
+#include "../torch/adapter.h"
 #include "mtp/head_draft.h"
 
 namespace mtp::cpu {

@@ -2,7 +2,7 @@
 // block-type weights).
 #include <torch/library.h>
 
-#include "checks.h"
+#include "../torch/adapter.h"
 #include "mtp/op_args.h"
 
 namespace mtp::cpu {

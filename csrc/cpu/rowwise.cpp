@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "checks.h"
+#include "../torch/adapter.h"
 #include "mtp/rowwise.h"
 
 namespace mtp::cpu {

@@ -1,7 +1,7 @@
 // CPU bindings of mtp.verify and mtp.accept_prefix: tensors -> pointers, checks, threads.
 #include <torch/library.h>
 
-#include "checks.h"
+#include "../torch/adapter.h"
 #include "mtp/lenient.h"
 #include "mtp/verify_sampled.h"
 #include "mtp/verify.h"

@@ -10,7 +10,7 @@
 
 #include <optional>
 
-#include "../cpu/checks.h"
+#include "../torch/adapter.h"
 #include "mtp/cuda/launch.h"
 
 namespace mtp::cuda {

@@ -1,5 +1,6 @@
-// Argument checks shared by the CPU and CUDA bindings: every message names the op, the
-// argument, what was expected and what came.
+// The torch adapter of the CPU and CUDA bindings (csrc/cpu/*.cpp, csrc/cuda/ops.cpp): tensors ->
+// the kernels' pointers, strides and dtypes, TorchParallelFor, and the tensor checks, whose
+// every message names the op, the argument, what was expected and what came.
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
