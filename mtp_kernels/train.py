@@ -460,6 +460,15 @@ def check_draft_vocab(size: int, vocab_size: int) -> int:
 DISTILLED_BY = "bfloat16"  # cached answers of our bf16 backbone (older caches held transformers' fp32 ones)
 
 
+def _prompt_line(path: str, n: int) -> str:
+    """'path:line' of prompt n (0-based) of a prompts file, for an error message: data.read_jsonl's
+    rows are its non-blank lines (a UTF-8 BOM dropped), so blank lines shift the count."""
+    with open(path, "rb") as f:
+        lines = f.read().removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    rows = [i for i, line in enumerate(lines, 1) if line.decode("utf-8").strip()]  # read_jsonl decoded them all
+    return f"{path}:{rows[n]}" if n < len(rows) else path
+
+
 def distilled_rows(
     prompts_path: str,
     work_dir: str,
@@ -488,11 +497,15 @@ def distilled_rows(
         raise ValueError(f"cannot read the prompts: {e}") from None
     for n, p in enumerate(prompts):
         if not isinstance(p, dict) or not isinstance(p.get("prompt"), str):
-            raise ValueError(f'{prompts_path}: expected JSON lines with a string "prompt" (prompt {n + 1} is not)')
+            raise ValueError(
+                f'{_prompt_line(prompts_path, n)}: expected JSON lines with a string "prompt" (prompt {n + 1} is not)'
+            )
         try:
             p["prompt"].encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError(f"{prompts_path}: prompt {n + 1}: an unpaired surrogate is not text") from None
+            raise ValueError(
+                f"{_prompt_line(prompts_path, n)}: prompt {n + 1}: an unpaired surrogate is not text"
+            ) from None
     if len(prompts) < 2:  # before any distilling: split() holds one out for validation
         raise ValueError(
             f"{prompts_path}: training needs at least 2 prompts (one is held out for validation), got "
@@ -509,8 +522,8 @@ def distilled_rows(
         bound = tok.max_token_bytes if nbytes > 1 << 18 else None  # below, tokenizing is cheaper than the bound
         if bound and nbytes > room * bound or len(i := tok.encode(text)) > room or not i:
             raise ValueError(
-                f"{prompts_path}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not fit the "
-                f"model's context of {cfg.max_position} tokens (or it is empty)"
+                f"{_prompt_line(prompts_path, n)}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not "
+                f"fit the model's context of {cfg.max_position} tokens (or it is empty)"
             )
         ids.append(i)
     os.makedirs(work_dir, exist_ok=True)

@@ -292,6 +292,31 @@ def test_train_kv_layer_and_options_checked_before_any_work(tiny_train, capsys, 
         fails(capsys, base + ["--prompts", prompts(4), *args], fragment)
 
 
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (b'{"prompt": "ok"}\n\n{"prompt": "caf\xe9"}\n', "p.jsonl:3: not valid UTF-8"),
+        (
+            b'{"prompt": "ok"}\n\n\n' + b"[" * 100000 + b"]" * 100000 + b"\n",
+            "p.jsonl:4: not valid JSON (nested too deep)",
+        ),
+        # the prompt's line, not its index among the non-blank lines (blank lines and a BOM before it)
+        (
+            b'\xef\xbb\xbf{"prompt": "ok"}\n\n5\n{"prompt": "x"}\n',
+            'p.jsonl:3: expected JSON lines with a string "prompt"',
+        ),
+        (b'{"prompt": "ok"}\r\n\r\n{"prompt": "a\\ud800"}\r\n', "p.jsonl:3: prompt 2: an unpaired surrogate"),
+        (b'{"prompt": "ok"}\n\n{"prompt": ""}\n', "p.jsonl:3: prompt 2 plus --max-new-tokens 6 does not fit"),
+        (b'{"prompt": "ok"}\n\n{"prompt": "' + b"a " * 300 + b'"}\n', "p.jsonl:3: prompt 2 plus --max-new-tokens"),
+    ],
+)
+def test_train_prompts_file_errors_name_file_line(tiny_train, tmp_path, capsys, monkeypatch, content, fragment):
+    _, base = tiny_train
+    monkeypatch.setattr(train, "distill", lambda *a, **k: pytest.fail("distilled for a refused run"))
+    (tmp_path / "p.jsonl").write_bytes(content)
+    fails(capsys, base + ["--prompts", tmp_path / "p.jsonl"], fragment)
+
+
 def test_train_head_refuses_empty_sets():
     """train_head looped forever over zero batches; now a ValueError at once."""
     from tiny_model import tiny_backbone
