@@ -240,44 +240,20 @@ def verify_sampled(
     B, K, V, nd, accepted, out = _chain_outputs(op, draft_tokens, target_logits, num_drafts)
     if B == 0:
         return accepted, out
-    temp, seeds, offs, has_filters, top_k, top_p, min_p = _sampled_values(
-        temperature, seeds, offsets, top_k, top_p, min_p
-    )
-    q = draft_probs if draft_probs is not None else target_logits  # never read without HAS_Q
     q_strides = draft_probs.stride() if draft_probs is not None else (0, 0, 0)
-    # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
-    # never fuses, and rejects the option).
-    opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
-    verify_sampled_kernel[(B,)](
-        draft_tokens,
-        *draft_tokens.stride(),
-        q,
-        *q_strides,
-        target_logits,
-        *target_logits.stride(),
-        temp,
-        top_k,
-        top_p,
-        min_p,
-        seeds,
-        offs,
-        nd if nd is not None else seeds,
+    _launch_verify_sampled(
+        (draft_tokens, *draft_tokens.stride()),
+        draft_probs,
+        q_strides,
+        (target_logits, *target_logits.stride()),
+        (temperature, seeds, offsets, top_k, top_p, min_p),
+        nd,
         K,
         V,
         pad_id,
         accepted,
         out,
-        *out.stride(),
-        seeds,  # draft_first, row_first: never read without HAS_FIRST
-        seeds,
-        HAS_Q=draft_probs is not None,
-        HAS_OFFSETS=offsets is not None,
-        HAS_ND=nd is not None,
-        HAS_FILTERS=has_filters,
-        HAS_FIRST=False,
-        BLOCK_T=triton.next_power_of_2(K + 1),
-        BLOCK_V=BLOCK_V,
-        **opts,
+        None,
     )
     return accepted, out
 
@@ -293,6 +269,51 @@ def _sampled_values(temperature, seeds, offsets, top_k, top_p, min_p):
     top_p = (top_p if top_p is not None else torch.ones_like(temp)).contiguous()
     min_p = (min_p if min_p is not None else torch.zeros_like(temp)).contiguous()
     return temp, seeds, offs, has_filters, top_k, top_p, min_p
+
+
+def _launch_verify_sampled(
+    draft, draft_probs, q_strides, logits, per_request, num_drafts, K, V, pad_id, accepted, out, firsts
+):
+    """One verify_sampled_kernel launch, one program per request, for both layouts. draft and
+    logits: (tensor, *3 strides) with request stride 0 in the ragged layout; q_strides: 3
+    strides; per_request: (temperature, seeds, offsets, top_k, top_p, min_p) as the op takes
+    them; num_drafts: [B] or None (all K); firsts: None (flat) or (draft_first, row_first), the
+    ragged layout's per-request starts (HAS_FIRST)."""
+    temp, seeds, offs, has_filters, top_k, top_p, min_p = _sampled_values(*per_request)
+    q = draft_probs if draft_probs is not None else logits[0]  # never read without HAS_Q
+    draft_first, row_first = firsts if firsts is not None else (seeds, seeds)  # never read without HAS_FIRST
+    # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
+    # never fuses, and rejects the option).
+    opts = {} if logits[0].device.type == "cpu" else {"enable_fp_fusion": False}
+    verify_sampled_kernel[(accepted.shape[0],)](
+        *draft,
+        q,
+        *q_strides,
+        *logits,
+        temp,
+        top_k,
+        top_p,
+        min_p,
+        seeds,
+        offs,
+        num_drafts if num_drafts is not None else seeds,
+        K,
+        V,
+        pad_id,
+        accepted,
+        out,
+        *out.stride(),
+        draft_first,
+        row_first,
+        HAS_Q=draft_probs is not None,
+        HAS_OFFSETS=per_request[2] is not None,
+        HAS_ND=num_drafts is not None,
+        HAS_FILTERS=has_filters,
+        HAS_FIRST=firsts is not None,
+        BLOCK_T=triton.next_power_of_2(K + 1),
+        BLOCK_V=BLOCK_V,
+        **opts,
+    )
 
 
 def verify_sampled_ragged(
@@ -335,46 +356,20 @@ def verify_sampled_ragged(
     if B == 0:
         return accepted, out
     counts, draft_first, first_row = ragged_device_layout(cu_num_draft_tokens, N, W)
-    temp, seeds, offs, has_filters, top_k, top_p, min_p = _sampled_values(
-        temperature, seeds, offsets, top_k, top_p, min_p
-    )
-    q = draft_probs if draft_probs is not None else target_logits  # never read without HAS_Q
-    q_st, q_sv = draft_probs.stride() if draft_probs is not None else (0, 0)
-    opts = {} if target_logits.device.type == "cpu" else {"enable_fp_fusion": False}
-    verify_sampled_kernel[(B,)](
-        draft_token_ids,
-        0,
-        draft_token_ids.stride(0),
-        q,
-        0,
-        q_st,
-        q_sv,
-        target_logits,
-        0,
-        *target_logits.stride(),
-        temp,
-        top_k,
-        top_p,
-        min_p,
-        seeds,
-        offs,
+    q_strides = (0, *draft_probs.stride()) if draft_probs is not None else (0, 0, 0)
+    _launch_verify_sampled(
+        (draft_token_ids, 0, draft_token_ids.stride(0)),
+        draft_probs,
+        q_strides,
+        (target_logits, 0, *target_logits.stride()),
+        (temperature, seeds, offsets, top_k, top_p, min_p),
         counts,
         W - 1,
         V,
         pad_id,
         accepted,
         out,
-        *out.stride(),
-        draft_first,
-        first_row,
-        HAS_Q=draft_probs is not None,
-        HAS_OFFSETS=offsets is not None,
-        HAS_ND=True,
-        HAS_FILTERS=has_filters,
-        HAS_FIRST=True,
-        BLOCK_T=triton.next_power_of_2(W),
-        BLOCK_V=BLOCK_V,
-        **opts,
+        (draft_first, first_row),
     )
     return accepted, out
 
