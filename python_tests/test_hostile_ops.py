@@ -325,3 +325,41 @@ def test_set_isa_names_every_instruction_set():
         r"avx512_bf16, neon, neon_fp16\)",
     ):
         mtp_kernels.set_isa("sse9")
+
+
+def test_x8_weights_of_partial_groups_refused():
+    """The GGUF x8 layout interleaves whole groups of 8 rows: a matrix declared x8 whose row
+    count is not a multiple of 8 (the native loader keeps such a matrix in the file's layout)
+    is refused by name in decoder_layers and head_draft, never read past its rows."""
+    from mtp_kernels.gguf import repack_x8
+    from test_gguf import decoder_case, random_rows
+
+    gen = torch.Generator().manual_seed(32)
+    args, flat = decoder_case(gen, 64, 4, 2, 16, 96, [[3, 3, 3, 3]], torch.bfloat16, [3, 7], 4)
+    weights = list(args[6])
+    weights[1] = repack_x8(weights[1], 3)[:-4]  # qkv: 124 rows
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            "mtp.decoder_layers: weights[1] (layer 0's qkv): a Q4_1_X8 matrix interleaves groups of 8 rows: N must be "
+            "a multiple of 8, got 124"
+        ),
+    ):
+        mtp.decoder_layers(*args[:6], weights, *args[7:], weight_types=[t + 100 for t in flat])
+    x, kc, vc, lens, cos, sin = args[:6]
+    H, dtype = 64, torch.bfloat16
+    mat = lambda *s: (torch.randn(*s, generator=gen) / 16).to(dtype)  # noqa: E731
+    block = [torch.ones(H, dtype=dtype), mat(128, H), mat(H, 64), torch.ones(H, dtype=dtype), mat(192, H), mat(H, 96)]
+    head = [torch.ones(H, dtype=dtype), torch.ones(H, dtype=dtype), mat(H, 2 * H), *block, torch.ones(H, dtype=dtype)]
+    emb = lm = random_rows(gen, 8, 45, H)  # 45 rows: no whole groups of 8
+    hidden, token = torch.randn(2, H, generator=gen).to(dtype), torch.tensor([3, 41])
+    call = (hidden, token, kc[0], vc[0], lens, cos, sin, emb, None, head, lm, None, None, 3, 4, 1e-5)
+    for kw, name in [(dict(embedding_type=108, lm_head_type=8), "embedding"), (dict(lm_head_type=108), "lm_head")]:
+        with pytest.raises(
+            RuntimeError,
+            match=re.escape(
+                f"mtp.head_draft: {name}: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, "
+                "got 45"
+            ),
+        ):
+            mtp.head_draft(*call, **{"embedding_type": 8, **kw})
