@@ -74,6 +74,13 @@ MTP_HOST_DEVICE inline double exp_fixed(double y) {
 // vocabulary in blocks of kSampleBlock, each block summed as a pairwise tree (leaves
 // 2j, 2j+1 first), the block sums added left to right.
 inline constexpr int kSampleBlock = 256;
+// The tree's depth: log2(kSampleBlock) levels from a leaf up to the root.
+inline constexpr int kSampleLevels = [] {
+  int levels = 0;
+  while ((1 << levels) < kSampleBlock) ++levels;
+  return levels;
+}();
+static_assert((1 << kSampleLevels) == kSampleBlock, "kSampleBlock must be a power of two (a pairwise tree)");
 
 // Fills tree[kSampleBlock + j] = weight(lo + j) (0 past V) and tree[n] = tree[2n] + tree[2n+1];
 // returns the block's sum tree[1].
@@ -158,7 +165,7 @@ inline double sparse_ordered_sum(const std::vector<Kept>& kept, uint32_t above) 
     for (; j < kept.size() && kept[j].i / kSampleBlock == block; ++j)
       if (kept[j].key > above) nodes[len++] = {kSampleBlock + kept[j].i % kSampleBlock, kept[j].w};
     if (len == 0) continue;
-    for (int level = 0; level < 8; ++level) {  // 2^8 == kSampleBlock: up to the root
+    for (int level = 0; level < kSampleLevels; ++level) {  // up to the root
       int out = 0;
       for (int k = 0; k < len; ++k) {
         if (k + 1 < len && nodes[k].n / 2 == nodes[k + 1].n / 2) {
@@ -174,7 +181,6 @@ inline double sparse_ordered_sum(const std::vector<Kept>& kept, uint32_t above) 
   }
   return s;
 }
-static_assert(kSampleBlock == 256, "sparse_ordered_sum climbs 8 levels");
 
 // above(K) of top_p: the fixed-order sum of the kept weights whose key is > K. Sparse over
 // the kept list when it is short, else dense over copies indexed by token (the same bits).
