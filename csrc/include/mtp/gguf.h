@@ -183,54 +183,62 @@ constexpr int64_t file_head_bytes(DType t) { return file_type(t) == DType::Q4_1 
 // Chunks of 4 value bytes per row in an x8 block.
 constexpr int64_t x8_chunks(DType t) { return file_type(t) == DType::Q8_0 ? 8 : 4; }
 
+// Where one row's part of a block lies: its fp16 scale, Q4_1's fp16 offset, and value chunk j
+// (4 bytes) at chunk + chunk_step * j. A file block holds one row; an x8 block row c's lane.
+struct BlockLane {
+  int64_t d, m, chunk, chunk_step;
+};
+constexpr BlockLane file_lane(DType t) { return {0, 2, file_head_bytes(t), 4}; }
+constexpr BlockLane x8_lane(DType t, int64_t c) { return {2 * c, 16 + 2 * c, x8_head_bytes(t) + 4 * c, 32}; }
+
+// One row's block from src (at lane s) to dst (at lane d): the one copy behind repack_x8,
+// x8_block and x8_gather.
+inline void copy_block_lane(DType t, const uint8_t* src, BlockLane s, uint8_t* dst, BlockLane d) {
+  std::memcpy(dst + d.d, src + s.d, 2);
+  if (file_type(t) == DType::Q4_1) std::memcpy(dst + d.m, src + s.m, 2);
+  for (int64_t j = 0; j < x8_chunks(t); ++j)
+    std::memcpy(dst + d.chunk + d.chunk_step * j, src + s.chunk + s.chunk_step * j, 4);
+}
+
 // Row 8g + c of file type t's rows (rows src_stride bytes apart) into the x8 layout at dst
 // (N a multiple of 8, K of 32; dst holds N * row_bytes bytes and does not overlap src).
 inline void repack_x8(DType t, const uint8_t* src, int64_t src_stride, int64_t N, int64_t K, uint8_t* dst) {
-  const int64_t bb = block_bytes(t), nb = K / 32, head = file_head_bytes(t), chunks = x8_chunks(t);
+  const int64_t bb = block_bytes(t), nb = K / 32;
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t c = n % kX8Rows;
     uint8_t* group = dst + n / kX8Rows * kX8Rows * nb * bb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* rb = src + n * src_stride + b * bb;
-      uint8_t* blk = group + b * kX8Rows * bb;
-      std::memcpy(blk + 2 * c, rb, 2);
-      if (head == 4) std::memcpy(blk + 16 + 2 * c, rb + 2, 2);
-      for (int64_t j = 0; j < chunks; ++j) std::memcpy(blk + x8_head_bytes(t) + 32 * j + 4 * c, rb + head + 4 * j, 4);
-    }
+    for (int64_t b = 0; b < nb; ++b)
+      copy_block_lane(t, src + n * src_stride + b * bb, file_lane(t), group + b * kX8Rows * bb, x8_lane(t, n % kX8Rows));
   }
 }
 
 // Block b of row c (0..7) of an x8 group, copied back into the file's block layout (out:
 // block_bytes bytes); repack_x8's inverse for one block.
 inline void x8_block(DType t, const uint8_t* group, int64_t c, int64_t b, uint8_t* out) {
-  const int64_t bb = block_bytes(t), head = file_head_bytes(t), chunks = x8_chunks(t);
-  const uint8_t* blk = group + b * kX8Rows * bb;
-  std::memcpy(out, blk + 2 * c, 2);
-  if (head == 4) std::memcpy(out + 2, blk + 16 + 2 * c, 2);
-  for (int64_t j = 0; j < chunks; ++j) std::memcpy(out + head + 4 * j, blk + x8_head_bytes(t) + 32 * j + 4 * c, 4);
+  copy_block_lane(t, group + b * kX8Rows * block_bytes(t), x8_lane(t, c), out, file_lane(t));
+}
+
+// Rows rows[n + c] (c = 0..7; past n1 the last row repeats: computed, then dropped) of an x8
+// matrix at w (groups of 8 rows 8 * stride apart, K elements) gathered into one x8 group at dst.
+inline void x8_gather(DType t, const uint8_t* w, int64_t stride, int64_t K, const int64_t* rows, int64_t n, int64_t n1,
+                      uint8_t* dst) {
+  const int64_t bb = block_bytes(t);
+  for (int64_t c = 0; c < kX8Rows; ++c) {
+    const int64_t row = rows[std::min(n + c, n1 - 1)];
+    const uint8_t* group = w + row / kX8Rows * kX8Rows * stride;
+    for (int64_t b = 0; b < K / 32; ++b)
+      copy_block_lane(t, group + b * kX8Rows * bb, x8_lane(t, row % kX8Rows), dst + b * kX8Rows * bb, x8_lane(t, c));
+  }
 }
 
 // Output columns [n, n + 8) of an x8 matrix as one x8 group: in place without a row map; with
-// one (a.w_rows: each column reads any row), those 8 rows' blocks gathered into buf, columns
-// past n1 repeating the last (computed, then dropped). The SIMD kernels read either alike.
+// one (a.w_rows: each column reads any row), those 8 rows gathered into buf (x8_gather). The
+// SIMD kernels read either alike.
 template <class Args>
 const uint8_t* x8_columns(const Args& a, int64_t n, int64_t n1, std::vector<uint8_t>& buf) {
   const uint8_t* w = static_cast<const uint8_t*>(a.w);
   if (!a.w_rows) return w + n * a.w_stride;
-  const DType t = a.w_dtype;
-  const int64_t bb = block_bytes(t), nb = a.K / 32, xh = x8_head_bytes(t);
-  buf.resize(size_t(kX8Rows * nb * bb));
-  for (int64_t c = 0; c < kX8Rows; ++c) {
-    const int64_t row = a.w_rows[std::min(n + c, n1 - 1)], lane = row % kX8Rows;
-    const uint8_t* group = w + row / kX8Rows * kX8Rows * a.w_stride;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* src = group + b * kX8Rows * bb;
-      uint8_t* dst = buf.data() + b * kX8Rows * bb;
-      std::memcpy(dst + 2 * c, src + 2 * lane, 2);
-      if (xh == 32) std::memcpy(dst + 16 + 2 * c, src + 16 + 2 * lane, 2);
-      for (int64_t j = 0; j < x8_chunks(t); ++j) std::memcpy(dst + xh + 32 * j + 4 * c, src + xh + 32 * j + 4 * lane, 4);
-    }
-  }
+  buf.resize(size_t(kX8Rows * block_row_bytes(a.w_dtype, a.K)));
+  x8_gather(a.w_dtype, w, a.w_stride, a.K, a.w_rows, n, n1, buf.data());
   return buf.data();
 }
 

@@ -91,18 +91,16 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
   }
   const int64_t local_strides[4] = {a.Hkv * a.K * D, a.K * D, D, 1};
   // An x8 LM head read through the draft vocabulary: its rows gathered into whole x8 groups
-  // once per call (x8_columns), not once per step; the same bytes per column, the same bits.
+  // once per call (x8_gather), not once per step; the same bytes per column, the same bits.
   DecoderMatrix lm_head = a.lm_head;
   const int64_t* vocab = a.draft_vocab;
   thread_local std::vector<uint8_t> draft_rows;
   if (is_x8(lm_head.dtype) && vocab && a.Vd > 0) {
-    LinearArgs g;
-    g.K = H, g.w = lm_head.w, g.w_dtype = lm_head.dtype, g.w_stride = lm_head.stride, g.w_rows = vocab;
     const int64_t group = kX8Rows * block_row_bytes(lm_head.dtype, H);
     draft_rows.resize(size_t((a.Vd + kX8Rows - 1) / kX8Rows * group));
-    std::vector<uint8_t> one;
     for (int64_t n = 0; n < a.Vd; n += kX8Rows)
-      std::memcpy(draft_rows.data() + n / kX8Rows * group, x8_columns(g, n, a.Vd, one), size_t(group));
+      x8_gather(lm_head.dtype, static_cast<const uint8_t*>(lm_head.w), lm_head.stride, H, vocab, n, a.Vd,
+                draft_rows.data() + n / kX8Rows * group);
     lm_head.w = draft_rows.data(), lm_head.stride = block_row_bytes(lm_head.dtype, H), vocab = nullptr;
   }
   std::vector<int64_t> token(a.token, a.token + B), step(static_cast<size_t>(B));  // step: j for every request
