@@ -142,6 +142,31 @@ std::vector<Filters> checked_filters(const char* op, const c10::optional<at::Ten
   return f;
 }
 
+// One size of draft_probs: what it must equal and the message's name for it.
+struct ProbsDim {
+  int64_t size;
+  const char* what;
+};
+
+// draft_probs [B, K, V] (verify_sampled) or [N, V] (verify_sampled_ragged, request stride 0):
+// checked against `dims` (and its values: probabilities), then its pointer, dtype and strides
+// set in `a`.
+void set_draft_probs(const char* op, const at::Tensor& dp, const char* shape, std::initializer_list<ProbsDim> dims,
+                     SampledArgs& a) {
+  const int n = int(dims.size());
+  check_cpu(op, "draft_probs", dp);
+  check_dtype(op, "draft_probs", dp, kFloatTypes);
+  check_dim(op, "draft_probs", dp, n, shape);
+  int64_t d = 0;
+  for (const ProbsDim& s : dims) check_size(op, "draft_probs", dp, d++, s.size, s.what);
+  a.q = dp.data_ptr();
+  a.q_dtype = to_dtype(dp.scalar_type());
+  a.q_stride[0] = n == 3 ? dp.stride(0) : 0;
+  a.q_stride[1] = dp.stride(n - 2);
+  a.q_stride[2] = dp.stride(n - 1);
+  check_ok(op, draft_probs_error(a.q, a.q_dtype, dp.sizes().data(), dp.strides().data(), n));
+}
+
 std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_tokens,
                                                       const c10::optional<at::Tensor>& draft_probs,
                                                       const at::Tensor& target_logits, const at::Tensor& temperature,
@@ -165,19 +190,9 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
   a.seed = seed.data();
   a.offset = offset.data();
   a.pad = pad_id;
-  if (draft_probs.has_value()) {
-    const at::Tensor& dp = *draft_probs;
-    check_cpu(kSampled, "draft_probs", dp);
-    check_dtype(kSampled, "draft_probs", dp, kFloatTypes);
-    check_dim(kSampled, "draft_probs", dp, 3, "[B, K, V]");
-    check_size(kSampled, "draft_probs", dp, 0, B, "B (draft_tokens.size(0))");
-    check_size(kSampled, "draft_probs", dp, 1, K, "K (draft_tokens.size(1))");
-    check_size(kSampled, "draft_probs", dp, 2, a.v.V, "V (target_logits.size(2))");
-    a.q = dp.data_ptr();
-    a.q_dtype = to_dtype(dp.scalar_type());
-    for (int d = 0; d < 3; ++d) a.q_stride[d] = dp.stride(d);
-    check_ok(kSampled, draft_probs_error(a.q, a.q_dtype, dp.sizes().data(), a.q_stride));
-  }
+  if (draft_probs.has_value())
+    set_draft_probs(kSampled, *draft_probs, "[B, K, V]",
+                    {{B, "B (draft_tokens.size(0))"}, {K, "K (draft_tokens.size(1))"}, {a.v.V, "V (target_logits.size(2))"}}, a);
 
   auto opts = draft_tokens.options();
   at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
@@ -205,20 +220,8 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_ragged_cpu(
   const std::vector<int64_t> offset = checked_keys(op, "offsets", offsets, B, b_what);
   const std::vector<Filters> filters = checked_filters(op, top_k, top_p, min_p, B, b_what);
   SampledArgs a;
-  if (draft_probs.has_value()) {
-    const at::Tensor& dp = *draft_probs;
-    check_cpu(op, "draft_probs", dp);
-    check_dtype(op, "draft_probs", dp, kFloatTypes);
-    check_dim(op, "draft_probs", dp, 2, "[N, V]");
-    check_size(op, "draft_probs", dp, 0, N, "N (draft_token_ids.size(0))");
-    check_size(op, "draft_probs", dp, 1, V, "V (target_logits.size(1))");
-    a.q = dp.data_ptr();
-    a.q_dtype = to_dtype(dp.scalar_type());
-    a.q_stride[0] = 0;
-    a.q_stride[1] = dp.stride(0);
-    a.q_stride[2] = dp.stride(1);
-    check_ok(op, draft_probs_error(a.q, a.q_dtype, dp.sizes().data(), dp.strides().data(), 2));
-  }
+  if (draft_probs.has_value())
+    set_draft_probs(op, *draft_probs, "[N, V]", {{N, "N (draft_token_ids.size(0))"}, {V, "V (target_logits.size(1))"}}, a);
   const RaggedLayout l = checked_ragged_layout(op, cu_num_draft_tokens, N, max_num_drafts);
   const int64_t W = l.width;
   a.v = ragged_verify_args(target_logits, B, W, l.num_drafts.data(), l.first_row.data());
