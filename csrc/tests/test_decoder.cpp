@@ -531,9 +531,61 @@ void check_capi_decoder(DType t, bool q8, bool quantize_x) {
   }
 }
 
+// The old selection of head_draft's alternatives (m scans, O(n m^2)), kept as the oracle of
+// mtp::argmax_order: the best of the n logits by torch.argmax's rule, leaving out skip[0..m).
+int64_t argmax_skipping(const void* row, DType dt, int64_t n, const int64_t* skip, int64_t m) {
+  mtp::ArgmaxResult best{0.f, 0, false};
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::find(skip, skip + m, i) != skip + m) continue;
+    const float v = mtp::load_f32(row, dt, i);
+    const mtp::ArgmaxResult r{v, i, std::isnan(v)};
+    best = any ? mtp::argmax_merge(best, r) : r;
+    any = true;
+  }
+  return best.idx;
+}
+
+// mtp::argmax_order (one partial sort) gives the indices of the m-fold argmax, bitwise, on random
+// and adversarial rows: ties, NaNs, +-inf, -0.0 / +0.0, all equal, count >= n (only n written).
+void check_argmax_order(mtp::Isa isa) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const float specials[] = {nan, inf, -inf, 0.f, -0.f, 1.f, -1.f, 3.f, 1e-45f, -3e38f};
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (int trial = 0; trial < 120; ++trial) {
+      const int64_t n = trial < 4 ? trial + 1 : uniform(1, trial % 10 == 0 ? 700 : 90);
+      const int kind = trial % 6;  // 0 random, 1 few values (ties), 2 specials, 3 all equal, 4 all NaN, 5 mixed
+      const float same = specials[size_t(uniform(0, 9))];
+      std::vector<char> row(size_t(n * mtp::dtype_size(t)));
+      for (int64_t i = 0; i < n; ++i) {
+        float v = float(std::ldexp(double(int64_t(rng() >> 40) - (1 << 23)), -20));
+        if (kind == 1) v = float(uniform(-2, 2));
+        if (kind == 2 || (kind == 5 && uniform(0, 3) == 0)) v = specials[size_t(uniform(0, 9))];
+        if (kind == 3) v = same;
+        if (kind == 4) v = nan;
+        mtp::store_f32(row.data(), t, i, v);
+      }
+      std::vector<int64_t> want;
+      for (int64_t m = 0; m < n; ++m) want.push_back(argmax_skipping(row.data(), t, n, want.data(), m));
+      EXPECT(want[0] == mtp::argmax_range(row.data(), t, 1, 0, n, isa).idx, "argmax_order: the oracle's first != argmax");
+      for (int64_t count : {int64_t(1), int64_t(2), n / 2, n, n + 3}) {
+        std::vector<int64_t> got(size_t(n + 3), -7);
+        mtp::argmax_order(row.data(), t, n, count, got.data());
+        const int64_t c = std::min(count, n);
+        EXPECT(std::equal(got.begin(), got.begin() + std::max<int64_t>(c, 0), want.begin()),
+               "argmax_order %s n=%lld count=%lld kind=%d: != the m-fold argmax", t == DType::F32 ? "f32" : "bf16",
+               (long long)n, (long long)count, kind);
+        EXPECT(std::all_of(got.begin() + std::max<int64_t>(c, 0), got.end(), [](int64_t x) { return x == -7; }),
+               "argmax_order n=%lld count=%lld: wrote past min(count, n)", (long long)n, (long long)count);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void test_decoder() {
+  check_argmax_order(mtp::current_isa());
   for (DType t : {DType::F32, DType::BF16}) {
     check_decoder(t, false, false);
     check_decoder(t, true, false);

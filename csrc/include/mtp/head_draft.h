@@ -43,19 +43,24 @@ struct HeadDraftArgs {
                               // 2nd, 3rd, ... best drafts (torch.argmax's order over the rest)
 };
 
-// The best of the n logits of `row` by torch.argmax's rules, leaving out the indices
-// skip[0..m): the next best after them (scalar: the first step's few alternatives).
-inline int64_t argmax_skipping(const void* row, DType dt, int64_t n, const int64_t* skip, int64_t m) {
-  ArgmaxResult best = argmax_empty(0);
-  bool any = false;
+// The first `count` (<= n) indices of the n logits of `row` in torch.argmax's order
+// (reference.argmax_order): NaNs first, then larger values, equal values (-0.0 == +0.0) and NaNs
+// by the lower index. out[0] is the argmax, out[1] the argmax of the rest, and so on (the
+// first step's alternatives). One partial sort by argmax_combine's rule: O(n log count).
+inline void argmax_order(const void* row, DType dt, int64_t n, int64_t count, int64_t* out) {
+  count = std::min(count, n);
+  if (count <= 0) return;
+  thread_local std::vector<ArgmaxResult> keys;
+  keys.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) {
-    if (std::find(skip, skip + m, i) != skip + m) continue;
     const float v = load_f32(row, dt, i);
-    const ArgmaxResult r{v, i, std::isnan(v)};
-    best = any ? argmax_merge(best, r) : r;
-    any = true;
+    keys[size_t(i)] = ArgmaxResult{v, i, std::isnan(v)};
   }
-  return best.idx;
+  // a before b: argmax_combine picks a (indices are distinct, so this is a strict total order)
+  std::partial_sort(keys.begin(), keys.begin() + count, keys.end(), [](const ArgmaxResult& a, const ArgmaxResult& b) {
+    return a.idx != b.idx && argmax_combine(a, b).idx == a.idx;
+  });
+  for (int64_t i = 0; i < count; ++i) out[i] = keys[size_t(i)].idx;
 }
 
 // Row `id` of the embedding, in dt (a Q8 row: q * scale in fp32, rounded once; a GGUF
@@ -104,6 +109,7 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
     lm_head.w = draft_rows.data(), lm_head.stride = block_row_bytes(lm_head.dtype, H), vocab = nullptr;
   }
   std::vector<int64_t> token(a.token, a.token + B), step(static_cast<size_t>(B));  // step: j for every request
+  std::vector<int64_t> order;  // the first step's argmax_order (alternatives)
   const void* h = a.hidden;
   char* const in_bytes = reinterpret_cast<char*>(in.data());
 
@@ -141,11 +147,13 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
       const int64_t width = a.K + a.alternatives;
       a.drafts[b * width + j] = token[size_t(b)];
       if (j > 0 || a.alternatives == 0) continue;
-      std::vector<int64_t> taken{best.idx};  // draft-vocabulary indices
-      for (int64_t m = 0; m < a.alternatives; ++m) {
-        taken.push_back(argmax_skipping(row, a.dtype, a.Vd, taken.data(), int64_t(taken.size())));
-        a.drafts[b * width + a.K + m] = a.draft_vocab ? a.draft_vocab[taken.back()] : taken.back();
-      }
+      // The next best after best.idx, in torch.argmax's order (draft-vocabulary indices): order[0]
+      // is best.idx (the same rule), skipped by value so the m drafts are always the m after it.
+      order.resize(size_t(a.alternatives + 1));
+      argmax_order(row, a.dtype, a.Vd, a.alternatives + 1, order.data());
+      int64_t m = 0;
+      for (const int64_t i : order)
+        if (i != best.idx && m < a.alternatives) a.drafts[b * width + a.K + m++] = a.draft_vocab ? a.draft_vocab[i] : i;
     }
   }
 }
