@@ -587,3 +587,56 @@ def check_alternatives(op, alternatives: int, Vd: int, k: int):
         f"alternatives must be in [0, {Vd}) (fewer than the draft vocabulary's {Vd} tokens), got {alternatives}",
     )
     check(alternatives == 0 or k >= 1, op, "alternatives are first drafts: they need k >= 1, got k = 0")
+    check(k + alternatives < 2**63, op, f"k + alternatives = {k} + {alternatives} overflows int64")
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def check_decoder_heads(op, num_heads: int, Hkv: int, D: int, eps):
+    """num_heads against the cache's Hkv and D, then eps (decoder_heads_error in mtp/op_args.h):
+    the qkv rows (Hq + 2 Hkv) D and Hq D must fit int64 (they wrap in C++ with num_heads near 2^62)."""
+    check(num_heads >= 1, op, f"num_heads must be >= 1, got {num_heads}")
+    check(
+        Hkv > 0 and num_heads % Hkv == 0,
+        op,
+        f"q's head count Hq = {num_heads} must be a multiple of k_cache's head count Hkv = {Hkv} "
+        "(grouped-query attention)",
+    )
+    check(D % 2 == 0, op, f"the head dim D must be even (RoPE rotates two halves), got {D}")
+    check(
+        (num_heads + 2 * Hkv) * D <= _INT64_MAX and num_heads + 2 * Hkv <= _INT64_MAX,
+        op,
+        f"num_heads = {num_heads} is too large: the qkv rows (Hq + 2 Hkv) D with Hkv = {Hkv} and D = {D} "
+        "overflow int64",
+    )
+    check_eps(op, eps)
+
+
+def check_positions(op, lens: list, T: int, L: int, l_what: str, P: int, p_what: str):
+    """decoder_layers' T new positions per request within the cache and the RoPE tables
+    (positions_error in mtp/op_args.h)."""
+    for b, n in enumerate(lens):
+        check(
+            T <= L - n,
+            op,
+            f"request {b} would pass the cache capacity: cache_lens[{b}] + T = {n} + {T} > L = {L} ({l_what}); "
+            "nothing was written",
+        )
+        check(
+            T <= P - n,
+            op,
+            f"request {b} would pass the RoPE tables: cache_lens[{b}] + T = {n} + {T} > P = {P} ({p_what}) positions",
+        )
+
+
+def check_draft_positions(op, lens: list, k: int, P: int, p_what: str):
+    """head_draft's k steps of request b at positions cache_lens[b] .. + k - 1 of the RoPE tables
+    (draft_positions_error in mtp/op_args.h)."""
+    for b, n in enumerate(lens):
+        check(
+            k <= P - n,
+            op,
+            f"request {b}'s drafts would pass the RoPE tables: cache_lens[{b}] + k = {n} + {k} > P = {P} ({p_what}) "
+            "positions",
+        )

@@ -70,7 +70,11 @@ def decoder_layers(
 ):
     op = "mtp.decoder_layers"
     C.check(not weight_types or all(t == -1 for t in weight_types), op, C.GGUF_CPU_ONLY)
-    C.check_eps(op, eps)
+    C.check_dim(op, "x", x, 3, "[B, T, H]")
+    C.check_dim(op, "k_cache", k_cache, 5, "[layers, B, Hkv, L, D]")
+    _, T, _ = x.shape
+    _, _, Hkv, L, D = k_cache.shape
+    C.check_decoder_heads(op, num_heads, Hkv, D, eps)  # then eps, as the C++ op
     C.check_written(
         op,
         "it is written in place",
@@ -84,8 +88,11 @@ def decoder_layers(
         },
         list_name=lambda _, k: _decoder_weight_name(k, len(weights)),
     )
+    lens = C.checked_counts(op, "cache_lens", cache_lens, x.shape[0], "B (x.size(0))", L, "L (k_cache.size(3))")
+    if lens is not None:
+        C.check_positions(op, lens, T, L, "k_cache.size(3)", rope_cos.shape[0], "rope_cos.size(0)")
     if tree_parents is not None:
-        C.check_tree_parents("mtp.decoder_layers", tree_parents, x.shape[0], x.shape[1])
+        C.check_tree_parents(op, tree_parents, x.shape[0], x.shape[1])
     return reference.decoder_layers(
         x,
         k_cache,
@@ -125,9 +132,20 @@ def head_draft(
     embedding_type=-1,
     lm_head_type=-1,
 ):
-    C.check(embedding_type == -1 and lm_head_type == -1, "mtp.head_draft", C.GGUF_CPU_ONLY)
+    op = "mtp.head_draft"
+    C.check(embedding_type == -1 and lm_head_type == -1, op, C.GGUF_CPU_ONLY)
+    C.check_dim(op, "hidden", hidden, 2, "[B, H]")
+    C.check(k >= 0, op, f"k (draft steps) must be >= 0, got {k}")
+    C.check_dim(op, "k_cache", k_cache, 4, "[B, Hkv, L, D]")
+    _, Hkv, L, D = k_cache.shape
+    C.check_decoder_heads(op, num_heads, Hkv, D, eps)  # eps named for head_draft, not its rms_norm
+    lens = C.checked_counts(
+        op, "cache_lens", cache_lens, hidden.shape[0], "B (hidden.size(0))", L, "L (k_cache.size(2))"
+    )
+    if lens is not None:
+        C.check_draft_positions(op, lens, k, rope_cos.shape[0], "rope_cos.size(0)")
     Vd = lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()
-    C.check_alternatives("mtp.head_draft", alternatives, Vd, k)
+    C.check_alternatives(op, alternatives, Vd, k)
     return reference.head_draft(
         hidden,
         token,

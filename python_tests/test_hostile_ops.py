@@ -363,3 +363,51 @@ def test_x8_weights_of_partial_groups_refused():
             ),
         ):
             mtp.head_draft(*call, **{"embedding_type": 8, **kw})
+
+
+# ---- the CUDA fallbacks of decoder_layers / head_draft (plain torch, run here on CPU tensors):
+# the C++ op's checks and words (_checks.check_decoder_heads, check_positions,
+# check_draft_positions), not torch's reshape or storage-size errors
+def test_fallback_decoder_hostile_sizes_same_words():
+    cases = [decoder_args(heads=BIG_HEADS, qkv_rows=8, o_cols=0)]
+    a = decoder_args()
+    a["cache_lens"] = torch.tensor([2**63 - 1])  # a position near 2^63
+    cases.append(a)
+    a = decoder_args()
+    a["x"] = torch.full((1, 1, 8), 0.5).expand(1, 2**59, 8)  # T = 2^59: cache_lens + T past L
+    cases.append(a)
+    a = decoder_args()
+    a["eps"] = 1e300
+    cases.append(a)
+    for a in cases:
+        want = message(lambda: run_decoder(a))
+        assert want.startswith("mtp.decoder_layers: ")
+        assert message(lambda: run_decoder(a, fallback.decoder_layers)) == want
+        assert not a["k_cache"].any()
+
+
+def test_fallback_head_draft_hostile_sizes_same_words():
+    for kw in (dict(heads=BIG_HEADS), dict(k=2**63 - 2, lens=1), dict(eps=1e300), dict(eps=float("nan")), dict(k=-1)):
+        want = message(lambda: mtp.head_draft(*head_draft_args(**kw)))
+        assert want.startswith("mtp.head_draft: ")  # eps too: not the composition's mtp.rms_norm
+        assert message(lambda: fallback.head_draft(*head_draft_args(**kw))) == want
+    args = head_draft_args()
+    cache_lens = torch.tensor([2**63 - 1])  # a position near 2^63
+    args = args[:4] + (cache_lens,) + args[5:]
+    want = message(lambda: mtp.head_draft(*args))
+    assert "cache_lens must lie in [0, L (k_cache.size(2))] = [0, 4]" in want
+    assert message(lambda: fallback.head_draft(*args)) == want
+
+
+def test_checks_decoder_heads_same_words():
+    assert message(lambda: C.check_decoder_heads("mtp.head_draft", BIG_HEADS, 1, 4, 1e-5)) == (
+        "mtp.head_draft: num_heads = 4611686018427387904 is too large: the qkv rows (Hq + 2 Hkv) D with Hkv = 1 "
+        "and D = 4 overflow int64"
+    )
+    for heads, want in [
+        (0, "num_heads must be >= 1, got 0"),
+        (3, "q's head count Hq = 3 must be a multiple of k_cache's head count Hkv = 2"),
+    ]:
+        a = decoder_args(Hkv=2, heads=heads, qkv_rows=8, o_cols=8)
+        assert want in message(lambda: run_decoder(a))
+        assert message(lambda: run_decoder(a, fallback.decoder_layers)) == message(lambda: run_decoder(a))
