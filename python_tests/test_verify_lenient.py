@@ -115,3 +115,17 @@ def test_bad_input(override, message):
     args.update(override)
     with pytest.raises(RuntimeError, match=r"mtp\.verify_lenient: .*" + re.escape(message)):
         torch.ops.mtp.verify_lenient(*args.values())
+
+
+@pytest.mark.parametrize(
+    "min_ratio,shown", [(1e300, "1e+300"), (-1e-300, "-1e-300"), (1 + 1e-12, "1.000000000001"), (1.5, "1.5")]
+)
+def test_min_ratio_shown_in_shortest_round_trip_digits(min_ratio, shown):
+    """The refused min_ratio in the fewest digits that read back (Python's repr, reference.py's
+    message): not std::to_string's 300 digits, -0.000000 or 1.000000 next to [0, 1]."""
+    with pytest.raises(RuntimeError) as e:
+        torch.ops.mtp.verify_lenient(D, L, None, 2, min_ratio, 0)
+    assert str(e.value).splitlines()[0] == f"mtp.verify_lenient: min_ratio must lie in [0, 1], got {shown}"
+    assert repr(min_ratio) == shown
+    with pytest.raises(ValueError, match=re.escape(f"min_ratio must lie in [0, 1], got {shown}") + "$"):
+        reference.verify_lenient(D, L, None, 2, min_ratio, 0)

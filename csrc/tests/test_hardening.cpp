@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "mtp/lenient.h"
 #include "mtp/mtp.h"
 #include "test_util.h"
 
@@ -252,6 +253,13 @@ void test_scalars() {
     d.build();
     expect_error(d.run(), MTP_ERROR_INVALID_ARGUMENT, "eps must be a finite number >= 0, got", "eps");
   }
+  // verify_lenient's min_ratio in the fewest digits that read back (was std::to_string's %f)
+  for (auto [v, shown] : {std::pair<double, const char*>{1e300, "1e+300"}, {-1e-300, "-1e-300"},
+                          {1 + 1e-12, "1.000000000001"}, {1.5, "1.5"}, {-0.1, "-0.1"}, {NAN, "nan"}}) {
+    const std::string got = mtp::lenient_error(2, v), want = std::string("min_ratio must lie in [0, 1], got ") + shown;
+    EXPECT(got == want, "lenient_error(2, %.17g) = '%s', want '%s'", v, got.c_str(), want.c_str());
+  }
+  EXPECT(mtp::lenient_error(2, 1.0).empty() && mtp::lenient_error(2, 0.0).empty(), "lenient_error refused [0, 1]");
 }
 
 // ---------------------------------------------------------------- threads

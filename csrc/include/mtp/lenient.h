@@ -7,6 +7,8 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "mtp/common.h"
@@ -19,9 +21,20 @@ struct LenientRule {
   double log_min_ratio = 0;  // log(min_ratio): the test is logit_x - max >= it
 };
 
+// v in the fewest significant digits (%.Ng, N <= 17) that read back as v: 1.5, 1e+300, -1e-300,
+// 1.000000000001 (std::to_string's fixed 6 decimals would print 300 digits, -0.000000, 1.000000).
+inline std::string shortest_double(double v) {
+  char buf[40];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (!(std::strtod(buf, nullptr) != v)) break;  // NaN and inf: the first try
+  }
+  return buf;
+}
+
 inline std::string lenient_error(int64_t top_k, double min_ratio) {
   if (top_k < 1) return "top_k must be >= 1, got " + std::to_string(top_k);
-  if (!(min_ratio >= 0 && min_ratio <= 1)) return "min_ratio must lie in [0, 1], got " + std::to_string(min_ratio);
+  if (!(min_ratio >= 0 && min_ratio <= 1)) return "min_ratio must lie in [0, 1], got " + shortest_double(min_ratio);
   return "";
 }
 
