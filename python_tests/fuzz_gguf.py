@@ -6,7 +6,8 @@ coverage feedback from the parser and the validation in mtp_kernels/models/check
     make fuzz                                            # with the other fuzz targets
     .venv/bin/python python_tests/fuzz_gguf.py -max_total_time=600 build/fuzz-gguf-corpus
 
-CI runs the seeded byte flips of test_hostile_loaders.py instead (no atheris there).
+CI runs it for 20 s from a fixed seed (test_hostile_loaders.py::test_fuzz_gguf_briefly), beside
+the seeded byte flips there.
 """
 
 import inspect

@@ -464,6 +464,33 @@ def test_random_byte_flips_never_escape_as_other_errors(tmp_path):
     assert outcomes == {"ok", "refused"}
 
 
+def test_fuzz_gguf_briefly(tmp_path):
+    """The loader's libFuzzer target (fuzz_gguf.py, atheris) for 20 s from a fixed seed and the
+    tiny GGUF: any input that escapes as another exception, hangs or crashes fails the run
+    (libFuzzer exits non-zero and writes the input); `make fuzz` runs it for 10 minutes."""
+    import os
+    import subprocess
+    import sys
+
+    target = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_gguf.py")
+    r = subprocess.run(
+        [
+            sys.executable,
+            target,
+            "-max_total_time=20",
+            "-seed=1",
+            "-timeout=30",
+            f"-artifact_prefix={tmp_path}/",
+            str(tmp_path / "corpus"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "Done " in r.stderr, r.stderr[-3000:]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(("crash-", "timeout-", "oom-"))]
+
+
 def test_prompt_byte_bound_only_where_sound(tmp_path):
     """Tokenizer.max_token_bytes (the CLI's bound before tokenizing a huge prompt) exists only
     where every token covers at most that many bytes of the text."""
