@@ -1,8 +1,11 @@
 """mtp.linear on GGUF block-type weights read as stored (gguf_type=), in their x8 layout (the
 same bytes, 8 rows interleaved: what the loader gives the decoder layers), and the same matrix
 as bf16 weights (what the dequantized backbone streams), at the rows of decoding (M = 1) and
-verification (M = 5, 9). Bytes = the weights read once per call. Each call reads the next of
-several copies of the matrix (>= 256 MB in all), so the weights come from DRAM, as in a
+verification (M = 5, 9). Bytes = the weights read once per call. The activations: for the
+8-bit shapes, the same weights as the Q8 format of `mtp.linear` (int8 + an fp32 scale per 32)
+with bf16 activations ("q8_bf16x": the weights widened in registers, fp32 FMAs) and with int8
+activations ("q8_int8x": quantize_x=True, VNNI), the choice the GGUF kernels made (int8 rows).
+Each call reads the next of several copies of the matrix (>= 256 MB in all), so the weights come from DRAM, as in a
 decode step, not from a cache that a repeated call would keep warm; compare GB/s with
 bench_bandwidth.py's read bandwidth of the same run (bench/report.py --gguf prints the table).
 """
@@ -12,6 +15,7 @@ import itertools
 import pytest
 import torch
 
+from mtp_kernels import quantize_q8
 from mtp_kernels.gguf import BLOCK_TYPES, X8_TYPES, repack_x8, row_bytes
 
 # (N, K) per format: SmolLM2's q/o, gate_up, down and LM head for the 32-element blocks; the
@@ -27,7 +31,9 @@ CASES = [
     (impl, code, shape, M)
     for code, shapes in SHAPES.items()
     for shape, M in itertools.product(shapes, [1, 5, 9])
-    for impl in ["gguf", "bf16"] + (["x8"] if code + 100 in X8_TYPES else [])
+    for impl in ["gguf", "bf16"]
+    + (["x8"] if code + 100 in X8_TYPES else [])
+    + (["q8_bf16x", "q8_int8x"] if code == 8 else [])
 ]
 ROTATE_BYTES = 256 << 20
 
@@ -52,6 +58,22 @@ def test_gguf_linear(benchmark, impl, code, shape, M):
 
         ws = copies(nbytes, make)
         kw = {"gguf_type": code + 100 if impl == "x8" else code}
+    elif impl.startswith("q8_"):  # mtp.linear's Q8 weights: bf16 or int8 activations over the same bytes
+        nbytes = N * K + N * (K // 32) * 4
+        q, scale = quantize_q8((torch.randn(N, K) / K**0.5).to(torch.bfloat16))
+        ws = copies(nbytes, lambda: (q.clone(), scale.clone()))
+        kw = {"quantize_x": True} if impl == "q8_int8x" else {}
+        it = itertools.cycle(ws)
+        benchmark.group = f"gguf {name} {N}x{K} M={M}"
+        benchmark.extra_info["bytes"] = nbytes
+        benchmark.extra_info["format"] = impl
+
+        def call():
+            q, scale = next(it)
+            return torch.ops.mtp.linear(x, q, None, scale, **kw)
+
+        benchmark.pedantic(call, rounds=50, iterations=1, warmup_rounds=len(ws))
+        return
     else:
         nbytes = N * K * 2
         ws = copies(nbytes, lambda: (torch.randn(N, K) / K**0.5).to(torch.bfloat16))

@@ -5,7 +5,7 @@ bench_backbone.py: ms per pass, ours against transformers, and the cost of a ver
 relative to a one-token step; and bench_fused.py: one call per pass against the same kernels
 op by op, and what a tree pass and the head's alternatives cost over chains; and
 bench_gguf.py: GGUF block-type weights read as stored against bf16 weights, GB/s of the
-weight bytes against the read bandwidth.
+weight bytes against the read bandwidth, and 8-bit weights with bf16 against int8 activations.
 
     python bench/report.py results.json
 """
@@ -143,7 +143,17 @@ def gguf_table(groups):
         share = f"{100 * gbps(best) / read:.0f}%" if read else "-"
         ratio = f"{f['stats']['median'] / best['stats']['median']:.2f}x" if f else "-"
         lines.append(f"| {group[5:]} | {us(q)} | {us(x)} | {gbps(best):.1f} | {share} | {us(f)} | {ratio} |")
-    return "\n".join(lines)
+    acts = [
+        "| case | Q8 weights, bf16 activations (us) | the same, int8 activations (us) | bf16 / int8 "
+        "| Q8_0 x8, int8 activations (us) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for group, impls in cases.items():
+        b, i, x = impls.get("q8_bf16x"), impls.get("q8_int8x"), impls.get("x8")
+        if b and i:
+            ratio = b["stats"]["median"] / i["stats"]["median"]
+            acts.append(f"| {group[5:]} | {us(b)} | {us(i)} | {ratio:.2f}x | {us(x)} |")
+    return "\n".join(lines + ([""] + acts if len(acts) > 2 else []))
 
 
 def main(argv):
