@@ -5,15 +5,14 @@ compiled ``_C`` extension, and its CUDA kernels when built with MTP_WITH_CUDA; f
 for torch.compile from ``ops``). On a machine with a GPU and a package built without the
 C++ CUDA kernels, the Triton launchers of ``mtp_kernels.triton`` serve the CUDA tensors. The
 row-local layer ops (rms_norm, add_rms_norm, rope_, silu_mul) run their plain-torch
-specification on CUDA tensors (``fallback``).
+specification on CUDA tensors (``fallback``). Every registration made at import is in
+``_registry``.
 """
-
-import importlib.util
 
 import torch  # noqa: F401  (must be loaded before the extension that links against it)
 
 from ._torch_version import _C  # noqa: F401  (loads the ops after checking the torch they were built for)
-from . import fallback, ops, reference  # noqa: F401
+from . import _registry, fallback, ops, reference  # noqa: F401
 from .ops import (
     accept_prefix,
     add_rms_norm,
@@ -58,15 +57,4 @@ get_isa = _C.get_isa
 set_isa = _C.set_isa
 supported_isas = _C.supported_isas
 
-
-def _register_triton_for_cuda():
-    # Only with a GPU: importing triton costs time, and the tests set TRITON_INTERPRET
-    # before they import it on machines without one.
-    if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
-        from . import triton as _triton
-
-        _triton.register_cuda_kernels()
-
-
-_register_triton_for_cuda()
-fallback.register_cuda_kernels()
+_registry.register_all()  # fakes, Triton (with a GPU), fallbacks: every import-time registration

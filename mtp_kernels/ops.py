@@ -1,7 +1,8 @@
 """Typed wrappers of the ``torch.ops.mtp`` operators, each followed by its fake (meta) kernel.
 
 The fake kernels give torch.compile / FakeTensor the output shapes and dtypes without
-running anything; the contracts themselves are in ``reference.py``.
+running anything (``FAKES``, registered at import by ``_registry``); the contracts themselves
+are in ``reference.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ def verify(
     return torch.ops.mtp.verify.default(draft_tokens, target_logits, num_drafts, pad_id)
 
 
-@torch.library.register_fake("mtp::verify")
 def _verify_fake(draft_tokens, target_logits, num_drafts=None, pad_id=-1):
     return _chain_outputs("mtp.verify", draft_tokens, target_logits, num_drafts=num_drafts)
 
@@ -50,7 +50,6 @@ def verify_ragged(
     )
 
 
-@torch.library.register_fake("mtp::verify_ragged")
 def _verify_ragged_fake(draft_token_ids, cu_num_draft_tokens, target_logits, pad_id=-1, max_num_drafts=None):
     return _ragged_outputs("mtp.verify_ragged", draft_token_ids, cu_num_draft_tokens, target_logits, max_num_drafts)
 
@@ -111,7 +110,6 @@ def verify_sampled_ragged(
     )
 
 
-@torch.library.register_fake("mtp::verify_sampled_ragged")
 def _verify_sampled_ragged_fake(
     draft_token_ids,
     draft_probs,
@@ -149,7 +147,6 @@ def accept_prefix(
     return torch.ops.mtp.accept_prefix.default(draft_tokens, target_tokens, num_drafts)
 
 
-@torch.library.register_fake("mtp::accept_prefix")
 def _accept_prefix_fake(draft_tokens, target_tokens, num_drafts=None):
     _check_same_device(
         "mtp.accept_prefix", "draft_tokens", draft_tokens, target_tokens=target_tokens, num_drafts=num_drafts
@@ -187,7 +184,6 @@ def verify_sampled(
     )
 
 
-@torch.library.register_fake("mtp::verify_sampled")
 def _verify_sampled_fake(
     draft_tokens,
     draft_probs,
@@ -229,7 +225,6 @@ def verify_lenient(
     return torch.ops.mtp.verify_lenient.default(draft_tokens, target_logits, num_drafts, top_k, min_ratio, pad_id)
 
 
-@torch.library.register_fake("mtp::verify_lenient")
 def _verify_lenient_fake(draft_tokens, target_logits, num_drafts=None, top_k=1, min_ratio=1.0, pad_id=-1):
     return _chain_outputs("mtp.verify_lenient", draft_tokens, target_logits, num_drafts=num_drafts)
 
@@ -252,7 +247,6 @@ def linear(
     return torch.ops.mtp.linear.default(x, weight, bias, weight_scale, quantize_x=quantize_x, gguf_type=gguf_type)
 
 
-@torch.library.register_fake("mtp::linear")
 def _linear_fake(x, weight, bias=None, weight_scale=None, *, quantize_x=False, gguf_type=None):
     _check_same_device("mtp.linear", "x", x, weight=weight, bias=bias, weight_scale=weight_scale)
     if gguf_type is not None:
@@ -307,7 +301,6 @@ def head_attention(
     return torch.ops.mtp.head_attention.default(q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal)
 
 
-@torch.library.register_fake("mtp::head_attention")
 def _head_attention_fake(q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False):
     torch._check(q.dim() == 4, lambda: "mtp.head_attention: q must be 4-D [B, T, Hq, D]")
     torch._check(k_cache.dim() == 4, lambda: "mtp.head_attention: k_cache must be 4-D [B, Hkv, L, D]")
@@ -333,7 +326,6 @@ def cache_append(
     torch.ops.mtp.cache_append.default(k_cache, v_cache, k_new, v_new, cache_lens)
 
 
-@torch.library.register_fake("mtp::cache_append")
 def _cache_append_fake(k_cache, v_cache, k_new, v_new, cache_lens):
     torch._check(k_new.dim() == 4, lambda: "mtp.cache_append: k_new must be 4-D [B, T, Hkv, D]")
     _check_same_device(
@@ -356,7 +348,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.ops.mtp.rms_norm.default(x, weight, eps)
 
 
-@torch.library.register_fake("mtp::rms_norm")
 def _rms_norm_fake(x, weight, eps):
     return _norm_fake("mtp.rms_norm", x, weight)
 
@@ -368,7 +359,6 @@ def add_rms_norm(
     return torch.ops.mtp.add_rms_norm.default(x, residual, weight, eps)
 
 
-@torch.library.register_fake("mtp::add_rms_norm")
 def _add_rms_norm_fake(x, residual, weight, eps):
     torch._check(residual.shape == x.shape, lambda: "mtp.add_rms_norm: residual must have x's shape")
     return x.new_empty(x.shape), _norm_fake("mtp.add_rms_norm", x, weight, residual=residual)
@@ -380,7 +370,6 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     torch.ops.mtp.rope_.default(x, cos, sin)
 
 
-@torch.library.register_fake("mtp::rope_")
 def _rope_fake(x, cos, sin):
     _check_same_device("mtp.rope_", "x", x, cos=cos, sin=sin)
     torch._check(x.dim() == 4, lambda: "mtp.rope_: x must be 4-D [B, T, H, D]")
@@ -392,7 +381,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.mtp.silu_mul.default(gate_up)
 
 
-@torch.library.register_fake("mtp::silu_mul")
 def _silu_mul_fake(gate_up):
     torch._check(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0, lambda: "mtp.silu_mul: gate_up must be [..., 2I]")
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
@@ -441,7 +429,6 @@ def decoder_layers(
     )
 
 
-@torch.library.register_fake("mtp::decoder_layers")
 def _decoder_layers_fake(
     x,
     k_cache,
@@ -515,7 +502,6 @@ def head_draft(
     )
 
 
-@torch.library.register_fake("mtp::head_draft")
 def _head_draft_fake(
     hidden,
     token,
@@ -562,3 +548,23 @@ KERNELS = SimpleNamespace(
     add_rms_norm=add_rms_norm,
     silu_mul=silu_mul,
 )
+
+
+# Each op's fake kernel, registered by ``_registry.register_all`` when the package is imported.
+FAKES = {
+    "verify": _verify_fake,
+    "verify_ragged": _verify_ragged_fake,
+    "verify_sampled_ragged": _verify_sampled_ragged_fake,
+    "accept_prefix": _accept_prefix_fake,
+    "verify_sampled": _verify_sampled_fake,
+    "verify_lenient": _verify_lenient_fake,
+    "linear": _linear_fake,
+    "head_attention": _head_attention_fake,
+    "cache_append": _cache_append_fake,
+    "rms_norm": _rms_norm_fake,
+    "add_rms_norm": _add_rms_norm_fake,
+    "rope_": _rope_fake,
+    "silu_mul": _silu_mul_fake,
+    "decoder_layers": _decoder_layers_fake,
+    "head_draft": _head_draft_fake,
+}
