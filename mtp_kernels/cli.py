@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from .config import AS_STORED_CHAIN_K, CHAIN_K, DEFAULT_LOOKUP, TREE_BRANCHES, TREE_K, DecodeConfig
+from .config import CHAIN_K, DEFAULT_LOOKUP, TREE_BRANCHES, TREE_K, DecodeConfig
 from .models.loading import (  # re-exported: load_* and release_freed_memory lived here
     NATIVE_DTYPE,
     SHIPPED_HEADS,
@@ -565,8 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--k",
         type=int,
-        help=f"draft tokens per backbone pass in the head's chain (default {TREE_K} in a tree, else "
-        f"{AS_STORED_CHAIN_K} on the file's own weights and {CHAIN_K} dequantized: the fastest in bench/RESULTS.md)",
+        help=f"draft tokens per backbone pass in the head's chain (default {TREE_K} "
+        f"in a tree, else {CHAIN_K}: the fastest in bench/RESULTS.md)",
     )
     g.add_argument(
         "--branches",

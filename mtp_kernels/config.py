@@ -4,8 +4,7 @@ and `mtp generate` given the same backbone, drafter and mode resolve the same co
 The values are measured (bench/RESULTS.md): prompt lookup of up to 6 tokens beside the MTP
 head ("Prompt lookup beside the head"); trees of the head's chain of 3 and its 3 best first
 drafts where a tree pass costs about a chain's (greedy, the bf16 backbone dequantized on
-request, "Tree drafts"); else chains: of 3 on the file's own weights (K = 3 at least as fast
-as K = 2 on every task of eval_set, "GGUF x8 layout"), of 2 on the other backbones.
+request), else chains of 2 ("Tree drafts").
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ import dataclasses
 import torch
 
 DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass beside the MTP head
-TREE_K, TREE_BRANCHES = 3, 3
-CHAIN_K = 2  # the head's chain on the dequantized backbones (fp32, Q8)
-AS_STORED_CHAIN_K = 3  # ... and on the file's own weights (`loaded_as_stored`)
+TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 
 
 def is_mtp_head(head) -> bool:
@@ -37,12 +34,6 @@ def trees_pay(backbone) -> bool:
         and not backbone.quantized
         and not backbone.loaded_as_stored
     )
-
-
-def chain_k(backbone) -> int:
-    """The head's chain length where it drafts a chain: 3 on the file's own weights (a 4-row
-    pass costs 1.4x a one-token step there, and the third draft pays on proofreading), else 2."""
-    return AS_STORED_CHAIN_K if backbone.loaded_as_stored else CHAIN_K
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +65,7 @@ class DecodeConfig:
     ) -> DecodeConfig:
         """The configuration with every None filled in for this backbone and drafter: trees
         where they can run (the MTP head, greedy, not lenient) and pay (`trees_pay`), else
-        chains; K of 3 in a tree, `chain_k` in a chain; prompt lookup beside the MTP head, off with a
+        chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head, off with a
         standalone drafter and in plain decoding (lookup alone is asked for explicitly).
         Values given are kept as they are (generate checks them)."""
         mtp = is_mtp_head(head)
@@ -82,7 +73,7 @@ class DecodeConfig:
         if branches is None:
             branches = TREE_BRANCHES if tree_ok and trees_pay(backbone) else 1
         if k is None:
-            k = TREE_K if branches > 1 else chain_k(backbone)
+            k = TREE_K if branches > 1 else CHAIN_K
         if lookup is None:
             lookup = DEFAULT_LOOKUP if mtp else 0
         return cls(k=k, branches=branches, lookup=lookup, temperature=temperature, seed=seed, lenient=lenient)

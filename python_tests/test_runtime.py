@@ -347,8 +347,7 @@ def test_lookup_bad_input():
 def test_decode_config_resolves_the_cli_defaults():
     """config.DecodeConfig.resolve: trees of K=3 with 3 first drafts where they go (the MTP
     head, greedy, not lenient) and pay (the bf16 backbone over float weights, not loaded as
-    stored), else chains of K=3 on the file's own weights and K=2 dequantized; prompt lookup
-    of 6 beside the MTP head only; given values kept."""
+    stored), else chains of K=2; prompt lookup of 6 beside the MTP head only; given values kept."""
     from mtp_kernels.config import DecodeConfig
 
     head = MTPHead(HeadConfig.for_backbone(TINY))
@@ -366,10 +365,8 @@ def test_decode_config_resolves_the_cli_defaults():
         return c.k, c.branches, c.lookup
 
     assert picked(bf16, head) == (3, 3, 6)
-    for model in (fp32, q8):
+    for model in (fp32, q8, as_stored):
         assert picked(model, head) == (2, 1, 6)
-    assert picked(as_stored, head) == (3, 1, 6)  # chains of 3 on the file's own weights
-    assert picked(as_stored, head, temperature=0.5) == (3, 1, 6)
     assert picked(bf16, head, temperature=0.5) == (2, 1, 6)
     assert picked(bf16, head, lenient=(2, 0.5)) == (2, 1, 6)
     assert picked(bf16, None) == (2, 1, 0)
