@@ -1,0 +1,69 @@
+"""Decode tokens/s of several draft configurations side by side in one process: for each task,
+each prompt runs every configuration in turn (the order reversed every other round), so the
+configurations share the same minutes of a shared machine; every output must equal the first
+configuration's (exact decoding). The default backbone (the GGUF's own weights) and the
+shipped head; a configuration is K:L (the head's chain K, prompt lookup of up to L drafts;
+0:0 is plain greedy). Decide on bench/eval_set.jsonl, report the held-out set beside it.
+
+    .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+
+from mtp_kernels import decoding
+from mtp_kernels.models.loading import load_backbone, load_head
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("configs", nargs="+", help="K:L, the first is the baseline of the ratios")
+    p.add_argument("--eval-set", default=os.path.join(os.path.dirname(__file__), "eval_set.jsonl"))
+    p.add_argument("--tasks", default="chat,proofread,reply,summary")
+    p.add_argument("--per-task", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs]
+    cfg, model, tok, what = load_backbone(None, None, lambda s: None)
+    head = load_head(None, model, lambda s: None)
+    rows = [json.loads(line) for line in open(args.eval_set)]
+    print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
+    for task in args.tasks.split(","):
+        prompts = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in rows if r["task"] == task]
+        seconds = {c: [] for c in configs}
+        tokens, first = dict.fromkeys(configs, 0), {}
+        for rnd in range(args.rounds):
+            total = dict.fromkeys(configs, 0.0)
+            for i, ids in enumerate(prompts[: args.per_task]):
+                for c in configs if rnd % 2 == 0 else configs[::-1]:
+                    k, lookup = c
+                    g = decoding.generate(
+                        model,
+                        [ids],
+                        args.max_new_tokens,
+                        head=head if k else None,
+                        k=k or None,
+                        lookup=lookup if k else 0,
+                        eos_token_ids=cfg.eos_token_ids,
+                    )[0]
+                    if first.setdefault(i, g.tokens) != g.tokens:
+                        raise SystemExit(f"{task} prompt {i}: K={k} L={lookup} differs from the first configuration")
+                    total[c] += g.seconds
+                    tokens[c] += (len(g.tokens) - 1) * (rnd == 0)
+            for c in configs:
+                seconds[c].append(total[c])
+        base = statistics.median(seconds[configs[0]])
+        for c in configs:
+            med = statistics.median(seconds[c])
+            print(f"{task} K={c[0]} L={c[1]}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first")
+
+
+if __name__ == "__main__":
+    main()
