@@ -152,6 +152,21 @@ class Call {
     for (int64_t i = 0; i < n; ++i) static_cast<float*>(t->data)[i * t->strides[0]] = lo + float(i % 8) * step;
   }
 
+  // A ragged call's cu [B] (int32 or int64) := the inclusive sums of counts, where the draw
+  // left it a plain vector: most ragged calls then reach the kernels.
+  static void set_cumulative(const mtp_tensor* cu, const std::vector<int64_t>& counts) {
+    const int64_t B = int64_t(counts.size());
+    if (!cu || !cu->data || cu->ndim != 1 || cu->sizes[0] != B || cu->strides[0] < 0 ||
+        (cu->dtype != MTP_INT32 && cu->dtype != MTP_INT64))
+      return;
+    int64_t sum = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      sum += counts[size_t(b)];
+      if (cu->dtype == MTP_INT32) static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
+      else static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
+    }
+  }
+
   // A buffer of `bytes` (at most 1 MiB; else 64) owned by the call, raw bytes from the input.
   uint8_t* bytes(int64_t n) {
     const size_t size = n > 0 && n <= (1 << 20) ? size_t(n) : 64;
@@ -337,15 +352,7 @@ void one_call(Input& in) {
       auto *dr = c.tensor({N}, idt, I, V - 1), *cu = c.tensor({B}, idt, I, N), *lg = c.tensor({N + B, V}, fdt),
            *acc = c.tensor({B}, idt), *out = c.tensor({B, 3 + in.u8() % 3}, idt);
       if (c.skip()) return;
-      if (consistent && cu && cu->data && cu->ndim == 1 && cu->sizes[0] == B && cu->strides[0] >= 0 &&
-          (cu->dtype == MTP_INT32 || cu->dtype == MTP_INT64)) {
-        int64_t sum = 0;
-        for (int64_t b = 0; b < B; ++b) {
-          sum += counts[size_t(b)];
-          if (cu->dtype == MTP_INT32) static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
-          else static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
-        }
-      }
+      if (consistent) Call::set_cumulative(cu, counts);
       s = mtp_verify_ragged(dr, cu, lg, in.u8() < 200 ? -1 : in.i64(), acc, out, threads);
       break;
     }
@@ -385,15 +392,7 @@ void one_call(Input& in) {
         Call::set_f32(tp, B, 0.125f, 0.125f);  // (0, 1]
         Call::set_f32(mp, B, 0.f, 0.1f);       // [0, 1)
       }
-      if (consistent && cu && cu->data && cu->ndim == 1 && cu->sizes[0] == B && cu->strides[0] >= 0 &&
-          (cu->dtype == MTP_INT32 || cu->dtype == MTP_INT64)) {
-        int64_t sum = 0;
-        for (int64_t b = 0; b < B; ++b) {
-          sum += counts[size_t(b)];
-          if (cu->dtype == MTP_INT32) static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
-          else static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
-        }
-      }
+      if (consistent) Call::set_cumulative(cu, counts);
       s = mtp_verify_sampled_ragged(dr, pr, cu, lg, te, tk, tp, mp, se, of, in.u8() < 200 ? -1 : in.i64(), acc, out,
                                     threads);
       break;
