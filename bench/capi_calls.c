@@ -24,17 +24,20 @@ static int cmp(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
-#define TIME(name, call)                                                   \
-  do {                                                                     \
-    double t[15];                                                          \
-    for (int r = 0; r < 15; ++r) {                                         \
-      const double t0 = now_ns();                                          \
-      for (long i = 0; i < reps; ++i)                                      \
-        if ((call) != MTP_OK) { fprintf(stderr, "%s: %s\n", name, mtp_last_error()); return 1; } \
-      t[r] = (now_ns() - t0) / reps;                                       \
-    }                                                                      \
-    qsort(t, 15, sizeof t[0], cmp);                                        \
-    printf("%s %.0f\n", name, t[7]);                                       \
+#define TIME(name, call)                                       \
+  do {                                                         \
+    double t[15];                                              \
+    for (int r = 0; r < 15; ++r) {                             \
+      const double t0 = now_ns();                              \
+      for (long i = 0; i < reps; ++i)                          \
+        if ((call) != MTP_OK) {                                \
+          fprintf(stderr, "%s: %s\n", name, mtp_last_error()); \
+          return 1;                                            \
+        }                                                      \
+      t[r] = (now_ns() - t0) / reps;                           \
+    }                                                          \
+    qsort(t, 15, sizeof t[0], cmp);                            \
+    printf("%s %.0f\n", name, t[7]);                           \
   } while (0)
 
 int main(int argc, char** argv) {

@@ -62,14 +62,16 @@ struct Model {
     std::vector<uint16_t> x(size_t(T * H)), out(x.size());
     for (size_t i = 0; i < x.size(); ++i) x[i] = mtp::f32_to_bf16(float(int(i * 7919 % 1000) - 500) / 500.f);
     const int64_t xs[3] = {1, T, H}, cs[5] = {kLayers, 1, Hkv, L, D}, one = 1, ts[2] = {L, D};
-    const mtp_tensor xv = mtp_contiguous(x.data(), MTP_BFLOAT16, 3, xs), ov = mtp_contiguous(out.data(), MTP_BFLOAT16, 3, xs);
+    const mtp_tensor xv = mtp_contiguous(x.data(), MTP_BFLOAT16, 3, xs),
+                     ov = mtp_contiguous(out.data(), MTP_BFLOAT16, 3, xs);
     const mtp_tensor kc = mtp_contiguous(k_cache.data(), MTP_BFLOAT16, 5, cs);
     const mtp_tensor vc = mtp_contiguous(v_cache.data(), MTP_BFLOAT16, 5, cs);
     const mtp_tensor lens = mtp_contiguous(&len, MTP_INT64, 1, &one);
-    const mtp_tensor cv = mtp_contiguous(cos.data(), MTP_FLOAT32, 2, ts), sv = mtp_contiguous(sin.data(), MTP_FLOAT32, 2, ts);
+    const mtp_tensor cv = mtp_contiguous(cos.data(), MTP_FLOAT32, 2, ts),
+                     sv = mtp_contiguous(sin.data(), MTP_FLOAT32, 2, ts);
     const auto start = std::chrono::steady_clock::now();
-    const mtp_status st = mtp_decoder_layers(&xv, &kc, &vc, &lens, &cv, &sv, ptrs.data(), int32_t(ptrs.size()), nullptr, 0,
-                                             Hq, 1e-5f, 0, &ov, threads);
+    const mtp_status st = mtp_decoder_layers(&xv, &kc, &vc, &lens, &cv, &sv, ptrs.data(), int32_t(ptrs.size()), nullptr,
+                                             0, Hq, 1e-5f, 0, &ov, threads);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (st != MTP_OK) {
       std::fprintf(stderr, "mtp_decoder_layers: %s\n", mtp_last_error());

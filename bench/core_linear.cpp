@@ -40,8 +40,10 @@ int main(int argc, char** argv) {
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < reps; ++i) {
         const int64_t c = i % copies;
-        if (int8) a.w = w8.data() + c * N * K, a.w_scale = scales.data() + c * N * blocks;
-        else a.w = w16.data() + c * N * K;
+        if (int8)
+          a.w = w8.data() + c * N * K, a.w_scale = scales.data() + c * N * blocks;
+        else
+          a.w = w16.data() + c * N * K;
         mtp::linear(a, mtp::current_isa(), one_thread);
       }
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps);

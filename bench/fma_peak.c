@@ -14,21 +14,21 @@ static double now(void) {
 
 // CHAINS accumulators, each updated N / CHAINS times by OP; prints instructions and products
 // per second. The start values come from a volatile so that the chains stay distinct.
-#define RATE(CHAINS, NAME, OP, PRODUCTS)                                                        \
-  {                                                                                             \
-    __m512 a[CHAINS];                                                                           \
-    volatile float start = 0.5f;                                                                \
-    for (int j = 0; j < CHAINS; ++j) a[j] = _mm512_set1_ps(start + j);                          \
-    const long n = 200000000 / CHAINS;                                                          \
-    const double t0 = now();                                                                    \
-    for (long i = 0; i < n; ++i) {                                                              \
-      _Pragma("GCC unroll 16") for (int j = 0; j < CHAINS; ++j) a[j] = OP(a[j]);                \
-    }                                                                                           \
-    const double s = now() - t0;                                                                \
-    float sink = 0;                                                                             \
-    for (int j = 0; j < CHAINS; ++j) sink += _mm512_reduce_add_ps(a[j]);                        \
-    printf("%-9s %2d chains: %.2f G instructions/s, %6.1f G products/s  (%g)\n", NAME, CHAINS, \
-           n * CHAINS / s / 1e9, n * CHAINS * (double)PRODUCTS / s / 1e9, sink);                \
+#define RATE(CHAINS, NAME, OP, PRODUCTS)                                                                            \
+  {                                                                                                                 \
+    __m512 a[CHAINS];                                                                                               \
+    volatile float start = 0.5f;                                                                                    \
+    for (int j = 0; j < CHAINS; ++j) a[j] = _mm512_set1_ps(start + j);                                              \
+    const long n = 200000000 / CHAINS;                                                                              \
+    const double t0 = now();                                                                                        \
+    for (long i = 0; i < n; ++i) {                                                                                  \
+      _Pragma("GCC unroll 16") for (int j = 0; j < CHAINS; ++j) a[j] = OP(a[j]);                                    \
+    }                                                                                                               \
+    const double s = now() - t0;                                                                                    \
+    float sink = 0;                                                                                                 \
+    for (int j = 0; j < CHAINS; ++j) sink += _mm512_reduce_add_ps(a[j]);                                            \
+    printf("%-9s %2d chains: %.2f G instructions/s, %6.1f G products/s  (%g)\n", NAME, CHAINS, n* CHAINS / s / 1e9, \
+           n * CHAINS * (double)PRODUCTS / s / 1e9, sink);                                                          \
   }
 
 int main(void) {
@@ -37,7 +37,13 @@ int main(void) {
   const __m512bh b = (__m512bh)_mm512_set1_epi16(one);
 #define FMA(acc) _mm512_fmadd_ps(acc, x, y)
 #define DOT(acc) _mm512_dpbf16_ps(acc, b, b)
-  RATE(1, "vfmadd", FMA, 16) RATE(4, "vfmadd", FMA, 16) RATE(8, "vfmadd", FMA, 16) RATE(16, "vfmadd", FMA, 16)
-  RATE(1, "vdpbf16ps", DOT, 32) RATE(4, "vdpbf16ps", DOT, 32) RATE(8, "vdpbf16ps", DOT, 32) RATE(16, "vdpbf16ps", DOT, 32)
+  RATE(1, "vfmadd", FMA, 16);
+  RATE(4, "vfmadd", FMA, 16);
+  RATE(8, "vfmadd", FMA, 16);
+  RATE(16, "vfmadd", FMA, 16);
+  RATE(1, "vdpbf16ps", DOT, 32);
+  RATE(4, "vdpbf16ps", DOT, 32);
+  RATE(8, "vdpbf16ps", DOT, 32);
+  RATE(16, "vdpbf16ps", DOT, 32);
   return 0;
 }

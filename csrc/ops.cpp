@@ -7,31 +7,38 @@
 #include "mtp/isa.h"
 
 TORCH_LIBRARY(mtp, m) {
-  m.def("verify(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int pad_id=-1)"
-        " -> (Tensor accepted, Tensor out_tokens)");
+  m.def(
+      "verify(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int pad_id=-1)"
+      " -> (Tensor accepted, Tensor out_tokens)");
   // The flattened ragged layout (continuous batching): draft_token_ids [N], inclusive
   // cumulative counts cu_num_draft_tokens [B], target_logits [N + B, V]; out_tokens [B, W].
-  m.def("verify_ragged(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, int pad_id=-1,"
-        " int? max_num_drafts=None) -> (Tensor accepted, Tensor out_tokens)");
-  m.def("verify_sampled(Tensor draft_tokens, Tensor? draft_probs, Tensor target_logits, Tensor temperature,"
-        " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1, Tensor? top_k=None,"
-        " Tensor? top_p=None, Tensor? min_p=None) -> (Tensor accepted, Tensor out_tokens)");
+  m.def(
+      "verify_ragged(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target_logits, int pad_id=-1,"
+      " int? max_num_drafts=None) -> (Tensor accepted, Tensor out_tokens)");
+  m.def(
+      "verify_sampled(Tensor draft_tokens, Tensor? draft_probs, Tensor target_logits, Tensor temperature,"
+      " Tensor seeds, Tensor? offsets=None, Tensor? num_drafts=None, int pad_id=-1, Tensor? top_k=None,"
+      " Tensor? top_p=None, Tensor? min_p=None) -> (Tensor accepted, Tensor out_tokens)");
   // verify_sampled in verify_ragged's flattened layout: draft_probs [N, V] (row cu[b-1] + j),
   // target_logits [N + B, V], per-request values [B]; out_tokens [B, W].
-  m.def("verify_sampled_ragged(Tensor draft_token_ids, Tensor? draft_probs, Tensor cu_num_draft_tokens,"
-        " Tensor target_logits, Tensor temperature, Tensor seeds, Tensor? offsets=None, int pad_id=-1,"
-        " Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, int? max_num_drafts=None)"
-        " -> (Tensor accepted, Tensor out_tokens)");
-  m.def("verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
-        " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
+  m.def(
+      "verify_sampled_ragged(Tensor draft_token_ids, Tensor? draft_probs, Tensor cu_num_draft_tokens,"
+      " Tensor target_logits, Tensor temperature, Tensor seeds, Tensor? offsets=None, int pad_id=-1,"
+      " Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, int? max_num_drafts=None)"
+      " -> (Tensor accepted, Tensor out_tokens)");
+  m.def(
+      "verify_lenient(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int top_k=1,"
+      " float min_ratio=1.0, int pad_id=-1) -> (Tensor accepted, Tensor out_tokens)");
   m.def("accept_prefix(Tensor draft_tokens, Tensor target_tokens, Tensor? num_drafts=None) -> Tensor accepted");
   // gguf_type (linear), weight_types (decoder_layers), embedding_type / lm_head_type (head_draft):
   // GGML type numbers of uint8 weights stored as in a .gguf file (mtp/gguf.h); -1 / None: a
   // float (or Q8 int8) weight.
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? weight_scale=None, *, bool quantize_x=False,"
-        " int? gguf_type=None) -> Tensor");
-  m.def("head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
-        " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
+  m.def(
+      "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? weight_scale=None, *, bool quantize_x=False,"
+      " int? gguf_type=None) -> Tensor");
+  m.def(
+      "head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
+      " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
   m.def("cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor cache_lens) -> ()");
   // The row-local layer ops between the projections (rowwise.h): each row alone, the same
   // bits on every instruction set.
@@ -40,14 +47,16 @@ TORCH_LIBRARY(mtp, m) {
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   // A whole decoder pass (decoder_layers.h): the ops above, every layer, in one call.
-  m.def("decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
-        " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
-        " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None) -> Tensor");
+  m.def(
+      "decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
+      " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
+      " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
-  m.def("head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
-        " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
-        " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0,"
-        " int embedding_type=-1, int lm_head_type=-1) -> Tensor");
+  m.def(
+      "head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
+      " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
+      " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0,"
+      " int embedding_type=-1, int lm_head_type=-1) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).
@@ -81,7 +90,8 @@ static PyObject* supported_isas(PyObject*, PyObject*) {
 
 static PyMethodDef kMethods[] = {
     {"get_isa", get_isa, METH_NOARGS, "The instruction set the CPU kernels use now."},
-    {"set_isa", set_isa, METH_O, "Select the CPU kernels' instruction set (generic, avx2, avx512, avx512_bf16, neon, neon_fp16)."},
+    {"set_isa", set_isa, METH_O,
+     "Select the CPU kernels' instruction set (generic, avx2, avx512, avx512_bf16, neon, neon_fp16)."},
     {"supported_isas", supported_isas, METH_NOARGS, "Instruction sets this CPU supports."},
     {nullptr, nullptr, 0, nullptr}};
 

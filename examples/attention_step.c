@@ -28,7 +28,8 @@ int main(void) {
   int h, d;
 
   mtp_tensor k = cache_view(&kbuf[0][0][0][0]), v = cache_view(&vbuf[0][0][0][0]);
-  mtp_tensor kn = mtp_contiguous(k_new, MTP_FLOAT32, 4, new_sizes), vn = mtp_contiguous(v_new, MTP_FLOAT32, 4, new_sizes);
+  mtp_tensor kn = mtp_contiguous(k_new, MTP_FLOAT32, 4, new_sizes),
+             vn = mtp_contiguous(v_new, MTP_FLOAT32, 4, new_sizes);
   mtp_tensor qv = mtp_contiguous(q, MTP_FLOAT32, 4, q_sizes), ov = mtp_contiguous(out, MTP_FLOAT32, 4, q_sizes);
   mtp_tensor lv = mtp_contiguous(lens, MTP_INT32, 1, lens_size);
 

@@ -27,23 +27,32 @@ static float made_up(unsigned* s, float scale) { /* a fixed pseudo-random sequen
 static mtp_tensor t1(float* p, int64_t n) { return mtp_contiguous(p, MTP_FLOAT32, 1, &n); }
 static mtp_tensor t2(float* p, int64_t a, int64_t b) {
   int64_t s[2];
-  s[0] = a; s[1] = b;
+  s[0] = a;
+  s[1] = b;
   return mtp_contiguous(p, MTP_FLOAT32, 2, s);
 }
 static mtp_tensor t3(float* p, int64_t a, int64_t b, int64_t c) {
   int64_t s[3];
-  s[0] = a; s[1] = b; s[2] = c;
+  s[0] = a;
+  s[1] = b;
+  s[2] = c;
   return mtp_contiguous(p, MTP_FLOAT32, 3, s);
 }
 
 /* The 6 views of one decoder layer stored at w (input_norm, qkv, o_proj, post_norm, gate_up, down_proj). */
 static float* layer_views(float* w, mtp_tensor* out) {
-  out[0] = t1(w, H); w += H;
-  out[1] = t2(w, QKV, H); w += QKV * H;
-  out[2] = t2(w, H, Hq * D); w += H * Hq * D;
-  out[3] = t1(w, H); w += H;
-  out[4] = t2(w, 2 * I, H); w += 2 * I * H;
-  out[5] = t2(w, H, I); w += H * I;
+  out[0] = t1(w, H);
+  w += H;
+  out[1] = t2(w, QKV, H);
+  w += QKV * H;
+  out[2] = t2(w, H, Hq * D);
+  w += H * Hq * D;
+  out[3] = t1(w, H);
+  w += H;
+  out[4] = t2(w, 2 * I, H);
+  w += 2 * I * H;
+  out[5] = t2(w, H, I);
+  w += H * I;
   return w;
 }
 
@@ -80,9 +89,13 @@ static int forward(const int64_t* tokens, int64_t T, int64_t* len, float* hidden
 static int64_t verify(const int64_t* drafts, int64_t k, float* logits, int64_t* out) {
   int64_t ds[2], ls[3], os[2], one = 1, accepted = 0;
   mtp_tensor d, l, a, o;
-  ds[0] = 1; ds[1] = k;
-  ls[0] = 1; ls[1] = k + 1; ls[2] = V;
-  os[0] = 1; os[1] = k + 1;
+  ds[0] = 1;
+  ds[1] = k;
+  ls[0] = 1;
+  ls[1] = k + 1;
+  ls[2] = V;
+  os[0] = 1;
+  os[1] = k + 1;
   d = mtp_contiguous(drafts, MTP_INT64, 2, ds);
   l = mtp_contiguous(logits, MTP_FLOAT32, 3, ls);
   a = mtp_contiguous(&accepted, MTP_INT64, 1, &one);
@@ -125,11 +138,14 @@ int main(void) {
 
   /* The head drafts K tokens from the prompt's last hidden state, reading layer 1's cache. */
   w = head;
-  head_views[0] = t1(w, H); w += H;                /* embed_norm */
-  head_views[1] = t1(w, H); w += H;                /* hidden_norm */
-  head_views[2] = t2(w, H, 2 * H); w += 2 * H * H; /* proj */
-  w = layer_views(w, head_views + 3);              /* one block */
-  head_views[9] = t1(w, H);                        /* out_norm */
+  head_views[0] = t1(w, H);
+  w += H; /* embed_norm */
+  head_views[1] = t1(w, H);
+  w += H; /* hidden_norm */
+  head_views[2] = t2(w, H, 2 * H);
+  w += 2 * H * H;                     /* proj */
+  w = layer_views(w, head_views + 3); /* one block */
+  head_views[9] = t1(w, H);           /* out_norm */
   for (i = 0; i < 10; ++i) head_ptrs[i] = &head_views[i];
   len = pos;
   kc = mtp_contiguous(k_cache + 1 * L * Hkv * D, MTP_FLOAT32, 4, layer_sizes);
@@ -141,8 +157,8 @@ int main(void) {
   sin_view = t2(rope_sin, P, D);
   emb = t2(embedding, V, H);
   dv = mtp_contiguous(drafts, MTP_INT64, 2, draft_sizes);
-  if (!check(mtp_head_draft(&hv, &tok, &kc, &vc, &lens, &cos_view, &sin_view, &emb, NULL, head_ptrs, 10, &emb,
-                            NULL, NULL, K, Hq, 1e-5f, &dv, 1)))
+  if (!check(mtp_head_draft(&hv, &tok, &kc, &vc, &lens, &cos_view, &sin_view, &emb, NULL, head_ptrs, 10, &emb, NULL,
+                            NULL, K, Hq, 1e-5f, &dv, 1)))
     return 1;
 
   /* Verify [t0, drafts] in one pass: the head's drafts, then drafts right by construction. */

@@ -52,11 +52,15 @@ bool Checker::tensor(const char* name, const mtp_tensor* t, int32_t ndim, const 
   if (!known) {
     std::ostringstream want;
     const char* sep = "";
-    for (mtp_dtype d : ok) { want << sep << dtype_name(d); sep = " or "; }
+    for (mtp_dtype d : ok) {
+      want << sep << dtype_name(d);
+      sep = " or ";
+    }
     return fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " must be ", want.str(), ", got ", dtype_name(t->dtype),
                 " (dtype value ", t->dtype, ")");
   }
-  if (t->ndim != ndim) return fail(MTP_ERROR_INVALID_ARGUMENT, name, " must be ", ndim, "-D ", shape, ", got ndim = ", t->ndim);
+  if (t->ndim != ndim)
+    return fail(MTP_ERROR_INVALID_ARGUMENT, name, " must be ", ndim, "-D ", shape, ", got ndim = ", t->ndim);
   int64_t extent = 0;  // offset of the last element
   bool empty = false;
   for (int32_t d = 0; d < ndim; ++d) {
@@ -74,21 +78,22 @@ bool Checker::tensor(const char* name, const mtp_tensor* t, int32_t ndim, const 
     if (__builtin_mul_overflow(t->strides[d], int64_t(8), &step) ||
         __builtin_mul_overflow(std::max<int64_t>(t->sizes[d] - 1, 0), t->strides[d], &step) ||
         __builtin_add_overflow(extent, step, &extent) || __builtin_mul_overflow(extent + 1, int64_t(8), &step))
-      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has an extent beyond int64 bytes (strides ",
-                  strides_of(t), ")");
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t),
+                  " has an extent beyond int64 bytes (strides ", strides_of(t), ")");
   }
   int64_t numel = 1;  // loops run over the sizes: their product must be countable
   for (int32_t d = 0; d < ndim && !empty; ++d)
     if (!checked_mul(numel, t->sizes[d], &numel))
       return fail(MTP_ERROR_INVALID_ARGUMENT, name, " of sizes ", sizes_of(t), " has more elements than int64 counts");
-  if (!t->data && !empty) return fail(MTP_ERROR_NULL_POINTER, name, ".data is NULL for a non-empty ", sizes_of(t), " view");
+  if (!t->data && !empty)
+    return fail(MTP_ERROR_NULL_POINTER, name, ".data is NULL for a non-empty ", sizes_of(t), " view");
   return true;
 }
 
 bool Checker::size(const char* name, const mtp_tensor* t, int32_t d, int64_t want, const char* what) {
   if (t->sizes[d] == want) return true;
-  return fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[", d, "] must equal ", what, " = ", want, ", got ",
-              t->sizes[d], " (sizes ", sizes_of(t), ")");
+  return fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[", d, "] must equal ", what, " = ", want, ", got ", t->sizes[d],
+              " (sizes ", sizes_of(t), ")");
 }
 
 bool Checker::same_sizes(const char* name, const mtp_tensor* t, const char* ref_name, const mtp_tensor* ref) {
@@ -119,7 +124,8 @@ bool Checker::counts(const char* name, const mtp_tensor* t, int64_t B, const cha
   for (int64_t b = 0; b < B; ++b) {
     int64_t n = load_id(t, b * t->strides[0]);
     if (n < 0 || n > hi)
-      return fail(MTP_ERROR_INVALID_ARGUMENT, name, "[", b, "] = ", n, " is outside [0, ", hi_what, "] = [0, ", hi, "]");
+      return fail(MTP_ERROR_INVALID_ARGUMENT, name, "[", b, "] = ", n, " is outside [0, ", hi_what, "] = [0, ", hi,
+                  "]");
     (*out)[size_t(b)] = n;
   }
   return true;

@@ -16,7 +16,7 @@ namespace mtp::capi {
 // This thread's last error message ("" after a success).
 std::string& last_error();
 
-const char* dtype_name(int32_t dtype);  // "unknown" outside mtp_dtype
+const char* dtype_name(int32_t dtype);                            // "unknown" outside mtp_dtype
 inline DType float_dtype(int32_t dtype) { return DType(dtype); }  // mtp_dtype float values == DType
 
 constexpr std::initializer_list<mtp_dtype> kIdTypes = {MTP_INT32, MTP_INT64};

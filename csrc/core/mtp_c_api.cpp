@@ -38,15 +38,17 @@ IdView<I> ids(const mtp_tensor* t) {
 // Calls fn(I{}) with I the C++ type of an int32/int64 view.
 template <class Fn>
 void with_id_type(const mtp_tensor* t, Fn&& fn) {
-  if (t->dtype == MTP_INT32) fn(int32_t{});
-  else fn(int64_t{});
+  if (t->dtype == MTP_INT32)
+    fn(int32_t{});
+  else
+    fn(int64_t{});
 }
 
 // The one dtype ref has (already checked to be a known one): outputs and companions that
 // must match it, like the torch ops.
 std::initializer_list<mtp_dtype> same_as(const mtp_tensor* ref) {
-  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, bf16 = {MTP_BFLOAT16},
-                                                    f16 = {MTP_FLOAT16}, i32 = {MTP_INT32}, i64 = {MTP_INT64};
+  static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, bf16 = {MTP_BFLOAT16}, f16 = {MTP_FLOAT16},
+                                                    i32 = {MTP_INT32}, i64 = {MTP_INT64};
   switch (ref->dtype) {
     case MTP_FLOAT32: return f32;
     case MTP_BFLOAT16: return bf16;
@@ -73,9 +75,7 @@ bool is_contiguous(const mtp_tensor* t) {
 
 char* bytes(const mtp_tensor* t) { return static_cast<char*>(t->data); }
 
-int64_t elem_bytes(int32_t dtype) {
-  return dtype == MTP_INT64 ? 8 : dtype == MTP_INT32 ? 4 : dtype_size(DType(dtype));
-}
+int64_t elem_bytes(int32_t dtype) { return dtype == MTP_INT64 ? 8 : dtype == MTP_INT32 ? 4 : dtype_size(DType(dtype)); }
 
 // A checked view as op_args.h's View; a block dtype's weight [N, K] is N rows strides[0]
 // bytes apart, each of K's row bytes.
@@ -121,11 +121,14 @@ bool disjoint_from(Checker& c, std::initializer_list<Named> outputs, const mtp_t
     return c.fail(MTP_ERROR_INTERNAL, "internal error: too many outputs in one aliasing check");
   size_t n_out = 0;
   for (const Named& o : outputs) outs[n_out++] = view_of(o.first, o.second);
-  return c.ok(disjoint_error(outs, n_out, list ? n : 0, [&](int64_t i, View* v) {
-    if (!list[i]) return false;
-    *v = view_of("", list[i]);
-    return true;
-  }, name));
+  return c.ok(disjoint_error(
+      outs, n_out, list ? n : 0,
+      [&](int64_t i, View* v) {
+        if (!list[i]) return false;
+        *v = view_of("", list[i]);
+        return true;
+      },
+      name));
 }
 
 // Copies a contiguous [n0, n1, n2, D] array of es-byte elements into the strided 4-D view dst.
@@ -142,8 +145,8 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
 // Of a decoder pass: the activations, and the matrices (float, int8 with Q8 scales, or GGUF
 // block types in the file's or the x8 layout).
 constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};
-constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,    MTP_Q4_0,
-                                                           MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K,
+constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,   MTP_Q4_0,
+                                                           MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,   MTP_Q6_K,
                                                            MTP_Q4_0_X8, MTP_Q4_1_X8,  MTP_Q8_0_X8};
 // mtp_linear's weights: float, or GGUF block types (int8: mtp_linear_q8).
 constexpr std::initializer_list<mtp_dtype> kLinearWeightTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_Q4_0,
@@ -198,10 +201,10 @@ bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bo
   if (!c.tensor(nm, w, 2, "[N, K]", kMatrixTypes)) return false;
   const bool block = is_block_dtype(w->dtype);
   if (q8 != (w->dtype == MTP_INT8))
-    return c.fail(MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype), " but ", scales,
-                  q8 ? " is not empty: with scales the matrix is int8 (Q8)"
-                     : " is empty: int8 (Q8) weights need their scales",
-                  block ? " (a GGUF block type carries its own scales: give it without)" : "");
+    return c.fail(
+        MTP_ERROR_UNSUPPORTED_DTYPE, name, " is ", dtype_name(w->dtype), " but ", scales,
+        q8 ? " is not empty: with scales the matrix is int8 (Q8)" : " is empty: int8 (Q8) weights need their scales",
+        block ? " (a GGUF block type carries its own scales: give it without)" : "");
   if (!c.size(nm, w, 0, N, n_what) || !c.size(nm, w, 1, K, k_what) ||
       !(block ? c.block_rows(name, w) : c.ok(named(name, weight_rows_error(K, w->strides[0], w->strides[1])))))
     return false;
@@ -223,8 +226,8 @@ bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bo
 // `count` layers from weights[offset] (6 each; scales: 4 per layer, or NULL for float
 // matrices), checked against x's dtype and the head counts; *I from the first gate_up.
 bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t offset, int64_t count,
-                       const mtp_tensor* const* scales, const WeightNames& names, int64_t H,
-                       const HeadWidths& widths, const mtp_tensor* x, int64_t* I, std::vector<DecoderLayer>* out) {
+                       const mtp_tensor* const* scales, const WeightNames& names, int64_t H, const HeadWidths& widths,
+                       const mtp_tensor* x, int64_t* I, std::vector<DecoderLayer>* out) {
   if (count > 0) {  // I from the first gate_up [2I, H]
     const mtp_tensor* gu = weights[offset + 4];
     const std::string name = names(offset + 4);
@@ -300,22 +303,27 @@ bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* 
   if (!c.tensor("draft_tokens", draft_tokens, 2, "[B, K]", kIdTypes)) return false;
   const int64_t B = draft_tokens->sizes[0], K = draft_tokens->sizes[1];
   if (K == INT64_MAX)
-    return c.fail(MTP_ERROR_INVALID_ARGUMENT, "draft_tokens.sizes[1] = K = ", K, " is too large (K + 1 overflows int64)");
+    return c.fail(MTP_ERROR_INVALID_ARGUMENT, "draft_tokens.sizes[1] = K = ", K,
+                  " is too large (K + 1 overflows int64)");
   if (!c.tensor("target_logits", target_logits, 3, "[B, K+1, V]", kFloatTypes) ||
       !c.size("target_logits", target_logits, 0, B, "B (draft_tokens.sizes[0])") ||
       !c.size("target_logits", target_logits, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)"))
     return false;
   const int64_t V = target_logits->sizes[2];
-  if (V < 1) return c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
+  if (V < 1)
+    return c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
   if (!c.num_drafts(num_drafts, B, K, nd) || !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_tokens)) ||
       !c.size("accepted", accepted, 0, B, "B (draft_tokens.sizes[0])") ||
       !c.tensor("out_tokens", out_tokens, 2, "[B, K+1]", same_as(draft_tokens)) ||
       !c.size("out_tokens", out_tokens, 0, B, "B (draft_tokens.sizes[0])") ||
-      !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") || !c.threads(num_threads, threads) ||
+      !c.size("out_tokens", out_tokens, 1, K + 1, "K+1 (draft_tokens.sizes[1] + 1)") ||
+      !c.threads(num_threads, threads) ||
       !no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
                    {{"draft_tokens", draft_tokens}, {"target_logits", target_logits}, {"num_drafts", num_drafts}}))
     return false;
-  a->B = B; a->K = K; a->V = V;
+  a->B = B;
+  a->K = K;
+  a->V = V;
   a->logits = target_logits->data;
   a->logits_dtype = float_dtype(target_logits->dtype);
   for (int d = 0; d < 3; ++d) a->logits_stride[d] = target_logits->strides[d];
@@ -325,8 +333,8 @@ bool verify_front(Checker& c, const mtp_tensor* draft_tokens, const mtp_tensor* 
 // mtp_linear (q8 false: a float weight) and mtp_linear_q8 (q8: an int8 weight and its
 // scales; quantize_x: mtp_linear_q8dot): checked, then the kernel.
 mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tensor* weight,
-                       const mtp_tensor* weight_scale, const mtp_tensor* bias, const mtp_tensor* y,
-                       int32_t num_threads, bool quantize_x = false) {
+                       const mtp_tensor* weight_scale, const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads,
+                       bool quantize_x = false) {
   static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i8 = {MTP_INT8};
   int threads = 1;
   if (!c.tensor("x", x, 2, "[M, K]", kFloatTypes) ||
@@ -348,13 +356,15 @@ mtp_status linear_call(Checker& c, bool q8, const mtp_tensor* x, const mtp_tenso
   const bool y_f32 = y && y->dtype == MTP_FLOAT32;
   if (!c.tensor("y", y, 2, "[M, N]", y_f32 ? f32 : same_as(x)) || !c.size("y", y, 0, M, "M (x.sizes[0])") ||
       !c.size("y", y, 1, N, "N (weight.sizes[0])") || !c.threads(num_threads, &threads) ||
-      !no_aliasing(c, {{"y", y}}, {{"x", x}, {"weight", weight}, {"weight_scale", q8 ? weight_scale : nullptr},
-                                   {"bias", bias}}))
+      !no_aliasing(c, {{"y", y}},
+                   {{"x", x}, {"weight", weight}, {"weight_scale", q8 ? weight_scale : nullptr}, {"bias", bias}}))
     return c.status;
   if (M == 0 || N == 0) return MTP_OK;
 
   LinearArgs a;
-  a.M = M; a.N = N; a.K = K;
+  a.M = M;
+  a.N = N;
+  a.K = K;
   a.quantize_x = quantize_x;
   a.x_dtype = float_dtype(x->dtype);
   const int64_t xes = dtype_size(a.x_dtype);
@@ -438,8 +448,13 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
         !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
       return c.status;
     DecoderArgs a;
-    a.B = x->sizes[0]; a.T = x->sizes[1]; a.H = x->sizes[2];
-    a.layers = k_cache->sizes[0]; a.Hkv = k_cache->sizes[2]; a.L = k_cache->sizes[3]; a.D = k_cache->sizes[4];
+    a.B = x->sizes[0];
+    a.T = x->sizes[1];
+    a.H = x->sizes[2];
+    a.layers = k_cache->sizes[0];
+    a.Hkv = k_cache->sizes[2];
+    a.L = k_cache->sizes[3];
+    a.D = k_cache->sizes[4];
     a.Hq = num_heads;
     a.dtype = float_dtype(x->dtype);
     std::vector<int64_t> lens;
@@ -456,22 +471,28 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
     if (!c.ok(layers_error(a.layers, "k_cache.sizes[0]"))) return c.status;
     const int64_t want = kLayerTensors * a.layers + 1;
     if (num_weights != want || !weights)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors, " tensors per layer (input_norm, "
-                    "qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers, " layers of k_cache, then the "
-                    "final norm: ", want, " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors,
+                       " tensors per layer (input_norm, "
+                       "qkv, o_proj, post_norm, gate_up, down_proj) for the ",
+                       a.layers,
+                       " layers of k_cache, then the "
+                       "final norm: ",
+                       want, " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
     const bool q8 = num_weight_scales != 0;
     if (q8 && (num_weight_scales != kLayerMatrices * a.layers || !weight_scales))
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights) or hold the Q8 scales of "
-                    "the ", kLayerMatrices, " matrices of each layer (qkv, o_proj, gate_up, down_proj): ",
-                    kLayerMatrices * a.layers, " tensors, got num_weight_scales = ", num_weight_scales,
-                    weight_scales ? "" : " and NULL");
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT,
+                       "weight_scales must be empty (float weights) or hold the Q8 scales of "
+                       "the ",
+                       kLayerMatrices,
+                       " matrices of each layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
+                       " tensors, got num_weight_scales = ", num_weight_scales, weight_scales ? "" : " and NULL");
     if (quantize_x && !q8)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights with their scales, got none "
-                    "(num_weight_scales = 0; GGUF block-type matrices quantize the activations anyway)");
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT,
+                       "quantize_x = 1 needs int8 weights with their scales, got none "
+                       "(num_weight_scales = 0; GGUF block-type matrices quantize the activations anyway)");
     const WeightNames names{{}, a.layers, "layer", "the final norm"};
     std::vector<DecoderLayer> layers;
-    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, widths, x, &a.I,
-                           &layers))
+    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, widths, x, &a.I, &layers))
       return c.status;
     int threads = 1;
     if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
@@ -480,8 +501,12 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
       return c.status;
     // The caches and out are written: no overlap with each other or any input.
     const std::initializer_list<Named> written = {{"k_cache", k_cache}, {"v_cache", v_cache}, {"out", out}};
-    if (!no_aliasing(c, written, {{"x", x}, {"cache_lens", cache_lens}, {"rope_cos", rope_cos}, {"rope_sin", rope_sin},
-                                  {"tree_parents", tree_parents}}) ||
+    if (!no_aliasing(c, written,
+                     {{"x", x},
+                      {"cache_lens", cache_lens},
+                      {"rope_cos", rope_cos},
+                      {"rope_sin", rope_sin},
+                      {"tree_parents", tree_parents}}) ||
         !disjoint_from(c, written, weights, want, names) ||
         !disjoint_from(c, written, q8 ? weight_scales : nullptr, q8 ? kLayerMatrices * a.layers : 0,
                        [](int64_t i) { return "weight_scales[" + std::to_string(i) + "]"; }))
@@ -519,17 +544,19 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
   });
 }
 
-mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_tensor* token,
-                           const mtp_tensor* k_cache, const mtp_tensor* v_cache, const mtp_tensor* cache_lens,
-                           const mtp_tensor* rope_cos, const mtp_tensor* rope_sin, const mtp_tensor* embedding,
-                           const mtp_tensor* embedding_scale, const mtp_tensor* const* weights, int32_t num_weights,
-                           const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab,
-                           int64_t k, int64_t num_heads, float eps, int64_t alternatives, const mtp_tensor* drafts,
-                           int32_t num_threads) {
+mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
+                           const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                           const mtp_tensor* rope_sin, const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
+                           const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
+                           const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads,
+                           float eps, int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads) {
   return guarded(op, [&](Checker& c) {
     if (!c.tensor("hidden", hidden, 2, "[B, H]", kActivationTypes)) return c.status;
     HeadDraftArgs a;
-    a.B = hidden->sizes[0]; a.H = hidden->sizes[1]; a.K = k; a.Hq = num_heads;
+    a.B = hidden->sizes[0];
+    a.H = hidden->sizes[1];
+    a.K = k;
+    a.Hq = num_heads;
     a.dtype = float_dtype(hidden->dtype);
     if (k < 0) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "k (draft steps) must be >= 0, got ", k);
     std::vector<int64_t> lens, tokens, vocab;
@@ -538,9 +565,12 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
         !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(hidden)) ||
         !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
       return c.status;
-    a.Hkv = k_cache->sizes[1]; a.L = k_cache->sizes[2]; a.D = k_cache->sizes[3];
+    a.Hkv = k_cache->sizes[1];
+    a.L = k_cache->sizes[2];
+    a.D = k_cache->sizes[3];
     HeadWidths widths;
-    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths)) || !c.ok(row_length_error("H (hidden.sizes[1])", a.H)) ||
+    if (!c.ok(decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths)) ||
+        !c.ok(row_length_error("H (hidden.sizes[1])", a.H)) ||
         !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
         !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
         !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
@@ -553,9 +583,10 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
       return c.status;
     if (num_weights < 4 || (num_weights - 4) % kLayerTensors != 0 || !weights)
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold embed_norm, hidden_norm, proj, then ",
-                       kLayerTensors, " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), "
-                       "then out_norm: 4 + ", kLayerTensors, " x blocks tensors, got num_weights = ", num_weights,
-                       weights ? "" : " and NULL");
+                       kLayerTensors,
+                       " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), "
+                       "then out_norm: 4 + ",
+                       kLayerTensors, " x blocks tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
     a.blocks = (num_weights - 4) / kLayerTensors;
     const int64_t n = num_weights;
     const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
@@ -582,19 +613,28 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
     if (!c.ok(alternatives_error(alternatives, a.Vd, k)) ||
         !c.tensor("drafts", drafts, 2, alternatives ? "[B, k + alternatives]" : "[B, k]", kIdTypes) ||
         !c.size("drafts", drafts, 0, a.B, "B (hidden.sizes[0])") ||
-        !c.size("drafts", drafts, 1, width, alternatives ? "k + alternatives" : "k") || !c.threads(num_threads, &threads) ||
+        !c.size("drafts", drafts, 1, width, alternatives ? "k + alternatives" : "k") ||
+        !c.threads(num_threads, &threads) ||
         !no_aliasing(c, {{"drafts", drafts}},
-                     {{"hidden", hidden}, {"token", token}, {"k_cache", k_cache}, {"v_cache", v_cache},
-                      {"cache_lens", cache_lens}, {"rope_cos", rope_cos}, {"rope_sin", rope_sin},
-                      {"embedding", embedding}, {"embedding_scale", embedding_scale}, {"lm_head", lm_head},
-                      {"lm_head_scale", lm_head_scale}, {"draft_vocab", draft_vocab}}) ||
+                     {{"hidden", hidden},
+                      {"token", token},
+                      {"k_cache", k_cache},
+                      {"v_cache", v_cache},
+                      {"cache_lens", cache_lens},
+                      {"rope_cos", rope_cos},
+                      {"rope_sin", rope_sin},
+                      {"embedding", embedding},
+                      {"embedding_scale", embedding_scale},
+                      {"lm_head", lm_head},
+                      {"lm_head_scale", lm_head_scale},
+                      {"draft_vocab", draft_vocab}}) ||
         !disjoint_from(c, {{"drafts", drafts}}, weights, n, names))
       return c.status;
     if (a.B == 0 || k == 0) return MTP_OK;
 
     std::vector<char> hidden_pack, cos_pack, sin_pack;
-    const mtp_tensor hidden3 = {hidden->data, hidden->dtype, 3, {1, a.B, a.H},
-                                {0, hidden->strides[0], hidden->strides[1]}};
+    const mtp_tensor hidden3 = {
+        hidden->data, hidden->dtype, 3, {1, a.B, a.H}, {0, hidden->strides[0], hidden->strides[1]}};
     a.hidden = contiguous3(&hidden3, &hidden_pack);
     a.token = tokens.data();
     a.rope_cos = contiguous_table(rope_cos, &cos_pack);
@@ -614,8 +654,10 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
     for (int64_t b = 0; b < a.B; ++b)
       for (int64_t j = 0; j < width; ++j) {
         const int64_t offset = b * drafts->strides[0] + j * drafts->strides[1], id = out[size_t(b * width + j)];
-        if (drafts->dtype == MTP_INT32) static_cast<int32_t*>(drafts->data)[offset] = int32_t(id);
-        else static_cast<int64_t*>(drafts->data)[offset] = id;
+        if (drafts->dtype == MTP_INT32)
+          static_cast<int32_t*>(drafts->data)[offset] = int32_t(id);
+        else
+          static_cast<int64_t*>(drafts->data)[offset] = id;
       }
     return MTP_OK;
   });
@@ -624,15 +666,16 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
 // The arguments mtp_verify_ragged and mtp_verify_sampled_ragged share, checked: the layout
 // from cu's values into *l, the kernel arguments into *a (pointers into *l).
 bool ragged_front(Checker& c, const mtp_tensor* draft_token_ids, const mtp_tensor* cu_num_draft_tokens,
-                const mtp_tensor* target_logits, int64_t pad_id, const mtp_tensor* accepted,
-                const mtp_tensor* out_tokens, int32_t num_threads, VerifyArgs* a, RaggedLayout* l, int* threads) {
+                  const mtp_tensor* target_logits, int64_t pad_id, const mtp_tensor* accepted,
+                  const mtp_tensor* out_tokens, int32_t num_threads, VerifyArgs* a, RaggedLayout* l, int* threads) {
   if (!c.tensor("draft_token_ids", draft_token_ids, 1, "[N]", kIdTypes) ||
       !c.tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, "[B]", kIdTypes) ||
       !c.tensor("target_logits", target_logits, 2, "[N + B, V]", kFloatTypes))
     return false;
   const int64_t N = draft_token_ids->sizes[0], B = cu_num_draft_tokens->sizes[0], V = target_logits->sizes[1];
   if (!c.ok(ragged_rows_error(N, B, target_logits->sizes[0], "target_logits.sizes[0]"))) return false;
-  if (V < 1) return c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
+  if (V < 1)
+    return c.fail(MTP_ERROR_INVALID_ARGUMENT, "target_logits must have a vocabulary of V >= 1 entries, got V = ", V);
   if (!c.ok(pad_id_error(pad_id, draft_token_ids->dtype == MTP_INT32)) ||
       !c.tensor("accepted", accepted, 1, "[B]", same_as(draft_token_ids)) ||
       !c.size("accepted", accepted, 0, B, "B (cu_num_draft_tokens.sizes[0])") ||
@@ -650,7 +693,9 @@ bool ragged_front(Checker& c, const mtp_tensor* draft_token_ids, const mtp_tenso
                     {"cu_num_draft_tokens", cu_num_draft_tokens},
                     {"target_logits", target_logits}}))
     return false;
-  a->B = B; a->K = W - 1; a->V = V;
+  a->B = B;
+  a->K = W - 1;
+  a->V = V;
   a->logits = target_logits->data;
   a->logits_dtype = float_dtype(target_logits->dtype);
   a->logits_stride[0] = 0;
@@ -705,8 +750,8 @@ mtp_status mtp_verify_ragged(const mtp_tensor* draft_token_ids, const mtp_tensor
     greedy_targets(a, target.data(), threads, current_isa(), ThreadParallelFor{threads});
     with_id_type(draft_token_ids, [&](auto id) {
       using I = decltype(id);
-      const IdView<const I> drafts{static_cast<const I*>(draft_token_ids->data), {0, draft_token_ids->strides[0]},
-                                   l.draft_start.data()};
+      const IdView<const I> drafts{
+          static_cast<const I*>(draft_token_ids->data), {0, draft_token_ids->strides[0]}, l.draft_start.data()};
       accept_and_emit<I, int64_t>(B, W - 1, drafts, {target.data(), {W, 1}}, l.num_drafts.data(), pad_id,
                                   static_cast<I*>(accepted->data), accepted->strides[0], ids<I>(out_tokens));
     });
@@ -759,7 +804,8 @@ mtp_status mtp_verify_sampled_filtered(const mtp_tensor* draft_tokens, const mtp
     int threads = 1;
     SampledArgs a;
     std::vector<int64_t> nd;
-    if (!verify_front(c, draft_tokens, target_logits, num_drafts, accepted, out_tokens, num_threads, &a.v, &nd, &threads))
+    if (!verify_front(c, draft_tokens, target_logits, num_drafts, accepted, out_tokens, num_threads, &a.v, &nd,
+                      &threads))
       return c.status;
     const int64_t B = a.v.B, K = a.v.K;
     static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32}, i64 = {MTP_INT64};
@@ -786,8 +832,13 @@ mtp_status mtp_verify_sampled_filtered(const mtp_tensor* draft_tokens, const mtp
       std::copy_n(draft_probs->strides, 3, a.q_stride);
     }
     if (!no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
-                     {{"draft_probs", draft_probs}, {"temperature", temperature}, {"seeds", seeds}, {"offsets", offsets},
-                      {"top_k", top_k}, {"top_p", top_p}, {"min_p", min_p}}))
+                     {{"draft_probs", draft_probs},
+                      {"temperature", temperature},
+                      {"seeds", seeds},
+                      {"offsets", offsets},
+                      {"top_k", top_k},
+                      {"top_p", top_p},
+                      {"min_p", min_p}}))
       return c.status;
     a.v.num_drafts = nd.data();
     a.temperature = temp.data();
@@ -846,8 +897,13 @@ mtp_status mtp_verify_sampled_ragged(const mtp_tensor* draft_token_ids, const mt
       a.q_first = l.draft_start.data();
     }
     if (!no_aliasing(c, {{"accepted", accepted}, {"out_tokens", out_tokens}},
-                     {{"draft_probs", draft_probs}, {"temperature", temperature}, {"seeds", seeds}, {"offsets", offsets},
-                      {"top_k", top_k}, {"top_p", top_p}, {"min_p", min_p}}))
+                     {{"draft_probs", draft_probs},
+                      {"temperature", temperature},
+                      {"seeds", seeds},
+                      {"offsets", offsets},
+                      {"top_k", top_k},
+                      {"top_p", top_p},
+                      {"min_p", min_p}}))
       return c.status;
     a.temperature = temp.data();
     a.filters = filters.data();
@@ -856,8 +912,8 @@ mtp_status mtp_verify_sampled_ragged(const mtp_tensor* draft_token_ids, const mt
     a.pad = pad_id;
     with_id_type(draft_token_ids, [&](auto id) {
       using I = decltype(id);
-      const IdView<const I> drafts{static_cast<const I*>(draft_token_ids->data), {0, draft_token_ids->strides[0]},
-                                   l.draft_start.data()};
+      const IdView<const I> drafts{
+          static_cast<const I*>(draft_token_ids->data), {0, draft_token_ids->strides[0]}, l.draft_start.data()};
       verify_sampled<I>(a, drafts, static_cast<I*>(accepted->data), accepted->strides[0], ids<I>(out_tokens),
                         current_isa(), ThreadParallelFor{threads});
     });
@@ -914,32 +970,43 @@ mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, co
       return c.status;
     const int64_t Hkv = k_cache->sizes[1], L = k_cache->sizes[2];
     std::vector<int64_t> lens;
-    if (!c.ok(gqa_error(Hq, Hkv)) || !c.counts("cache_lens", cache_lens, B, "B (q.sizes[0])", L, "L (k_cache.sizes[2])", &lens) ||
+    if (!c.ok(gqa_error(Hq, Hkv)) ||
+        !c.counts("cache_lens", cache_lens, B, "B (q.sizes[0])", L, "L (k_cache.sizes[2])", &lens) ||
         !c.ok(causal_error(lens, T, causal != 0)) || !c.ok(local_pair_error(k_local != nullptr, v_local != nullptr)))
       return c.status;
-    if (k_local &&
-        (!c.tensor("k_local", k_local, 4, "[B, Hkv, S, D]", same_as(q)) ||
-         !c.size("k_local", k_local, 0, B, "B (q.sizes[0])") || !c.size("k_local", k_local, 1, Hkv, "Hkv (k_cache.sizes[1])") ||
-         !c.size("k_local", k_local, 3, D, "the head dim D (q.sizes[3])") ||
-         !c.tensor("v_local", v_local, 4, "[B, Hkv, S, D]", same_as(q)) || !c.same_sizes("v_local", v_local, "k_local", k_local)))
+    if (k_local && (!c.tensor("k_local", k_local, 4, "[B, Hkv, S, D]", same_as(q)) ||
+                    !c.size("k_local", k_local, 0, B, "B (q.sizes[0])") ||
+                    !c.size("k_local", k_local, 1, Hkv, "Hkv (k_cache.sizes[1])") ||
+                    !c.size("k_local", k_local, 3, D, "the head dim D (q.sizes[3])") ||
+                    !c.tensor("v_local", v_local, 4, "[B, Hkv, S, D]", same_as(q)) ||
+                    !c.same_sizes("v_local", v_local, "k_local", k_local)))
       return c.status;
     if (scale && !c.ok(scale_error("*scale", *scale))) return c.status;
     if (!c.tensor("out", out, 4, "[B, T, Hq, D]", same_as(q)) || !c.same_sizes("out", out, "q", q) ||
         !c.threads(num_threads, &threads) ||
         !no_aliasing(c, {{"out", out}},
-                     {{"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}, {"cache_lens", cache_lens},
-                      {"k_local", k_local}, {"v_local", v_local}}))
+                     {{"q", q},
+                      {"k_cache", k_cache},
+                      {"v_cache", v_cache},
+                      {"cache_lens", cache_lens},
+                      {"k_local", k_local},
+                      {"v_local", v_local}}))
       return c.status;
     if (is_empty(out)) return MTP_OK;
 
     AttentionArgs a;
-    a.B = B; a.T = T; a.Hq = Hq; a.Hkv = Hkv; a.D = D;
+    a.B = B;
+    a.T = T;
+    a.Hq = Hq;
+    a.Hkv = Hkv;
+    a.D = D;
     a.dtype = float_dtype(q->dtype);
     a.q = q->data;
     std::copy_n(q->strides, 4, a.q_stride);
     set_cache_views(a, static_cast<const void*>(k_cache->data), k_cache->strides,
                     static_cast<const void*>(v_cache->data), v_cache->strides, lens.data());
-    if (k_local) set_local_views(a, k_local->sizes[2], k_local->data, k_local->strides, v_local->data, v_local->strides);
+    if (k_local)
+      set_local_views(a, k_local->sizes[2], k_local->data, k_local->strides, v_local->data, v_local->strides);
     a.scale = scale ? *scale : default_attention_scale(D);
     a.causal = causal != 0;
     // The kernel writes a contiguous [B, T, Hq, D]: in place when out is one, else via a copy.
@@ -966,7 +1033,8 @@ mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache
       return c.status;
     const int64_t B = k_new->sizes[0], T = k_new->sizes[1], Hkv = k_new->sizes[2], D = k_new->sizes[3];
     if (!c.tensor("k_cache", k_cache, 4, "[B, Hkv, L, D]", same_as(k_new)) ||
-        !c.size("k_cache", k_cache, 0, B, "B (k_new.sizes[0])") || !c.size("k_cache", k_cache, 1, Hkv, "Hkv (k_new.sizes[2])") ||
+        !c.size("k_cache", k_cache, 0, B, "B (k_new.sizes[0])") ||
+        !c.size("k_cache", k_cache, 1, Hkv, "Hkv (k_new.sizes[2])") ||
         !c.size("k_cache", k_cache, 3, D, "the head dim D (k_new.sizes[3])") ||
         !c.tensor("v_cache", v_cache, 4, "[B, Hkv, L, D]", same_as(k_new)) ||
         !c.same_sizes("v_cache", v_cache, "k_cache", k_cache))
@@ -979,7 +1047,11 @@ mtp_status mtp_cache_append(const mtp_tensor* k_cache, const mtp_tensor* v_cache
                      {{"k_new", k_new}, {"v_new", v_new}, {"cache_lens", cache_lens}}))
       return c.status;
     CacheAppendArgs a;
-    a.B = B; a.T = T; a.Hkv = Hkv; a.D = D; a.L = L;
+    a.B = B;
+    a.T = T;
+    a.Hkv = Hkv;
+    a.D = D;
+    a.L = L;
     a.dtype = float_dtype(k_new->dtype);
     set_cache_views(a, k_cache->data, k_cache->strides, v_cache->data, v_cache->strides, lens.data());
     set_new_views(a, k_new->data, k_new->strides, v_new->data, v_new->strides);
@@ -1002,9 +1074,9 @@ mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, co
 mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
                                    const mtp_tensor* cache_lens, const mtp_tensor* rope_cos, const mtp_tensor* rope_sin,
                                    const mtp_tensor* const* weights, int32_t num_weights,
-                                   const mtp_tensor* const* weight_scales, int32_t num_weight_scales,
-                                   int64_t num_heads, float eps, int32_t quantize_x, const mtp_tensor* tree_parents,
-                                   const mtp_tensor* out, int32_t num_threads) {
+                                   const mtp_tensor* const* weight_scales, int32_t num_weight_scales, int64_t num_heads,
+                                   float eps, int32_t quantize_x, const mtp_tensor* tree_parents, const mtp_tensor* out,
+                                   int32_t num_threads) {
   return decoder_layers_call("mtp_decoder_layers_tree", x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
                              num_weights, weight_scales, num_weight_scales, num_heads, eps, quantize_x, tree_parents,
                              out, num_threads);
@@ -1014,8 +1086,8 @@ mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, con
                           const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
                           const mtp_tensor* rope_sin, const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
                           const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
-                          const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k,
-                          int64_t num_heads, float eps, const mtp_tensor* drafts, int32_t num_threads) {
+                          const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads,
+                          float eps, const mtp_tensor* drafts, int32_t num_threads) {
   return head_draft_call("mtp_head_draft", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
                          embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
                          0, drafts, num_threads);
@@ -1025,13 +1097,13 @@ mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const mtp_tenso
                                        const mtp_tensor* v_cache, const mtp_tensor* cache_lens,
                                        const mtp_tensor* rope_cos, const mtp_tensor* rope_sin,
                                        const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
-                                       const mtp_tensor* const* weights, int32_t num_weights,
-                                       const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale,
-                                       const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
-                                       int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads) {
-  return head_draft_call("mtp_head_draft_alternatives", hidden, token, k_cache, v_cache, cache_lens, rope_cos,
-                         rope_sin, embedding, embedding_scale, weights, num_weights, lm_head, lm_head_scale,
-                         draft_vocab, k, num_heads, eps, alternatives, drafts, num_threads);
+                                       const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
+                                       const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k,
+                                       int64_t num_heads, float eps, int64_t alternatives, const mtp_tensor* drafts,
+                                       int32_t num_threads) {
+  return head_draft_call("mtp_head_draft_alternatives", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin,
+                         embedding, embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k,
+                         num_heads, eps, alternatives, drafts, num_threads);
 }
 
 mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias, const mtp_tensor* y,
@@ -1068,7 +1140,9 @@ mtp_status mtp_gguf_repack_x8(int32_t dtype, const void* src, int64_t rows, int6
       return fail_with(c, MTP_ERROR_UNSUPPORTED_DTYPE,
                        "dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0, got ",
                        dtype_name(dtype), " (dtype value ", dtype, ")",
-                       is_x8(t) ? ": already the x8 layout" : is_block_dtype(dtype) ? ": a K-quant, no x8 layout" : "");
+                       is_x8(t)                ? ": already the x8 layout"
+                       : is_block_dtype(dtype) ? ": a K-quant, no x8 layout"
+                                               : "");
     if (rows < 0 || rows % kX8Rows != 0)
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "rows must be >= 0 and a multiple of 8 (the x8 layout ",
                        "interleaves groups of 8 rows), got ", rows);
@@ -1077,8 +1151,8 @@ mtp_status mtp_gguf_repack_x8(int32_t dtype, const void* src, int64_t rows, int6
                        "'s blocks of ", block_elems(t), " elements, got ", cols);
     int64_t row_bytes = 0, total = 0;
     if (!checked_mul(cols / block_elems(t), block_bytes(t), &row_bytes) || !checked_mul(rows, row_bytes, &total))
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "a [rows, cols] = [", rows, ", ", cols, "] ",
-                       block_type_name(t), " matrix has more bytes than int64 counts");
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "a [rows, cols] = [", rows, ", ", cols, "] ", block_type_name(t),
+                       " matrix has more bytes than int64 counts");
     if (total == 0) return MTP_OK;
     if (!src) return fail_with(c, MTP_ERROR_NULL_POINTER, "src is NULL for a [", rows, ", ", cols, "] matrix");
     if (!dst) return fail_with(c, MTP_ERROR_NULL_POINTER, "dst is NULL for a [", rows, ", ", cols, "] matrix");
@@ -1120,7 +1194,8 @@ int mtp_isa_supported(const char* name) {
 mtp_status mtp_set_isa(const char* name) {
   Checker c("mtp_set_isa");
   Isa isa;
-  if (!name) c.fail(MTP_ERROR_NULL_POINTER, "name is NULL");
+  if (!name)
+    c.fail(MTP_ERROR_NULL_POINTER, "name is NULL");
   else if (!parse_isa(name, &isa))
     c.fail(MTP_ERROR_INVALID_ARGUMENT, "unknown instruction set '", name, "' (expected one of ", isa_names(), ")");
   else if (!set_isa(isa))

@@ -50,10 +50,9 @@ DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at
   const std::string rows = weight_rows_error(K, w.stride(0), w.stride(1));
   TORCH_CHECK(rows.empty(), op, ": ", name, ": ", rows);
   const bool int8 = w.scalar_type() == at::kChar;
-  TORCH_CHECK(int8 == scale.has_value(), op, ": ", name, " is ", w.scalar_type(),
-              " but ", scales,
-              int8 ? " is empty: int8 (Q8) weights need their scales"
-                   : " is not empty: scales go with int8 (Q8) weights only");
+  TORCH_CHECK(
+      int8 == scale.has_value(), op, ": ", name, " is ", w.scalar_type(), " but ", scales,
+      int8 ? " is empty: int8 (Q8) weights need their scales" : " is not empty: scales go with int8 (Q8) weights only");
   DecoderMatrix m;
   m.w = w.data_ptr();
   m.dtype = int8 ? DType::I8 : to_dtype(w.scalar_type());
@@ -70,7 +69,8 @@ DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at
 }
 
 // rope_cos, rope_sin: fp32 [P, D] tables. Returns P.
-int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor& rope_sin, int64_t D, const char* d_what) {
+int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor& rope_sin, int64_t D,
+                   const char* d_what) {
   for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"rope_cos", &rope_cos}, {"rope_sin", &rope_sin}}) {
     check_cpu(op, name, *t);
     check_dtype(op, name, *t, {at::kFloat});
@@ -145,8 +145,13 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), kDecoder, ": v_cache must have k_cache's shape ", k_cache.sizes(),
               ", got ", v_cache.sizes());
   DecoderArgs a;
-  a.B = x.size(0); a.T = x.size(1); a.H = x.size(2);
-  a.layers = k_cache.size(0); a.Hkv = k_cache.size(2); a.L = k_cache.size(3); a.D = k_cache.size(4);
+  a.B = x.size(0);
+  a.T = x.size(1);
+  a.H = x.size(2);
+  a.layers = k_cache.size(0);
+  a.Hkv = k_cache.size(2);
+  a.L = k_cache.size(3);
+  a.D = k_cache.size(4);
   a.Hq = num_heads;
   a.dtype = to_dtype(x.scalar_type());
   check_size(kDecoder, "k_cache", k_cache, 1, a.B, "B (x.size(0))");
@@ -176,12 +181,14 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   std::vector<int64_t> types;
   if (weight_types.has_value()) {
     types = weight_types->vec();
-    TORCH_CHECK(int64_t(types.size()) == kLayerMatrices * a.layers, kDecoder, ": weight_types must hold one GGML type "
-                "number (or -1: a float or Q8 matrix) per matrix, ", kLayerMatrices,
-                " per layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers, " values, got ", types.size());
+    TORCH_CHECK(int64_t(types.size()) == kLayerMatrices * a.layers, kDecoder,
+                ": weight_types must hold one GGML type "
+                "number (or -1: a float or Q8 matrix) per matrix, ",
+                kLayerMatrices, " per layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
+                " values, got ", types.size());
     for (size_t i = 0; i < types.size(); ++i)
-      TORCH_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i, "]: ",
-                  gguf_type_error(types[i]), " (or -1)");
+      TORCH_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i,
+                  "]: ", gguf_type_error(types[i]), " (or -1)");
   }
   const WeightNames names{{}, a.layers, "layer", "the final norm"};
   std::vector<DecoderLayer> layers =
@@ -238,21 +245,25 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
                           const at::Tensor& rope_sin, const at::Tensor& embedding,
                           const c10::optional<at::Tensor>& embedding_scale, at::TensorList weights,
                           const at::Tensor& lm_head, const c10::optional<at::Tensor>& lm_head_scale,
-                          const c10::optional<at::Tensor>& draft_vocab, int64_t k,
-                          int64_t num_heads, double eps, int64_t alternatives, int64_t embedding_type,
-                          int64_t lm_head_type) {
+                          const c10::optional<at::Tensor>& draft_vocab, int64_t k, int64_t num_heads, double eps,
+                          int64_t alternatives, int64_t embedding_type, int64_t lm_head_type) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
   check_dtype(op, "hidden", hidden, {at::kFloat, at::kBFloat16});
   check_dim(op, "hidden", hidden, 2, "[B, H]");
   HeadDraftArgs a;
-  a.B = hidden.size(0); a.H = hidden.size(1); a.K = k; a.Hq = num_heads;
+  a.B = hidden.size(0);
+  a.H = hidden.size(1);
+  a.K = k;
+  a.Hq = num_heads;
   a.dtype = to_dtype(hidden.scalar_type());
   TORCH_CHECK(k >= 0, op, ": k (draft steps) must be >= 0, got ", k);
   AttentionArgs cache;  // the cache views, checked like head_attention's
   set_caches(op, cache, k_cache, v_cache, "hidden", hidden, at::kCPU);
   check_size(op, "k_cache", k_cache, 0, a.B, "B (hidden.size(0))");
-  a.Hkv = k_cache.size(1); a.L = k_cache.size(2); a.D = k_cache.size(3);
+  a.Hkv = k_cache.size(1);
+  a.L = k_cache.size(2);
+  a.D = k_cache.size(3);
   HeadWidths widths;
   check_ok(op, decoder_heads_error(num_heads, a.Hkv, a.D, eps, &widths));
   check_ok(op, row_length_error("H (hidden.size(1))", a.H));
@@ -264,17 +275,18 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   check_cpu(op, "embedding", embedding);
   check_dim(op, "embedding", embedding, 2, "[V, H]");
   a.V = embedding.size(0);
-  TORCH_CHECK(embedding_type == -1 || gguf_type_error(embedding_type).empty(), op, ": embedding_type: ",
-              gguf_type_error(embedding_type), " (or -1)");
-  TORCH_CHECK(lm_head_type == -1 || gguf_type_error(lm_head_type).empty(), op, ": lm_head_type: ",
-              gguf_type_error(lm_head_type), " (or -1)");
+  TORCH_CHECK(embedding_type == -1 || gguf_type_error(embedding_type).empty(), op,
+              ": embedding_type: ", gguf_type_error(embedding_type), " (or -1)");
+  TORCH_CHECK(lm_head_type == -1 || gguf_type_error(lm_head_type).empty(), op,
+              ": lm_head_type: ", gguf_type_error(lm_head_type), " (or -1)");
   a.embedding = matrix(op, embedding, embedding_scale, "embedding", a.V, "V", a.H, "H (hidden.size(1))",
                        "embedding_scale", embedding_type);
-  const std::vector<int64_t> tokens = checked_ids(op, "token", token, a.B, "B (hidden.size(0))", a.V, "V (embedding.size(0))");
+  const std::vector<int64_t> tokens =
+      checked_ids(op, "token", token, a.B, "B (hidden.size(0))", a.V, "V (embedding.size(0))");
 
   const int64_t n = int64_t(weights.size());
-  TORCH_CHECK(n >= 4 && (n - 4) % kLayerTensors == 0, op,
-              ": weights must hold embed_norm, hidden_norm, proj, then ", kLayerTensors,
+  TORCH_CHECK(n >= 4 && (n - 4) % kLayerTensors == 0, op, ": weights must hold embed_norm, hidden_norm, proj, then ",
+              kLayerTensors,
               " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), then out_norm: 4 + ",
               kLayerTensors, " x blocks tensors, got ", n);
   a.blocks = (n - 4) / kLayerTensors;
@@ -305,7 +317,8 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   a.token = tokens.data();
   a.rope_cos = cos.data_ptr<float>();
   a.rope_sin = sin.data_ptr<float>();
-  a.k_cache = cache.k; a.v_cache = cache.v;
+  a.k_cache = cache.k;
+  a.v_cache = cache.v;
   std::copy_n(cache.k_stride, 4, a.k_stride);
   std::copy_n(cache.v_stride, 4, a.v_stride);
   a.cache_lens = lens.data();

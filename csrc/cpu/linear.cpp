@@ -11,7 +11,8 @@ namespace {
 constexpr const char* kLinear = "mtp.linear";
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                      const c10::optional<at::Tensor>& weight_scale, bool quantize_x, c10::optional<int64_t> gguf_type) {
+                      const c10::optional<at::Tensor>& weight_scale, bool quantize_x,
+                      c10::optional<int64_t> gguf_type) {
   check_cpu(kLinear, "x", x);
   LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x, gguf_type);
   if (c.args.M == 0 || c.args.N == 0) return c.result();

@@ -40,16 +40,23 @@ void run_rms_norm(const at::Tensor& x, const at::Tensor* residual, const at::Ten
   if (x.numel() == 0) return;
   const at::Tensor xr = as_rows(x, H), w = weight.contiguous();
   RmsNormArgs a;
-  a.M = xr.size(0); a.H = H; a.dtype = to_dtype(x.scalar_type());
-  a.x = xr.data_ptr(); a.x_stride = xr.stride(0);
+  a.M = xr.size(0);
+  a.H = H;
+  a.dtype = to_dtype(x.scalar_type());
+  a.x = xr.data_ptr();
+  a.x_stride = xr.stride(0);
   at::Tensor rr;
   if (residual) {
     rr = as_rows(*residual, H);
-    a.residual = rr.data_ptr(); a.residual_stride = rr.stride(0);
-    a.sum = sum->data_ptr(); a.sum_stride = H;
+    a.residual = rr.data_ptr();
+    a.residual_stride = rr.stride(0);
+    a.sum = sum->data_ptr();
+    a.sum_stride = H;
   }
-  a.out = out.data_ptr(); a.out_stride = H;
-  a.weight = w.data_ptr(); a.w_dtype = to_dtype(w.scalar_type());
+  a.out = out.data_ptr();
+  a.out_stride = H;
+  a.weight = w.data_ptr();
+  a.w_dtype = to_dtype(w.scalar_type());
   a.eps = float(eps);
   rms_norm(a, current_isa());
 }
@@ -80,7 +87,10 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
   TORCH_CHECK(x.size(3) % 2 == 0, kRope, ": x.size(3) (the head dim D, rotated as two halves) must be even, got ",
               x.size(3));
   RopeArgs a;
-  a.B = x.size(0); a.T = x.size(1); a.H = x.size(2); a.D = x.size(3);
+  a.B = x.size(0);
+  a.T = x.size(1);
+  a.H = x.size(2);
+  a.D = x.size(3);
   for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"cos", &cos}, {"sin", &sin}}) {
     check_cpu(kRope, name, *t);
     check_dtype(kRope, name, *t, {at::kFloat});
@@ -116,9 +126,13 @@ at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
   if (out.numel() == 0) return out;
   const at::Tensor x = as_rows(gate_up, n);
   SiluMulArgs a;
-  a.M = x.size(0); a.I = I; a.dtype = to_dtype(gate_up.scalar_type());
-  a.x = x.data_ptr(); a.x_stride = x.stride(0);
-  a.out = out.data_ptr(); a.out_stride = I;
+  a.M = x.size(0);
+  a.I = I;
+  a.dtype = to_dtype(gate_up.scalar_type());
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.out = out.data_ptr();
+  a.out_stride = I;
   silu_mul(a, current_isa());
   return out;
 }

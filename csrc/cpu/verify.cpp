@@ -18,8 +18,8 @@ constexpr const char* kSampledRagged = "mtp.verify_sampled_ragged";
 
 // accepted[b] and out_tokens[b] from per-position target ids (int64, row stride K+1).
 template <class I>
-void finish(const at::Tensor& draft, const int64_t* target, const int64_t* nd, int64_t pad,
-            at::Tensor& accepted, at::Tensor& out) {
+void finish(const at::Tensor& draft, const int64_t* target, const int64_t* nd, int64_t pad, at::Tensor& accepted,
+            at::Tensor& out) {
   const int64_t K = draft.size(1);
   accept_and_emit<I, int64_t>(draft.size(0), K, ids<const I>(draft), {target, {K + 1, 1}}, nd, pad,
                               accepted.data_ptr<I>(), 1, ids<I>(out));
@@ -167,14 +167,11 @@ void set_draft_probs(const char* op, const at::Tensor& dp, const char* shape, st
   check_ok(op, draft_probs_error(a.q, a.q_dtype, dp.sizes().data(), dp.strides().data(), n));
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_tokens,
-                                                      const c10::optional<at::Tensor>& draft_probs,
-                                                      const at::Tensor& target_logits, const at::Tensor& temperature,
-                                                      const at::Tensor& seeds, const c10::optional<at::Tensor>& offsets,
-                                                      const c10::optional<at::Tensor>& num_drafts, int64_t pad_id,
-                                                      const c10::optional<at::Tensor>& top_k,
-                                                      const c10::optional<at::Tensor>& top_p,
-                                                      const c10::optional<at::Tensor>& min_p) {
+std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(
+    const at::Tensor& draft_tokens, const c10::optional<at::Tensor>& draft_probs, const at::Tensor& target_logits,
+    const at::Tensor& temperature, const at::Tensor& seeds, const c10::optional<at::Tensor>& offsets,
+    const c10::optional<at::Tensor>& num_drafts, int64_t pad_id, const c10::optional<at::Tensor>& top_k,
+    const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& min_p) {
   check_verify_inputs(kSampled, draft_tokens, target_logits, at::kCPU);
   const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
   const std::vector<double> temp = checked_temperatures(kSampled, temperature, B);
@@ -191,8 +188,9 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_cpu(const at::Tensor& draft_to
   a.offset = offset.data();
   a.pad = pad_id;
   if (draft_probs.has_value())
-    set_draft_probs(kSampled, *draft_probs, "[B, K, V]",
-                    {{B, "B (draft_tokens.size(0))"}, {K, "K (draft_tokens.size(1))"}, {a.v.V, "V (target_logits.size(2))"}}, a);
+    set_draft_probs(
+        kSampled, *draft_probs, "[B, K, V]",
+        {{B, "B (draft_tokens.size(0))"}, {K, "K (draft_tokens.size(1))"}, {a.v.V, "V (target_logits.size(2))"}}, a);
 
   auto opts = draft_tokens.options();
   at::Tensor accepted = at::empty({B}, opts), out = at::empty({B, K + 1}, opts);
@@ -221,7 +219,8 @@ std::tuple<at::Tensor, at::Tensor> verify_sampled_ragged_cpu(
   const std::vector<Filters> filters = checked_filters(op, top_k, top_p, min_p, B, b_what);
   SampledArgs a;
   if (draft_probs.has_value())
-    set_draft_probs(op, *draft_probs, "[N, V]", {{N, "N (draft_token_ids.size(0))"}, {V, "V (target_logits.size(1))"}}, a);
+    set_draft_probs(op, *draft_probs, "[N, V]", {{N, "N (draft_token_ids.size(0))"}, {V, "V (target_logits.size(1))"}},
+                    a);
   const RaggedLayout l = checked_ragged_layout(op, cu_num_draft_tokens, N, max_num_drafts);
   const int64_t W = l.width;
   a.v = ragged_verify_args(target_logits, B, W, l.num_drafts.data(), l.first_row.data());

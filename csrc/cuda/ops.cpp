@@ -27,8 +27,7 @@ constexpr const char* kRaggedCaptureNeedsMax =
     "on the host)";
 constexpr const char* kLinear = "mtp.linear";
 // The same words as the Triton launcher's (mtp_kernels/_checks.py).
-constexpr const char* kGgufCpuOnly =
-    "GGUF block-type weights (gguf_type) run on the CPU only: call it on CPU tensors";
+constexpr const char* kGgufCpuOnly = "GGUF block-type weights (gguf_type) run on the CPU only: call it on CPU tensors";
 constexpr const char* kInt8CpuOnly =
     "int8 weights run on the CPU only (no GPU kernel for Q8 blocks yet): call it on CPU tensors, or dequantize "
     "(mtp_kernels.dequantize_q8) for the GPU";
@@ -125,7 +124,8 @@ std::tuple<at::Tensor, at::Tensor> verify_ragged_cuda(const at::Tensor& draft_to
   const at::Tensor counts = (cu - prev).clamp(0, W - 1).contiguous();
   const at::Tensor first_row = (prev + at::arange(B, cu.options())).contiguous();
   const at::Tensor draft_first = prev.contiguous();
-  const VerifyArgs a = ragged_verify_args(target_logits, B, W, counts.data_ptr<int64_t>(), first_row.data_ptr<int64_t>());
+  const VerifyArgs a =
+      ragged_verify_args(target_logits, B, W, counts.data_ptr<int64_t>(), first_row.data_ptr<int64_t>());
   AT_DISPATCH_INDEX_TYPES(draft_token_ids.scalar_type(), "verify_ragged_cuda", [&] {
     run_verify<index_t>(a, ragged_ids<const index_t>(draft_token_ids, draft_first.data_ptr<int64_t>()), pad_id,
                         target_logits, accepted, out);
@@ -145,9 +145,9 @@ at::Tensor accept_prefix_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
   AT_DISPATCH_INDEX_TYPES(draft_tokens.scalar_type(), "accept_prefix_draft", [&] {
     using I = index_t;
     AT_DISPATCH_INDEX_TYPES(target_tokens.scalar_type(), "accept_prefix_target", [&] {
-      const cudaError_t err = accept_prefix<I, index_t>(B, K, ids<const I>(draft_tokens), ids<const index_t>(target_tokens),
-                                                        nd.defined() ? nd.data_ptr<int64_t>() : nullptr,
-                                                        accepted.data_ptr<I>(), stream);
+      const cudaError_t err =
+          accept_prefix<I, index_t>(B, K, ids<const I>(draft_tokens), ids<const index_t>(target_tokens),
+                                    nd.defined() ? nd.data_ptr<int64_t>() : nullptr, accepted.data_ptr<I>(), stream);
       C10_CUDA_CHECK(err);
     });
   });
@@ -155,7 +155,8 @@ at::Tensor accept_prefix_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                       const c10::optional<at::Tensor>& weight_scale, bool quantize_x, c10::optional<int64_t> gguf_type) {
+                       const c10::optional<at::Tensor>& weight_scale, bool quantize_x,
+                       c10::optional<int64_t> gguf_type) {
   TORCH_CHECK(x.is_cuda(), kLinear, ": x must be on a CUDA device like the other arguments, got ", x.device());
   TORCH_CHECK(!gguf_type.has_value(), kLinear, ": ", kGgufCpuOnly, ", got weight on ", weight.device());
   const c10::cuda::CUDAGuard guard(x.device());
@@ -177,7 +178,8 @@ at::Tensor head_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, c
   TORCH_CHECK(a.D <= kAttnMaxD, kAttn, ": the CUDA kernel takes head dims D <= ", kAttnMaxD, ", got D = ", a.D);
   const c10::cuda::CUDAGuard guard(device);
   const int64_t L = k_cache.size(2);
-  const auto lens = device_counts(kAttn, "cache_lens", cache_lens, a.B, "B (q.size(0))", L, "L (k_cache.size(2))", device);
+  const auto lens =
+      device_counts(kAttn, "cache_lens", cache_lens, a.B, "B (q.size(0))", L, "L (k_cache.size(2))", device);
   if (lens) check_attention_lens(kAttn, a, *lens);
   // The grid covers the longest cache, or the capacity while a graph is captured (no sync);
   // blocks past a request's length return at once. Lengths are clamped to [0, L] on the
@@ -201,8 +203,8 @@ void cache_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, con
   const at::Device device = k_new.device();
   CacheAppendArgs a = cache_append_args(kAppend, k_cache, v_cache, k_new, v_new, device);
   const c10::cuda::CUDAGuard guard(device);
-  const auto lens = device_counts(kAppend, "cache_lens", cache_lens, a.B, "B (k_new.size(0))", a.L,
-                                  "L (k_cache.size(2))", device);
+  const auto lens =
+      device_counts(kAppend, "cache_lens", cache_lens, a.B, "B (k_new.size(0))", a.L, "L (k_cache.size(2))", device);
   if (lens) check_append_lens(kAppend, a, *lens);
   at::Tensor dlens = cache_lens.to(at::kLong).contiguous();  // the kernel writes nothing if one overflows
   a.cache_lens = dlens.data_ptr<int64_t>();

@@ -19,12 +19,12 @@ cudaError_t verify(const VerifyArgs& a, IdView<const I> draft, int64_t pad, I* a
   const int64_t chunk = (a.V + work.splits - 1) / work.splits;
   const dim3 grid(unsigned(a.B * (a.K + 1)), unsigned(work.splits));
   with_dtype(a.logits_dtype, [&](auto dt) {
-    argmax_partials_kernel<decltype(dt)::value><<<grid, kArgmaxThreads, 0, stream>>>(a, chunk, work.splits,
-                                                                                      work.partials);
+    argmax_partials_kernel<decltype(dt)::value>
+        <<<grid, kArgmaxThreads, 0, stream>>>(a, chunk, work.splits, work.partials);
   });
   const unsigned blocks = unsigned((a.B + kFinishThreads - 1) / kFinishThreads);
-  verify_finish_kernel<I><<<blocks, kFinishThreads, 0, stream>>>(a, draft, pad, accepted, out, work.splits,
-                                                                  work.partials, work.targets);
+  verify_finish_kernel<I>
+      <<<blocks, kFinishThreads, 0, stream>>>(a, draft, pad, accepted, out, work.splits, work.partials, work.targets);
   return cudaGetLastError();
 }
 

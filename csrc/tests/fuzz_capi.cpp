@@ -39,8 +39,20 @@ class Input {
   }
   bool empty() const { return pos_ >= size_; }
   int64_t i64() {
-    static const int64_t kPicks[] = {0, 1, 2, 3, 4, -1, 7, 32, 64, 256, int64_t(1) << 31, (int64_t(1) << 31) - 1,
-                                     int64_t(1) << 62, std::numeric_limits<int64_t>::max(),
+    static const int64_t kPicks[] = {0,
+                                     1,
+                                     2,
+                                     3,
+                                     4,
+                                     -1,
+                                     7,
+                                     32,
+                                     64,
+                                     256,
+                                     int64_t(1) << 31,
+                                     (int64_t(1) << 31) - 1,
+                                     int64_t(1) << 62,
+                                     std::numeric_limits<int64_t>::max(),
                                      std::numeric_limits<int64_t>::min()};
     const uint8_t b = u8();
     if (b < 200) return kPicks[b % (sizeof kPicks / sizeof kPicks[0])];
@@ -66,8 +78,10 @@ class Input {
 
 size_t elem_bytes(int32_t dtype) {
   switch (dtype) {
-    case MTP_FLOAT32: case MTP_INT32: return 4;
-    case MTP_BFLOAT16: case MTP_FLOAT16: return 2;
+    case MTP_FLOAT32:
+    case MTP_INT32: return 4;
+    case MTP_BFLOAT16:
+    case MTP_FLOAT16: return 2;
     case MTP_INT64: return 8;
     default: return 1;  // int8, block dtypes (strides[0] in bytes) and bad dtypes
   }
@@ -111,13 +125,18 @@ class Call {
     const uint8_t bad = in_.u8();
     if (bad < kBad) {
       static const int32_t kDtypes[] = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_INT32, MTP_INT64, MTP_INT8,
-                                        MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K, MTP_Q6_K, 7, -1};
+                                        MTP_Q4_0,    MTP_Q4_1,     MTP_Q8_0,    MTP_Q4_K,  MTP_Q6_K,  7,
+                                        -1};
       const int nd = t->ndim;
       switch (bad % 8) {
         case 0: t->dtype = kDtypes[in_.u8() % 13]; break;
         case 1: t->ndim = int32_t(in_.u8() % 9) - 1; break;
-        case 2: if (nd) t->sizes[in_.u8() % nd] = in_.u8() < 128 ? in_.u8() % 9 : in_.i64(); break;
-        case 3: if (nd) t->strides[in_.u8() % nd] = in_.u8() < 128 ? in_.u8() % 4 : in_.i64(); break;
+        case 2:
+          if (nd) t->sizes[in_.u8() % nd] = in_.u8() < 128 ? in_.u8() % 9 : in_.i64();
+          break;
+        case 3:
+          if (nd) t->strides[in_.u8() % nd] = in_.u8() < 128 ? in_.u8() % 4 : in_.i64();
+          break;
         case 4: return nullptr;
         default: break;  // 5..7: the data pointer below
       }
@@ -127,15 +146,21 @@ class Call {
     // a negative one by its magnitude, so that a kernel honouring it reads outside).
     unsigned __int128 extent = 1;
     for (int d = 0; d < nd; ++d) {
-      if (t->sizes[d] <= 0) { extent = 0; break; }
+      if (t->sizes[d] <= 0) {
+        extent = 0;
+        break;
+      }
       const int64_t st = t->strides[d];
       const unsigned __int128 mag = st < 0 ? (unsigned __int128)(-(__int128)st) : (unsigned __int128)st;
       extent += (unsigned __int128)(t->sizes[d] - 1) * mag;
     }
     const bool block = t->dtype >= MTP_Q4_0;
-    unsigned __int128 bytes = block ? (extent ? extent - 1 + row_bytes(t->dtype, t->sizes[1]) : 0)
-                                    : extent * elem_bytes(t->dtype);
-    if (bytes > (1u << 20)) { skip_ = true; bytes = 0; }
+    unsigned __int128 bytes =
+        block ? (extent ? extent - 1 + row_bytes(t->dtype, t->sizes[1]) : 0) : extent * elem_bytes(t->dtype);
+    if (bytes > (1u << 20)) {
+      skip_ = true;
+      bytes = 0;
+    }
     buffers_.emplace_back(new uint8_t[size_t(bytes) + 1]);  // +1: never a zero-byte allocation
     uint8_t* buf = buffers_.back().get();
     fill_buffer(buf, size_t(bytes), t->dtype, fill, bound);
@@ -162,8 +187,10 @@ class Call {
     int64_t sum = 0;
     for (int64_t b = 0; b < B; ++b) {
       sum += counts[size_t(b)];
-      if (cu->dtype == MTP_INT32) static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
-      else static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
+      if (cu->dtype == MTP_INT32)
+        static_cast<int32_t*>(cu->data)[b * cu->strides[0]] = int32_t(sum);
+      else
+        static_cast<int64_t*>(cu->data)[b * cu->strides[0]] = sum;
     }
   }
 
@@ -179,8 +206,11 @@ class Call {
   static int64_t row_bytes(int32_t dtype, int64_t cols) {
     if (dtype >= MTP_Q4_0_X8) dtype -= 100;  // an x8 layout: its file type's rows
     const int64_t elems = dtype == MTP_Q4_K || dtype == MTP_Q6_K ? 256 : 32;
-    const int64_t block = dtype == MTP_Q4_0 ? 18 : dtype == MTP_Q4_1 ? 20 : dtype == MTP_Q8_0 ? 34
-                          : dtype == MTP_Q4_K ? 144 : 210;
+    const int64_t block = dtype == MTP_Q4_0   ? 18
+                          : dtype == MTP_Q4_1 ? 20
+                          : dtype == MTP_Q8_0 ? 34
+                          : dtype == MTP_Q4_K ? 144
+                                              : 210;
     return cols > 0 && cols < (int64_t(1) << 30) ? (cols + elems - 1) / elems * block : 1;
   }
 
@@ -191,20 +221,33 @@ class Call {
     for (size_t i = 0; i + eb <= bytes; i += eb) {
       seed = seed * 1664525u + 1013904223u;
       const uint8_t r = uint8_t(seed >> 24);
-      if (raw || dtype >= MTP_Q4_0) { for (size_t j = 0; j < eb; ++j) buf[i + j] = uint8_t(r + j * 77); continue; }
+      if (raw || dtype >= MTP_Q4_0) {
+        for (size_t j = 0; j < eb; ++j) buf[i + j] = uint8_t(r + j * 77);
+        continue;
+      }
       if (dtype == MTP_INT32 || dtype == MTP_INT64 || dtype == MTP_INT8) {
         const int64_t v = fill == Fill::kIndex ? int64_t(r) % (bound + 1) : int64_t(int8_t(r));
-        if (dtype == MTP_INT32) { const int32_t w = int32_t(v); std::memcpy(buf + i, &w, 4); }
-        else if (dtype == MTP_INT64) std::memcpy(buf + i, &v, 8);
-        else buf[i] = uint8_t(v);
+        if (dtype == MTP_INT32) {
+          const int32_t w = int32_t(v);
+          std::memcpy(buf + i, &w, 4);
+        } else if (dtype == MTP_INT64)
+          std::memcpy(buf + i, &v, 8);
+        else
+          buf[i] = uint8_t(v);
         continue;
       }
       const float f = float(r % 32) / 8.f - (fill == Fill::kIndex ? 0.f : 2.f);  // >= 0 for probabilities
       uint32_t u;
       std::memcpy(&u, &f, 4);
-      if (dtype == MTP_FLOAT32) std::memcpy(buf + i, &u, 4);
-      else if (dtype == MTP_BFLOAT16) { const uint16_t h = uint16_t(u >> 16); std::memcpy(buf + i, &h, 2); }
-      else { const uint16_t h = f16_bits(f); std::memcpy(buf + i, &h, 2); }
+      if (dtype == MTP_FLOAT32)
+        std::memcpy(buf + i, &u, 4);
+      else if (dtype == MTP_BFLOAT16) {
+        const uint16_t h = uint16_t(u >> 16);
+        std::memcpy(buf + i, &h, 2);
+      } else {
+        const uint16_t h = f16_bits(f);
+        std::memcpy(buf + i, &h, 2);
+      }
     }
   }
 
@@ -242,10 +285,10 @@ void one_call(Input& in) {
   const uint8_t fn = in.u8() % kFunctions;
   const int32_t threads = in.threads();
   const int32_t fdt = in.u8() % 3 == 0 ? MTP_BFLOAT16 : in.u8() % 2 ? MTP_FLOAT32 : MTP_FLOAT16;  // float dtype
-  const int32_t idt = in.u8() & 1 ? MTP_INT64 : MTP_INT32;                                          // index dtype
+  const int32_t idt = in.u8() & 1 ? MTP_INT64 : MTP_INT32;                                        // index dtype
   const Fill I = Fill::kIndex;
-  const int64_t B = c.dim(), T = c.dim(), K = c.dim() - 1, V = c.dim() + 1, D = 2 * c.dim(), Hkv = c.dim(),
-                G = c.dim(), L = c.dim() + 8, H = c.dim() * 8;
+  const int64_t B = c.dim(), T = c.dim(), K = c.dim() - 1, V = c.dim() + 1, D = 2 * c.dim(), Hkv = c.dim(), G = c.dim(),
+                L = c.dim() + 8, H = c.dim() * 8;
   mtp_status s = MTP_OK;
   switch (fn) {
     case 0: {
@@ -295,34 +338,42 @@ void one_call(Input& in) {
       s = mtp_cache_append(kc, vc, kn, vn, lens, threads);
       break;
     }
-    case 5: case 6: case 7: {  // linear: float, GGUF block, Q8 (and Q8 with int8 activations)
-      static const int32_t kBlocks[] = {MTP_Q4_0,    MTP_Q4_1,    MTP_Q8_0,   MTP_Q4_K,
-                                        MTP_Q6_K,    MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8};
+    case 5:
+    case 6:
+    case 7: {  // linear: float, GGUF block, Q8 (and Q8 with int8 activations)
+      static const int32_t kBlocks[] = {MTP_Q4_0, MTP_Q4_1,    MTP_Q8_0,    MTP_Q4_K,
+                                        MTP_Q6_K, MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8};
       const int32_t wdt = fn == 5 ? (in.u8() & 1 ? fdt : kBlocks[in.u8() % 8]) : MTP_INT8;
       const int64_t M = c.dim(), N = c.dim(), Kx = wdt == MTP_Q4_K || wdt == MTP_Q6_K ? 256 : 32 * c.dim();
       const int32_t xdt = fdt == MTP_FLOAT16 && wdt >= MTP_Q4_0 ? MTP_FLOAT32 : fdt;
-      auto *x = c.tensor({M, Kx}, xdt), *w = c.tensor({N, Kx}, wdt), *sc = c.tensor({N, (Kx + 31) / 32}, MTP_FLOAT32, I),
-           *b = in.u8() & 1 ? c.tensor({N}, xdt) : nullptr, *y = c.tensor({M, N}, xdt);
+      auto *x = c.tensor({M, Kx}, xdt), *w = c.tensor({N, Kx}, wdt),
+           *sc = c.tensor({N, (Kx + 31) / 32}, MTP_FLOAT32, I), *b = in.u8() & 1 ? c.tensor({N}, xdt) : nullptr,
+           *y = c.tensor({M, N}, xdt);
       if (c.skip()) return;
-      s = fn == 5 ? mtp_linear(x, w, b, y, threads)
-          : fn == 6 ? mtp_linear_q8(x, w, sc, b, y, threads) : mtp_linear_q8dot(x, w, sc, b, y, threads);
+      s = fn == 5   ? mtp_linear(x, w, b, y, threads)
+          : fn == 6 ? mtp_linear_q8(x, w, sc, b, y, threads)
+                    : mtp_linear_q8dot(x, w, sc, b, y, threads);
       break;
     }
-    case 8: case 9: {  // decoder_layers(_tree): one layer's 6 views + the final norm
+    case 8:
+    case 9: {  // decoder_layers(_tree): one layer's 6 views + the final norm
       const int32_t xdt = fdt == MTP_FLOAT16 ? MTP_FLOAT32 : fdt;
       const int64_t Hq = Hkv * G, I2 = 2 * c.dim(), P = L + 2;
-      auto *x = c.tensor({B, T, H}, xdt), *kc = c.tensor({1, B, Hkv, L, D}, xdt), *vc = c.tensor({1, B, Hkv, L, D}, xdt),
-           *lens = c.tensor({B}, idt, I, L - T), *cs = c.tensor({P, D}, MTP_FLOAT32), *sn = c.tensor({P, D}, MTP_FLOAT32),
+      auto *x = c.tensor({B, T, H}, xdt), *kc = c.tensor({1, B, Hkv, L, D}, xdt),
+           *vc = c.tensor({1, B, Hkv, L, D}, xdt), *lens = c.tensor({B}, idt, I, L - T),
+           *cs = c.tensor({P, D}, MTP_FLOAT32), *sn = c.tensor({P, D}, MTP_FLOAT32),
            *tree = fn == 9 ? c.tensor({B, T}, idt, I, 0) : nullptr, *out = c.tensor({B, T, H}, xdt);
-      const mtp_tensor* w[7] = {c.tensor({H}, xdt), c.tensor({(Hq + 2 * Hkv) * D, H}, xdt), c.tensor({H, Hq * D}, xdt),
-                                c.tensor({H}, xdt), c.tensor({2 * I2, H}, xdt), c.tensor({H, I2}, xdt), c.tensor({H}, xdt)};
+      const mtp_tensor* w[7] = {c.tensor({H}, xdt),         c.tensor({(Hq + 2 * Hkv) * D, H}, xdt),
+                                c.tensor({H, Hq * D}, xdt), c.tensor({H}, xdt),
+                                c.tensor({2 * I2, H}, xdt), c.tensor({H, I2}, xdt),
+                                c.tensor({H}, xdt)};
       const int32_t nw = in.u8() < 240 ? 7 : int32_t(in.u8() % 9);
       const int64_t heads = in.u8() < 220 ? Hq : in.i64();
       const float eps = in.u8() < 220 ? 1e-5f : in.f32();
       if (c.skip()) return;
-      s = fn == 8 ? mtp_decoder_layers(x, kc, vc, lens, cs, sn, w, nw, nullptr, 0, heads, eps, 0, out, threads)
-                  : mtp_decoder_layers_tree(x, kc, vc, lens, cs, sn, w, nw, nullptr, 0, heads, eps, 0, tree, out,
-                                            threads);
+      s = fn == 8
+              ? mtp_decoder_layers(x, kc, vc, lens, cs, sn, w, nw, nullptr, 0, heads, eps, 0, out, threads)
+              : mtp_decoder_layers_tree(x, kc, vc, lens, cs, sn, w, nw, nullptr, 0, heads, eps, 0, tree, out, threads);
       break;
     }
     case 10: {  // head_draft(_alternatives): 4 + 6 views (one block)
@@ -334,14 +385,21 @@ void one_call(Input& in) {
            *dv = in.u8() & 1 ? c.tensor({Vd}, idt, I, V - 1) : nullptr;
       const int64_t alts = in.u8() < 200 ? in.u8() % 3 : in.i64();
       auto* dr = c.tensor({B, k + (alts > 0 && alts < 8 ? alts : 0)}, idt);
-      const mtp_tensor* w[10] = {c.tensor({H}, xdt), c.tensor({H}, xdt), c.tensor({H, 2 * H}, xdt),
-                                 c.tensor({H}, xdt), c.tensor({(Hq + 2 * Hkv) * D, H}, xdt), c.tensor({H, Hq * D}, xdt),
-                                 c.tensor({H}, xdt), c.tensor({2 * I2, H}, xdt), c.tensor({H, I2}, xdt), c.tensor({H}, xdt)};
+      const mtp_tensor* w[10] = {c.tensor({H}, xdt),
+                                 c.tensor({H}, xdt),
+                                 c.tensor({H, 2 * H}, xdt),
+                                 c.tensor({H}, xdt),
+                                 c.tensor({(Hq + 2 * Hkv) * D, H}, xdt),
+                                 c.tensor({H, Hq * D}, xdt),
+                                 c.tensor({H}, xdt),
+                                 c.tensor({2 * I2, H}, xdt),
+                                 c.tensor({H, I2}, xdt),
+                                 c.tensor({H}, xdt)};
       const int64_t heads = in.u8() < 220 ? Hq : in.i64();
       const float eps = in.u8() < 220 ? 1e-5f : in.f32();
       if (c.skip()) return;
-      s = mtp_head_draft_alternatives(h, tok, kc, vc, lens, cs, sn, emb, nullptr, w, 10, lm, nullptr, dv, k, heads,
-                                      eps, alts, dr, threads);
+      s = mtp_head_draft_alternatives(h, tok, kc, vc, lens, cs, sn, emb, nullptr, w, 10, lm, nullptr, dv, k, heads, eps,
+                                      alts, dr, threads);
       break;
     }
     case 11: {  // mtp_verify_ragged: counts 0..3 per request, cu mostly their cumulative sums
@@ -419,14 +477,20 @@ int main(int argc, char** argv) {
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
-    else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else files.push_back(a);
+    if (a == "--seconds" && i + 1 < argc)
+      seconds = std::atof(argv[++i]);
+    else if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    else
+      files.push_back(a);
   }
   if (!files.empty()) {
     for (const std::string& f : files) {
       std::FILE* fp = std::fopen(f.c_str(), "rb");
-      if (!fp) { std::fprintf(stderr, "fuzz_capi: cannot open %s\n", f.c_str()); return 2; }
+      if (!fp) {
+        std::fprintf(stderr, "fuzz_capi: cannot open %s\n", f.c_str());
+        return 2;
+      }
       std::vector<uint8_t> bytes;
       for (int ch; (ch = std::fgetc(fp)) != EOF;) bytes.push_back(uint8_t(ch));
       std::fclose(fp);

@@ -19,7 +19,8 @@ struct Arr {
   std::vector<float> f;
   Arr(mtp_dtype t, size_t n, float fill = 0.f) : t(t) {
     t == MTP_FLOAT32 ? f.assign(n, fill) : h.assign(n, 0);
-    if (t != MTP_FLOAT32) for (size_t i = 0; i < n; ++i) set(i, fill);
+    if (t != MTP_FLOAT32)
+      for (size_t i = 0; i < n; ++i) set(i, fill);
   }
   size_t size() const { return t == MTP_FLOAT32 ? f.size() : h.size(); }
   void* data() { return t == MTP_FLOAT32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()); }
@@ -57,6 +58,9 @@ inline mtp_tensor view4(Arr& arr, const int64_t* sizes, const int64_t* strides, 
   v.data = static_cast<char*>(arr.data()) + base * (arr.t == MTP_FLOAT32 ? 4 : 2);
   v.dtype = arr.t;
   v.ndim = 4;
-  for (int d = 0; d < 4; ++d) { v.sizes[d] = sizes[d]; v.strides[d] = strides[d]; }
+  for (int d = 0; d < 4; ++d) {
+    v.sizes[d] = sizes[d];
+    v.strides[d] = strides[d];
+  }
   return v;
 }

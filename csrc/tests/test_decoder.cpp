@@ -52,12 +52,13 @@ struct Layer {
   std::vector<char> input_norm, post_norm;
   Matrix qkv, o, gate_up, down;
   Layer(DType t, bool q8)
-      : input_norm(values(t, kH, 0.25f, 1.f)), post_norm(values(t, kH, 0.25f, 1.f)),
-        qkv((kHq + 2 * kHkv) * kD, kH, t, q8), o(kH, kHq * kD, t, q8), gate_up(2 * kI, kH, t, q8),
+      : input_norm(values(t, kH, 0.25f, 1.f)),
+        post_norm(values(t, kH, 0.25f, 1.f)),
+        qkv((kHq + 2 * kHkv) * kD, kH, t, q8),
+        o(kH, kHq * kD, t, q8),
+        gate_up(2 * kI, kH, t, q8),
         down(kH, kI, t, q8) {}
-  mtp::DecoderLayer view() const {
-    return {input_norm.data(), qkv.m, o.m, post_norm.data(), gate_up.m, down.m};
-  }
+  mtp::DecoderLayer view() const { return {input_norm.data(), qkv.m, o.m, post_norm.data(), gate_up.m, down.m}; }
 };
 
 struct Model {
@@ -83,8 +84,8 @@ struct Model {
 struct Cache {
   std::vector<char> k, v;
   std::vector<int64_t> lens;
-  Cache(DType t, int64_t B, std::vector<int64_t> l) : k(size_t(kLayers * B * kHkv * kL * kD * mtp::dtype_size(t))),
-                                                      v(k.size()), lens(std::move(l)) {}
+  Cache(DType t, int64_t B, std::vector<int64_t> l)
+      : k(size_t(kLayers * B * kHkv * kL * kD * mtp::dtype_size(t))), v(k.size()), lens(std::move(l)) {}
   int64_t B() const { return int64_t(lens.size()); }
 };
 
@@ -93,17 +94,31 @@ struct Cache {
 std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads,
                        const int64_t* parents = nullptr) {
   mtp::DecoderArgs a;
-  a.B = c.B(); a.T = T; a.H = kH; a.Hq = kHq; a.Hkv = kHkv; a.D = kD; a.I = kI;
-  a.layers = kLayers; a.L = kL; a.P = kP; a.dtype = m.t;
-  a.x = x.data(); a.rope_cos = m.cos.data(); a.rope_sin = m.sin.data();
-  a.k_cache = c.k.data(); a.v_cache = c.v.data();
+  a.B = c.B();
+  a.T = T;
+  a.H = kH;
+  a.Hq = kHq;
+  a.Hkv = kHkv;
+  a.D = kD;
+  a.I = kI;
+  a.layers = kLayers;
+  a.L = kL;
+  a.P = kP;
+  a.dtype = m.t;
+  a.x = x.data();
+  a.rope_cos = m.cos.data();
+  a.rope_sin = m.sin.data();
+  a.k_cache = c.k.data();
+  a.v_cache = c.v.data();
   const int64_t strides[5] = {c.B() * kHkv * kL * kD, kHkv * kL * kD, kL * kD, kD, 1};
   std::copy_n(strides, 5, a.k_stride);
   std::copy_n(strides, 5, a.v_stride);
   a.cache_lens = c.lens.data();
   a.tree_parents = parents;
-  a.layer = m.views.data(); a.final_norm = m.final_norm.data();
-  a.eps = 1e-5f; a.quantize_x = m.quantize_x;
+  a.layer = m.views.data();
+  a.final_norm = m.final_norm.data();
+  a.eps = 1e-5f;
+  a.quantize_x = m.quantize_x;
   std::vector<char> out(x.size());
   a.out = out.data();
   mtp::decoder_layers(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
@@ -217,12 +232,24 @@ void check_head_draft(DType t, bool q8) {
   cache.lens = prompt;
   auto draft = [&](int64_t b0, int64_t n, int threads, int64_t alternatives = 0) {  // requests [b0, b0 + n)
     mtp::HeadDraftArgs a;
-    a.B = n; a.K = K; a.H = kH; a.Hq = kHq; a.Hkv = kHkv; a.D = kD; a.I = kI; a.blocks = 1;
-    a.L = kL; a.P = kP; a.V = kV; a.Vd = Vd; a.dtype = t;
+    a.B = n;
+    a.K = K;
+    a.H = kH;
+    a.Hq = kHq;
+    a.Hkv = kHkv;
+    a.D = kD;
+    a.I = kI;
+    a.blocks = 1;
+    a.L = kL;
+    a.P = kP;
+    a.V = kV;
+    a.Vd = Vd;
+    a.dtype = t;
     a.hidden = hidden.data() + b0 * kH * mtp::dtype_size(t);
     a.token = token.data() + b0;
     a.embedding = embedding.m;
-    a.rope_cos = m.cos.data(); a.rope_sin = m.sin.data();
+    a.rope_cos = m.cos.data();
+    a.rope_sin = m.sin.data();
     const int64_t es = mtp::dtype_size(t), layer = 1;  // the head reads the last layer's cache
     a.k_cache = cache.k.data() + ((layer * B + b0) * kHkv * kL * kD) * es;
     a.v_cache = cache.v.data() + ((layer * B + b0) * kHkv * kL * kD) * es;
@@ -230,9 +257,14 @@ void check_head_draft(DType t, bool q8) {
     std::copy_n(strides, 4, a.k_stride);
     std::copy_n(strides, 4, a.v_stride);
     a.cache_lens = cache.lens.data() + b0;
-    a.embed_norm = embed_norm.data(); a.hidden_norm = hidden_norm.data();
-    a.proj = proj.m; a.block = &block_view; a.out_norm = out_norm.data();
-    a.lm_head = embedding.m; a.draft_vocab = vocab.data(); a.eps = 1e-5f;
+    a.embed_norm = embed_norm.data();
+    a.hidden_norm = hidden_norm.data();
+    a.proj = proj.m;
+    a.block = &block_view;
+    a.out_norm = out_norm.data();
+    a.lm_head = embedding.m;
+    a.draft_vocab = vocab.data();
+    a.eps = 1e-5f;
     a.alternatives = alternatives;
     std::vector<int64_t> drafts(size_t(n * (K + alternatives)), -1);
     a.drafts = drafts.data();
@@ -255,11 +287,15 @@ void check_head_draft(DType t, bool q8) {
   // bad input returns a status and message and writes nothing.
   const char* what = q8 ? "mtp_head_draft q8 embedding" : "mtp_head_draft float";
   const int64_t es = mtp::dtype_size(t), layer = 1;
-  std::vector<mtp_tensor> w = {view(embed_norm.data(), t, {kH}), view(hidden_norm.data(), t, {kH}),
-                               view(proj.w.data(), t, {kH, 2 * kH}), view(block.input_norm.data(), t, {kH}),
+  std::vector<mtp_tensor> w = {view(embed_norm.data(), t, {kH}),
+                               view(hidden_norm.data(), t, {kH}),
+                               view(proj.w.data(), t, {kH, 2 * kH}),
+                               view(block.input_norm.data(), t, {kH}),
                                view(block.qkv.w.data(), t, {(kHq + 2 * kHkv) * kD, kH}),
-                               view(block.o.w.data(), t, {kH, kHq * kD}), view(block.post_norm.data(), t, {kH}),
-                               view(block.gate_up.w.data(), t, {2 * kI, kH}), view(block.down.w.data(), t, {kH, kI}),
+                               view(block.o.w.data(), t, {kH, kHq * kD}),
+                               view(block.post_norm.data(), t, {kH}),
+                               view(block.gate_up.w.data(), t, {2 * kI, kH}),
+                               view(block.down.w.data(), t, {kH, kI}),
                                view(out_norm.data(), t, {kH})};
   struct Call {
     std::vector<const mtp_tensor*> wp;
@@ -269,8 +305,8 @@ void check_head_draft(DType t, bool q8) {
     mtp_status run() const {
       if (alternatives >= 0)
         return mtp_head_draft_alternatives(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(),
-                                           int32_t(wp.size()), &emb, scale, &vocab, k_steps, heads, 1e-5f,
-                                           alternatives, &drafts, 2);
+                                           int32_t(wp.size()), &emb, scale, &vocab, k_steps, heads, 1e-5f, alternatives,
+                                           &drafts, 2);
       return mtp_head_draft(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(), int32_t(wp.size()),
                             &emb, scale, &vocab, k_steps, heads, 1e-5f, &drafts, 2);
     }
@@ -437,7 +473,8 @@ void check_capi_tree(DType t, bool q8, bool quantize_x) {
     expect_error(bc.run(), status, needle, what);
     EXPECT(c.k == k0 && o == o0, "%s: written on failure (%s)", what, needle);
   };
-  bad(0, 0, T, MTP_ERROR_INVALID_ARGUMENT, "mtp_decoder_layers_tree: tree_parents[0][0] must be -1 (row 0 is the root)");
+  bad(0, 0, T, MTP_ERROR_INVALID_ARGUMENT,
+      "mtp_decoder_layers_tree: tree_parents[0][0] must be -1 (row 0 is the root)");
   bad(T + 3, 4, T, MTP_ERROR_INVALID_ARGUMENT, "tree_parents[1][3] must be an earlier row in [0, 3), got 4");
   bad(2, -1, T, MTP_ERROR_INVALID_ARGUMENT, "tree_parents[0][2] must be an earlier row in [0, 2), got -1");
   bad(0, -1, T - 1, MTP_ERROR_INVALID_ARGUMENT, "tree_parents.sizes[1] must equal T (x.sizes[1])");
@@ -495,7 +532,8 @@ void check_capi_decoder(DType t, bool q8, bool quantize_x) {
   };
   bad([](C& c, Buf&) { c.wp.pop_back(); }, MTP_ERROR_INVALID_ARGUMENT, "weights must hold 6 tensors per layer");
   bad([](C& c, Buf&) { c.wp[3] = nullptr; }, MTP_ERROR_NULL_POINTER, "weights[3] (layer 0's post_norm) is NULL");
-  bad([](C& c, Buf& b) {
+  bad(
+      [](C& c, Buf& b) {
         c.w[9].data = b.data();
         c.w[9].strides[0] = 2;
       },
@@ -567,7 +605,8 @@ void check_argmax_order(mtp::Isa isa) {
       }
       std::vector<int64_t> want;
       for (int64_t m = 0; m < n; ++m) want.push_back(argmax_skipping(row.data(), t, n, want.data(), m));
-      EXPECT(want[0] == mtp::argmax_range(row.data(), t, 1, 0, n, isa).idx, "argmax_order: the oracle's first != argmax");
+      EXPECT(want[0] == mtp::argmax_range(row.data(), t, 1, 0, n, isa).idx,
+             "argmax_order: the oracle's first != argmax");
       for (int64_t count : {int64_t(1), int64_t(2), n / 2, n, n + 3}) {
         std::vector<int64_t> got(size_t(n + 3), -7);
         mtp::argmax_order(row.data(), t, n, count, got.data());

@@ -29,8 +29,10 @@ std::vector<uint8_t> random_rows(mtp::DType t, int64_t N, int64_t K) {
     for (int64_t b = 0; b < rb / bb; ++b) {
       uint8_t* blk = w.data() + n * rb + b * bb;
       auto put = [](uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); };
-      if (t == mtp::DType::Q6_K) put(blk + 208, random_f16_scale(true));
-      else put(blk, random_f16_scale(true));
+      if (t == mtp::DType::Q6_K)
+        put(blk + 208, random_f16_scale(true));
+      else
+        put(blk, random_f16_scale(true));
       if (t == mtp::DType::Q4_1 || t == mtp::DType::Q4_K) put(blk + 2, random_f16_scale(true));
     }
   return w;
@@ -50,12 +52,19 @@ struct Case {
   }
   mtp::LinearArgs args(std::vector<float>& y, bool with_bias, int64_t m0 = 0, int64_t rows = -1) const {
     mtp::LinearArgs a;
-    a.M = rows < 0 ? M : rows; a.N = N; a.K = K;
-    a.x = x.data() + m0 * K; a.x_dtype = mtp::DType::F32; a.x_stride = K;
-    a.w = w.data(); a.w_dtype = t; a.w_stride = mtp::block_row_bytes(t, K);
+    a.M = rows < 0 ? M : rows;
+    a.N = N;
+    a.K = K;
+    a.x = x.data() + m0 * K;
+    a.x_dtype = mtp::DType::F32;
+    a.x_stride = K;
+    a.w = w.data();
+    a.w_dtype = t;
+    a.w_stride = mtp::block_row_bytes(t, K);
     a.bias = with_bias ? bias.data() : nullptr;
     y.assign(size_t(a.M * N), -1.f);
-    a.y = y.data(); a.y_stride = N;
+    a.y = y.data();
+    a.y_stride = N;
     return a;
   }
 };
@@ -111,8 +120,8 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     for (int64_t K : {e, 3 * e})
       for (int64_t M : {1, 2, 3, 4, 5, 7}) {
         Case c(t, M, 37, K);
-        EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld K=%lld differs from generic", name, mtp::block_type_name(t),
-               (long long)M, (long long)K);
+        EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld K=%lld differs from generic", name,
+               mtp::block_type_name(t), (long long)M, (long long)K);
         ++checked;
       }
     Case c(t, 3, 40, 2 * e);
@@ -127,8 +136,10 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     for (int64_t i = 0; i < int64_t(c.x.size()); ++i) c.x[size_t(i)] = i < 256 ? -1.5f : 2.f;
     const int64_t bb = mtp::block_bytes(t);
     for (size_t o = 0; o < c.w.size(); o += size_t(bb)) {
-      if (t == mtp::DType::Q8_0) std::memset(&c.w[o + 2], 0x80, 32);
-      else std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
+      if (t == mtp::DType::Q8_0)
+        std::memset(&c.w[o + 2], 0x80, 32);
+      else
+        std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
     }
     EXPECT(kernel_matches(c, f, false), "%s %s extreme lanes differ from generic", name, mtp::block_type_name(t));
     ++checked;
@@ -240,11 +251,13 @@ void test_gguf() {
     a.N = int64_t(rows.size());
     a.w_rows = rows.data();
     sub.assign(size_t(2 * a.N), 0.f);
-    a.y = sub.data(); a.y_stride = a.N;
+    a.y = sub.data();
+    a.y_stride = a.N;
     run(a, isa);
     for (int64_t m = 0; m < 2; ++m)
       for (size_t i = 0; i < rows.size(); ++i)
-        EXPECT(std::memcmp(&sub[m * a.N + i], &full[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows", mtp::block_type_name(t));
+        EXPECT(std::memcmp(&sub[m * a.N + i], &full[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows",
+               mtp::block_type_name(t));
   }
   // the x8 layout through the dispatch: the file layout's bits, any thread split and row map;
   // its rows dequantize to the file rows' values
@@ -287,7 +300,8 @@ void test_gguf() {
     std::vector<float> y32, y16;
     run(c.args(y32, true), isa);
     mtp::LinearArgs a = c.args(y16, true);
-    a.x = xb.data(); a.x_dtype = mtp::DType::BF16;
+    a.x = xb.data();
+    a.x_dtype = mtp::DType::BF16;
     run(a, isa);
     EXPECT(same_bits(y32, y16), "bf16 activations differ from their fp32 values");
   }

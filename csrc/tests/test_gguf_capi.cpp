@@ -52,9 +52,15 @@ std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, int64_t stride
       for (int64_t i = 0; i < bb; ++i) blk[i] = uint8_t(uniform(0, 255));
       switch (t) {
         case DType::Q4_0: put(blk, f16_in(-7, uniform(0, 1))); break;
-        case DType::Q4_1: put(blk, f16_in(-7, uniform(0, 1))); put(blk + 2, f16_in(-4, true)); break;
+        case DType::Q4_1:
+          put(blk, f16_in(-7, uniform(0, 1)));
+          put(blk + 2, f16_in(-4, true));
+          break;
         case DType::Q8_0: put(blk, f16_in(-10, uniform(0, 1))); break;
-        case DType::Q4_K: put(blk, f16_in(-11, uniform(0, 1))); put(blk + 2, f16_in(-11, false)); break;
+        case DType::Q4_K:
+          put(blk, f16_in(-11, uniform(0, 1)));
+          put(blk + 2, f16_in(-11, false));
+          break;
         default: put(blk + 208, f16_in(-14, uniform(0, 1))); break;  // Q6_K
       }
     }
@@ -80,16 +86,16 @@ std::vector<uint8_t> repacked_x8(DType t, const std::vector<uint8_t>& w, int64_t
   const int64_t rb = mtp::block_row_bytes(t, K);
   std::vector<uint8_t> packed(size_t(std::max<int64_t>(N * rb, 1))), x8(packed.size(), 0xCD), want(packed.size(), 0xCD);
   for (int64_t n = 0; n < N; ++n) std::memcpy(packed.data() + n * rb, w.data() + n * stride, size_t(rb));
-  EXPECT(mtp_gguf_repack_x8(capi(t), packed.data(), N, K, x8.data()) == MTP_OK, "mtp_gguf_repack_x8 %s [%lld, %lld]: %s",
-         tname(t), (long long)N, (long long)K, mtp_last_error());
+  EXPECT(mtp_gguf_repack_x8(capi(t), packed.data(), N, K, x8.data()) == MTP_OK,
+         "mtp_gguf_repack_x8 %s [%lld, %lld]: %s", tname(t), (long long)N, (long long)K, mtp_last_error());
   mtp::repack_x8(t, w.data(), stride, N, K, want.data());
   EXPECT(x8 == want, "mtp_gguf_repack_x8 %s [%lld, %lld] != mtp::repack_x8", tname(t), (long long)N, (long long)K);
   std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(K));
   for (int64_t n = 0; n < N && K > 0; ++n) {  // K = 0: no values (and NULL data())
     mtp::dequantize_row(t, w.data(), stride, n, K, a.data());
     mtp::dequantize_row(mtp::x8_of(t), x8.data(), rb, n, K, b.data());
-    EXPECT(std::memcmp(a.data(), b.data(), size_t(K) * sizeof(float)) == 0, "%s [%lld, %lld]: x8 row %lld != the file's",
-           tname(t), (long long)N, (long long)K, (long long)n);
+    EXPECT(std::memcmp(a.data(), b.data(), size_t(K) * sizeof(float)) == 0,
+           "%s [%lld, %lld]: x8 row %lld != the file's", tname(t), (long long)N, (long long)K, (long long)n);
   }
   return x8;
 }
@@ -118,9 +124,10 @@ void check_linear(DType wt, DType xt, int64_t M, int64_t N, int64_t K, bool with
   yv.strides[0] = ycols;
   const mtp_status st = mtp_linear(&xv, &wv, with_bias ? &bv : nullptr, &yv, threads);
   char what[160];
-  std::snprintf(what, sizeof what, "mtp_linear %s x %s M=%lld N=%lld K=%lld bias=%d y=%s pad=%lld strided=%d threads=%d",
-                tname(wt), tname(xt), (long long)M, (long long)N, (long long)K, int(with_bias), tname(yt),
-                (long long)pad, int(strided_x), threads);
+  std::snprintf(what, sizeof what,
+                "mtp_linear %s x %s M=%lld N=%lld K=%lld bias=%d y=%s pad=%lld strided=%d threads=%d", tname(wt),
+                tname(xt), (long long)M, (long long)N, (long long)K, int(with_bias), tname(yt), (long long)pad,
+                int(strided_x), threads);
   EXPECT(st == MTP_OK, "%s: %s", what, mtp_last_error());
 
   // The reference: x packed to contiguous rows of its dtype, the generic canonical product.
@@ -131,11 +138,18 @@ void check_linear(DType wt, DType xt, int64_t M, int64_t N, int64_t K, bool with
   std::vector<float> b(static_cast<size_t>(N)), want(static_cast<size_t>(M * N));
   for (int64_t n = 0; n < N; ++n) b[size_t(n)] = mtp::load_f32(bias.data(), bt, n);
   mtp::LinearArgs a;
-  a.M = M; a.N = N; a.K = K;
-  a.x = xc.data(); a.x_dtype = xt; a.x_stride = K;
-  a.w = w.data(); a.w_dtype = wt; a.w_stride = stride;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.x = xc.data();
+  a.x_dtype = xt;
+  a.x_stride = K;
+  a.w = w.data();
+  a.w_dtype = wt;
+  a.w_stride = stride;
   a.bias = with_bias ? b.data() : nullptr;
-  a.y = want.data(); a.y_stride = N;
+  a.y = want.data();
+  a.y_stride = N;
   mtp::QuantRows xq;
   mtp::quantize_rows(a.x, xt, K, M, K, xq);
   mtp::generic::gguf_linear(a, xq, 0, N);
@@ -163,7 +177,8 @@ void check_linear(DType wt, DType xt, int64_t M, int64_t N, int64_t K, bool with
   const mtp_tensor wv8 = mtp_gguf_matrix(w8.data(), capi(mtp::x8_of(wt)), N, K);
   mtp_tensor yv8 = yv;
   yv8.data = y8.data();
-  EXPECT(mtp_linear(&xv, &wv8, with_bias ? &bv : nullptr, &yv8, threads) == MTP_OK, "%s x8: %s", what, mtp_last_error());
+  EXPECT(mtp_linear(&xv, &wv8, with_bias ? &bv : nullptr, &yv8, threads) == MTP_OK, "%s x8: %s", what,
+         mtp_last_error());
   EXPECT(y8 == y, "%s: the %s weight's y != the file layout's", what, tname(mtp::x8_of(wt)));
 }
 
@@ -176,9 +191,9 @@ void check_linear_all() {
     }
     check_linear(wt, DType::F32, 7, 130, 3 * e, true, false, 2, false, 3);
     check_linear(wt, DType::BF16, 2, 1, 4 * e, false, true, 0, true, 0);
-    check_linear(wt, DType::F32, 0, 4, e, true, true, 0, false, 1);   // M = 0
-    check_linear(wt, DType::F32, 2, 0, e, true, true, 0, false, 1);   // N = 0
-    check_linear(wt, DType::F32, 2, 3, 0, true, true, 0, false, 1);   // K = 0: the bias
+    check_linear(wt, DType::F32, 0, 4, e, true, true, 0, false, 1);  // M = 0
+    check_linear(wt, DType::F32, 2, 0, e, true, true, 0, false, 1);  // N = 0
+    check_linear(wt, DType::F32, 2, 3, 0, true, true, 0, false, 1);  // K = 0: the bias
   }
   // N a multiple of 8: the x8 layout too (check_linear compares it with the file layout).
   for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
@@ -189,9 +204,9 @@ void check_linear_all() {
     check_linear(wt, DType::F32, 7, 136, 96, true, false, 2, false, 3);
     check_linear(wt, DType::F32, 10, 24, 128, true, true, 0, false, 0);
     check_linear(wt, DType::BF16, 2, 16, 128, false, true, 0, true, 4);
-    check_linear(wt, DType::F32, 0, 8, 32, true, true, 0, false, 1);   // M = 0
-    check_linear(wt, DType::F32, 2, 0, 32, true, true, 0, false, 1);   // N = 0
-    check_linear(wt, DType::F32, 2, 8, 0, true, true, 0, false, 1);    // K = 0: the bias
+    check_linear(wt, DType::F32, 0, 8, 32, true, true, 0, false, 1);  // M = 0
+    check_linear(wt, DType::F32, 2, 0, 32, true, true, 0, false, 1);  // N = 0
+    check_linear(wt, DType::F32, 2, 8, 0, true, true, 0, false, 1);   // K = 0: the bias
   }
 }
 
@@ -295,7 +310,8 @@ struct Cache {
   std::vector<char> k, v;
   std::vector<int64_t> lens;
   Cache(const Model& m, std::vector<int64_t> l)
-      : k(size_t(m.nlayers() * int64_t(l.size()) * m.d.Hkv * m.d.L * m.d.D * mtp::dtype_size(m.t))), v(k.size()),
+      : k(size_t(m.nlayers() * int64_t(l.size()) * m.d.Hkv * m.d.L * m.d.D * mtp::dtype_size(m.t))),
+        v(k.size()),
         lens(std::move(l)) {}
   int64_t B() const { return int64_t(lens.size()); }
 };
@@ -314,24 +330,37 @@ mtp_status capi_pass(const Model& m, Cache& c, const std::vector<char>& x, int64
   lv.dtype = MTP_INT64;
   tv.dtype = MTP_INT64;
   if (tree)
-    return mtp_decoder_layers_tree(&xv, &kv, &vv, &lv, &cv, &sv, m.wp.data(), int32_t(m.wp.size()), nullptr, 0,
-                                   m.d.Hq, 1e-5f, 0, &tv, &ov, threads);
-  return mtp_decoder_layers(&xv, &kv, &vv, &lv, &cv, &sv, m.wp.data(), int32_t(m.wp.size()), nullptr, 0, m.d.Hq,
-                            1e-5f, 0, &ov, threads);
+    return mtp_decoder_layers_tree(&xv, &kv, &vv, &lv, &cv, &sv, m.wp.data(), int32_t(m.wp.size()), nullptr, 0, m.d.Hq,
+                                   1e-5f, 0, &tv, &ov, threads);
+  return mtp_decoder_layers(&xv, &kv, &vv, &lv, &cv, &sv, m.wp.data(), int32_t(m.wp.size()), nullptr, 0, m.d.Hq, 1e-5f,
+                            0, &ov, threads);
 }
 
 // The core's pass (mtp::decoder_layers) over the same bytes.
 std::vector<char> core_pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
   mtp::DecoderArgs a;
-  a.B = c.B(); a.T = T; a.H = m.d.H; a.Hq = m.d.Hq; a.Hkv = m.d.Hkv; a.D = m.d.D; a.I = m.d.I;
-  a.layers = m.nlayers(); a.L = m.d.L; a.P = m.d.P; a.dtype = m.t;
-  a.x = x.data(); a.rope_cos = m.cos.data(); a.rope_sin = m.sin.data();
-  a.k_cache = c.k.data(); a.v_cache = c.v.data();
+  a.B = c.B();
+  a.T = T;
+  a.H = m.d.H;
+  a.Hq = m.d.Hq;
+  a.Hkv = m.d.Hkv;
+  a.D = m.d.D;
+  a.I = m.d.I;
+  a.layers = m.nlayers();
+  a.L = m.d.L;
+  a.P = m.d.P;
+  a.dtype = m.t;
+  a.x = x.data();
+  a.rope_cos = m.cos.data();
+  a.rope_sin = m.sin.data();
+  a.k_cache = c.k.data();
+  a.v_cache = c.v.data();
   const int64_t strides[5] = {c.B() * m.d.Hkv * m.d.L * m.d.D, m.d.Hkv * m.d.L * m.d.D, m.d.L * m.d.D, m.d.D, 1};
   std::copy_n(strides, 5, a.k_stride);
   std::copy_n(strides, 5, a.v_stride);
   a.cache_lens = c.lens.data();
-  a.layer = m.layers.data(); a.final_norm = m.norms.back().data();
+  a.layer = m.layers.data();
+  a.final_norm = m.norms.back().data();
   a.eps = 1e-5f;
   std::vector<char> out(x.size());
   a.out = out.data();
@@ -394,7 +423,8 @@ void check_decoder(const char* what, Dims d, DType t, const std::vector<DType>& 
   Cache batched8 = base8, tree8 = base8;
   std::vector<char> out8(next.size()), tout8(next.size());
   EXPECT(capi_pass(m, batched8, next, T, out8, 3) == MTP_OK, "%s x8 T=3: %s", what, mtp_last_error());
-  EXPECT(out8 == out && batched8.k == batched.k && batched8.v == batched.v, "%s: the x8 pass != the file layout's", what);
+  EXPECT(out8 == out && batched8.k == batched.k && batched8.v == batched.v, "%s: the x8 pass != the file layout's",
+         what);
   EXPECT(capi_pass(m, tree8, next, T, tout8, 1, chain) == MTP_OK, "%s x8 tree: %s", what, mtp_last_error());
   EXPECT(tout8 == out && tree8.k == batched.k, "%s: the x8 tree pass != the file layout's", what);
 }
@@ -414,15 +444,24 @@ struct Head {
   std::vector<const mtp_tensor*> wp;
   bool all_vocab = false;  // run with draft_vocab NULL (every row of lm_head)
   Head(Dims d_, DType t_, DType emb, DType proj_t, const std::vector<DType>& types, int64_t V_ = 50)
-      : d(d_), t(t_), V(V_), embedding(emb, V, d.H), proj(proj_t, d.H, 2 * d.H), block(d, t, types),
-        embed_norm(values(t, d.H, 0.25f, 1.f)), hidden_norm(values(t, d.H, 0.25f, 1.f)),
-        hidden(values(t, B * d.H, 1.f)), kc(values(t, B * d.Hkv * d.L * d.D, 1.f)), vc(values(t, B * d.Hkv * d.L * d.D, 1.f)) {
+      : d(d_),
+        t(t_),
+        V(V_),
+        embedding(emb, V, d.H),
+        proj(proj_t, d.H, 2 * d.H),
+        block(d, t, types),
+        embed_norm(values(t, d.H, 0.25f, 1.f)),
+        hidden_norm(values(t, d.H, 0.25f, 1.f)),
+        hidden(values(t, B * d.H, 1.f)),
+        kc(values(t, B * d.Hkv * d.L * d.D, 1.f)),
+        vc(values(t, B * d.Hkv * d.L * d.D, 1.f)) {
     dequantized.resize(size_t(V * d.H));
     for (int64_t v = 0; v < V; ++v)
       if (mtp::is_block_type(emb))
         mtp::dequantize_row(emb, embedding.bytes.data(), embedding.stride, v, d.H, dequantized.data() + v * d.H);
       else
-        for (int64_t k = 0; k < d.H; ++k) dequantized[size_t(v * d.H + k)] = mtp::load_f32(embedding.data(), emb, v * d.H + k);
+        for (int64_t k = 0; k < d.H; ++k)
+          dequantized[size_t(v * d.H + k)] = mtp::load_f32(embedding.data(), emb, v * d.H + k);
     for (int64_t i = 0; i < Vd; ++i) vocab.push_back((i * 7 + 3) % V);
     build();
   }
@@ -443,19 +482,18 @@ struct Head {
   // The drafts [B, K + alternatives] (int64) of the embedding `emb` (lm_head: the embedding).
   mtp_status run(const mtp_tensor& emb, int64_t alternatives, std::vector<int64_t>* drafts) const {
     const mtp_tensor hv = view(hidden.data(), t, {B, d.H}), kv = view(kc.data(), t, {B, d.Hkv, d.L, d.D}),
-                     vv = view(vc.data(), t, {B, d.Hkv, d.L, d.D}),
-                     cv = view(block.cos.data(), DType::F32, {d.P, d.D}),
+                     vv = view(vc.data(), t, {B, d.Hkv, d.L, d.D}), cv = view(block.cos.data(), DType::F32, {d.P, d.D}),
                      sv = view(block.sin.data(), DType::F32, {d.P, d.D}), lm = embedding.view();
     mtp_tensor tv = view(token.data(), DType::F32, {B}), lv = view(lens.data(), DType::F32, {B}),
-               vocv = view(vocab.data(), DType::F32, {Vd}), dv = view(drafts->data(), DType::F32, {B, K + alternatives});
+               vocv = view(vocab.data(), DType::F32, {Vd}),
+               dv = view(drafts->data(), DType::F32, {B, K + alternatives});
     tv.dtype = lv.dtype = vocv.dtype = dv.dtype = MTP_INT64;
     const mtp_tensor* voc = all_vocab ? nullptr : &vocv;
     if (alternatives)
       return mtp_head_draft_alternatives(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(),
-                                         int32_t(wp.size()), &lm, nullptr, voc, K, d.Hq, 1e-5f, alternatives, &dv,
-                                         2);
-    return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(), int32_t(wp.size()), &lm,
-                          nullptr, voc, K, d.Hq, 1e-5f, &dv, 2);
+                                         int32_t(wp.size()), &lm, nullptr, voc, K, d.Hq, 1e-5f, alternatives, &dv, 2);
+    return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, nullptr, wp.data(), int32_t(wp.size()), &lm, nullptr,
+                          voc, K, d.Hq, 1e-5f, &dv, 2);
   }
 };
 
@@ -536,7 +574,9 @@ struct LinearCall {
     if (q8 == 2) return mtp_linear_q8dot(&x, &w, nullptr, bias, &y, 1);
     return mtp_linear(&x, &w, bias, &y, 1);
   }
-  bool untouched() const { return std::all_of(ys.begin(), ys.end(), [](float v) { return v == -3.f; }); }
+  bool untouched() const {
+    return std::all_of(ys.begin(), ys.end(), [](float v) { return v == -3.f; });
+  }
 };
 
 // LinearCall with a Q4_0_X8 weight [8, 64] (mtp_gguf_repack_x8 of Q4_0 rows) and y [2, 8].
@@ -590,8 +630,8 @@ struct DecoderCall {
     if (with_tree)
       return mtp_decoder_layers_tree(&x, &k, &v, &lv, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
                                      int32_t(sp.size()), 4, 1e-5f, quantize_x, &tree, &out, 1);
-    return mtp_decoder_layers(&x, &k, &v, &lv, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(),
-                              int32_t(sp.size()), 4, 1e-5f, quantize_x, &out, 1);
+    return mtp_decoder_layers(&x, &k, &v, &lv, &cos, &sin, wp.data(), int32_t(wp.size()), sp.data(), int32_t(sp.size()),
+                              4, 1e-5f, quantize_x, &out, 1);
   }
   bool untouched() const {
     return std::all_of(os.begin(), os.end(), [](char c) { return c == char(0x11); }) &&
@@ -601,7 +641,10 @@ struct DecoderCall {
 
 // mtp_head_draft with a Q8_0 embedding / lm_head and Q4_1 matrices (H 64).
 struct HeadCall {
-  Head h{Dims{64, 4, 2, 16, 96, 16, 16}, DType::F32, DType::Q8_0, DType::Q4_1,
+  Head h{Dims{64, 4, 2, 16, 96, 16, 16},
+         DType::F32,
+         DType::Q8_0,
+         DType::Q4_1,
          {DType::Q4_1, DType::Q4_1, DType::Q4_1, DType::Q4_1}};
   std::vector<mtp_tensor> w = h.w;
   std::vector<const mtp_tensor*> wp;
@@ -624,7 +667,9 @@ struct HeadCall {
     return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, emb_scale, wp.data(), int32_t(wp.size()), &lm,
                           lm_scale, nullptr, h.K, d.Hq, 1e-5f, &dv, 1);
   }
-  bool untouched() const { return std::all_of(drafts.begin(), drafts.end(), [](int64_t v) { return v == -7; }); }
+  bool untouched() const {
+    return std::all_of(drafts.begin(), drafts.end(), [](int64_t v) { return v == -7; });
+  }
 };
 
 }  // namespace
@@ -659,8 +704,10 @@ void test_gguf_capi_errors() {
            "mtp_gguf_matrix Q4_K [3, 512]: strides [%lld, %lld]", (long long)q4k.strides[0], (long long)q4k.strides[1]);
     EXPECT(bad.strides[0] == 0 && f.strides[0] == 100 && f.strides[1] == 1, "mtp_gguf_matrix: other strides");
     // The x8 layouts: their file type's row bytes.
-    const mtp_tensor a = mtp_gguf_matrix(nullptr, MTP_Q4_0_X8, 8, 64), b = mtp_gguf_matrix(nullptr, MTP_Q4_1_X8, 16, 96),
-                     q8 = mtp_gguf_matrix(nullptr, MTP_Q8_0_X8, 8, 64), odd = mtp_gguf_matrix(nullptr, MTP_Q8_0_X8, 8, 48);
+    const mtp_tensor a = mtp_gguf_matrix(nullptr, MTP_Q4_0_X8, 8, 64),
+                     b = mtp_gguf_matrix(nullptr, MTP_Q4_1_X8, 16, 96),
+                     q8 = mtp_gguf_matrix(nullptr, MTP_Q8_0_X8, 8, 64),
+                     odd = mtp_gguf_matrix(nullptr, MTP_Q8_0_X8, 8, 48);
     EXPECT(a.strides[0] == 36 && b.strides[0] == 60 && q8.strides[0] == 68 && odd.strides[0] == 0 &&
                a.strides[1] == 1 && a.sizes[0] == 8 && b.sizes[1] == 96 && a.dtype == MTP_Q4_0_X8,
            "mtp_gguf_matrix x8: strides %lld %lld %lld %lld", (long long)a.strides[0], (long long)b.strides[0],
@@ -681,12 +728,15 @@ void test_gguf_capi_errors() {
            "mtp_gguf_repack_x8: rows must be >= 0 and a multiple of 8 (the x8 layout interleaves groups of 8 rows), "
            "got 12");
   BAD_CALL(RepackCall, c.rows = 4, INVALID, "rows must be >= 0 and a multiple of 8");
-  BAD_CALL(RepackCall, c.rows = -8, INVALID, "rows must be >= 0 and a multiple of 8 (the x8 layout interleaves groups "
-                                             "of 8 rows), got -8");
+  BAD_CALL(RepackCall, c.rows = -8, INVALID,
+           "rows must be >= 0 and a multiple of 8 (the x8 layout interleaves groups "
+           "of 8 rows), got -8");
   BAD_CALL(RepackCall, c.cols = 48, INVALID,
            "mtp_gguf_repack_x8: cols must be >= 0 and a multiple of Q4_0's blocks of 32 elements, got 48");
-  BAD_CALL(RepackCall, (c.dtype = MTP_Q8_0, c.cols = 16), INVALID, "a multiple of Q8_0's blocks of 32 elements, got 16");
-  BAD_CALL(RepackCall, c.cols = -32, INVALID, "cols must be >= 0 and a multiple of Q4_0's blocks of 32 elements, got -32");
+  BAD_CALL(RepackCall, (c.dtype = MTP_Q8_0, c.cols = 16), INVALID,
+           "a multiple of Q8_0's blocks of 32 elements, got 16");
+  BAD_CALL(RepackCall, c.cols = -32, INVALID,
+           "cols must be >= 0 and a multiple of Q4_0's blocks of 32 elements, got -32");
   BAD_CALL(RepackCall, c.src = nullptr, MTP_ERROR_NULL_POINTER, "mtp_gguf_repack_x8: src is NULL for a [8, 64] matrix");
   BAD_CALL(RepackCall, c.dst = nullptr, MTP_ERROR_NULL_POINTER, "mtp_gguf_repack_x8: dst is NULL for a [8, 64] matrix");
   BAD_CALL(RepackCall, c.dst = c.s.data(), INVALID,
@@ -694,8 +744,9 @@ void test_gguf_capi_errors() {
            "place, dst must be another buffer");
   BAD_CALL(RepackCall, c.dst = c.s.data() + 287, INVALID, "dst and src overlap in memory");
   BAD_CALL(RepackCall, c.src = c.d.data() + 100, INVALID, "dst and src overlap in memory");
-  BAD_CALL(RepackCall, c.rows = INT64_MAX - 7, INVALID,
-           "mtp_gguf_repack_x8: a [rows, cols] = [9223372036854775800, 64] Q4_0 matrix has more bytes than int64 counts");
+  BAD_CALL(
+      RepackCall, c.rows = INT64_MAX - 7, INVALID,
+      "mtp_gguf_repack_x8: a [rows, cols] = [9223372036854775800, 64] Q4_0 matrix has more bytes than int64 counts");
   BAD_CALL(RepackCall, c.cols = INT64_MAX / 32 * 32, INVALID,
            "a [rows, cols] = [8, 9223372036854775776] Q4_0 matrix has more bytes than int64 counts");
   BAD_CALL(RepackCall, (c.rows = 8, c.cols = INT64_MAX / 64 * 32), INVALID,  // row bytes fit, rows x them do not
@@ -706,7 +757,8 @@ void test_gguf_capi_errors() {
   // mtp_linear
   BAD_CALL(LinearCall, c.w.sizes[1] = c.x.sizes[1] = 48, INVALID,
            "mtp_linear: weight: K = 48 is not a multiple of Q4_0's blocks of 32 elements");
-  BAD_CALL(LinearCall, c.w.dtype = MTP_Q4_K, INVALID, "weight: K = 64 is not a multiple of Q4_K's blocks of 256 elements");
+  BAD_CALL(LinearCall, c.w.dtype = MTP_Q4_K, INVALID,
+           "weight: K = 64 is not a multiple of Q4_K's blocks of 256 elements");
   BAD_CALL(LinearCall, c.w.dtype = MTP_Q6_K, INVALID, "K = 64 is not a multiple of Q6_K's blocks of 256 elements");
   BAD_CALL(LinearCall, c.w.strides[1] = 2, INVALID,
            "weight: weight bytes must be contiguous along a row (stride 1), got strides [36, 2]");
@@ -716,7 +768,8 @@ void test_gguf_capi_errors() {
   BAD_CALL(LinearCall, (c.w.dtype = MTP_Q8_0, c.w.strides[0] = 64), INVALID,  // element strides where bytes are due
            "a Q8_0 row of K = 64 elements is 68 bytes, so strides[0] (bytes between rows, for a block dtype) must be "
            ">= 68, got 64");
-  BAD_CALL(LinearCall, c.w.strides[0] = INT64_MAX / 2, INVALID, "weight of sizes [4, 64] has an extent beyond int64 bytes");
+  BAD_CALL(LinearCall, c.w.strides[0] = INT64_MAX / 2, INVALID,
+           "weight of sizes [4, 64] has an extent beyond int64 bytes");
   BAD_CALL(LinearCall, c.w.data = nullptr, MTP_ERROR_NULL_POINTER, "mtp_linear: weight.data is NULL");
   BAD_CALL(LinearCall, c.w.dtype = 106, DTYPE,
            "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K or Q4_0_X8 or "
@@ -730,7 +783,8 @@ void test_gguf_capi_errors() {
   BAD_CALL(LinearCall, c.q8 = 2, DTYPE, "mtp_linear_q8dot: weight is Q4_0, a GGUF block type");
   BAD_CALL(LinearCall, c.x.dtype = MTP_Q8_0, DTYPE, "x must be float32 or bfloat16 or float16, got Q8_0");
   BAD_CALL(LinearCall, c.y.dtype = MTP_Q4_0, DTYPE, "y must be float32, got Q4_0");
-  BAD_CALL(LinearCall, (c.b.dtype = MTP_Q4_1, c.bias = &c.b), DTYPE, "bias must be float32 or bfloat16 or float16, got Q4_1");
+  BAD_CALL(LinearCall, (c.b.dtype = MTP_Q4_1, c.bias = &c.b), DTYPE,
+           "bias must be float32 or bfloat16 or float16, got Q4_1");
   // x8 weights: whole groups of 8 contiguous rows.
   BAD_CALL(LinearCall, c.w.dtype = MTP_Q4_0_X8, INVALID,
            "mtp_linear: weight: a Q4_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 4");
@@ -744,8 +798,9 @@ void test_gguf_capi_errors() {
            "weight: weight bytes must be contiguous along a row (stride 1), got strides [36, 2]");
   BAD_CALL(LinearX8Call, (c.w.sizes[1] = c.x.sizes[1] = 48), INVALID,
            "weight: K = 48 is not a multiple of Q4_0_X8's blocks of 32 elements");
-  BAD_CALL(LinearX8Call, c.q8 = 1, DTYPE,
-           "mtp_linear_q8: weight is Q4_0_X8, a GGUF block type with its own scales: call mtp_linear (no weight_scale)");
+  BAD_CALL(
+      LinearX8Call, c.q8 = 1, DTYPE,
+      "mtp_linear_q8: weight is Q4_0_X8, a GGUF block type with its own scales: call mtp_linear (no weight_scale)");
   BAD_CALL(LinearX8Call, c.x.dtype = MTP_Q8_0_X8, DTYPE, "x must be float32 or bfloat16 or float16, got Q8_0_X8");
   BAD_CALL(LinearX8Call, c.y.data = c.ws.data(), INVALID, "mtp_linear: y and weight overlap in memory");
 
@@ -773,9 +828,10 @@ void test_gguf_capi_errors() {
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[5].dtype = MTP_Q4_1_X8, c.w[5].strides[0] = 64), INVALID,
              needle("weights[5] (layer 0's down_proj): a Q4_1_X8 matrix must be contiguous (rows 60 bytes apart), "
                     "got strides [64, 1]"));
-    BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[2].dtype = MTP_Q8_0_X8), INVALID,
-             needle("weights[2] (layer 0's o_proj): a Q8_0_X8 matrix must be contiguous (rows 68 bytes apart), got strides "
-                    "[40, 1]"));
+    BAD_CALL(
+        DecoderCall, (c.with_tree = tree, c.w[2].dtype = MTP_Q8_0_X8), INVALID,
+        needle("weights[2] (layer 0's o_proj): a Q8_0_X8 matrix must be contiguous (rows 68 bytes apart), got strides "
+               "[40, 1]"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = MTP_Q4_1_X8, c.sp.assign(4, &c.sc)), DTYPE,
              needle("weights[1] (layer 0's qkv) is Q4_1_X8 but weight_scales is not empty"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.sp.assign(4, &c.sc)), DTYPE,
@@ -798,12 +854,15 @@ void test_gguf_capi_errors() {
   BAD_CALL(HeadCall, c.emb.data = nullptr, MTP_ERROR_NULL_POINTER, "embedding.data is NULL");
   BAD_CALL(HeadCall, c.w[2].dtype = MTP_Q4_K, INVALID,
            "weights[2] (proj): K = 128 is not a multiple of Q4_K's blocks of 256 elements");
-  BAD_CALL(HeadCall, c.w[4].strides[0] = 3, INVALID, "weights[4] (block 0's qkv): a Q4_1 row of K = 64 elements is 40 bytes");
+  BAD_CALL(HeadCall, c.w[4].strides[0] = 3, INVALID,
+           "weights[4] (block 0's qkv): a Q4_1 row of K = 64 elements is 40 bytes");
   BAD_CALL(HeadCall, c.emb.dtype = 110, DTYPE, "embedding must be float32 or bfloat16 or int8 or Q4_0");
-  BAD_CALL(HeadCall, c.emb.dtype = MTP_Q8_0_X8, INVALID,
-           "mtp_head_draft: embedding: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 50");
+  BAD_CALL(
+      HeadCall, c.emb.dtype = MTP_Q8_0_X8, INVALID,
+      "mtp_head_draft: embedding: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 50");
   BAD_CALL(HeadCall, c.lm.dtype = MTP_Q8_0_X8, INVALID,
            "mtp_head_draft: lm_head: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 50");
-  BAD_CALL(HeadCall, (c.w[4].dtype = MTP_Q4_1_X8, c.w[4].strides[0] = 80), INVALID,
-           "weights[4] (block 0's qkv): a Q4_1_X8 matrix must be contiguous (rows 40 bytes apart), got strides [80, 1]");
+  BAD_CALL(
+      HeadCall, (c.w[4].dtype = MTP_Q4_1_X8, c.w[4].strides[0] = 80), INVALID,
+      "weights[4] (block 0's qkv): a Q4_1_X8 matrix must be contiguous (rows 40 bytes apart), got strides [80, 1]");
 }

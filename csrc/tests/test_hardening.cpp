@@ -137,7 +137,7 @@ void test_sizes() {
   {  // verify_sampled with offsets near 2^63: positions wrap (no UB), tokens valid
     const int64_t B = 1, K = 2, V = 5;
     std::vector<int64_t> draft{1, 2}, seeds{7}, offsets{INT64_MAX}, acc{-9}, out(3, -9);
-    std::vector<float> logits(size_t(B * (K + 1) * V), 0.f), temp{1.f};
+    std::vector<float> logits(size_t(B * (K + 1) * V), 0.f), temp { 1.f };
     mtp_tensor td = view(draft.data(), MTP_INT64, {B, K}), tl = view(logits.data(), MTP_FLOAT32, {B, K + 1, V}),
                tt = view(temp.data(), MTP_FLOAT32, {B}), ts = view(seeds.data(), MTP_INT64, {B}),
                toff = view(offsets.data(), MTP_INT64, {B}), ta = view(acc.data(), MTP_INT64, {B}),
@@ -169,7 +169,10 @@ struct Append {
 };
 
 void test_aliasing() {
-  { Append a; EXPECT(a.run() == MTP_OK && a.k[0] == 1.f && a.v[3] == 8.f, "valid append: %s", mtp_last_error()); }
+  {
+    Append a;
+    EXPECT(a.run() == MTP_OK && a.k[0] == 1.f && a.v[3] == 8.f, "valid append: %s", mtp_last_error());
+  }
   BAD_CALL(Append, c.tv = c.tk, MTP_ERROR_INVALID_ARGUMENT, "k_cache and v_cache overlap in memory");
   // k_new a view of k_cache's own rows
   BAD_CALL(Append, (c.tkn.data = c.k.data() + 4, c.tkn.strides[1] = 2), MTP_ERROR_INVALID_ARGUMENT,
@@ -254,8 +257,12 @@ void test_scalars() {
     expect_error(d.run(), MTP_ERROR_INVALID_ARGUMENT, "eps must be a finite number >= 0, got", "eps");
   }
   // verify_lenient's min_ratio in the fewest digits that read back (was std::to_string's %f)
-  for (auto [v, shown] : {std::pair<double, const char*>{1e300, "1e+300"}, {-1e-300, "-1e-300"},
-                          {1 + 1e-12, "1.000000000001"}, {1.5, "1.5"}, {-0.1, "-0.1"}, {NAN, "nan"}}) {
+  for (auto [v, shown] : {std::pair<double, const char*>{1e300, "1e+300"},
+                          {-1e-300, "-1e-300"},
+                          {1 + 1e-12, "1.000000000001"},
+                          {1.5, "1.5"},
+                          {-0.1, "-0.1"},
+                          {NAN, "nan"}}) {
     const std::string got = mtp::lenient_error(2, v), want = std::string("min_ratio must lie in [0, 1], got ") + shown;
     EXPECT(got == want, "lenient_error(2, %.17g) = '%s', want '%s'", v, got.c_str(), want.c_str());
   }
@@ -343,16 +350,23 @@ void test_fork() {
 
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "";
-  if (which == "sizes") test_sizes();
-  else if (which == "aliasing") test_aliasing();
-  else if (which == "scalars") test_scalars();
-  else if (which == "threads") test_threads();
-  else if (which == "fork") test_fork();
+  if (which == "sizes")
+    test_sizes();
+  else if (which == "aliasing")
+    test_aliasing();
+  else if (which == "scalars")
+    test_scalars();
+  else if (which == "threads")
+    test_threads();
+  else if (which == "fork")
+    test_fork();
   else {
     std::fprintf(stderr, "usage: %s sizes|aliasing|scalars|threads|fork\n", argv[0]);
     return 2;
   }
-  if (g_failures) std::fprintf(stderr, "%d failure(s)\n", g_failures);
-  else std::printf("%s: checked\n", which.c_str());
+  if (g_failures)
+    std::fprintf(stderr, "%d failure(s)\n", g_failures);
+  else
+    std::printf("%s: checked\n", which.c_str());
   return g_failures ? 1 : 0;
 }

@@ -29,17 +29,44 @@ struct AttnProblem {
   std::vector<int64_t> lens;
   int64_t qs[4], ks[4], ls[4];
 
-  AttnProblem(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t S, mtp_dtype t,
-              bool causal, bool permuted, float scale)
-      : B(B), T(T), Hq(Hq), Hkv(Hkv), D(D), L(L), S(S), t(t), causal(causal), permuted(permuted), scale(scale),
-        q(t, size_t(B * T * Hq * D)), k(t, size_t(B * L * Hkv * D)), v(t, size_t(B * L * Hkv * D)),
-        kl(t, size_t(B * Hkv * S * D)), vl(t, size_t(B * Hkv * S * D)), lens(size_t(B)) {
-    q.randomize(-1, 1); k.randomize(-1, 1); v.randomize(-1, 1); kl.randomize(-1, 1); vl.randomize(-1, 1);
+  AttnProblem(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t S, mtp_dtype t, bool causal,
+              bool permuted, float scale)
+      : B(B),
+        T(T),
+        Hq(Hq),
+        Hkv(Hkv),
+        D(D),
+        L(L),
+        S(S),
+        t(t),
+        causal(causal),
+        permuted(permuted),
+        scale(scale),
+        q(t, size_t(B * T * Hq * D)),
+        k(t, size_t(B * L * Hkv * D)),
+        v(t, size_t(B * L * Hkv * D)),
+        kl(t, size_t(B * Hkv * S * D)),
+        vl(t, size_t(B * Hkv * S * D)),
+        lens(size_t(B)) {
+    q.randomize(-1, 1);
+    k.randomize(-1, 1);
+    v.randomize(-1, 1);
+    kl.randomize(-1, 1);
+    vl.randomize(-1, 1);
     for (int64_t b = 0; b < B; ++b) lens[size_t(b)] = uniform(causal ? T : 0, L);
     const int64_t q0[4] = {T * Hq * D, Hq * D, D, 1};
     std::copy(q0, q0 + 4, qs);
-    if (permuted) { ks[0] = L * Hkv * D; ks[1] = D; ks[2] = Hkv * D; ks[3] = 1; }
-    else { ks[0] = Hkv * L * D; ks[1] = L * D; ks[2] = D; ks[3] = 1; }
+    if (permuted) {
+      ks[0] = L * Hkv * D;
+      ks[1] = D;
+      ks[2] = Hkv * D;
+      ks[3] = 1;
+    } else {
+      ks[0] = Hkv * L * D;
+      ks[1] = L * D;
+      ks[2] = D;
+      ks[3] = 1;
+    }
     const int64_t l0[4] = {Hkv * S * D, S * D, D, 1};
     std::copy(l0, l0 + 4, ls);
   }
@@ -75,7 +102,8 @@ struct AttnProblem {
     std::vector<std::pair<const Arr*, int64_t>> rows;  // value row starts
     auto add = [&](const Arr& K, const Arr& Vv, int64_t base) {
       double acc = 0;
-      for (int64_t d = 0; d < D; ++d) acc += q.get(size_t(b * qs[0] + t * qs[1] + h * qs[2] + d)) * K.get(size_t(base + d));
+      for (int64_t d = 0; d < D; ++d)
+        acc += q.get(size_t(b * qs[0] + t * qs[1] + h * qs[2] + d)) * K.get(size_t(base + d));
       s.push_back(acc * scale);
       rows.push_back({&Vv, base});
     };
@@ -100,7 +128,12 @@ void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D
                         bool causal, bool permuted, float scale, int threads) {
   AttnProblem p(B, T, Hq, Hkv, D, L, S, t, causal, permuted, scale);
   Arr out(t, p.out_size(B, T));
-  const float canary = t == MTP_FLOAT32 ? [] { float f; std::memcpy(&f, &kCanaryF, 4); return f; }() : 12345.f;
+  const float canary = t == MTP_FLOAT32 ? [] {
+    float f;
+    std::memcpy(&f, &kCanaryF, 4);
+    return f;
+  }()
+                                        : 12345.f;
   for (size_t i = 0; i < out.size(); ++i) out.set(i, canary);
   const uint32_t canary_bits = Arr(t, 1, canary).bits(0);
   char what[200];
@@ -151,7 +184,18 @@ void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D
 // not depend on the key, so a finite row is exactly v[0] on every path; row 0 is poisoned.
 void run_attention_extreme(int64_t D, mtp_dtype t, int threads) {
   const int64_t L = 1100;  // five chunks of 256 keys (D = 128, 4 threads: spread over them)
-  enum Case { kNegInfScores, kOverflowNeg, kOneOverflowNeg, kOverflowPos, kQNan, kKNan, kVInf, kKNanUnseen, kNoKey, kCount };
+  enum Case {
+    kNegInfScores,
+    kOverflowNeg,
+    kOneOverflowNeg,
+    kOverflowPos,
+    kQNan,
+    kKNan,
+    kVInf,
+    kKNanUnseen,
+    kNoKey,
+    kCount
+  };
   for (int c = 0; c < kCount; ++c) {
     if (t == MTP_FLOAT16 && (c == kOverflowNeg || c == kOneOverflowNeg || c == kOverflowPos)) continue;  // fp32 range
     Arr q(t, size_t(2 * D)), k(t, size_t(L * D)), v(t, size_t(L * D)), out(t, size_t(2 * D), 7.f);
@@ -176,12 +220,15 @@ void run_attention_extreme(int64_t D, mtp_dtype t, int threads) {
         for (int64_t d = 0; d < D; ++d) q.set(size_t(d), 1e20f), k.set(size_t(1070 * D + d), 1e20f);
         break;
       case kQNan: q.set(size_t(D - 1), NAN); break;
-      case kKNan: k.set(size_t(600 * D + 7), NAN), nan1 = true; break;  // 0 * NaN for row 1
+      case kKNan: k.set(size_t(600 * D + 7), NAN), nan1 = true; break;        // 0 * NaN for row 1
       case kVInf: v.set(size_t(1090 * D + 3), INFINITY), nan1 = true; break;  // both rows see key 1090
-      case kKNanUnseen: len = 800, nan0 = false, k.set(size_t(850 * D + 5), NAN), v.set(size_t(801 * D), INFINITY); break;
+      case kKNanUnseen:
+        len = 800, nan0 = false, k.set(size_t(850 * D + 5), NAN), v.set(size_t(801 * D), INFINITY);
+        break;
       case kNoKey: len = 0, nan0 = false, q.set(0, INFINITY); break;
     }
-    const int64_t qsz[4] = {1, 1, 2, D}, qst[4] = {2 * D, 2 * D, D, 1}, csz[4] = {1, 1, L, D}, cst[4] = {L * D, L * D, D, 1};
+    const int64_t qsz[4] = {1, 1, 2, D}, qst[4] = {2 * D, 2 * D, D, 1}, csz[4] = {1, 1, L, D},
+                  cst[4] = {L * D, L * D, D, 1};
     mtp_tensor qv = view4(q, qsz, qst), kv = view4(k, csz, cst), vv = view4(v, csz, cst), ov = view4(out, qsz, qst);
     int64_t one = 1;
     mtp_tensor lv = mtp_contiguous(&len, MTP_INT64, 1, &one);
@@ -206,9 +253,9 @@ void test_attention() {
       run_attention_case(2, 1, 4, 2, D, 37, 0, t, false, cases % 2, 0.125f, 1), ++cases;
       run_attention_case(3, 3, 6, 2, D, 70, 0, t, true, cases % 2, 1.f / std::sqrt(float(D)), 2), ++cases;
       run_attention_case(2, 2, 3, 3, D, 20, 3, t, false, cases % 2, 0.3f, 1), ++cases;  // local segment
-      run_attention_case(1, 1, 2, 1, D, 10, 4, t, false, cases % 2, 0.5f, 1), ++cases;   // one query, all S
-      run_attention_case(2, 4, 8, 2, D, 600, 0, t, true, true, 1.f, 3), ++cases;         // 3 chunks, big scores
-      run_attention_case(1, 2, 8, 1, D, 1100, 2, t, true, false, 0.2f, 4), ++cases;      // flash-decoding split
+      run_attention_case(1, 1, 2, 1, D, 10, 4, t, false, cases % 2, 0.5f, 1), ++cases;  // one query, all S
+      run_attention_case(2, 4, 8, 2, D, 600, 0, t, true, true, 1.f, 3), ++cases;        // 3 chunks, big scores
+      run_attention_case(1, 2, 8, 1, D, 1100, 2, t, true, false, 0.2f, 4), ++cases;     // flash-decoding split
     }
   run_attention_case(0, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, false, 1.f, 1), ++cases;  // B = 0
   run_attention_case(2, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, true, 1.f, 1), ++cases;   // some cache_lens may be 0
@@ -230,8 +277,17 @@ void test_cache_append() {
         v.randomize(-1, 1);
         const Arr k0 = k, v0 = v;
         int64_t cs[4];
-        if (permuted) { cs[0] = L * Hkv * D; cs[1] = D; cs[2] = Hkv * D; cs[3] = 1; }
-        else { cs[0] = Hkv * L * D; cs[1] = L * D; cs[2] = D; cs[3] = 1; }
+        if (permuted) {
+          cs[0] = L * Hkv * D;
+          cs[1] = D;
+          cs[2] = Hkv * D;
+          cs[3] = 1;
+        } else {
+          cs[0] = Hkv * L * D;
+          cs[1] = L * D;
+          cs[2] = D;
+          cs[3] = 1;
+        }
         // k_new / v_new [B, T, Hkv, D] with element stride 2 (every other slot).
         Arr kn(t, size_t(std::max<int64_t>(2 * B * T * Hkv * D, 1))), vn(t, kn.size());
         kn.randomize(-1, 1);
@@ -252,7 +308,8 @@ void test_cache_append() {
                 const bool fresh = tt >= 0 && tt < T;
                 const int64_t ni[4] = {b, tt, h, d};
                 const size_t src = fresh ? size_t(dot_offset(ni, ns, 4)) : 0;
-                EXPECT(k.bits(at) == (fresh ? kn.bits(src) : k0.bits(at)) && v.bits(at) == (fresh ? vn.bits(src) : v0.bits(at)),
+                EXPECT(k.bits(at) == (fresh ? kn.bits(src) : k0.bits(at)) &&
+                           v.bits(at) == (fresh ? vn.bits(src) : v0.bits(at)),
                        "%s perm=%d T=%lld: cache[%lld,%lld,%lld,%lld]", name_of(t), int(permuted), (long long)T,
                        (long long)b, (long long)h, (long long)j, (long long)d);
               }
@@ -261,7 +318,8 @@ void test_cache_append() {
         lens[2] = L - T + 1;
         mtp_status st = mtp_cache_append(&kv, &vv, &knv, &vnv, &lv, 2);
         if (T > 0) {
-          EXPECT(st == MTP_ERROR_INVALID_ARGUMENT && std::strstr(mtp_last_error(), "request 2 would pass the cache capacity"),
+          EXPECT(st == MTP_ERROR_INVALID_ARGUMENT &&
+                     std::strstr(mtp_last_error(), "request 2 would pass the cache capacity"),
                  "overflow: %s", mtp_last_error());
         } else {
           EXPECT(st == MTP_ERROR_INVALID_ARGUMENT, "cache_lens[2] = L + 1 accepted");  // outside [0, L]
@@ -283,14 +341,15 @@ namespace {
 // A valid head_attention call (B=2, T=2, Hq=4, Hkv=2, D=8, L=6, S=3) each check below breaks
 // in one way; the output must stay untouched.
 struct AttnCall {
-  std::vector<float> q = std::vector<float>(2 * 2 * 4 * 8, 0.5f), k = std::vector<float>(2 * 2 * 6 * 8, 0.25f),
-                     v = k, kl = std::vector<float>(2 * 2 * 3 * 8, 1.f), vl = kl, out = std::vector<float>(q.size(), -99.f);
+  std::vector<float> q = std::vector<float>(2 * 2 * 4 * 8, 0.5f), k = std::vector<float>(2 * 2 * 6 * 8, 0.25f), v = k,
+                     kl = std::vector<float>(2 * 2 * 3 * 8, 1.f), vl = kl, out = std::vector<float>(q.size(), -99.f);
   std::vector<int32_t> lens = {4, 6};
   mtp_tensor qv, kv, vv, lv, klv, vlv, ov;
   float scale = 0.5f;
   const float* scale_p = &scale;
   int32_t causal = 1, threads = 1;
-  bool no_k = false, no_v = false, no_local_k = false, no_local_v = false, no_q = false, no_out = false, no_lens = false;
+  bool no_k = false, no_v = false, no_local_k = false, no_local_v = false, no_q = false, no_out = false,
+       no_lens = false;
   AttnCall() {
     int64_t qs[4] = {2, 2, 4, 8}, cs[4] = {2, 2, 6, 8}, ls[4] = {2, 2, 3, 8}, ns[1] = {2};
     qv = mtp_contiguous(q.data(), MTP_FLOAT32, 4, qs);
@@ -307,7 +366,8 @@ struct AttnCall {
                               no_out ? nullptr : &ov, threads);
   }
   bool untouched() const {
-    for (float x : out) if (x != -99.f) return false;
+    for (float x : out)
+      if (x != -99.f) return false;
     return true;
   }
 };
@@ -334,8 +394,10 @@ struct AppendCall {
     return mtp_cache_append(no_k ? nullptr : &kv, &vv, &knv, no_vn ? nullptr : &vnv, no_lens ? nullptr : &lv, threads);
   }
   bool untouched() const {
-    for (uint16_t x : k) if (x != 0x1234) return false;
-    for (uint16_t x : v) if (x != 0x1234) return false;
+    for (uint16_t x : k)
+      if (x != 0x1234) return false;
+    for (uint16_t x : v)
+      if (x != 0x1234) return false;
     return true;
   }
 };
@@ -372,7 +434,9 @@ void test_head_attention_errors() {
   BAD_ATTN(c.lens[0] = -1, ARG, "cache_lens[0] = -1 is outside");
   BAD_ATTN(c.lv.dtype = MTP_FLOAT32, DT, "cache_lens must be int32 or int64");
   BAD_ATTN(c.lv.sizes[0] = 3, ARG, "cache_lens.sizes[0] must equal B");
-  BAD_ATTN(c.lens[0] = 1, ARG, "causal=True needs cache_lens[b] >= T = 2 (the T queries are the last T cached positions), got min(cache_lens) = 1");
+  BAD_ATTN(c.lens[0] = 1, ARG,
+           "causal=True needs cache_lens[b] >= T = 2 (the T queries are the last T cached positions), got "
+           "min(cache_lens) = 1");
   BAD_ATTN(c.no_local_v = true, ARG, "k_local and v_local must be given together, got only k_local");
   BAD_ATTN(c.no_local_k = true, ARG, "got only v_local");
   BAD_ATTN(c.klv.sizes[1] = 1, ARG, "k_local.sizes[1] must equal Hkv (k_cache.sizes[1]) = 2, got 1");
@@ -400,7 +464,8 @@ void test_head_attention_errors() {
   BAD_APPEND(c.vv.sizes[2] = 4, ARG, "v_cache must have k_cache's sizes");
   BAD_APPEND(c.lens[0] = 6, ARG, "cache_lens[0] = 6 is outside [0, L (k_cache.sizes[2])] = [0, 5]");
   BAD_APPEND(c.lens[1] = 4, ARG,
-             "request 1 would pass the cache capacity: cache_lens[1] + T = 4 + 2 > L = 5 (the caches' length); nothing was written");
+             "request 1 would pass the cache capacity: cache_lens[1] + T = 4 + 2 > L = 5 (the caches' length); nothing "
+             "was written");
   BAD_APPEND(c.kv.strides[2] = int64_t(1) << 62, ARG, "k_cache of sizes [2, 2, 5, 4] has an extent beyond int64");
   BAD_APPEND(c.threads = -1, ARG, "num_threads must be >= 0");
   std::printf("head_attention_errors: checked\n");

@@ -37,7 +37,8 @@ void expect_rows_alone(const char* what, const mtp_tensor& xv, const float* y, i
   }
 }
 
-void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt, bool bias, bool strided_x, int threads) {
+void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt, bool bias, bool strided_x,
+                     int threads) {
   // x [M, K]: contiguous, or column stride 2 (packed by the C API).
   const int64_t xc = strided_x ? 2 : 1;
   Arr x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), w(wt, size_t(std::max<int64_t>(N * (K + 3), 1))),
@@ -46,8 +47,20 @@ void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt
   w.randomize(-1, 1);
   bv.randomize(-2, 2);
   mtp_tensor xv{}, wv{}, bt{};
-  xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
-  wv.data = w.data(); wv.dtype = wt; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = K + 3; wv.strides[1] = 1;
+  xv.data = x.data();
+  xv.dtype = xt;
+  xv.ndim = 2;
+  xv.sizes[0] = M;
+  xv.sizes[1] = K;
+  xv.strides[0] = K * xc;
+  xv.strides[1] = xc;
+  wv.data = w.data();
+  wv.dtype = wt;
+  wv.ndim = 2;
+  wv.sizes[0] = N;
+  wv.sizes[1] = K;
+  wv.strides[0] = K + 3;
+  wv.strides[1] = 1;
   bt = mtp_contiguous(bv.data(), MTP_BFLOAT16, 1, &N);
   std::vector<float> y(size_t(std::max<int64_t>(M * N, 1)), -7.f);
   const int64_t ysz[2] = {M, N};
@@ -66,8 +79,8 @@ void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt
       }
       // fp32 sums of K products in another order: a few ulp of the sum of magnitudes.
       const double got = y[size_t(m * N + n)];
-      EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30, "%s: y[%lld,%lld] = %.9g, oracle %.9g",
-             what, (long long)m, (long long)n, got, want);
+      EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30,
+             "%s: y[%lld,%lld] = %.9g, oracle %.9g", what, (long long)m, (long long)n, got, want);
     }
   expect_rows_alone(what, xv, y.data(), M, N, [&](const mtp_tensor* x1, const mtp_tensor* y1) {
     return mtp_linear(x1, &wv, bias ? &bt : nullptr, y1, 1);
@@ -76,7 +89,13 @@ void run_linear_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, mtp_dtype wt
   if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
     Arr yl(xt, size_t(M * N * 2));
     mtp_tensor ylv{};
-    ylv.data = yl.data(); ylv.dtype = xt; ylv.ndim = 2; ylv.sizes[0] = M; ylv.sizes[1] = N; ylv.strides[0] = 1; ylv.strides[1] = 2 * M;
+    ylv.data = yl.data();
+    ylv.dtype = xt;
+    ylv.ndim = 2;
+    ylv.sizes[0] = M;
+    ylv.sizes[1] = N;
+    ylv.strides[0] = 1;
+    ylv.strides[1] = 2 * M;
     EXPECT(mtp_linear(&xv, &wv, bias ? &bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
     Arr r(xt, 1);
     for (int64_t m = 0; m < M; ++m)
@@ -108,8 +127,8 @@ void expect_pairs_match_vdpbf16ps() {
       mtp_tensor yv = mtp_contiguous(y[i].data(), MTP_FLOAT32, 2, ys);
       EXPECT(mtp_set_isa(isas[i]) == MTP_OK && mtp_linear(&xv, &wv, nullptr, &yv, 2) == MTP_OK, "%s", mtp_last_error());
     }
-    EXPECT(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0, "M=%lld: avx512's bf16 pairs differ from VDPBF16PS",
-           (long long)M);
+    EXPECT(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0,
+           "M=%lld: avx512's bf16 pairs differ from VDPBF16PS", (long long)M);
   }
   mtp_set_isa(before.c_str());
 }
@@ -146,14 +165,24 @@ void expect_gathered_rows_match_copies() {
         std::vector<float> y[2];
         for (int gathered = 0; gathered < 2; ++gathered) {
           mtp::LinearArgs a;
-          a.M = M; a.N = N; a.K = K;
-          a.x = x.data(); a.x_dtype = mtp::DType::BF16; a.x_stride = K;
-          a.w = gathered ? all : copy.data(); a.w_rows = gathered ? ids.data() : nullptr;
-          a.w_dtype = q8 ? mtp::DType::I8 : mtp::DType(int(wt)); a.w_stride = K;
-          if (q8) { a.w_scale = gathered ? sc.data() : copy_sc.data(); a.w_scale_stride = nb; }
+          a.M = M;
+          a.N = N;
+          a.K = K;
+          a.x = x.data();
+          a.x_dtype = mtp::DType::BF16;
+          a.x_stride = K;
+          a.w = gathered ? all : copy.data();
+          a.w_rows = gathered ? ids.data() : nullptr;
+          a.w_dtype = q8 ? mtp::DType::I8 : mtp::DType(int(wt));
+          a.w_stride = K;
+          if (q8) {
+            a.w_scale = gathered ? sc.data() : copy_sc.data();
+            a.w_scale_stride = nb;
+          }
           a.quantize_x = quantize_x;
           y[gathered].assign(size_t(M * N), -7.f);
-          a.y = y[gathered].data(); a.y_stride = N;
+          a.y = y[gathered].data();
+          a.y_stride = N;
           mtp::linear(a, mtp::current_isa(), mtp::ThreadParallelFor{2});
         }
         EXPECT(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0,
@@ -175,8 +204,8 @@ void test_linear() {
         ++cases;
       }
   run_linear_case(5, 300, 576, MTP_FLOAT32, MTP_BFLOAT16, true, false, 4), ++cases;  // many column blocks
-  run_linear_case(3, 4, 0, MTP_FLOAT32, MTP_FLOAT32, true, false, 1), ++cases;      // K = 0: y = bias
-  run_linear_case(0, 4, 8, MTP_BFLOAT16, MTP_FLOAT32, false, false, 1), ++cases;    // M = 0
+  run_linear_case(3, 4, 0, MTP_FLOAT32, MTP_FLOAT32, true, false, 1), ++cases;       // K = 0: y = bias
+  run_linear_case(0, 4, 8, MTP_BFLOAT16, MTP_FLOAT32, false, false, 1), ++cases;     // M = 0
   expect_pairs_match_vdpbf16ps();
   expect_gathered_rows_match_copies();
   std::printf("linear: %d cases on %s\n", cases, mtp_get_isa());
@@ -239,17 +268,44 @@ struct Q8ApiCase {
   int64_t ysz[2];
   mtp_tensor xv{}, wv{}, sv{}, bt{}, yv{};
   Q8ApiCase(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool strided_x)
-      : M(M), N(N), K(K), xc(strided_x ? 2 : 1), nb((K + 31) / 32), ws(K + 5), ss(nb + 2),
-        x(xt, size_t(std::max<int64_t>(M * K * xc, 1))), bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1))),
-        w(size_t(std::max<int64_t>(N * ws, 1))), sc(size_t(std::max<int64_t>(N * ss, 1))),
-        y(size_t(std::max<int64_t>(M * N, 1)), -7.f), ysz{M, N} {
+      : M(M),
+        N(N),
+        K(K),
+        xc(strided_x ? 2 : 1),
+        nb((K + 31) / 32),
+        ws(K + 5),
+        ss(nb + 2),
+        x(xt, size_t(std::max<int64_t>(M * K * xc, 1))),
+        bv(MTP_FLOAT32, size_t(std::max<int64_t>(N, 1))),
+        w(size_t(std::max<int64_t>(N * ws, 1))),
+        sc(size_t(std::max<int64_t>(N * ss, 1))),
+        y(size_t(std::max<int64_t>(M * N, 1)), -7.f),
+        ysz{M, N} {
     x.randomize(-1, 1);
     bv.randomize(-2, 2);
     for (auto& q : w) q = int8_t(uniform(-128, 127));
     for (auto& v : sc) v = float(std::uniform_real_distribution<double>(-0.02, 0.02)(rng));
-    xv.data = x.data(); xv.dtype = xt; xv.ndim = 2; xv.sizes[0] = M; xv.sizes[1] = K; xv.strides[0] = K * xc; xv.strides[1] = xc;
-    wv.data = w.data(); wv.dtype = MTP_INT8; wv.ndim = 2; wv.sizes[0] = N; wv.sizes[1] = K; wv.strides[0] = ws; wv.strides[1] = 1;
-    sv.data = sc.data(); sv.dtype = MTP_FLOAT32; sv.ndim = 2; sv.sizes[0] = N; sv.sizes[1] = nb; sv.strides[0] = ss; sv.strides[1] = 1;
+    xv.data = x.data();
+    xv.dtype = xt;
+    xv.ndim = 2;
+    xv.sizes[0] = M;
+    xv.sizes[1] = K;
+    xv.strides[0] = K * xc;
+    xv.strides[1] = xc;
+    wv.data = w.data();
+    wv.dtype = MTP_INT8;
+    wv.ndim = 2;
+    wv.sizes[0] = N;
+    wv.sizes[1] = K;
+    wv.strides[0] = ws;
+    wv.strides[1] = 1;
+    sv.data = sc.data();
+    sv.dtype = MTP_FLOAT32;
+    sv.ndim = 2;
+    sv.sizes[0] = N;
+    sv.sizes[1] = nb;
+    sv.strides[0] = ss;
+    sv.strides[1] = 1;
     bt = mtp_contiguous(bv.data(), MTP_FLOAT32, 1, &this->N);
     yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ysz);
   }
@@ -261,7 +317,8 @@ void run_linear_q8_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias
   char what[160];
   std::snprintf(what, sizeof what, "q8 x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d", name_of(xt), (long long)M,
                 (long long)N, (long long)K, int(bias), int(strided_x), threads);
-  EXPECT(mtp_linear_q8(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &c.yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  EXPECT(mtp_linear_q8(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &c.yv, threads) == MTP_OK, "%s: %s", what,
+         mtp_last_error());
   bool neon_tree;
   const int W = lanes_of(mtp_get_isa(), &neon_tree);
   std::vector<float> xr(static_cast<size_t>(K));
@@ -277,8 +334,8 @@ void run_linear_q8_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias
         l1 += std::fabs(p);
       }
       const float got = c.y[size_t(m * N + n)];
-      EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30, "%s: y[%lld,%lld] = %.9g, oracle %.9g",
-             what, (long long)m, (long long)n, double(got), want);
+      EXPECT(std::fabs(got - want) <= 1e-5 * l1 + 1e-6 * std::fabs(want) + 1e-30,
+             "%s: y[%lld,%lld] = %.9g, oracle %.9g", what, (long long)m, (long long)n, double(got), want);
       const float b = bias ? c.bv.f[size_t(n)] : 0.f;
       const float emu = q8_emulate(W, neon_tree, xr, q, s, K, bias ? &b : nullptr);
       EXPECT(std::memcmp(&got, &emu, 4) == 0, "%s: y[%lld,%lld] = %.9g, the documented order on %s gives %.9g", what,
@@ -292,7 +349,8 @@ void run_linear_q8_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool bias
   if (xt != MTP_FLOAT32 && M > 0 && N > 0) {
     Arr yl(xt, size_t(M * N));
     mtp_tensor ylv = mtp_contiguous(yl.data(), xt, 2, c.ysz);
-    EXPECT(mtp_linear_q8(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+    EXPECT(mtp_linear_q8(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &ylv, threads) == MTP_OK, "%s: %s", what,
+           mtp_last_error());
     Arr r(xt, 1);
     for (int64_t i = 0; i < M * N; ++i) {
       r.set(0, c.y[size_t(i)]);
@@ -354,7 +412,8 @@ float q8dot_emulate(int W, bool neon_tree, const int8_t* xq, const float* xs, co
     float acc[16] = {};
     for (int64_t b = 0; b < nb; ++b) {
       int32_t lane[8] = {};
-      for (int64_t k = 32 * b; k < std::min(K, 32 * b + 32); ++k) lane[(k % 32) / 4 % lpb] += int32_t(xq[k]) * int32_t(q[k]);
+      for (int64_t k = 32 * b; k < std::min(K, 32 * b + 32); ++k)
+        lane[(k % 32) / 4 % lpb] += int32_t(xq[k]) * int32_t(q[k]);
       const float f = xs[b] * s[b];
       for (int j = 0; j < lpb; ++j) {
         float& a = acc[(b % bpc) * lpb + j];
@@ -377,7 +436,8 @@ void run_linear_q8dot_case(int64_t M, int64_t N, int64_t K, mtp_dtype xt, bool b
   char what[160];
   std::snprintf(what, sizeof what, "q8dot x %s M=%lld N=%lld K=%lld bias=%d strided=%d thr=%d nan=%d", name_of(xt),
                 (long long)M, (long long)N, (long long)K, int(bias), int(strided_x), threads, int(nan_rows));
-  EXPECT(mtp_linear_q8dot(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &c.yv, threads) == MTP_OK, "%s: %s", what, mtp_last_error());
+  EXPECT(mtp_linear_q8dot(&c.xv, &c.wv, &c.sv, bias ? &c.bt : nullptr, &c.yv, threads) == MTP_OK, "%s: %s", what,
+         mtp_last_error());
   bool neon_tree;
   const int W = lanes_of(mtp_get_isa(), &neon_tree);
   std::vector<float> xr(static_cast<size_t>(K)), xs(static_cast<size_t>(c.nb));
@@ -438,13 +498,22 @@ struct Q8dotProblem {
     rows.resize(size_t(std::max<int64_t>(M * rb / 4, 1)));
     for (int64_t m = 0; m < M; ++m)
       mtp::quantize_row_q8(x.data() + m * K, mtp::DType::F32, K, reinterpret_cast<char*>(rows.data()) + m * rb);
-    a.M = M; a.N = N; a.K = K;
-    a.x = rows.data(); a.x_dtype = mtp::DType::I8; a.x_stride = rb;
-    a.w = w.data(); a.w_dtype = mtp::DType::I8; a.w_stride = K; a.w_scale = sc.data(); a.w_scale_stride = (K + 31) / 32;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.x = rows.data();
+    a.x_dtype = mtp::DType::I8;
+    a.x_stride = rb;
+    a.w = w.data();
+    a.w_dtype = mtp::DType::I8;
+    a.w_stride = K;
+    a.w_scale = sc.data();
+    a.w_scale_stride = (K + 31) / 32;
   }
   void run(std::vector<float>& y, void (*f)(const mtp::LinearArgs&, int64_t, int64_t)) {
     y.assign(size_t(std::max<int64_t>(M * N, 1)), -7.f);
-    a.y = y.data(); a.y_stride = N;
+    a.y = y.data();
+    a.y_stride = N;
     f(a, 0, N);
   }
 };
@@ -531,9 +600,12 @@ struct LinearCall {
     bv = mtp_contiguous(b.data(), MTP_FLOAT32, 1, bs);
     yv = mtp_contiguous(y.data(), MTP_FLOAT32, 2, ys);
   }
-  mtp_status run() { return mtp_linear(no_x ? nullptr : &xv, no_w ? nullptr : &wv, &bv, no_y ? nullptr : &yv, threads); }
+  mtp_status run() {
+    return mtp_linear(no_x ? nullptr : &xv, no_w ? nullptr : &wv, &bv, no_y ? nullptr : &yv, threads);
+  }
   bool untouched() const {
-    for (float v : y) if (v != -99.f) return false;
+    for (float v : y)
+      if (v != -99.f) return false;
     return true;
   }
 };
@@ -558,7 +630,8 @@ struct LinearQ8Call {
   }
   mtp_status run() { return mtp_linear_q8(&xv, &wv, no_scale ? nullptr : &sv, &bv, &yv, threads); }
   bool untouched() const {
-    for (float v : y) if (v != -99.f) return false;
+    for (float v : y)
+      if (v != -99.f) return false;
     return true;
   }
 };
@@ -581,7 +654,8 @@ void test_linear_errors() {
   BAD_LINEAR(c.yv.dtype = MTP_BFLOAT16, DT, "y must be float32, got bfloat16");  // x is fp32
   BAD_LINEAR(c.wv.ndim = 1, ARG, "weight must be 2-D [N, K], got ndim = 1");
   BAD_LINEAR(c.wv.sizes[1] = 4, ARG, "weight.sizes[1] must equal K (x.sizes[1]) = 5, got 4");
-  BAD_LINEAR((c.wv.strides[0] = 1, c.wv.strides[1] = 4), ARG, "weight rows must be contiguous (stride 1 along K), got strides [1, 4]");
+  BAD_LINEAR((c.wv.strides[0] = 1, c.wv.strides[1] = 4), ARG,
+             "weight rows must be contiguous (stride 1 along K), got strides [1, 4]");
   BAD_LINEAR(c.bv.sizes[0] = 3, ARG, "bias.sizes[0] must equal N (weight.sizes[0]) = 4, got 3");
   BAD_LINEAR(c.yv.sizes[0] = 2, ARG, "y.sizes[0] must equal M (x.sizes[0]) = 3, got 2");
   BAD_LINEAR(c.yv.sizes[1] = 5, ARG, "y.sizes[1] must equal N (weight.sizes[0]) = 4, got 5");
@@ -602,7 +676,8 @@ void test_linear_errors() {
   BAD_Q8((c.sv.strides[0] = 1, c.sv.strides[1] = 4), ARG,
          "weight_scale rows must be contiguous (stride 1 along the blocks), got strides [1, 4]");
   BAD_Q8(c.sv.data = nullptr, NUL, "weight_scale.data is NULL");
-  BAD_Q8((c.wv.strides[0] = 1, c.wv.strides[1] = 4), ARG, "weight rows must be contiguous (stride 1 along K), got strides [1, 4]");
+  BAD_Q8((c.wv.strides[0] = 1, c.wv.strides[1] = 4), ARG,
+         "weight rows must be contiguous (stride 1 along K), got strides [1, 4]");
   BAD_Q8(c.wv.sizes[1] = 41, ARG, "weight.sizes[1] must equal K (x.sizes[1]) = 40, got 41");
   BAD_Q8(c.xv.dtype = MTP_INT8, DT, "x must be float32 or bfloat16 or float16, got int8");
   BAD_Q8(c.yv.sizes[1] = 3, ARG, "y.sizes[1] must equal N (weight.sizes[0]) = 4, got 3");

@@ -62,8 +62,16 @@ struct NormCase {
   bool residual;
   Buffer x, r, w, sum, out;
   NormCase(int64_t M_, int64_t H_, DType t_, DType wt_, bool res)
-      : M(M_), H(H_), t(t_), wt(wt_), residual(res), x(t_, Inputs(size_t(M_ * H_)).v), r(t_, Inputs(size_t(M_ * H_)).v),
-        w(wt_, Inputs(size_t(H_), -4).v), sum(t_, size_t(M_ * H_)), out(t_, size_t(M_ * H_)) {
+      : M(M_),
+        H(H_),
+        t(t_),
+        wt(wt_),
+        residual(res),
+        x(t_, Inputs(size_t(M_ * H_)).v),
+        r(t_, Inputs(size_t(M_ * H_)).v),
+        w(wt_, Inputs(size_t(H_), -4).v),
+        sum(t_, size_t(M_ * H_)),
+        out(t_, size_t(M_ * H_)) {
     // special rows: zeros, a NaN, an inf, huge values (squares overflow)
     if (M > 4) {
       for (int64_t k = 0; k < H; ++k) mtp::store_f32(x.bytes.data(), t, k, 0.f);
@@ -74,15 +82,22 @@ struct NormCase {
   }
   mtp::RmsNormArgs args(int64_t m0, int64_t m1, Buffer& s, Buffer& o) {
     mtp::RmsNormArgs a;
-    a.M = m1 - m0; a.H = H; a.dtype = t;
+    a.M = m1 - m0;
+    a.H = H;
+    a.dtype = t;
     const int64_t es = mtp::dtype_size(t);
-    a.x = x.bytes.data() + m0 * H * es; a.x_stride = H;
+    a.x = x.bytes.data() + m0 * H * es;
+    a.x_stride = H;
     if (residual) {
-      a.residual = r.bytes.data() + m0 * H * es; a.residual_stride = H;
-      a.sum = s.bytes.data(); a.sum_stride = H;
+      a.residual = r.bytes.data() + m0 * H * es;
+      a.residual_stride = H;
+      a.sum = s.bytes.data();
+      a.sum_stride = H;
     }
-    a.out = o.bytes.data(); a.out_stride = H;
-    a.weight = w.bytes.data(); a.w_dtype = wt;
+    a.out = o.bytes.data();
+    a.out_stride = H;
+    a.weight = w.bytes.data();
+    a.w_dtype = wt;
     a.eps = 1e-5f;
     return a;
   }
@@ -146,7 +161,11 @@ int test_rope(mtp::Isa isa, Hash& hash) {
         Buffer xb(t, size_t(n * xs3));
         for (int64_t i = 0; i < n; ++i) mtp::store_f32(xb.bytes.data(), t, i * xs3, x0.at(i));
         mtp::RopeArgs a;
-        a.B = b1 - b0; a.T = t1 - t0; a.H = H; a.D = D; a.dtype = t;
+        a.B = b1 - b0;
+        a.T = t1 - t0;
+        a.H = H;
+        a.D = D;
+        a.dtype = t;
         const int64_t xs[4] = {T * H * D * xs3, H * D * xs3, D * xs3, xs3};
         a.x = xb.bytes.data() + (b0 * xs[0] + t0 * xs[1]) * mtp::dtype_size(t);
         for (int d = 0; d < 4; ++d) a.x_stride[d] = xs[d];
@@ -167,7 +186,8 @@ int test_rope(mtp::Isa isa, Hash& hash) {
         for (int64_t tt = 0; tt < T; ++tt) {
           const Buffer one = run(isa, b, b + 1, tt, tt + 1, 1);
           const int64_t at = (b * T + tt) * H * D;
-          EXPECT(one.same_bits(got, at, at + H * D, at), "rope (%lld, %lld) alone differs", (long long)b, (long long)tt);
+          EXPECT(one.same_bits(got, at, at + H * D, at), "rope (%lld, %lld) alone differs", (long long)b,
+                 (long long)tt);
         }
       for (int64_t i = 0; i < n; ++i) {  // the formula, in fp32 products
         const int64_t d = i % D, half = D / 2, row = i - d, bt = i / (H * D);
@@ -197,9 +217,13 @@ int test_silu_mul(mtp::Isa isa, Hash& hash) {
       auto run = [&](mtp::Isa which, int64_t m0, int64_t m1) {
         Buffer out(t, size_t((m1 - m0) * I));
         mtp::SiluMulArgs a;
-        a.M = m1 - m0; a.I = I; a.dtype = t;
-        a.x = x.bytes.data() + m0 * 2 * I * mtp::dtype_size(t); a.x_stride = 2 * I;
-        a.out = out.bytes.data(); a.out_stride = I;
+        a.M = m1 - m0;
+        a.I = I;
+        a.dtype = t;
+        a.x = x.bytes.data() + m0 * 2 * I * mtp::dtype_size(t);
+        a.x_stride = 2 * I;
+        a.out = out.bytes.data();
+        a.out_stride = I;
         mtp::silu_mul(a, which);
         return out;
       };

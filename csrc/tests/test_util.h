@@ -10,15 +10,15 @@
 
 inline int g_failures = 0;
 
-#define EXPECT(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      if (++g_failures <= 20) {                                             \
+#define EXPECT(cond, ...)                                                              \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      if (++g_failures <= 20) {                                                        \
         std::fprintf(stderr, "%s:%d: EXPECT(%s) failed: ", __FILE__, __LINE__, #cond); \
-        std::fprintf(stderr, __VA_ARGS__);                                  \
-        std::fprintf(stderr, "\n");                                         \
-      }                                                                     \
-    }                                                                       \
+        std::fprintf(stderr, __VA_ARGS__);                                             \
+        std::fprintf(stderr, "\n");                                                    \
+      }                                                                                \
+    }                                                                                  \
   } while (0)
 
 inline std::mt19937_64 rng(20240607);
@@ -29,18 +29,20 @@ inline const char* name_of(mtp_dtype t) { return t == MTP_FLOAT32 ? "f32" : t ==
 
 // The call failed with `want` and a message containing `needle`.
 inline void expect_error(mtp_status got, mtp_status want, const char* needle, const char* what) {
-  EXPECT(got == want, "%s: status %s, want %s (%s)", what, mtp_status_name(got), mtp_status_name(want), mtp_last_error());
-  EXPECT(std::strstr(mtp_last_error(), needle) != nullptr, "%s: message '%s' lacks '%s'", what, mtp_last_error(), needle);
+  EXPECT(got == want, "%s: status %s, want %s (%s)", what, mtp_status_name(got), mtp_status_name(want),
+         mtp_last_error());
+  EXPECT(std::strstr(mtp_last_error(), needle) != nullptr, "%s: message '%s' lacks '%s'", what, mtp_last_error(),
+         needle);
 }
 
 // A call struct's `run()` after one mutation of a valid call: fails with `status` and a
 // message containing `needle`, and writes nothing.
-#define BAD_CALL(Call, mutation, status, needle)                        \
-  do {                                                                  \
-    Call c;                                                             \
-    mutation;                                                           \
-    expect_error(c.run(), status, needle, #mutation);                   \
-    EXPECT(c.untouched(), "%s: output written on failure", #mutation);  \
+#define BAD_CALL(Call, mutation, status, needle)                       \
+  do {                                                                 \
+    Call c;                                                            \
+    mutation;                                                          \
+    expect_error(c.run(), status, needle, #mutation);                  \
+    EXPECT(c.untouched(), "%s: output written on failure", #mutation); \
   } while (0)
 
 // test_verify.cpp

@@ -19,7 +19,9 @@
 namespace {
 
 // ---------------------------------------------------------------- logits as raw bits
-struct Specials { uint32_t pos_inf, neg_inf, nan, neg_nan, neg_zero; };
+struct Specials {
+  uint32_t pos_inf, neg_inf, nan, neg_nan, neg_zero;
+};
 Specials specials(mtp_dtype t) {
   if (t == MTP_FLOAT32) return {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x80000000u};
   if (t == MTP_BFLOAT16) return {0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x8000};
@@ -58,7 +60,9 @@ std::vector<uint32_t> make_row(mtp_dtype t, int64_t n, int mode) {
       for (auto& v : r) v = pool[uniform(0, 2)];
       break;
     }
-    case kAllNegInf: for (auto& v : r) v = s.neg_inf; break;
+    case kAllNegInf:
+      for (auto& v : r) v = s.neg_inf;
+      break;
     case kZeros:  // max is zero: +0.0 and -0.0 are equal, the first one wins
       for (auto& v : r) v = uniform(0, 2) == 0 ? s.neg_zero : uniform(0, 1) ? 0u : (random_finite(t) | s.neg_zero);
       break;
@@ -116,8 +120,8 @@ void test_argmax() {
               mtp::argmax_range(buf.data(), kernel_dtype(t), 1, offset, offset + n, mtp::current_isa());
           EXPECT(got.idx - offset == want, "%s n=%lld mode=%d offset=%lld: got %lld want %lld", name_of(t),
                  (long long)n, mode, (long long)offset, (long long)(got.idx - offset), (long long)want);
-          EXPECT(got.nan == std::isnan(decode(t, row[want])), "%s n=%lld mode=%d: nan flag", name_of(t),
-                 (long long)n, mode);
+          EXPECT(got.nan == std::isnan(decode(t, row[want])), "%s n=%lld mode=%d: nan flag", name_of(t), (long long)n,
+                 mode);
           // Split at a random point and merged: the same answer whatever the split.
           if (n > 1) {
             int64_t cut = offset + uniform(1, n - 1);
@@ -131,8 +135,8 @@ void test_argmax() {
           if (offset == 0 && n >= 3) {
             const int64_t m = n / 3;
             mtp::ArgmaxResult s = mtp::argmax_range(buf.data(), kernel_dtype(t), 3, 0, m, mtp::current_isa());
-            EXPECT(s.idx == oracle_argmax(t, row.data(), m, 3), "%s n=%lld mode=%d stride 3", name_of(t),
-                   (long long)n, mode);
+            EXPECT(s.idx == oracle_argmax(t, row.data(), m, 3), "%s n=%lld mode=%d stride 3", name_of(t), (long long)n,
+                   mode);
           }
           ++checked;
         }
@@ -146,7 +150,9 @@ struct Ids {  // int32 or int64 values behind one interface
   mtp_dtype t;
   std::vector<int32_t> i32;
   std::vector<int64_t> i64;
-  Ids(mtp_dtype t, size_t n, int64_t fill) : t(t) { t == MTP_INT32 ? i32.assign(n, int32_t(fill)) : i64.assign(n, fill); }
+  Ids(mtp_dtype t, size_t n, int64_t fill) : t(t) {
+    t == MTP_INT32 ? i32.assign(n, int32_t(fill)) : i64.assign(n, fill);
+  }
   int64_t get(size_t i) const { return t == MTP_INT32 ? i32[i] : i64[i]; }
   void set(size_t i, int64_t v) { t == MTP_INT32 ? void(i32[i] = int32_t(v)) : void(i64[i] = v); }
   void* data() { return t == MTP_INT32 ? static_cast<void*>(i32.data()) : static_cast<void*>(i64.data()); }
@@ -172,7 +178,8 @@ constexpr int64_t kCanary = 0x5a5a5a5a;
 struct Out {
   Ids buf;
   int64_t rows, cols;
-  Out(mtp_dtype t, int64_t rows, int64_t cols) : buf(t, size_t(rows * (2 * cols + 1) + 1), kCanary), rows(rows), cols(cols) {}
+  Out(mtp_dtype t, int64_t rows, int64_t cols)
+      : buf(t, size_t(rows * (2 * cols + 1) + 1), kCanary), rows(rows), cols(cols) {}
   int64_t at(int64_t r, int64_t c) const { return buf.get(size_t(r * (2 * cols + 1) + 2 * c)); }
   mtp_tensor view2() { return view(buf.data(), buf.t, {rows, cols}, {2 * cols + 1, 2}); }
   mtp_tensor view1() { return view(buf.data(), buf.t, {rows}, {2 * cols + 1}); }  // cols must be 1
@@ -193,9 +200,22 @@ void run_verify_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype it
                      int threads, int mode) {
   // Logits [B, K+1, V] in some layout of a bigger buffer.
   int64_t s0, s1, s2, total;
-  if (layout == kContiguous) { s2 = 1; s1 = V; s0 = (K + 1) * V; total = B * s0; }
-  else if (layout == kPadded) { s2 = 1; s1 = V + 7; s0 = (K + 1) * s1 + 3; total = B * s0 + 5; }
-  else { s2 = B * (K + 1); s1 = 1; s0 = K + 1; total = V * s2; }  // [V, B, K+1] permuted
+  if (layout == kContiguous) {
+    s2 = 1;
+    s1 = V;
+    s0 = (K + 1) * V;
+    total = B * s0;
+  } else if (layout == kPadded) {
+    s2 = 1;
+    s1 = V + 7;
+    s0 = (K + 1) * s1 + 3;
+    total = B * s0 + 5;
+  } else {
+    s2 = B * (K + 1);
+    s1 = 1;
+    s0 = K + 1;
+    total = V * s2;
+  }  // [V, B, K+1] permuted
   Buffer logits(lt, size_t(std::max<int64_t>(total, 1)));
   std::vector<uint32_t> bits(size_t(std::max<int64_t>(total, 1)), specials(lt).nan);  // unviewed slots: NaN
   std::vector<int64_t> want_target(size_t(B * (K + 1)));
@@ -214,8 +234,10 @@ void run_verify_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype it
     for (int64_t t = 0; t < K; ++t) {
       int64_t tgt = want_target[size_t(b * (K + 1) + t)], d = tgt;
       int64_t r = uniform(0, 9);
-      if (r == 0) d = bad_ids[uniform(0, 4)];
-      else if (r <= 2 && V > 1) d = (tgt + uniform(1, V - 1)) % V;
+      if (r == 0)
+        d = bad_ids[uniform(0, 4)];
+      else if (r <= 2 && V > 1)
+        d = (tgt + uniform(1, V - 1)) % V;
       draft.set(size_t(b + t * B), d);
     }
   // num_drafts: absent, or ragged in [0, K] with stride 2.
@@ -242,8 +264,8 @@ void run_verify_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype it
     for (int64_t t = 0; t <= K; ++t) {
       int64_t w = t < n ? draft.get(size_t(b + t * B)) : t == n ? want_target[size_t(b * (K + 1) + t)] : pad;
       EXPECT(out.at(b, t) == w, "%s B=%lld K=%lld V=%lld layout=%d out[%lld,%lld] = %lld want %lld", name_of(lt),
-             (long long)B, (long long)K, (long long)V, int(layout), (long long)b, (long long)t,
-             (long long)out.at(b, t), (long long)w);
+             (long long)B, (long long)K, (long long)V, int(layout), (long long)b, (long long)t, (long long)out.at(b, t),
+             (long long)w);
     }
   }
   EXPECT(acc.canaries_intact() && out.canaries_intact(), "write outside the output views");
@@ -289,9 +311,19 @@ void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt
   }
   const int64_t R = N + B, W = widest + 1 + extra_width;
   int64_t s0, s1, total;  // row stride, vocabulary stride
-  if (layout == kContiguous) { s0 = V; s1 = 1; total = R * V; }
-  else if (layout == kPadded) { s0 = V + 7; s1 = 1; total = R * s0 + 3; }
-  else { s0 = 1; s1 = R + 2; total = V * s1; }  // [V, R] buffer seen as [R, V]
+  if (layout == kContiguous) {
+    s0 = V;
+    s1 = 1;
+    total = R * V;
+  } else if (layout == kPadded) {
+    s0 = V + 7;
+    s1 = 1;
+    total = R * s0 + 3;
+  } else {
+    s0 = 1;
+    s1 = R + 2;
+    total = V * s1;
+  }  // [V, R] buffer seen as [R, V]
   Buffer logits(lt, size_t(std::max<int64_t>(total, 1)));
   std::vector<uint32_t> bits(size_t(std::max<int64_t>(total, 1)), specials(lt).nan);  // unviewed slots: NaN
   std::vector<int64_t> row_target(static_cast<size_t>(R));
@@ -309,8 +341,10 @@ void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt
     for (int64_t j = 0; j < counts[size_t(b)]; ++j) {
       int64_t d = row_target[size_t(start + b + j)];
       const int64_t r = uniform(0, 9);
-      if (r == 0) d = bad_ids[uniform(0, 4)];
-      else if (r <= 2 && V > 1) d = (d + uniform(1, V - 1)) % V;
+      if (r == 0)
+        d = bad_ids[uniform(0, 4)];
+      else if (r <= 2 && V > 1)
+        d = (d + uniform(1, V - 1)) % V;
       draft.set(size_t(2 * (start + j)), d);
     }
   Ids cuv(ct, size_t(std::max<int64_t>(3 * B, 1)), -9);
@@ -328,13 +362,12 @@ void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt
     const int64_t k = counts[size_t(b)];
     int64_t n = 0;
     while (n < k && draft.get(size_t(2 * (start + n))) == row_target[size_t(start + b + n)]) ++n;
-    EXPECT(acc.at(b, 0) == n, "%s B=%lld V=%lld layout=%d b=%lld: accepted %lld want %lld", name_of(lt),
-           (long long)B, (long long)V, int(layout), (long long)b, (long long)acc.at(b, 0), (long long)n);
+    EXPECT(acc.at(b, 0) == n, "%s B=%lld V=%lld layout=%d b=%lld: accepted %lld want %lld", name_of(lt), (long long)B,
+           (long long)V, int(layout), (long long)b, (long long)acc.at(b, 0), (long long)n);
     for (int64_t t = 0; t < W; ++t) {
       const int64_t w = t < n ? draft.get(size_t(2 * (start + t))) : t == n ? row_target[size_t(start + b + t)] : pad;
-      EXPECT(out.at(b, t) == w, "%s B=%lld V=%lld layout=%d out[%lld,%lld] = %lld want %lld", name_of(lt),
-             (long long)B, (long long)V, int(layout), (long long)b, (long long)t, (long long)out.at(b, t),
-             (long long)w);
+      EXPECT(out.at(b, t) == w, "%s B=%lld V=%lld layout=%d out[%lld,%lld] = %lld want %lld", name_of(lt), (long long)B,
+             (long long)V, int(layout), (long long)b, (long long)t, (long long)out.at(b, t), (long long)w);
     }
   }
   EXPECT(acc.canaries_intact() && out.canaries_intact(), "write outside the output views");
@@ -375,7 +408,8 @@ void test_accept_prefix() {
         for (int64_t K : {0, 1, 3, 6})
           for (int64_t extra : {0, 1}) {  // target width K or K+1
             const int64_t W = K + extra;
-            Ids draft(dt, size_t(std::max<int64_t>(B * K, 1)), 0), target(tt, size_t(std::max<int64_t>(3 * B * W, 1)), 0);
+            Ids draft(dt, size_t(std::max<int64_t>(B * K, 1)), 0),
+                target(tt, size_t(std::max<int64_t>(3 * B * W, 1)), 0);
             for (int64_t b = 0; b < B; ++b)
               for (int64_t t = 0; t < W; ++t) target.set(size_t(3 * (b * W + t)), uniform(0, 9));  // stride 3
             for (int64_t b = 0; b < B; ++b)
@@ -426,8 +460,10 @@ struct VerifyCall {
                       null_o ? nullptr : &o, threads);
   }
   bool untouched() const {
-    for (int32_t v : acc) if (v != -99) return false;
-    for (int32_t v : out) if (v != -99) return false;
+    for (int32_t v : acc)
+      if (v != -99) return false;
+    for (int32_t v : out)
+      if (v != -99) return false;
     return true;
   }
 };
@@ -464,8 +500,10 @@ struct RaggedCall {
                              null_a ? nullptr : &a, null_o ? nullptr : &o, threads);
   }
   bool untouched() const {
-    for (int32_t v : acc) if (v != -99) return false;
-    for (int32_t v : out) if (v != -99) return false;
+    for (int32_t v : acc)
+      if (v != -99) return false;
+    for (int32_t v : out)
+      if (v != -99) return false;
     return true;
   }
 };
@@ -493,9 +531,11 @@ void test_verify_ragged_errors() {
   BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "accepted is NULL", false, false, false, true);
   BAD_RAGGED((void)0, MTP_ERROR_NULL_POINTER, "out_tokens is NULL", false, false, false, false, true);
   BAD_RAGGED(c.c.data = nullptr, MTP_ERROR_NULL_POINTER, "cu_num_draft_tokens.data is NULL");
-  BAD_RAGGED(c.d.dtype = MTP_FLOAT32, MTP_ERROR_UNSUPPORTED_DTYPE, "draft_token_ids must be int32 or int64, got float32");
+  BAD_RAGGED(c.d.dtype = MTP_FLOAT32, MTP_ERROR_UNSUPPORTED_DTYPE,
+             "draft_token_ids must be int32 or int64, got float32");
   BAD_RAGGED(c.c.dtype = MTP_FLOAT16, MTP_ERROR_UNSUPPORTED_DTYPE, "cu_num_draft_tokens must be int32 or int64");
-  BAD_RAGGED(c.l.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "target_logits must be float32 or bfloat16 or float16");
+  BAD_RAGGED(c.l.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE,
+             "target_logits must be float32 or bfloat16 or float16");
   BAD_RAGGED(c.a.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "accepted must be int32, got int64");
   BAD_RAGGED(c.o.dtype = MTP_INT64, MTP_ERROR_UNSUPPORTED_DTYPE, "out_tokens must be int32, got int64");
   BAD_RAGGED(c.d.ndim = 2, MTP_ERROR_INVALID_ARGUMENT, "draft_token_ids must be 1-D [N]");
@@ -532,9 +572,12 @@ void test_verify_ragged_errors() {
   {  // int64 ids take any pad_id
     RaggedCall c;
     std::vector<int64_t> d64 = {1, 2, 3, 4}, a64(3, -99), o64(9, -99);
-    c.d.data = d64.data(); c.d.dtype = MTP_INT64;
-    c.a.data = a64.data(); c.a.dtype = MTP_INT64;
-    c.o.data = o64.data(); c.o.dtype = MTP_INT64;
+    c.d.data = d64.data();
+    c.d.dtype = MTP_INT64;
+    c.a.data = a64.data();
+    c.a.dtype = MTP_INT64;
+    c.o.data = o64.data();
+    c.o.dtype = MTP_INT64;
     c.pad = int64_t(1) << 40;
     EXPECT(c.run() == MTP_OK && o64[2] == int64_t(1) << 40, "int64 pad: %s", mtp_last_error());
   }
@@ -592,8 +635,7 @@ void test_errors() {
   BAD_VERIFY(c.a.sizes[0] = 3, MTP_ERROR_INVALID_ARGUMENT, "accepted.sizes[0] must equal B");
   BAD_VERIFY(c.o.sizes[1] = 3, MTP_ERROR_INVALID_ARGUMENT, "out_tokens.sizes[1] must equal K+1");
   BAD_VERIFY(c.threads = -1, MTP_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0");
-  BAD_VERIFY(c.l.strides[1] = int64_t(1) << 61, MTP_ERROR_INVALID_ARGUMENT,
-             "extent beyond int64");
+  BAD_VERIFY(c.l.strides[1] = int64_t(1) << 61, MTP_ERROR_INVALID_ARGUMENT, "extent beyond int64");
 
   {  // Empty views may have NULL data: B = 0, and K = 0 with drafts NULL.
     VerifyCall c;
@@ -616,22 +658,24 @@ void test_errors() {
     int64_t ds[2] = {1, 2}, ts[2] = {1, 3}, as[1] = {1};
     mtp_tensor dv = mtp_contiguous(d, MTP_INT32, 2, ds), tv = mtp_contiguous(t, MTP_INT32, 2, ts),
                av = mtp_contiguous(a, MTP_INT32, 1, as);
-    EXPECT(mtp_accept_prefix(&dv, &tv, nullptr, &av) == MTP_OK && a[0] == 2, "accept_prefix baseline: %s", mtp_last_error());
+    EXPECT(mtp_accept_prefix(&dv, &tv, nullptr, &av) == MTP_OK && a[0] == 2, "accept_prefix baseline: %s",
+           mtp_last_error());
     a[0] = -99;
     tv.sizes[1] = 4;
     expect_error(mtp_accept_prefix(&dv, &tv, nullptr, &av), MTP_ERROR_INVALID_ARGUMENT,
                  "mtp_accept_prefix: target_tokens.sizes[1] must be K+1 = 3 or K = 2, got 4", "target width");
     tv.sizes[1] = 3;
     tv.dtype = MTP_BFLOAT16;
-    expect_error(mtp_accept_prefix(&dv, &tv, nullptr, &av), MTP_ERROR_UNSUPPORTED_DTYPE, "target_tokens must be int32 or int64",
-                 "target dtype");
+    expect_error(mtp_accept_prefix(&dv, &tv, nullptr, &av), MTP_ERROR_UNSUPPORTED_DTYPE,
+                 "target_tokens must be int32 or int64", "target dtype");
     tv.dtype = MTP_INT32;
     expect_error(mtp_accept_prefix(&dv, &tv, nullptr, nullptr), MTP_ERROR_NULL_POINTER, "accepted is NULL", "accepted");
-    expect_error(mtp_accept_prefix(nullptr, &tv, nullptr, &av), MTP_ERROR_NULL_POINTER, "draft_tokens is NULL", "draft");
+    expect_error(mtp_accept_prefix(nullptr, &tv, nullptr, &av), MTP_ERROR_NULL_POINTER, "draft_tokens is NULL",
+                 "draft");
     int64_t bad_nd[1] = {3}, ns[1] = {1};
     mtp_tensor nv = mtp_contiguous(bad_nd, MTP_INT64, 1, ns);
-    expect_error(mtp_accept_prefix(&dv, &tv, &nv, &av), MTP_ERROR_INVALID_ARGUMENT, "num_drafts[0] = 3 is outside [0, K] = [0, 2]",
-                 "num_drafts");
+    expect_error(mtp_accept_prefix(&dv, &tv, &nv, &av), MTP_ERROR_INVALID_ARGUMENT,
+                 "num_drafts[0] = 3 is outside [0, K] = [0, 2]", "num_drafts");
     EXPECT(a[0] == -99, "accept_prefix wrote on failure");
   }
 

@@ -60,7 +60,9 @@ void run_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype qt, bool 
   const mtp_dtype it = sizeof(I) == 4 ? MTP_INT32 : MTP_INT64;
   auto view = [](void* p, mtp_dtype t, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides) {
     mtp_tensor v{};
-    v.data = p; v.dtype = t; v.ndim = int32_t(sizes.size());
+    v.data = p;
+    v.dtype = t;
+    v.ndim = int32_t(sizes.size());
     int d = 0;
     for (int64_t s : sizes) v.sizes[d++] = s;
     d = 0;
@@ -75,26 +77,32 @@ void run_case(int64_t B, int64_t K, int64_t V, mtp_dtype lt, mtp_dtype qt, bool 
   mtp_tensor av = view(acc.data(), it, {B}, {1}), outv = view(out.data(), it, {B, K + 1}, {K + 1, 1});
   mtp_tensor kv = view(top_k.data(), MTP_INT64, {B}, {1}), pv = view(top_p.data(), MTP_FLOAT32, {B}, {1}),
              mv = view(min_p.data(), MTP_FLOAT32, {B}, {1});
-  mtp_status st = filtered ? mtp_verify_sampled_filtered(&dv, with_q ? &qv : nullptr, &lv, &tv, &kv, &pv, &mv, &sv, &ov,
-                                                         &nv, -7, &av, &outv, threads)
-                           : mtp_verify_sampled(&dv, with_q ? &qv : nullptr, &lv, &tv, &sv, &ov, &nv, -7, &av, &outv,
-                                                threads);
+  mtp_status st =
+      filtered ? mtp_verify_sampled_filtered(&dv, with_q ? &qv : nullptr, &lv, &tv, &kv, &pv, &mv, &sv, &ov, &nv, -7,
+                                             &av, &outv, threads)
+               : mtp_verify_sampled(&dv, with_q ? &qv : nullptr, &lv, &tv, &sv, &ov, &nv, -7, &av, &outv, threads);
   EXPECT(st == MTP_OK, "mtp_verify_sampled failed: %s", mtp_last_error());
 
   // The scalar kernel, one request at a time.
   mtp::VerifyArgs a;
-  a.B = B; a.K = K; a.V = V; a.logits = logits.data(); a.logits_dtype = mtp::DType(int(lt));
-  a.logits_stride[0] = s0; a.logits_stride[1] = s1; a.logits_stride[2] = 1;
+  a.B = B;
+  a.K = K;
+  a.V = V;
+  a.logits = logits.data();
+  a.logits_dtype = mtp::DType(int(lt));
+  a.logits_stride[0] = s0;
+  a.logits_stride[1] = s1;
+  a.logits_stride[2] = 1;
   const int64_t qs[2] = {B, B * K};
   for (int64_t b = 0; b < B; ++b) {
     std::vector<I> want(size_t(K + 1));
     const void* qrow = with_q ? static_cast<const char*>(q.data()) + b * (qt == MTP_FLOAT32 ? 4 : 2) : nullptr;
     const int64_t n = mtp::sample_request<I>(a, b, draft.data() + b * K, 1, qrow, mtp::DType(int(qt)), qs,
                                              temp[size_t(b)], filters[size_t(b)], seeds[size_t(b)], offsets[size_t(b)],
-                                             nd[size_t(b)], -7,
-                                             want.data(), 1, mtp::current_isa());
+                                             nd[size_t(b)], -7, want.data(), 1, mtp::current_isa());
     EXPECT(int64_t(acc[size_t(b)]) == n, "%s B=%lld K=%lld V=%lld q=%d b=%lld: accepted %lld want %lld", name_of(lt),
-           (long long)B, (long long)K, (long long)V, int(with_q), (long long)b, (long long)acc[size_t(b)], (long long)n);
+           (long long)B, (long long)K, (long long)V, int(with_q), (long long)b, (long long)acc[size_t(b)],
+           (long long)n);
     for (int64_t t = 0; t <= K; ++t)
       EXPECT(out[size_t(b * (K + 1) + t)] == want[size_t(t)], "%s V=%lld b=%lld t=%lld: %lld want %lld", name_of(lt),
              (long long)V, (long long)b, (long long)t, (long long)out[size_t(b * (K + 1) + t)],
@@ -129,12 +137,15 @@ struct SampledCall {
   }
   bool filtered = false;  // through mtp_verify_sampled_filtered, with top_k / top_p / min_p
   mtp_status run() {
-    if (filtered) return mtp_verify_sampled_filtered(&d, qp, &l, tp, &kv, &pv, &mv, sp, op, nullptr, -1, &a, &o, threads);
+    if (filtered)
+      return mtp_verify_sampled_filtered(&d, qp, &l, tp, &kv, &pv, &mv, sp, op, nullptr, -1, &a, &o, threads);
     return mtp_verify_sampled(&d, qp, &l, tp, sp, op, nullptr, -1, &a, &o, threads);
   }
   bool untouched() const {
-    for (int64_t v : acc) if (v != -99) return false;
-    for (int64_t v : out) if (v != -99) return false;
+    for (int64_t v : acc)
+      if (v != -99) return false;
+    for (int64_t v : out)
+      if (v != -99) return false;
     return true;
   }
 };
@@ -150,8 +161,10 @@ void test_sampling_capi() {
       for (int64_t K : {0, 1, 4})
         for (int64_t V : {1, 7, 300, 1100}) {
           const mtp_dtype qt = kFloatTypes[cases % 3];
-          if (cases % 2) run_case<int32_t>(5, K, V, lt, qt, with_q, 1 + cases % 3, cases);
-          else run_case<int64_t>(4, K, V, lt, qt, with_q, cases % 3, cases);
+          if (cases % 2)
+            run_case<int32_t>(5, K, V, lt, qt, with_q, 1 + cases % 3, cases);
+          else
+            run_case<int64_t>(4, K, V, lt, qt, with_q, cases % 3, cases);
           ++cases;
         }
   run_case<int64_t>(0, 2, 5, MTP_FLOAT32, MTP_FLOAT32, true, 1, cases++);
@@ -192,12 +205,15 @@ void test_sampling_errors() {
   BAD_SAMPLED(c.threads = -1, MTP_ERROR_INVALID_ARGUMENT, "num_threads");
   BAD_SAMPLED((c.filtered = true, c.top_k[1] = -1), MTP_ERROR_INVALID_ARGUMENT,
               "mtp_verify_sampled_filtered: top_k must be >= 0 (0: off), got top_k[1] = -1");
-  BAD_SAMPLED((c.filtered = true, c.top_p[0] = 0.f), MTP_ERROR_INVALID_ARGUMENT, "top_p must lie in (0, 1] (1: off), got top_p[0] = 0");
+  BAD_SAMPLED((c.filtered = true, c.top_p[0] = 0.f), MTP_ERROR_INVALID_ARGUMENT,
+              "top_p must lie in (0, 1] (1: off), got top_p[0] = 0");
   BAD_SAMPLED((c.filtered = true, c.top_p[1] = 1.5f), MTP_ERROR_INVALID_ARGUMENT, "got top_p[1] = 1.5");
   BAD_SAMPLED((c.filtered = true, c.top_p[1] = NAN), MTP_ERROR_INVALID_ARGUMENT, "got top_p[1] = nan");
-  BAD_SAMPLED((c.filtered = true, c.min_p[0] = 1.f), MTP_ERROR_INVALID_ARGUMENT, "min_p must lie in [0, 1) (0: off), got min_p[0] = 1");
+  BAD_SAMPLED((c.filtered = true, c.min_p[0] = 1.f), MTP_ERROR_INVALID_ARGUMENT,
+              "min_p must lie in [0, 1) (0: off), got min_p[0] = 1");
   BAD_SAMPLED((c.filtered = true, c.min_p[1] = -0.5f), MTP_ERROR_INVALID_ARGUMENT, "got min_p[1] = -0.5");
-  BAD_SAMPLED((c.filtered = true, c.kv.dtype = MTP_FLOAT32), MTP_ERROR_UNSUPPORTED_DTYPE, "top_k must be int32 or int64, got float32");
+  BAD_SAMPLED((c.filtered = true, c.kv.dtype = MTP_FLOAT32), MTP_ERROR_UNSUPPORTED_DTYPE,
+              "top_k must be int32 or int64, got float32");
   BAD_SAMPLED((c.filtered = true, c.pv.sizes[0] = 3), MTP_ERROR_INVALID_ARGUMENT, "top_p.sizes[0] must equal B");
 }
 
@@ -242,7 +258,9 @@ void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt
   const mtp_dtype it = sizeof(I) == 4 ? MTP_INT32 : MTP_INT64;
   auto view = [](void* p, mtp_dtype t, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides) {
     mtp_tensor v{};
-    v.data = p; v.dtype = t; v.ndim = int32_t(sizes.size());
+    v.data = p;
+    v.dtype = t;
+    v.ndim = int32_t(sizes.size());
     int d = 0;
     for (int64_t s : sizes) v.sizes[d++] = s;
     d = 0;
@@ -256,30 +274,35 @@ void run_ragged_case(const std::vector<int64_t>& counts, int64_t V, mtp_dtype lt
              ov = view(offsets.data(), MTP_INT64, {B}, {1}), kv = view(top_k.data(), MTP_INT64, {B}, {1}),
              pv = view(top_p.data(), MTP_FLOAT32, {B}, {1}), mv = view(min_p.data(), MTP_FLOAT32, {B}, {1}),
              av = view(acc.data(), it, {B}, {1}), outv = view(out.data(), it, {B, W}, {W, 1});
-  const mtp_status st = mtp_verify_sampled_ragged(&dv, with_q ? &qv : nullptr, &cv, &lv, &tv, filtered ? &kv : nullptr,
-                                                  filtered ? &pv : nullptr, filtered ? &mv : nullptr, &sv, &ov, -7, &av,
-                                                  &outv, threads);
+  const mtp_status st =
+      mtp_verify_sampled_ragged(&dv, with_q ? &qv : nullptr, &cv, &lv, &tv, filtered ? &kv : nullptr,
+                                filtered ? &pv : nullptr, filtered ? &mv : nullptr, &sv, &ov, -7, &av, &outv, threads);
   EXPECT(st == MTP_OK, "mtp_verify_sampled_ragged failed: %s", mtp_last_error());
   const size_t qsize = qt == MTP_FLOAT32 ? 4 : 2;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t k = counts[size_t(b)], s = start[size_t(b)];
     // Request b alone, as verify_sampled's [1, k, V] view: no ragged offsets.
     mtp::VerifyArgs a;
-    a.B = 1; a.K = k; a.V = V; a.logits_dtype = mtp::DType(int(lt));
+    a.B = 1;
+    a.K = k;
+    a.V = V;
+    a.logits_dtype = mtp::DType(int(lt));
     a.logits = static_cast<const char*>(logits.data()) + (s + b) * ls * (lt == MTP_FLOAT32 ? 4 : 2);
-    a.logits_stride[0] = 0; a.logits_stride[1] = ls; a.logits_stride[2] = 1;
+    a.logits_stride[0] = 0;
+    a.logits_stride[1] = ls;
+    a.logits_stride[2] = 1;
     const int64_t qs[2] = {1, N};
     const void* qrow = with_q ? static_cast<const char*>(q.data()) + s * qsize : nullptr;
     std::vector<I> want(size_t(k + 1));
-    const int64_t n = mtp::sample_request<I>(a, 0, draft.data() + s, 1, qrow, mtp::DType(int(qt)), qs,
-                                             temp[size_t(b)], filters[size_t(b)], seeds[size_t(b)],
-                                             offsets[size_t(b)], k, -7, want.data(), 1, mtp::current_isa());
+    const int64_t n = mtp::sample_request<I>(a, 0, draft.data() + s, 1, qrow, mtp::DType(int(qt)), qs, temp[size_t(b)],
+                                             filters[size_t(b)], seeds[size_t(b)], offsets[size_t(b)], k, -7,
+                                             want.data(), 1, mtp::current_isa());
     EXPECT(int64_t(acc[size_t(b)]) == n, "%s V=%lld q=%d b=%lld: accepted %lld want %lld", name_of(lt), (long long)V,
            int(with_q), (long long)b, (long long)acc[size_t(b)], (long long)n);
     for (int64_t t = 0; t < W; ++t) {
       const int64_t w = t <= k ? int64_t(want[size_t(t)]) : -7;
-      EXPECT(int64_t(out[size_t(b * W + t)]) == w, "%s V=%lld b=%lld t=%lld: %lld want %lld", name_of(lt),
-             (long long)V, (long long)b, (long long)t, (long long)out[size_t(b * W + t)], (long long)w);
+      EXPECT(int64_t(out[size_t(b * W + t)]) == w, "%s V=%lld b=%lld t=%lld: %lld want %lld", name_of(lt), (long long)V,
+             (long long)b, (long long)t, (long long)out[size_t(b * W + t)], (long long)w);
     }
   }
 }
@@ -294,8 +317,10 @@ void test_sampling_ragged_capi() {
           int64_t W = 1;
           for (int64_t k : counts) W = std::max(W, k + 1);
           const mtp_dtype qt = kFloatTypes[cases % 3];
-          if (cases % 2) run_ragged_case<int32_t>(counts, V, lt, qt, with_q, cases % 4 == 1, 1 + cases % 3, W);
-          else run_ragged_case<int64_t>(counts, V, lt, qt, with_q, cases % 4 == 2, cases % 3, W + cases % 3);
+          if (cases % 2)
+            run_ragged_case<int32_t>(counts, V, lt, qt, with_q, cases % 4 == 1, 1 + cases % 3, W);
+          else
+            run_ragged_case<int64_t>(counts, V, lt, qt, with_q, cases % 4 == 2, cases % 3, W + cases % 3);
           ++cases;
         }
   std::printf("sampling_ragged_capi: %d cases on %s\n", cases, mtp_get_isa());
@@ -330,8 +355,10 @@ struct SampledRaggedCall {
     return mtp_verify_sampled_ragged(&d, qp, &c, &l, tp, &kv, &pv, &mv, &sv, op, -1, &a, &o, threads);
   }
   bool untouched() const {
-    for (int64_t v : acc) if (v != -99) return false;
-    for (int64_t v : out) if (v != -99) return false;
+    for (int64_t v : acc)
+      if (v != -99) return false;
+    for (int64_t v : out)
+      if (v != -99) return false;
     return true;
   }
 };
@@ -357,7 +384,8 @@ void test_sampling_ragged_errors() {
   BAD_SAMPLED_RAGGED(c.tv.sizes[0] = 2, MTP_ERROR_INVALID_ARGUMENT,
                      "temperature.sizes[0] must equal B (cu_num_draft_tokens.sizes[0])");
   BAD_SAMPLED_RAGGED(c.tp = nullptr, MTP_ERROR_NULL_POINTER, "mtp_verify_sampled_ragged: temperature is NULL");
-  BAD_SAMPLED_RAGGED(c.top_p[0] = 0.f, MTP_ERROR_INVALID_ARGUMENT, "top_p must lie in (0, 1] (1: off), got top_p[0] = 0");
+  BAD_SAMPLED_RAGGED(c.top_p[0] = 0.f, MTP_ERROR_INVALID_ARGUMENT,
+                     "top_p must lie in (0, 1] (1: off), got top_p[0] = 0");
   BAD_SAMPLED_RAGGED(c.top_k[1] = -1, MTP_ERROR_INVALID_ARGUMENT, "top_k must be >= 0 (0: off), got top_k[1] = -1");
   BAD_SAMPLED_RAGGED(c.a.data = c.q.data(), MTP_ERROR_INVALID_ARGUMENT, "accepted");
   std::printf("sampling_ragged_errors: ok\n");
@@ -406,7 +434,8 @@ void test_sparse_ordered_sum() {
       }
     const uint32_t above = uint32_t(uniform(0, 1000));
     const double dense = mtp::ordered_sum(V, [&](int64_t i) {
-      for (const auto& k : kept) if (k.i == i) return k.key > above ? k.w : 0.0;
+      for (const auto& k : kept)
+        if (k.i == i) return k.key > above ? k.w : 0.0;
       return 0.0;
     });
     EXPECT(mtp::sparse_ordered_sum(kept, above) == dense, "V=%lld: sparse %.17g dense %.17g", (long long)V,
@@ -433,8 +462,13 @@ void test_sampling() {
   const int64_t V = 4096, K = 2;
   std::vector<float> logits((K + 1) * V, 0.0f);
   mtp::VerifyArgs a;
-  a.B = 1; a.K = K; a.V = V; a.logits = logits.data();
-  a.logits_stride[0] = (K + 1) * V; a.logits_stride[1] = V; a.logits_stride[2] = 1;
+  a.B = 1;
+  a.K = K;
+  a.V = V;
+  a.logits = logits.data();
+  a.logits_stride[0] = (K + 1) * V;
+  a.logits_stride[1] = V;
+  a.logits_stride[2] = 1;
   const mtp::Isa isa = mtp::current_isa();
   for (int64_t seed : {int64_t(0), int64_t(-1), int64_t(12345)}) {
     // Uniform rows: the drawn token is floor(u * V) at each position.
@@ -443,16 +477,16 @@ void test_sampling() {
       want[t] = int64_t(mtp::sample_uniform(seed, 40 + t, mtp::kStreamSample) * double(V));
     int64_t draft[K] = {want[0], V};  // the first matches the draw, the second lies outside V
     int64_t out[K + 1];
-    int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 1.0, mtp::Filters{}, seed, 40, K, -7,
-                                             out, 1, isa);
+    int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 1.0, mtp::Filters{},
+                                             seed, 40, K, -7, out, 1, isa);
     EXPECT(n == 1 && out[0] == want[0] && out[1] == want[1] && out[2] == -7, "seed %lld: n %lld out %lld %lld %lld",
            (long long)seed, (long long)n, (long long)out[0], (long long)out[1], (long long)out[2]);
   }
   // Temperature 0: the argmax (first of a tie), whatever the seed.
   logits[5] = logits[9] = 3.0f;
   int64_t draft[K] = {5, 1}, out[K + 1];
-  int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 0.0, mtp::Filters{}, 77, 0, K, -1, out,
-                                           1, isa);
+  int64_t n = mtp::sample_request<int64_t>(a, 0, draft, 1, nullptr, mtp::DType::F32, nullptr, 0.0, mtp::Filters{}, 77,
+                                           0, K, -1, out, 1, isa);
   EXPECT(n == 1 && out[0] == 5 && out[1] == 0 && out[2] == -1, "greedy: n %lld out %lld %lld", (long long)n,
          (long long)out[0], (long long)out[1]);
 }

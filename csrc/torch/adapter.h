@@ -26,12 +26,17 @@ namespace mtp::cpu {
 inline std::string dtype_list(std::initializer_list<at::ScalarType> ok) {
   std::ostringstream s;
   const char* sep = "";
-  for (auto t : ok) { s << sep << t; sep = " or "; }
+  for (auto t : ok) {
+    s << sep << t;
+    sep = " or ";
+  }
   return s.str();
 }
 
-inline void check_dtype(const char* op, const char* name, const at::Tensor& t, std::initializer_list<at::ScalarType> ok) {
-  for (auto d : ok) if (t.scalar_type() == d) return;
+inline void check_dtype(const char* op, const char* name, const at::Tensor& t,
+                        std::initializer_list<at::ScalarType> ok) {
+  for (auto d : ok)
+    if (t.scalar_type() == d) return;
   TORCH_CHECK(false, op, ": ", name, " must be ", dtype_list(ok), ", got ", t.scalar_type());
 }
 
@@ -48,7 +53,8 @@ inline void check_dim(const char* op, const char* name, const at::Tensor& t, int
   check_strides(op, name, t);
 }
 
-inline void check_size(const char* op, const char* name, const at::Tensor& t, int64_t d, int64_t want, const char* what) {
+inline void check_size(const char* op, const char* name, const at::Tensor& t, int64_t d, int64_t want,
+                       const char* what) {
   TORCH_CHECK(t.size(d) == want, op, ": ", name, ".size(", d, ") must equal ", what, " = ", want, ", got ", t.size(d),
               " (shape ", t.sizes(), ")");
 }
@@ -91,8 +97,8 @@ inline std::vector<int64_t> checked_counts(const char* op, const char* name, con
     const index_t* p = n.data_ptr<index_t>();
     for (int64_t b = 0; b < B; ++b) {
       out[b] = p[b * n.stride(0)];
-      TORCH_CHECK(out[b] >= 0 && out[b] <= hi, op, ": ", name, " must lie in [0, ", hi_what, "] = [0, ", hi,
-                  "], got ", name, "[", b, "] = ", out[b]);
+      TORCH_CHECK(out[b] >= 0 && out[b] <= hi, op, ": ", name, " must lie in [0, ", hi_what, "] = [0, ", hi, "], got ",
+                  name, "[", b, "] = ", out[b]);
     }
   });
   return out;
@@ -127,7 +133,8 @@ using NamedTensor = std::pair<const char*, const at::Tensor*>;
 inline void check_written(const char* op, const char* why, std::initializer_list<NamedTensor> outputs,
                           std::initializer_list<NamedTensor> inputs) {
   View views[kMaxAliasViews];
-  TORCH_CHECK(outputs.size() + inputs.size() <= kMaxAliasViews, op, ": internal error: too many views in one aliasing check");
+  TORCH_CHECK(outputs.size() + inputs.size() <= kMaxAliasViews, op,
+              ": internal error: too many views in one aliasing check");
   size_t n = 0;
   for (const NamedTensor& t : outputs) views[n++] = view_of(t.first, *t.second);
   for (const NamedTensor& t : inputs) views[n++] = view_of(t.first, *t.second);
@@ -136,13 +143,16 @@ inline void check_written(const char* op, const char* why, std::initializer_list
 
 // The written caches against a pass's weights (~180 tensors): names built only on a hit.
 template <class Name>
-void check_disjoint(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                    at::TensorList inputs, Name&& name) {
+void check_disjoint(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache, at::TensorList inputs,
+                    Name&& name) {
   const View outs[2] = {view_of("k_cache", k_cache), view_of("v_cache", v_cache)};
-  check_ok(op, disjoint_error(outs, 2, int64_t(inputs.size()), [&](int64_t i, View* v) {
-    *v = view_of("", inputs[size_t(i)]);
-    return true;
-  }, name));
+  check_ok(op, disjoint_error(
+                   outs, 2, int64_t(inputs.size()),
+                   [&](int64_t i, View* v) {
+                     *v = view_of("", inputs[size_t(i)]);
+                     return true;
+                   },
+                   name));
 }
 
 // draft_tokens [B, K] (verify, accept_prefix) on `device`.
@@ -182,9 +192,8 @@ inline void check_accept_inputs(const char* op, const at::Tensor& draft, const a
 
 // mtp.verify_ragged's tensors on `device`: draft_token_ids [N], cu_num_draft_tokens [B]
 // (both int32/int64), target_logits [N + B, V]; max_num_drafts's range; pad_id fits the ids.
-inline void check_ragged_inputs(const char* op, const at::Tensor& draft, const at::Tensor& cu,
-                                const at::Tensor& logits, int64_t pad_id, c10::optional<int64_t> max_num_drafts,
-                                const at::Device& device) {
+inline void check_ragged_inputs(const char* op, const at::Tensor& draft, const at::Tensor& cu, const at::Tensor& logits,
+                                int64_t pad_id, c10::optional<int64_t> max_num_drafts, const at::Device& device) {
   check_device(op, "draft_token_ids", draft, device);
   check_dtype(op, "draft_token_ids", draft, kIdTypes);
   check_dim(op, "draft_token_ids", draft, 1, "[N]");
@@ -222,7 +231,9 @@ inline RaggedLayout checked_ragged_layout(const char* op, const at::Tensor& cu, 
 inline VerifyArgs ragged_verify_args(const at::Tensor& logits, int64_t B, int64_t W, const int64_t* num_drafts,
                                      const int64_t* first_row) {
   VerifyArgs a;
-  a.B = B; a.K = W - 1; a.V = logits.size(1);
+  a.B = B;
+  a.K = W - 1;
+  a.V = logits.size(1);
   a.logits = logits.data_ptr();
   a.logits_dtype = to_dtype(logits.scalar_type());
   a.logits_stride[0] = 0;
@@ -236,7 +247,9 @@ inline VerifyArgs ragged_verify_args(const at::Tensor& logits, int64_t B, int64_
 // The checked verify inputs as kernel arguments (num_drafts left to the caller).
 inline VerifyArgs verify_args(const at::Tensor& draft, const at::Tensor& logits) {
   VerifyArgs a;
-  a.B = draft.size(0); a.K = draft.size(1); a.V = logits.size(2);
+  a.B = draft.size(0);
+  a.K = draft.size(1);
+  a.V = logits.size(2);
   a.logits = logits.data_ptr();
   a.logits_dtype = to_dtype(logits.scalar_type());
   for (int d = 0; d < 3; ++d) a.logits_stride[d] = logits.stride(d);
@@ -291,8 +304,8 @@ inline void check_weight_scale(const char* op, const at::Tensor& weight, const c
                 weight.scalar_type(), " weight");
     return;
   }
-  TORCH_CHECK(weight_scale.has_value(), op, ": an int8 weight needs weight_scale, Float ", kWeightScaleShape, " = [",
-              N, ", ", blocks, "] (one scale per block of 32 along K), got None");
+  TORCH_CHECK(weight_scale.has_value(), op, ": an int8 weight needs weight_scale, Float ", kWeightScaleShape, " = [", N,
+              ", ", blocks, "] (one scale per block of 32 along K), got None");
   const at::Tensor& s = *weight_scale;
   check_q8_scales(op, "weight_scale", s, N, "N (weight.size(0))", K, device);
   check_ok(op, weight_scale_rows_error(blocks, s.stride(0), s.stride(1)));
@@ -320,9 +333,8 @@ inline DType check_gguf_weight(const char* op, const char* name, const at::Tenso
 }
 
 inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
-                                 const c10::optional<at::Tensor>& bias,
-                                 const c10::optional<at::Tensor>& weight_scale, bool quantize_x = false,
-                                 c10::optional<int64_t> gguf_type = c10::nullopt) {
+                                 const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& weight_scale,
+                                 bool quantize_x = false, c10::optional<int64_t> gguf_type = c10::nullopt) {
   const at::Device device = x.device();
   check_device(op, "weight", weight, device);
   check_dtype(op, "x", x, {at::kFloat, at::kBFloat16});
@@ -333,8 +345,10 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   DType block = DType::F32;
   if (gguf_type.has_value()) {
     block = check_gguf_weight(op, "weight", weight, *gguf_type, K);
-    TORCH_CHECK(!weight_scale.has_value(), op, ": a GGUF block-type weight carries its scales; weight_scale must be None");
-    TORCH_CHECK(!quantize_x, op, ": quantize_x is for Q8 (int8) weights; a GGUF block-type weight always takes "
+    TORCH_CHECK(!weight_scale.has_value(), op,
+                ": a GGUF block-type weight carries its scales; weight_scale must be None");
+    TORCH_CHECK(!quantize_x, op,
+                ": quantize_x is for Q8 (int8) weights; a GGUF block-type weight always takes "
                 "its activations as int8 rows");
   } else {
     check_dtype(op, "weight", weight, {at::kFloat, at::kBFloat16, at::kChar});
@@ -361,17 +375,26 @@ inline LinearCall prepare_linear(const char* op, const at::Tensor& x, const at::
   c.out_shape.back() = N;
   c.out_dtype = x.scalar_type();
   LinearArgs& a = c.args;
-  a.M = M; a.N = N; a.K = K;
-  a.x = c.x2.data_ptr(); a.x_dtype = to_dtype(x.scalar_type()); a.x_stride = c.x2.stride(0);
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.x = c.x2.data_ptr();
+  a.x_dtype = to_dtype(x.scalar_type());
+  a.x_stride = c.x2.stride(0);
   if (gguf_type.has_value()) {
-    a.w = weight.data_ptr(); a.w_dtype = block; a.w_stride = weight.stride(0);
+    a.w = weight.data_ptr();
+    a.w_dtype = block;
+    a.w_stride = weight.stride(0);
   } else if (weight_scale.has_value())
     set_q8_weight(a, weight.data_ptr(), weight.stride(0), weight_scale->data_ptr<float>(), weight_scale->stride(0));
   else {
-    a.w = weight.data_ptr(); a.w_dtype = to_dtype(weight.scalar_type()); a.w_stride = weight.stride(0);
+    a.w = weight.data_ptr();
+    a.w_dtype = to_dtype(weight.scalar_type());
+    a.w_stride = weight.stride(0);
   }
   a.bias = c.bias.defined() ? c.bias.data_ptr<float>() : nullptr;
-  a.y = c.y.data_ptr<float>(); a.y_stride = N;
+  a.y = c.y.data_ptr<float>();
+  a.y_stride = N;
   a.quantize_x = quantize_x;
   return c;
 }
@@ -403,14 +426,17 @@ void set_caches(const char* op, Args& a, const at::Tensor& k, const at::Tensor& 
 // with check_attention_lens; a.cache_lens and a.out are left to the caller.
 inline AttentionArgs attention_args(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
                                     const at::Tensor& v_cache, const c10::optional<at::Tensor>& k_local,
-                                    const c10::optional<at::Tensor>& v_local, c10::optional<double> scale,
-                                    bool causal, const at::Device& device) {
+                                    const c10::optional<at::Tensor>& v_local, c10::optional<double> scale, bool causal,
+                                    const at::Device& device) {
   check_device(op, "q", q, device);
   check_dtype(op, "q", q, kFloatTypes);
   check_dim(op, "q", q, 4, "[B, T, Hq, D]");
   AttentionArgs a;
   set_caches(op, a, k_cache, v_cache, "q", q, device);
-  a.B = q.size(0); a.T = q.size(1); a.Hq = q.size(2); a.D = q.size(3);
+  a.B = q.size(0);
+  a.T = q.size(1);
+  a.Hq = q.size(2);
+  a.D = q.size(3);
   a.Hkv = k_cache.size(1);
   check_size(op, "k_cache", k_cache, 0, a.B, "B (q.size(0))");
   check_size(op, "k_cache", k_cache, 3, a.D, "the head dim D (q.size(3))");
@@ -456,7 +482,11 @@ inline CacheAppendArgs cache_append_args(const char* op, const at::Tensor& k_cac
               v_new.sizes());
   CacheAppendArgs a;
   set_caches(op, a, k_cache, v_cache, "k_new", k_new, device);
-  a.B = k_new.size(0); a.T = k_new.size(1); a.Hkv = k_new.size(2); a.D = k_new.size(3); a.L = k_cache.size(2);
+  a.B = k_new.size(0);
+  a.T = k_new.size(1);
+  a.Hkv = k_new.size(2);
+  a.D = k_new.size(3);
+  a.L = k_cache.size(2);
   check_size(op, "k_cache", k_cache, 0, a.B, "B (k_new.size(0))");
   check_size(op, "k_cache", k_cache, 1, a.Hkv, "Hkv (k_new.size(2))");
   check_size(op, "k_cache", k_cache, 3, a.D, "the head dim D (k_new.size(3))");

@@ -21,8 +21,7 @@
 namespace mtp {
 
 // Argmax of x[begin*stride], ..., x[(end-1)*stride] (end > begin).
-inline ArgmaxResult argmax_range(const void* x, DType dt, int64_t stride, int64_t begin,
-                                 int64_t end, Isa isa) {
+inline ArgmaxResult argmax_range(const void* x, DType dt, int64_t stride, int64_t begin, int64_t end, Isa isa) {
 #if defined(MTP_X86)
   if (stride == 1 && is_avx512(isa)) return x86::argmax_avx512(x, dt, begin, end);
   if (stride == 1 && isa == Isa::Avx2) return x86::argmax_avx2(x, dt, begin, end);

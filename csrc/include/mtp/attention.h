@@ -76,8 +76,10 @@ void attend_chunk(const float* qp, int64_t R, const int64_t* n, const KvRows& k,
 
 // Folds a row's next chunk partial p into its state st (the first one is copied).
 inline void fold_partial(float* st, const float* p, int64_t D, bool* any) {
-  if (*any) merge_partial(st, p, D);
-  else std::copy(p, p + D + 2, st);
+  if (*any)
+    merge_partial(st, p, D);
+  else
+    std::copy(p, p + D + 2, st);
   *any = true;
 }
 
@@ -178,8 +180,10 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
         for (int64_t r = 0; r < R; ++r) write_row(a, out_row(bh, r), st.data() + r * P, any[size_t(r)]);
       }
     };
-    if (serial) work(0, B * Hkv);
-    else parallel_for(B * Hkv, work);
+    if (serial)
+      work(0, B * Hkv);
+    else
+      parallel_for(B * Hkv, work);
     return;
   }
 
@@ -212,7 +216,8 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
       const float* pb = part.get() + (bh * C * R + r) * P;  // chunk c at + c*R*P
       bool any = false;
       for (int64_t c = 0; c < attn_chunks(visible(b, t)); ++c) fold_partial(st.data(), pb + c * R * P, D, &any);
-      for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c) fold_partial(st.data(), pb + (Cc + c) * R * P, D, &any);
+      for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c)
+        fold_partial(st.data(), pb + (Cc + c) * R * P, D, &any);
       write_row(a, out_row(bh, r), st.data(), any);
     }
   });
@@ -239,9 +244,15 @@ template <template <DType, int> class V, class ParallelFor>
 void attention_vector(const AttentionArgs& a, int threads, ParallelFor&& pf) {
   const bool d64 = a.D == 64;
   switch (a.dtype) {
-    case DType::F32: return d64 ? attention_with<V<DType::F32, 64>>(a, threads, pf) : attention_with<V<DType::F32, 128>>(a, threads, pf);
-    case DType::BF16: return d64 ? attention_with<V<DType::BF16, 64>>(a, threads, pf) : attention_with<V<DType::BF16, 128>>(a, threads, pf);
-    default: return d64 ? attention_with<V<DType::F16, 64>>(a, threads, pf) : attention_with<V<DType::F16, 128>>(a, threads, pf);
+    case DType::F32:
+      return d64 ? attention_with<V<DType::F32, 64>>(a, threads, pf)
+                 : attention_with<V<DType::F32, 128>>(a, threads, pf);
+    case DType::BF16:
+      return d64 ? attention_with<V<DType::BF16, 64>>(a, threads, pf)
+                 : attention_with<V<DType::BF16, 128>>(a, threads, pf);
+    default:
+      return d64 ? attention_with<V<DType::F16, 64>>(a, threads, pf)
+                 : attention_with<V<DType::F16, 128>>(a, threads, pf);
   }
 }
 
@@ -252,7 +263,7 @@ void attention(const AttentionArgs& a, int threads, Isa isa, ParallelFor&& pf) {
 #if defined(MTP_X86)
   if (attention_vectorised(isa, a.D))
     return is_avx512(isa) ? attention_vector<x86::Avx512Attention>(a, threads, pf)
-                             : attention_vector<x86::Avx2Attention>(a, threads, pf);
+                          : attention_vector<x86::Avx2Attention>(a, threads, pf);
 #elif defined(MTP_ARM64)
   if (attention_vectorised(isa, a.D)) return attention_vector<neon::NeonAttention>(a, threads, pf);  // NeonFp16 too
 #endif

@@ -37,7 +37,7 @@ bool cache_append(const CacheAppendArgs& a, ParallelFor&& parallel_for) {
   auto one = [&](void* cache, const int64_t* cs, const void* src, const int64_t* ss, int64_t b, int64_t h) {
     for (int64_t t = 0; t < a.T; ++t)
       copy_elems(static_cast<char*>(cache) + (b * cs[0] + h * cs[1] + (a.cache_lens[b] + t) * cs[2]) * es, cs[3],
-               static_cast<const char*>(src) + (b * ss[0] + t * ss[1] + h * ss[2]) * es, ss[3], a.D, es);
+                 static_cast<const char*>(src) + (b * ss[0] + t * ss[1] + h * ss[2]) * es, ss[3], a.D, es);
   };
   parallel_for(a.B * a.Hkv, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

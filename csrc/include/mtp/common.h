@@ -36,9 +36,18 @@ namespace mtp {
 // strides count bytes (dtype_size 1). Q4_0_X8 .. Q8_0_X8: the same blocks, 8 rows interleaved
 // (gguf.h's x8 layout), 200 + the GGML type number.
 enum class DType : int32_t {
-  F32 = 0, BF16 = 1, F16 = 2, I8 = 5,
-  Q4_0 = 102, Q4_1 = 103, Q8_0 = 108, Q4_K = 112, Q6_K = 114,
-  Q4_0_X8 = 202, Q4_1_X8 = 203, Q8_0_X8 = 208
+  F32 = 0,
+  BF16 = 1,
+  F16 = 2,
+  I8 = 5,
+  Q4_0 = 102,
+  Q4_1 = 103,
+  Q8_0 = 108,
+  Q4_K = 112,
+  Q6_K = 114,
+  Q4_0_X8 = 202,
+  Q4_1_X8 = 203,
+  Q8_0_X8 = 208
 };
 
 MTP_HOST_DEVICE inline int64_t dtype_size(DType t) {
@@ -66,7 +75,10 @@ inline float f16_to_f32(uint16_t h) {
     u = sign;
   } else {  // subnormal: normalise
     int e = -1;
-    do { man <<= 1; ++e; } while (!(man & 0x400));
+    do {
+      man <<= 1;
+      ++e;
+    } while (!(man & 0x400));
     u = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ff) << 13);
   }
   float f;
@@ -143,6 +155,5 @@ inline void copy_elems(char* dst, int64_t dst_stride, const char* src, int64_t s
   }
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * dst_stride * es, src + i * src_stride * es, size_t(es));
 }
-
 
 }  // namespace mtp

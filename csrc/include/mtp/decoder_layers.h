@@ -77,16 +77,35 @@ struct LayerPass {
 
   LayerPass(int64_t M_, int64_t T_, int64_t H_, int64_t Hq_, int64_t Hkv_, int64_t D_, int64_t I_, DType dt_,
             float eps_, bool quantize_x_, Isa isa_, ParallelFor& pf_)
-      : M(M_), T(T_), H(H_), Hq(Hq_), Hkv(Hkv_), D(D_), I(I_), dt(dt_), eps(eps_), quantize_x(quantize_x_),
-        isa(isa_), pf(pf_), y(size_t(M * std::max({width(), 2 * I, H}))), resid{buffer(M * H), buffer(M * H)},
-        h(buffer(M * H)), qkv(buffer(M * width())), att(buffer(M * Hq * D)), gate_up(buffer(M * 2 * I)),
-        act(buffer(M * I)), proj(buffer(M * H)) {}
+      : M(M_),
+        T(T_),
+        H(H_),
+        Hq(Hq_),
+        Hkv(Hkv_),
+        D(D_),
+        I(I_),
+        dt(dt_),
+        eps(eps_),
+        quantize_x(quantize_x_),
+        isa(isa_),
+        pf(pf_),
+        y(size_t(M * std::max({width(), 2 * I, H}))),
+        resid{buffer(M * H), buffer(M * H)},
+        h(buffer(M * H)),
+        qkv(buffer(M * width())),
+        att(buffer(M * Hq * D)),
+        gate_up(buffer(M * 2 * I)),
+        act(buffer(M * I)),
+        proj(buffer(M * H)) {}
 
   int64_t width() const { return (Hq + 2 * Hkv) * D; }  // of a qkv row
   std::vector<float> buffer(int64_t n) const { return std::vector<float>(size_t((n * dtype_size(dt) + 3) / 4)); }
   // The q/k/v heads of token (b, t) sit in row b*T + t of qkv: [B, T, heads, D] strides.
   void head_strides(int64_t* s) const {
-    s[0] = T * width(); s[1] = width(); s[2] = D; s[3] = 1;
+    s[0] = T * width();
+    s[1] = width();
+    s[2] = D;
+    s[3] = 1;
   }
   const char* head_bytes(int64_t first_head) const {
     return reinterpret_cast<const char*>(qkv.data()) + first_head * D * dtype_size(dt);
@@ -94,20 +113,29 @@ struct LayerPass {
 
   // x [M, K] @ m.T -> out [M, N] in dt: mtp.linear's fp32 result rounded as torch's .to().
   // rows: [N] rows of m read in place (LinearArgs::w_rows), or nullptr: rows 0..N-1.
-  void project(const DecoderMatrix& m, const void* in, int64_t K, int64_t N, void* out,
-               const int64_t* rows = nullptr) {
+  void project(const DecoderMatrix& m, const void* in, int64_t K, int64_t N, void* out, const int64_t* rows = nullptr) {
     LinearArgs l;
-    l.M = M; l.N = N; l.K = K;
-    l.x = in; l.x_dtype = dt; l.x_stride = K;
-    l.w = m.w; l.w_dtype = m.dtype; l.w_stride = m.stride;
-    l.w_scale = m.scale; l.w_scale_stride = m.scale_stride;
+    l.M = M;
+    l.N = N;
+    l.K = K;
+    l.x = in;
+    l.x_dtype = dt;
+    l.x_stride = K;
+    l.w = m.w;
+    l.w_dtype = m.dtype;
+    l.w_stride = m.stride;
+    l.w_scale = m.scale;
+    l.w_scale_stride = m.scale_stride;
     l.w_rows = rows;
-    if (dt != DType::F32 && y.size() < size_t(M * N)) y.resize(size_t(M * N));  // a wide LM head (the head's full vocabulary)
+    if (dt != DType::F32 && y.size() < size_t(M * N))
+      y.resize(size_t(M * N));  // a wide LM head (the head's full vocabulary)
     l.y = dt == DType::F32 ? static_cast<float*>(out) : y.data();
     l.y_stride = N;
     l.quantize_x = quantize_x && m.dtype == DType::I8;
-    if (dt == DType::F32) linear(l, isa, pf);
-    else linear_to_bf16(l, static_cast<uint16_t*>(out), N, isa, pf);
+    if (dt == DType::F32)
+      linear(l, isa, pf);
+    else
+      linear_to_bf16(l, static_cast<uint16_t*>(out), N, isa, pf);
   }
   // fn(r0, r1) over the M rows: on this thread below kParallelRows rows (a parallel region
   // costs more than a few rows of these row-local steps), else split over the threads
@@ -115,8 +143,10 @@ struct LayerPass {
   static constexpr int64_t kParallelRows = 16;
   template <class Fn>
   void split_rows(Fn&& fn) const {
-    if (M < kParallelRows) fn(int64_t(0), M);
-    else pf(M, fn);
+    if (M < kParallelRows)
+      fn(int64_t(0), M);
+    else
+      pf(M, fn);
   }
   // p advanced by r rows of `stride` elements of dt.
   template <class P>
@@ -130,12 +160,19 @@ struct LayerPass {
     const int64_t os = out_stride ? out_stride : H;
     split_rows([&](int64_t r0, int64_t r1) {
       RmsNormArgs n;
-      n.M = r1 - r0; n.H = H; n.dtype = dt;
-      n.x = row(in, r0, H); n.x_stride = H;
-      n.residual = row(residual, r0, H); n.residual_stride = H;
-      n.sum = row(sum, r0, H); n.sum_stride = H;
-      n.out = row(out, r0, os); n.out_stride = os;
-      n.weight = w; n.w_dtype = dt;
+      n.M = r1 - r0;
+      n.H = H;
+      n.dtype = dt;
+      n.x = row(in, r0, H);
+      n.x_stride = H;
+      n.residual = row(residual, r0, H);
+      n.residual_stride = H;
+      n.sum = row(sum, r0, H);
+      n.sum_stride = H;
+      n.out = row(out, r0, os);
+      n.out_stride = os;
+      n.weight = w;
+      n.w_dtype = dt;
       n.eps = eps;
       rms_norm(n, isa);
     });
@@ -156,10 +193,17 @@ struct LayerPass {
     project(w.qkv, h.data(), H, width(), qkv.data());
     split_rows([&](int64_t r0, int64_t r1) {  // rows r0..r1 as requests of one token: row m = b*T + t
       RopeArgs r;
-      r.B = r1 - r0; r.T = 1; r.H = Hq + Hkv; r.D = D; r.dtype = dt;
+      r.B = r1 - r0;
+      r.T = 1;
+      r.H = Hq + Hkv;
+      r.D = D;
+      r.dtype = dt;
       r.x = row(static_cast<void*>(qkv.data()), r0, width());
-      r.x_stride[0] = r.x_stride[1] = width(); r.x_stride[2] = D; r.x_stride[3] = 1;
-      r.cos = cos + r0 * D; r.sin = sin + r0 * D;
+      r.x_stride[0] = r.x_stride[1] = width();
+      r.x_stride[2] = D;
+      r.x_stride[3] = 1;
+      r.cos = cos + r0 * D;
+      r.sin = sin + r0 * D;
       r.cos_stride[0] = r.sin_stride[0] = r.cos_stride[1] = r.sin_stride[1] = D;
       r.cos_stride[2] = r.sin_stride[2] = 1;
       rope(r, isa);
@@ -170,9 +214,13 @@ struct LayerPass {
     project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
     split_rows([&](int64_t r0, int64_t r1) {
       SiluMulArgs s;
-      s.M = r1 - r0; s.I = I; s.dtype = dt;
-      s.x = row(static_cast<const void*>(gate_up.data()), r0, 2 * I); s.x_stride = 2 * I;
-      s.out = row(static_cast<void*>(act.data()), r0, I); s.out_stride = I;
+      s.M = r1 - r0;
+      s.I = I;
+      s.dtype = dt;
+      s.x = row(static_cast<const void*>(gate_up.data()), r0, 2 * I);
+      s.x_stride = 2 * I;
+      s.out = row(static_cast<void*>(act.data()), r0, I);
+      s.out_stride = I;
       silu_mul(s, isa);
     });
     project(w.down, act.data(), I, H, proj.data());
@@ -184,7 +232,12 @@ struct LayerPass {
   void append_heads(void* k, const int64_t* k_stride, void* v, const int64_t* v_stride, int64_t L,
                     const int64_t* lens) const {
     CacheAppendArgs c;
-    c.B = M / T; c.T = T; c.Hkv = Hkv; c.D = D; c.L = L; c.dtype = dt;
+    c.B = M / T;
+    c.T = T;
+    c.Hkv = Hkv;
+    c.D = D;
+    c.L = L;
+    c.dtype = dt;
     set_cache_views(c, k, k_stride, v, v_stride, lens);
     int64_t heads[4];
     head_strides(heads);
@@ -196,7 +249,12 @@ struct LayerPass {
   AttentionArgs attention_args(const void* k, const int64_t* k_stride, const void* v, const int64_t* v_stride,
                                const int64_t* lens) {
     AttentionArgs at;
-    at.B = M / T; at.T = T; at.Hq = Hq; at.Hkv = Hkv; at.D = D; at.dtype = dt;
+    at.B = M / T;
+    at.T = T;
+    at.Hq = Hq;
+    at.Hkv = Hkv;
+    at.D = D;
+    at.dtype = dt;
     at.q = qkv.data();
     head_strides(at.q_stride);
     set_cache_views(at, k, k_stride, v, v_stride, lens);
@@ -225,7 +283,8 @@ void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf
   LayerPass<ParallelFor> p(M, a.T, a.H, a.Hq, a.Hkv, D, a.I, a.dtype, a.eps, a.quantize_x, isa, pf);
   const int64_t es = dtype_size(a.dtype);
   std::vector<float> cos(size_t(M * D)), sin(size_t(M * D));
-  const std::vector<int64_t> depth = a.tree_parents ? TreePaths(a.tree_parents, a.B, a.T).depth : std::vector<int64_t>();
+  const std::vector<int64_t> depth =
+      a.tree_parents ? TreePaths(a.tree_parents, a.B, a.T).depth : std::vector<int64_t>();
   gather_angles(a.rope_cos, a.cache_lens, 0, a.B, a.T, D, cos.data(), a.tree_parents ? depth.data() : nullptr);
   gather_angles(a.rope_sin, a.cache_lens, 0, a.B, a.T, D, sin.data(), a.tree_parents ? depth.data() : nullptr);
   std::vector<int64_t> new_lens(size_t(a.B));  // the lengths once the tokens are in

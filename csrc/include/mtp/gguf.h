@@ -118,7 +118,10 @@ inline Block32 block_params(DType t, const uint8_t* row, int64_t b) {
   Block32 p;
   switch (t) {
     case DType::Q4_0: p.d = fp16_at(row + b * 18); break;
-    case DType::Q4_1: p.d = fp16_at(row + b * 20); p.m = fp16_at(row + b * 20 + 2); break;
+    case DType::Q4_1:
+      p.d = fp16_at(row + b * 20);
+      p.m = fp16_at(row + b * 20 + 2);
+      break;
     case DType::Q8_0: p.d = fp16_at(row + b * 34); break;
     case DType::Q4_K: {
       const uint8_t* s = row + b / 8 * 144;
@@ -207,7 +210,8 @@ inline void repack_x8(DType t, const uint8_t* src, int64_t src_stride, int64_t N
   for (int64_t n = 0; n < N; ++n) {
     uint8_t* group = dst + n / kX8Rows * kX8Rows * nb * bb;
     for (int64_t b = 0; b < nb; ++b)
-      copy_block_lane(t, src + n * src_stride + b * bb, file_lane(t), group + b * kX8Rows * bb, x8_lane(t, n % kX8Rows));
+      copy_block_lane(t, src + n * src_stride + b * bb, file_lane(t), group + b * kX8Rows * bb,
+                      x8_lane(t, n % kX8Rows));
   }
 }
 
@@ -307,8 +311,8 @@ inline float quantize_block_q8(const float* v, int8_t* q) {
 // the x86 paths: x8 layout, file layout).
 struct QuantRows {
   int64_t M = 0, K = 0, nb = 0;
-  std::vector<int8_t> q;     // [M, K]
-  std::vector<float> dx, s;  // [M, nb]
+  std::vector<int8_t> q;           // [M, K]
+  std::vector<float> dx, s;        // [M, nb]
   std::vector<int32_t> sum, sum4;  // [M, nb], [M, nb, 8]
   const int8_t* qrow(int64_t m) const { return q.data() + m * K; }
   const float* dxrow(int64_t m) const { return dx.data() + m * nb; }
@@ -319,7 +323,9 @@ struct QuantRows {
 
 // x [M, K] (fp32, bf16 or fp16, rows x_stride elements apart), K a multiple of 32.
 inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
-  out.M = M; out.K = K; out.nb = K / 32;
+  out.M = M;
+  out.K = K;
+  out.nb = K / 32;
   out.q.resize(size_t(M * K));
   out.dx.resize(size_t(M * out.nb));
   out.s.resize(size_t(M * out.nb));

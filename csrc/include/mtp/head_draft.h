@@ -32,10 +32,10 @@ struct HeadDraftArgs {
   const int64_t* cache_lens = nullptr;  // [B]: draft step j of request b is at position cache_lens[b] + j
   const void* embed_norm = nullptr;     // [H] each
   const void* hidden_norm = nullptr;
-  DecoderMatrix proj;                // [H, 2H]: [normed embedding ; normed hidden state] -> H
+  DecoderMatrix proj;                   // [H, 2H]: [normed embedding ; normed hidden state] -> H
   const DecoderLayer* block = nullptr;  // [blocks]
   const void* out_norm = nullptr;
-  DecoderMatrix lm_head;              // [V, H]: float, or Q8; only the draft vocabulary's rows are read
+  DecoderMatrix lm_head;                 // [V, H]: float, or Q8; only the draft vocabulary's rows are read
   const int64_t* draft_vocab = nullptr;  // [Vd] token ids (rows of lm_head), or nullptr: every token (Vd == V)
   float eps = 0.f;
   int64_t alternatives = 0;   // the first step's next best drafts also wanted (K >= 1, < Vd)
@@ -74,9 +74,9 @@ inline void embedding_row(const DecoderMatrix& e, int64_t H, int64_t id, DType d
     return;
   }
   for (int64_t k = 0; k < H; ++k) {
-    const float v = e.dtype == DType::I8
-                        ? float(static_cast<const int8_t*>(e.w)[id * e.stride + k]) * e.scale[id * e.scale_stride + k / kQ8Block]
-                        : load_f32(e.w, e.dtype, id * e.stride + k);
+    const float v = e.dtype == DType::I8 ? float(static_cast<const int8_t*>(e.w)[id * e.stride + k]) *
+                                               e.scale[id * e.scale_stride + k / kQ8Block]
+                                         : load_f32(e.w, e.dtype, id * e.stride + k);
     store_f32(out, dt, k, v);
   }
 }
@@ -125,15 +125,18 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
     p.project(a.proj, in.data(), 2 * H, H, x.data());
     p.x = x.data();
     void* const out = normed.data();  // the norm in front of the draft LM head
-    p.norm(x.data(), nullptr, nullptr, a.blocks > 0 ? a.block[0].input_norm : a.out_norm, a.blocks > 0 ? p.h.data() : out);
+    p.norm(x.data(), nullptr, nullptr, a.blocks > 0 ? a.block[0].input_norm : a.out_norm,
+           a.blocks > 0 ? p.h.data() : out);
     for (int64_t i = 0; i < a.blocks; ++i) {
-      auto attend = [&] {  // this step's k/v heads into the local segment (at position j), then attend over cache + segment
-        p.append_heads(local_k[size_t(i)].data(), local_strides, local_v[size_t(i)].data(), local_strides, a.K,
-                       step.data());
-        AttentionArgs at = p.attention_args(a.k_cache, a.k_stride, a.v_cache, a.v_stride, a.cache_lens);
-        set_local_views(at, j + 1, local_k[size_t(i)].data(), local_strides, local_v[size_t(i)].data(), local_strides);
-        attention(at, threads, isa, pf);
-      };
+      auto attend =
+          [&] {  // this step's k/v heads into the local segment (at position j), then attend over cache + segment
+            p.append_heads(local_k[size_t(i)].data(), local_strides, local_v[size_t(i)].data(), local_strides, a.K,
+                           step.data());
+            AttentionArgs at = p.attention_args(a.k_cache, a.k_stride, a.v_cache, a.v_stride, a.cache_lens);
+            set_local_views(at, j + 1, local_k[size_t(i)].data(), local_strides, local_v[size_t(i)].data(),
+                            local_strides);
+            attention(at, threads, isa, pf);
+          };
       const bool last = i + 1 == a.blocks;
       p.layer(a.block[i], cos.data(), sin.data(), attend, last ? a.out_norm : a.block[i + 1].input_norm,
               last ? out : p.h.data());

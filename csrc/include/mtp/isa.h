@@ -95,8 +95,7 @@ inline bool isa_supported(Isa isa) {
     case Isa::Generic: return true;
 #if defined(MTP_X86)
     case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             cpuid_bit(1, 0, 2, 29);  // F16C
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpuid_bit(1, 0, 2, 29);  // F16C
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -165,7 +164,10 @@ inline Isa best_isa() {
 // Parses a name; returns false for an unknown one.
 inline bool parse_isa(const char* name, Isa* out) {
   for (Isa isa : kAllIsas)
-    if (std::strcmp(name, isa_name(isa)) == 0) { *out = isa; return true; }
+    if (std::strcmp(name, isa_name(isa)) == 0) {
+      *out = isa;
+      return true;
+    }
   return false;
 }
 

@@ -95,8 +95,8 @@ void verify_lenient(const VerifyArgs& a, IdView<const I> draft, const LenientRul
                     int64_t acc_stride, IdView<I> out, ParallelFor&& parallel_for) {
   parallel_for(a.B, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
-      accepted[b * acc_stride] =
-          I(lenient_request<I>(a, b, draft.row(b), draft.stride[1], drafts_of(a, b), rule, pad, out.row(b), out.stride[1]));
+      accepted[b * acc_stride] = I(lenient_request<I>(a, b, draft.row(b), draft.stride[1], drafts_of(a, b), rule, pad,
+                                                      out.row(b), out.stride[1]));
   });
 }
 

@@ -91,8 +91,8 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
 template <class ParallelFor>
 void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
   if (is_block_type(a.w_dtype)) {  // GGUF blocks: the rows quantized once (gguf.h), then the columns
-    thread_local QuantRows rows;  // reused across calls; the workers read this thread's copy
-    QuantRows& xq = rows;         // (a lambda names a thread_local by its own thread's instance)
+    thread_local QuantRows rows;   // reused across calls; the workers read this thread's copy
+    QuantRows& xq = rows;          // (a lambda names a thread_local by its own thread's instance)
     quantize_rows(a.x, a.x_dtype, a.x_stride, a.M, a.K, xq);
     parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) {
       gguf_items(a, xq, begin * kLinearBlockN, std::min(a.N, end * kLinearBlockN), isa);
@@ -104,7 +104,8 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
     std::vector<float> rows(size_t(a.M * row_bytes / 4));  // float: the scales' alignment
     const int64_t xb = a.x_stride * dtype_size(a.x_dtype);
     for (int64_t m = 0; m < a.M; ++m)
-      quantize_row_q8(static_cast<const char*>(a.x) + m * xb, a.x_dtype, a.K, reinterpret_cast<char*>(rows.data()) + m * row_bytes);
+      quantize_row_q8(static_cast<const char*>(a.x) + m * xb, a.x_dtype, a.K,
+                      reinterpret_cast<char*>(rows.data()) + m * row_bytes);
     LinearArgs q = a;
     q.x = rows.data();
     q.x_dtype = DType::I8;

@@ -43,10 +43,10 @@ extern "C" {
 
 typedef enum mtp_status {
   MTP_OK = 0,
-  MTP_ERROR_NULL_POINTER = 1,     /* a required pointer is NULL */
-  MTP_ERROR_INVALID_ARGUMENT = 2, /* wrong rank, size, stride or value */
-  MTP_ERROR_UNSUPPORTED_DTYPE = 3,/* unknown dtype, or one the argument does not take */
-  MTP_ERROR_UNSUPPORTED = 4,      /* e.g. an instruction set this CPU lacks */
+  MTP_ERROR_NULL_POINTER = 1,      /* a required pointer is NULL */
+  MTP_ERROR_INVALID_ARGUMENT = 2,  /* wrong rank, size, stride or value */
+  MTP_ERROR_UNSUPPORTED_DTYPE = 3, /* unknown dtype, or one the argument does not take */
+  MTP_ERROR_UNSUPPORTED = 4,       /* e.g. an instruction set this CPU lacks */
   MTP_ERROR_OUT_OF_MEMORY = 5,
   MTP_ERROR_INTERNAL = 6
 } mtp_status;
@@ -108,7 +108,10 @@ static inline mtp_tensor mtp_contiguous(const void* data, mtp_dtype dtype, int32
   t.data = (void*)data;
   t.dtype = (int32_t)dtype;
   t.ndim = ndim;
-  for (d = 0; d < MTP_MAX_DIMS; ++d) { t.sizes[d] = 0; t.strides[d] = 0; }
+  for (d = 0; d < MTP_MAX_DIMS; ++d) {
+    t.sizes[d] = 0;
+    t.strides[d] = 0;
+  }
   for (d = ndim - 1; d >= 0 && d < MTP_MAX_DIMS; --d) {
     t.sizes[d] = sizes[d];
     t.strides[d] = stride;
@@ -128,17 +131,38 @@ static inline mtp_tensor mtp_gguf_matrix(const void* data, mtp_dtype dtype, int6
   mtp_tensor t;
   int32_t d;
   switch (dtype) {
-    case MTP_Q4_0: case MTP_Q4_0_X8: elems = 32; bytes = 18; break;
-    case MTP_Q4_1: case MTP_Q4_1_X8: elems = 32; bytes = 20; break;
-    case MTP_Q8_0: case MTP_Q8_0_X8: elems = 32; bytes = 34; break;
-    case MTP_Q4_K: elems = 256; bytes = 144; break;
-    case MTP_Q6_K: elems = 256; bytes = 210; break;
+    case MTP_Q4_0:
+    case MTP_Q4_0_X8:
+      elems = 32;
+      bytes = 18;
+      break;
+    case MTP_Q4_1:
+    case MTP_Q4_1_X8:
+      elems = 32;
+      bytes = 20;
+      break;
+    case MTP_Q8_0:
+    case MTP_Q8_0_X8:
+      elems = 32;
+      bytes = 34;
+      break;
+    case MTP_Q4_K:
+      elems = 256;
+      bytes = 144;
+      break;
+    case MTP_Q6_K:
+      elems = 256;
+      bytes = 210;
+      break;
     default: break;
   }
   t.data = (void*)data;
   t.dtype = (int32_t)dtype;
   t.ndim = 2;
-  for (d = 0; d < MTP_MAX_DIMS; ++d) { t.sizes[d] = 0; t.strides[d] = 0; }
+  for (d = 0; d < MTP_MAX_DIMS; ++d) {
+    t.sizes[d] = 0;
+    t.strides[d] = 0;
+  }
   t.sizes[0] = rows;
   t.sizes[1] = cols;
   t.strides[0] = !elems ? cols : cols % elems == 0 ? cols / elems * bytes : 0;
@@ -325,10 +349,10 @@ MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weigh
  * num_threads as mtp_verify. */
 MTP_API mtp_status mtp_decoder_layers(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
                                       const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
-                                      const mtp_tensor* rope_sin, const mtp_tensor* const* weights,
-                                      int32_t num_weights, const mtp_tensor* const* weight_scales,
-                                      int32_t num_weight_scales, int64_t num_heads, float eps, int32_t quantize_x,
-                                      const mtp_tensor* out, int32_t num_threads);
+                                      const mtp_tensor* rope_sin, const mtp_tensor* const* weights, int32_t num_weights,
+                                      const mtp_tensor* const* weight_scales, int32_t num_weight_scales,
+                                      int64_t num_heads, float eps, int32_t quantize_x, const mtp_tensor* out,
+                                      int32_t num_threads);
 
 /* mtp_decoder_layers over a tree of tokens per request (torch.ops.mtp.decoder_layers with
  * tree_parents; the drafts of several first candidates verified in one pass):
@@ -341,9 +365,8 @@ MTP_API mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor
                                            const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
                                            const mtp_tensor* rope_sin, const mtp_tensor* const* weights,
                                            int32_t num_weights, const mtp_tensor* const* weight_scales,
-                                           int32_t num_weight_scales, int64_t num_heads, float eps,
-                                           int32_t quantize_x, const mtp_tensor* tree_parents, const mtp_tensor* out,
-                                           int32_t num_threads);
+                                           int32_t num_weight_scales, int64_t num_heads, float eps, int32_t quantize_x,
+                                           const mtp_tensor* tree_parents, const mtp_tensor* out, int32_t num_threads);
 
 /* The MTP head's k draft steps in one call (torch.ops.mtp.head_draft, the same drafts): per step
  * the embedding of the current token and the last hidden state, each normed, concatenated and
@@ -381,15 +404,12 @@ MTP_API mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* to
  *                    (torch.argmax's order over what is left: NaN first, larger, ties to the lower
  *                    draft-vocabulary index)
  * Other arguments as mtp_head_draft. */
-MTP_API mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const mtp_tensor* token,
-                                               const mtp_tensor* k_cache, const mtp_tensor* v_cache,
-                                               const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
-                                               const mtp_tensor* rope_sin, const mtp_tensor* embedding,
-                                               const mtp_tensor* embedding_scale, const mtp_tensor* const* weights,
-                                               int32_t num_weights, const mtp_tensor* lm_head,
-                                               const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab,
-                                               int64_t k, int64_t num_heads, float eps, int64_t alternatives,
-                                               const mtp_tensor* drafts, int32_t num_threads);
+MTP_API mtp_status mtp_head_draft_alternatives(
+    const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+    const mtp_tensor* cache_lens, const mtp_tensor* rope_cos, const mtp_tensor* rope_sin, const mtp_tensor* embedding,
+    const mtp_tensor* embedding_scale, const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
+    const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
+    int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads);
 
 /* Repacks a GGUF matrix from the file's layout into the x8 layout (see MTP_Q4_0_X8): the same
  * bytes in a new order, 8 rows interleaved; a weight view of dst (mtp_gguf_matrix(dst,
@@ -415,7 +435,7 @@ MTP_API const char* mtp_status_name(mtp_status status);
 /* Instruction sets: "generic", "avx2", "avx512", "avx512_bf16", "neon", "neon_fp16". The best one the CPU
  * supports is chosen at load time unless the environment variable MTP_ISA names another. */
 MTP_API const char* mtp_get_isa(void);
-MTP_API int mtp_isa_supported(const char* name); /* 1 or 0 (0 for an unknown name) */
+MTP_API int mtp_isa_supported(const char* name);  /* 1 or 0 (0 for an unknown name) */
 MTP_API mtp_status mtp_set_isa(const char* name); /* process-wide */
 
 #ifdef __cplusplus

@@ -1,8 +1,8 @@
 // What both front doors of head_attention, cache_append, linear, verify_sampled, decoder_layers
-// and head_draft share (the torch bindings in csrc/cpu and the C API in csrc/core): the checks on values rather than on the tensor
-// representation, with one wording, and the filling of the kernels' argument structs from
-// data pointers and element strides. Torch-free. Each *_error returns "" when the
-// arguments are fine, else the message; the caller prefixes the op's name.
+// and head_draft share (the torch bindings in csrc/cpu and the C API in csrc/core): the checks on values rather than on
+// the tensor representation, with one wording, and the filling of the kernels' argument structs from data pointers and
+// element strides. Torch-free. Each *_error returns "" when the arguments are fine, else the message; the caller
+// prefixes the op's name.
 #pragma once
 #include <algorithm>
 #include <climits>
@@ -35,9 +35,7 @@ inline std::string float_arg_error(const char* name, double v, const char* what,
   if (std::isfinite(f) && (!nonnegative || f >= 0)) return "";
   return message(name, " must be ", what, ", got ", v, std::isfinite(v) ? " (inf as float32)" : "");
 }
-inline std::string scale_error(const char* name, double scale) {
-  return float_arg_error(name, scale, "finite", false);
-}
+inline std::string scale_error(const char* name, double scale) { return float_arg_error(name, scale, "finite", false); }
 inline std::string eps_error(double eps) { return float_arg_error("eps", eps, "a finite number >= 0", true); }
 
 // ---- sizes: products and sums in checked arithmetic (common.h), an overflow is an error
@@ -100,7 +98,7 @@ inline void byte_range(const View& v, uintptr_t* lo, uintptr_t* hi) {
 inline std::string self_overlap_error(const View& v, const char* why) {
   for (int64_t d = 0; d < v.ndim; ++d)
     if (v.sizes[d] == 0) return "";  // no element at all
-  int64_t order[8], n = 0;  // the dims of size > 1 by increasing stride (insertion: a few dims)
+  int64_t order[8], n = 0;           // the dims of size > 1 by increasing stride (insertion: a few dims)
   for (int64_t d = 0; d < v.ndim && d < 8; ++d) {
     if (v.sizes[d] <= 1) continue;
     int64_t i = n++;
@@ -145,7 +143,8 @@ inline std::string aliasing_error(const View* views, size_t count, size_t output
   for (size_t i = 0; i < outputs; ++i)
     if (std::string e = self_overlap_error(views[i], why); !e.empty()) return e;
   uintptr_t lo[kMaxAliasViews], hi[kMaxAliasViews];
-  if (count > kMaxAliasViews) return message("internal error: more than ", kMaxAliasViews, " views in one aliasing check");
+  if (count > kMaxAliasViews)
+    return message("internal error: more than ", kMaxAliasViews, " views in one aliasing check");
   for (size_t i = 0; i < count; ++i) byte_range(views[i], &lo[i], &hi[i]);
   for (size_t i = 0; i < outputs; ++i)
     for (size_t j = 0; j < count; ++j)
@@ -288,7 +287,8 @@ inline std::string gguf_type_error(int64_t ggml_type) {
 
 // A matrix of N rows of K elements stored as bytes [N, row_bytes] with strides [stride0,
 // stride1]; an x8 one is whole groups of 8 rows, contiguous (gguf.h).
-inline std::string gguf_weight_error(DType t, int64_t N, int64_t K, int64_t row_bytes, int64_t stride0, int64_t stride1) {
+inline std::string gguf_weight_error(DType t, int64_t N, int64_t K, int64_t row_bytes, int64_t stride0,
+                                     int64_t stride1) {
   const int64_t e = block_elems(t);
   if (std::string k = row_length_error("K", K); !k.empty()) return k;
   if (K % e != 0)
@@ -297,9 +297,11 @@ inline std::string gguf_weight_error(DType t, int64_t N, int64_t K, int64_t row_
     return message("a ", block_type_name(t), " row of K = ", K, " elements is ", block_row_bytes(t, K),
                    " bytes, got weight rows of ", row_bytes, " bytes");
   if (stride1 != 1 && row_bytes > 1)
-    return message("weight bytes must be contiguous along a row (stride 1), got strides [", stride0, ", ", stride1, "]");
+    return message("weight bytes must be contiguous along a row (stride 1), got strides [", stride0, ", ", stride1,
+                   "]");
   if (is_x8(t) && N % kX8Rows != 0)
-    return message("a ", block_type_name(t), " matrix interleaves groups of 8 rows: N must be a multiple of 8, got ", N);
+    return message("a ", block_type_name(t), " matrix interleaves groups of 8 rows: N must be a multiple of 8, got ",
+                   N);
   if (is_x8(t) && N > 1 && stride0 != row_bytes)
     return message("a ", block_type_name(t), " matrix must be contiguous (rows ", row_bytes,
                    " bytes apart), got strides [", stride0, ", ", stride1, "]");
@@ -410,8 +412,8 @@ inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D
   if (D % 2 != 0) return message("the head dim D must be even (RoPE rotates two halves), got ", D);
   HeadWidths w;
   int64_t heads;
-  if (!checked_add(num_heads, Hkv, &heads) || !checked_add(heads, Hkv, &heads) ||
-      !checked_mul(heads, D, &w.qkv_rows) || !checked_mul(num_heads, D, &w.q_width))
+  if (!checked_add(num_heads, Hkv, &heads) || !checked_add(heads, Hkv, &heads) || !checked_mul(heads, D, &w.qkv_rows) ||
+      !checked_mul(num_heads, D, &w.q_width))
     return message("num_heads = ", num_heads, " is too large: the qkv rows (Hq + 2 Hkv) D with Hkv = ", Hkv,
                    " and D = ", D, " overflow int64");
   if (std::string e = eps_error(eps); !e.empty()) return e;
@@ -426,11 +428,11 @@ inline std::string decoder_heads_error(int64_t num_heads, int64_t Hkv, int64_t D
 
 // The per-request layout, from cu's values (read on the host).
 struct RaggedLayout {
-  int64_t max_drafts = 0;             // max_b K_b (0 when B = 0)
-  int64_t width = 1;                  // W: the out_tokens columns (max_num_drafts + 1, or max_drafts + 1)
-  std::vector<int64_t> num_drafts;    // K_b
-  std::vector<int64_t> draft_start;   // cu[b-1]: request b's first draft
-  std::vector<int64_t> first_row;     // cu[b-1] + b: its first logits row
+  int64_t max_drafts = 0;            // max_b K_b (0 when B = 0)
+  int64_t width = 1;                 // W: the out_tokens columns (max_num_drafts + 1, or max_drafts + 1)
+  std::vector<int64_t> num_drafts;   // K_b
+  std::vector<int64_t> draft_start;  // cu[b-1]: request b's first draft
+  std::vector<int64_t> first_row;    // cu[b-1] + b: its first logits row
 };
 
 // target_logits' rows (rows_what: "target_logits.size(0)") against N + B, in checked arithmetic.
@@ -445,8 +447,7 @@ inline std::string ragged_rows_error(int64_t N, int64_t B, int64_t rows, const c
 
 // cu's B values checked (non-decreasing from 0, ending at N; n_what: where N comes from) and
 // turned into *out (its width left to ragged_cap_error).
-inline std::string ragged_layout_error(const int64_t* cu, int64_t B, int64_t N, const char* n_what,
-                                       RaggedLayout* out) {
+inline std::string ragged_layout_error(const int64_t* cu, int64_t B, int64_t N, const char* n_what, RaggedLayout* out) {
   out->max_drafts = 0;
   out->num_drafts.resize(size_t(B));
   out->draft_start.resize(size_t(B));
@@ -454,18 +455,22 @@ inline std::string ragged_layout_error(const int64_t* cu, int64_t B, int64_t N, 
   int64_t prev = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (cu[b] < prev)
-      return b == 0 ? message("cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got "
-                              "cu_num_draft_tokens[0] = ", cu[0], " < 0: request 0 would have ", cu[0], " drafts")
-                    : message("cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got "
-                              "cu_num_draft_tokens[", b, "] = ", cu[b], " < cu_num_draft_tokens[", b - 1, "] = ", prev,
-                              ": request ", b, " would have ", cu[b] - prev, " drafts");
+      return b == 0 ? message(
+                          "cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got "
+                          "cu_num_draft_tokens[0] = ",
+                          cu[0], " < 0: request 0 would have ", cu[0], " drafts")
+                    : message(
+                          "cu_num_draft_tokens must hold non-decreasing inclusive cumulative counts, got "
+                          "cu_num_draft_tokens[",
+                          b, "] = ", cu[b], " < cu_num_draft_tokens[", b - 1, "] = ", prev, ": request ", b,
+                          " would have ", cu[b] - prev, " drafts");
     if (cu[b] > N)
       return message("cu_num_draft_tokens must end at N (", n_what, ") = ", N, ", got cu_num_draft_tokens[", b,
                      "] = ", cu[b], " > N (request ", b, ")");
     const size_t i = size_t(b);
     out->num_drafts[i] = cu[b] - prev;  // no overflow: 0 <= prev <= cu[b] <= N
     out->draft_start[i] = prev;
-    out->first_row[i] = prev + b;       // < N + B, checked by ragged_rows_error
+    out->first_row[i] = prev + b;  // < N + B, checked by ragged_rows_error
     out->max_drafts = std::max(out->max_drafts, cu[b] - prev);
     prev = cu[b];
   }

@@ -83,8 +83,10 @@ class ThreadPool {
     ThreadPool* pool = current().load(std::memory_order_acquire);
     if (!pool) {  // first use, or the first use in a forked child
       ThreadPool* fresh = new ThreadPool;
-      if (current().compare_exchange_strong(pool, fresh, std::memory_order_acq_rel)) pool = fresh;
-      else delete fresh;  // another thread installed one first: pool holds it
+      if (current().compare_exchange_strong(pool, fresh, std::memory_order_acq_rel))
+        pool = fresh;
+      else
+        delete fresh;  // another thread installed one first: pool holds it
     }
     return *pool;
   }
@@ -186,7 +188,9 @@ class ThreadPool {
       if (index >= job.parts) continue;
       job.task(job.fn, range_begin(job.n, index, job.parts), range_begin(job.n, index + 1, job.parts));
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        { std::lock_guard<std::mutex> lock(mutex_); }  // the caller is waiting or will see 0
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+        }  // the caller is waiting or will see 0
         done_.notify_one();
       }
     }
@@ -220,8 +224,10 @@ struct ThreadParallelFor {
     for (int64_t p = 1; p < parts; ++p) {
       const int64_t b = range_begin(n, p, parts), e = range_begin(n, p + 1, parts);
       std::thread t;
-      if (start_thread(t, [&fn, b, e] { fn(b, e); })) pool.push_back(std::move(t));
-      else fn(b, e);  // no thread to be had (resource limits): run that range here
+      if (start_thread(t, [&fn, b, e] { fn(b, e); }))
+        pool.push_back(std::move(t));
+      else
+        fn(b, e);  // no thread to be had (resource limits): run that range here
     }
     fn(int64_t(0), range_begin(n, 1, parts));
     for (auto& t : pool) t.join();

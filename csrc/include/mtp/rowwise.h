@@ -16,8 +16,8 @@ namespace mtp {
 // aarch64 needs no entry points of its own: its baseline (armv8.0-a) has NEON, which the
 // compiler uses for the generic loops.
 #if defined(MTP_X86)
-#define MTP_ROWWISE_DISPATCH(OP, ARGS)                  \
-  if (is_avx512(isa)) return x86::OP##_avx512(ARGS);    \
+#define MTP_ROWWISE_DISPATCH(OP, ARGS)               \
+  if (is_avx512(isa)) return x86::OP##_avx512(ARGS); \
   if (isa == Isa::Avx2) return x86::OP##_avx2(ARGS);
 #else
 #define MTP_ROWWISE_DISPATCH(OP, ARGS) (void)isa;

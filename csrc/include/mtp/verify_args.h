@@ -22,7 +22,9 @@ struct VerifyArgs {
   const int64_t* first_row = nullptr;   // [B] per-request row offsets along stride[1]; nullptr: all 0
 };
 
-MTP_HOST_DEVICE inline int64_t drafts_of(const VerifyArgs& a, int64_t b) { return a.num_drafts ? a.num_drafts[b] : a.K; }
+MTP_HOST_DEVICE inline int64_t drafts_of(const VerifyArgs& a, int64_t b) {
+  return a.num_drafts ? a.num_drafts[b] : a.K;
+}
 
 // Element offset of request b's logits row t (position t of its verify pass).
 MTP_HOST_DEVICE inline int64_t logits_row(const VerifyArgs& a, int64_t b, int64_t t) {
@@ -32,8 +34,8 @@ MTP_HOST_DEVICE inline int64_t logits_row(const VerifyArgs& a, int64_t b, int64_
 // Longest n <= num_drafts with draft[t] == target[t] for all t < n. `I`/`J` are the
 // draft/target id types; strides in elements.
 template <class I, class J>
-MTP_HOST_DEVICE inline int64_t accept_length(const I* draft, int64_t draft_stride, const J* target, int64_t target_stride,
-                             int64_t num_drafts) {
+MTP_HOST_DEVICE inline int64_t accept_length(const I* draft, int64_t draft_stride, const J* target,
+                                             int64_t target_stride, int64_t num_drafts) {
   int64_t n = 0;
   while (n < num_drafts && int64_t(draft[n * draft_stride]) == int64_t(target[n * target_stride])) ++n;
   return n;
@@ -41,8 +43,8 @@ MTP_HOST_DEVICE inline int64_t accept_length(const I* draft, int64_t draft_strid
 
 // out[0..n) = drafts, out[n] = target[n], out[n+1..K] = pad (out stride in elements).
 template <class I, class J>
-MTP_HOST_DEVICE inline void emit_tokens(const I* draft, int64_t draft_stride, const J* target, int64_t target_stride, int64_t K,
-                        int64_t n, int64_t pad, I* out, int64_t out_stride) {
+MTP_HOST_DEVICE inline void emit_tokens(const I* draft, int64_t draft_stride, const J* target, int64_t target_stride,
+                                        int64_t K, int64_t n, int64_t pad, I* out, int64_t out_stride) {
   for (int64_t t = 0; t < n; ++t) out[t * out_stride] = draft[t * draft_stride];
   out[n * out_stride] = I(target[n * target_stride]);
   for (int64_t t = n + 1; t <= K; ++t) out[t * out_stride] = I(pad);
@@ -63,17 +65,17 @@ struct IdView {
 // Both front doors (torch binding, C API) finish verify and accept_prefix here.
 template <class I, class J>
 MTP_HOST_DEVICE inline void accept_lengths(int64_t B, int64_t K, IdView<const I> draft, IdView<const J> target,
-                           const int64_t* num_drafts, I* accepted, int64_t accepted_stride) {
+                                           const int64_t* num_drafts, I* accepted, int64_t accepted_stride) {
   for (int64_t b = 0; b < B; ++b)
-    accepted[b * accepted_stride] = I(accept_length(draft.row(b), draft.stride[1], target.row(b), target.stride[1],
-                                                    num_drafts ? num_drafts[b] : K));
+    accepted[b * accepted_stride] = I(
+        accept_length(draft.row(b), draft.stride[1], target.row(b), target.stride[1], num_drafts ? num_drafts[b] : K));
 }
 
 // accept_lengths, plus out[b, :] = emit_tokens; target has K+1 positions per request.
 template <class I, class J>
 MTP_HOST_DEVICE inline void accept_and_emit(int64_t B, int64_t K, IdView<const I> draft, IdView<const J> target,
-                            const int64_t* num_drafts, int64_t pad, I* accepted, int64_t accepted_stride,
-                            IdView<I> out) {
+                                            const int64_t* num_drafts, int64_t pad, I* accepted,
+                                            int64_t accepted_stride, IdView<I> out) {
   accept_lengths(B, K, draft, target, num_drafts, accepted, accepted_stride);
   for (int64_t b = 0; b < B; ++b)
     emit_tokens(draft.row(b), draft.stride[1], target.row(b), target.stride[1], K,

@@ -303,9 +303,9 @@ struct RowDist {
   DType dt;
   int64_t stride, V;
   double T, m = 0, S = 1;
-  int64_t point = -1;     // >= 0: the point mass's index
-  uint32_t key_min = 0;   // top_k / top_p: tokens with a smaller key are out
-  double w_min = 0;       // min_p: weights below it are out
+  int64_t point = -1;    // >= 0: the point mass's index
+  uint32_t key_min = 0;  // top_k / top_p: tokens with a smaller key are out
+  double w_min = 0;      // min_p: weights below it are out
 
   RowDist(const void* row, DType dt_, int64_t stride_, int64_t V_, double T_, Isa isa, const Filters& f = {})
       : x(row), dt(dt_), stride(stride_), V(V_), T(T_) {
@@ -322,7 +322,8 @@ struct RowDist {
     w_min = f.min_p;
     // Without min_p, top_k's cut comes from the keys alone: no exp below it.
     const bool k_first = f.min_p == 0 && f.top_k > 0 && f.top_k < V;
-    if (k_first) key_min = kth_largest_key(V, f.top_k, [&](int64_t i) { return order_key(load_f32(x, dt, i * stride)); });
+    if (k_first)
+      key_min = kth_largest_key(V, f.top_k, [&](int64_t i) { return order_key(load_f32(x, dt, i * stride)); });
     std::vector<Kept> kept;
     for (int64_t i = 0; i < V; ++i) {
       const float xi = load_f32(x, dt, i * stride);
@@ -333,8 +334,7 @@ struct RowDist {
     }
     if (!k_first && f.top_k > 0 && f.top_k < int64_t(kept.size())) {
       key_min = kth_largest_key(int64_t(kept.size()), f.top_k, [&](int64_t j) { return kept[size_t(j)].key; });
-      kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key < key_min; }),
-                 kept.end());
+      kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key < key_min; }), kept.end());
     }
     // The smallest kept key as a cut too: the same tokens, and w() skips the exp below it.
     uint32_t lowest = UINT32_MAX;  // kept is never empty: the max logit stays (w = 1)
@@ -379,7 +379,10 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
     int64_t y;
     if (t == nd || q == nullptr || T == 0) {
       y = inverse_cdf(a.V, p.S, us, pw);
-      if (t < nd && int64_t(draft[t * ds]) == y) { out[t * os] = draft[t * ds]; continue; }
+      if (t < nd && int64_t(draft[t * ds]) == y) {
+        out[t * os] = draft[t * ds];
+        continue;
+      }
     } else {
       const int64_t x = int64_t(draft[t * ds]);
       const void* qrow = static_cast<const char*>(q) + t * qs[0] * dtype_size(qdt);
@@ -402,8 +405,8 @@ inline int64_t sample_request(const VerifyArgs& a, int64_t b, const I* draft, in
 // The inputs of verify_sampled beyond verify's: per-request values already read and checked
 // (temperature finite >= 0, num_drafts in [0, K]), draft_probs as a strided [B, K, V] view.
 struct SampledArgs {
-  VerifyArgs v;                     // v.num_drafts must be set
-  const void* q = nullptr;          // draft_probs, nullptr: one-hot drafts
+  VerifyArgs v;             // v.num_drafts must be set
+  const void* q = nullptr;  // draft_probs, nullptr: one-hot drafts
   DType q_dtype = DType::F32;
   int64_t q_stride[3] = {0, 0, 0};
   const double* temperature = nullptr;
@@ -426,10 +429,9 @@ void verify_sampled(const SampledArgs& a, IdView<const I> draft, I* accepted, in
       const int64_t qoff = b * qb + (a.q_first ? a.q_first[b] * a.q_stride[1] * dtype_size(a.q_dtype) : 0);
       const void* qrow = a.q ? static_cast<const char*>(a.q) + qoff : nullptr;
       accepted[b * acc_stride] =
-          I(sample_request<I>(a.v, b, draft.row(b), draft.stride[1], qrow, a.q_dtype, a.q_stride + 1,
-                              a.temperature[b], a.filters ? a.filters[b] : Filters{}, a.seed[b], a.offset[b],
-                              a.v.num_drafts[b], a.pad, out.row(b),
-                              out.stride[1], isa));
+          I(sample_request<I>(a.v, b, draft.row(b), draft.stride[1], qrow, a.q_dtype, a.q_stride + 1, a.temperature[b],
+                              a.filters ? a.filters[b] : Filters{}, a.seed[b], a.offset[b], a.v.num_drafts[b], a.pad,
+                              out.row(b), out.stride[1], isa));
     }
   });
 }

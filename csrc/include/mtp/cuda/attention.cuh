@@ -72,10 +72,10 @@ __device__ __forceinline__ void load_row(const void* base, int64_t offset, int64
 // DPL: head-dim elements per lane (D <= 32 * DPL).
 template <DType T, int DPL>
 __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(AttentionArgs a, AttentionWork w) {
-  __shared__ int cnt[kAttnRows];                    // the row's keys in this chunk
-  __shared__ float qs[kAttnRows][32 * DPL];         // q rows, fp32, zero past D
-  __shared__ float ps[kAttnRows][kAttnChunk];       // scores, then exp(s - m)
-  __shared__ float red[kAttnWarps][32 * DPL];       // per-warp sums of one row
+  __shared__ int cnt[kAttnRows];               // the row's keys in this chunk
+  __shared__ float qs[kAttnRows][32 * DPL];    // q rows, fp32, zero past D
+  __shared__ float ps[kAttnRows][kAttnChunk];  // scores, then exp(s - m)
+  __shared__ float red[kAttnWarps][32 * DPL];  // per-warp sums of one row
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t G = a.Hq / a.Hkv, R = G * a.T, D = a.D;
   const int64_t bh = blockIdx.x / w.row_blocks, r0 = (blockIdx.x % w.row_blocks) * kAttnRows;
@@ -192,7 +192,7 @@ template <DType T, int DPL>
 __global__ void __launch_bounds__(kMergeWarps * 32) attention_merge_kernel(AttentionArgs a, AttentionWork w) {
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;  // (b * T + t) * Hq + hq
-  if (row >= a.B * a.T * a.Hq) return;  // whole warps leave together
+  if (row >= a.B * a.T * a.Hq) return;                                       // whole warps leave together
   const int64_t G = a.Hq / a.Hkv, hq = row % a.Hq, t = (row / a.Hq) % a.T, b = row / (a.Hq * a.T);
   const int64_t bh = b * a.Hkv + hq / G, r = t * G + hq % G;
   float m = 0.f, l = 0.f, acc[DPL];

@@ -38,8 +38,8 @@ cudaError_t accept_prefix(int64_t B, int64_t K, IdView<const I> draft, IdView<co
 // x and w rows with unit inner stride; y fp32.
 cudaError_t linear(const LinearArgs& a, cudaStream_t stream);
 
-constexpr int kAttnRows = 16;    // query rows (t * G + g) per attention block
-constexpr int kAttnMaxD = 256;   // head dims the attention kernels take
+constexpr int kAttnRows = 16;   // query rows (t * G + g) per attention block
+constexpr int kAttnMaxD = 256;  // head dims the attention kernels take
 
 // The split of head_attention (fixed kAttnChunk-key chunks) and its workspace in device
 // memory: attention_work() fills the counts, the caller allocates ml and acc.

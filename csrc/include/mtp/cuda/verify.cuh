@@ -20,8 +20,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (t > clamp_drafts(a.num_drafts, b, a.K)) return;  // unreachable position: not read
   const int64_t lo = int64_t(blockIdx.y) * chunk;
   const int64_t hi = lo + chunk < a.V ? lo + chunk : a.V;
-  const char* base = static_cast<const char*>(a.logits) +
-                     logits_row(a, b, t) * (T == DType::F32 ? 4 : 2);
+  const char* base = static_cast<const char*>(a.logits) + logits_row(a, b, t) * (T == DType::F32 ? 4 : 2);
   // Each thread visits increasing indices, so combining in visiting order is exact.
   ArgmaxResult r{-__int_as_float(0x7f800000), hi, false};
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
@@ -55,8 +54,8 @@ __global__ void accept_prefix_kernel(int64_t B, int64_t K, IdView<const I> draft
                                      const int64_t* num_drafts, I* accepted) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= B) return;
-  accepted[b] = I(accept_length(draft.row(b), draft.stride[1], target.row(b), target.stride[1],
-                                clamp_drafts(num_drafts, b, K)));
+  accepted[b] =
+      I(accept_length(draft.row(b), draft.stride[1], target.row(b), target.stride[1], clamp_drafts(num_drafts, b, K)));
 }
 
 }  // namespace mtp::cuda

@@ -10,9 +10,7 @@
 namespace mtp {
 
 // What a chunk with no element yet reports: loses every merge (a row of -inf gives its first index).
-inline ArgmaxResult argmax_empty(int64_t begin) {
-  return {-std::numeric_limits<float>::infinity(), begin, false};
-}
+inline ArgmaxResult argmax_empty(int64_t begin) { return {-std::numeric_limits<float>::infinity(), begin, false}; }
 
 }  // namespace mtp
 

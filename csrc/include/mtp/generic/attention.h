@@ -13,8 +13,8 @@ namespace mtp::generic {
 template <DType T>
 struct Attention {
   // s[r][j] = scale * <q_r, k_j> for the rows r0 <= r < R and their n[r] keys.
-  static void scores(const float* q, int64_t r0, int64_t R, const int64_t* n, const KvRows& k, int64_t D,
-                     float scale, float* s) {
+  static void scores(const float* q, int64_t r0, int64_t R, const int64_t* n, const KvRows& k, int64_t D, float scale,
+                     float* s) {
     for (int64_t r = r0; r < R; ++r)
       for (int64_t j = 0; j < n[r]; ++j) {
         const void* kj = k.row(j);
@@ -43,8 +43,7 @@ struct Attention {
   }
 
   // acc[r][:] = sum_j p[r][j] * v_j over n keys, for `rows` rows (row strides kAttnChunk, ld).
-  static void accumulate(const float* p, int64_t rows, int64_t n, const KvRows& v, int64_t D, float* acc,
-                         int64_t ld) {
+  static void accumulate(const float* p, int64_t rows, int64_t n, const KvRows& v, int64_t D, float* acc, int64_t ld) {
     for (int64_t r = 0; r < rows; ++r) {
       float* a = acc + r * ld;
       std::fill(a, a + D, 0.f);

@@ -90,8 +90,8 @@ inline void rms_norm_typed(const RmsNormArgs& a) {
 // each product rounded to fp32 (the half-split layout of Llama's rotate_half). xs, cs, ss:
 // element strides (1 when UNIT: the loop the compiler vectorises).
 template <DType T, bool UNIT>
-inline void rope_row(void* __restrict__ lo, void* __restrict__ hi, int64_t xs, const float* __restrict__ c,
-                     int64_t cs, const float* __restrict__ s, int64_t ss, int64_t half) {
+inline void rope_row(void* __restrict__ lo, void* __restrict__ hi, int64_t xs, const float* __restrict__ c, int64_t cs,
+                     const float* __restrict__ s, int64_t ss, int64_t half) {
   if (UNIT) xs = cs = ss = 1;
   for (int64_t i = 0; i < half; ++i) {
     const float a = load_f32(lo, T, i * xs), b = load_f32(hi, T, i * xs);
@@ -111,8 +111,10 @@ inline void rope_typed(const RopeArgs& a) {
       for (int64_t h = 0; h < a.H; ++h) {
         char* lo = static_cast<char*>(a.x) + (b * a.x_stride[0] + t * a.x_stride[1] + h * a.x_stride[2]) * es;
         char* hi = lo + half * a.x_stride[3] * es;
-        if (unit) rope_row<T, true>(lo, hi, 1, c, 1, s, 1, half);
-        else rope_row<T, false>(lo, hi, a.x_stride[3], c, a.cos_stride[2], s, a.sin_stride[2], half);
+        if (unit)
+          rope_row<T, true>(lo, hi, 1, c, 1, s, 1, half);
+        else
+          rope_row<T, false>(lo, hi, a.x_stride[3], c, a.cos_stride[2], s, a.sin_stride[2], half);
       }
     }
 }

@@ -48,14 +48,12 @@ MTP_TARGET_NEON_FP16 inline float block_max_f16(const void* x, int64_t i, bool* 
 inline ArgmaxResult argmax(const void* x, DType dt, int64_t begin, int64_t end, bool fp16_arith) {
 #if defined(MTP_NEON_FP16)
   if (dt == DType::F16 && fp16_arith)
-    return generic::argmax_blocks<DType::F16>(x, begin, end, [x](int64_t i, bool* nan) {
-      return block_max_f16(x, i, nan);
-    });
+    return generic::argmax_blocks<DType::F16>(x, begin, end,
+                                              [x](int64_t i, bool* nan) { return block_max_f16(x, i, nan); });
 #endif
   return with_dtype(dt, [&](auto t) {
-    return generic::argmax_blocks<decltype(t)::value>(x, begin, end, [x](int64_t i, bool* nan) {
-      return block_max_f32<decltype(t)::value>(x, i, nan);
-    });
+    return generic::argmax_blocks<decltype(t)::value>(
+        x, begin, end, [x](int64_t i, bool* nan) { return block_max_f32<decltype(t)::value>(x, i, nan); });
   });
 }
 

@@ -49,7 +49,8 @@ inline int16x8_t gguf_pairs(int8x16_t q, int8x16_t x) {
 template <bool kSdot>
 inline int32x4_t gguf_dot4(int32x4_t acc, int8x16_t q, int8x16_t x) {
 #if defined(MTP_NEON_DOTPROD)
-  if constexpr (kSdot) return gguf_sdot(acc, q, x);
+  if constexpr (kSdot)
+    return gguf_sdot(acc, q, x);
   else
 #endif
     return vpadalq_s16(acc, gguf_pairs(q, x));
@@ -147,8 +148,7 @@ inline int32x4_t block_lanes(const WBlocks& wb, int c, int8x16_t x0, int8x16_t x
 // R rows x kGgufCols columns (weight rows w[c]) over all blocks: acc[r] / accm[r] lane c =
 // column c's chains. Per block, the columns' blocks are decoded once for the R rows.
 template <DType T, bool kSdot, int R>
-inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb,
-                      float (*out)[kGgufCols]) {
+inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb, float (*out)[kGgufCols]) {
   float32x4_t acc[R], accm[R];
   for (int r = 0; r < R; ++r) acc[r] = accm[r] = vdupq_n_f32(0.f);
   constexpr int64_t stride = block_bytes(T) / (block_elems(T) / 32);  // bytes per 32 elements
@@ -160,8 +160,9 @@ inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, 
       const int8_t* x = xq.qrow(m0 + r) + b * 32;
       const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
       // lane c = column c's I: exact integer adds, any order
-      const int32x4_t I = vpaddq_s32(vpaddq_s32(block_lanes<T, kSdot>(wb, 0, x0, x1), block_lanes<T, kSdot>(wb, 1, x0, x1)),
-                                     vpaddq_s32(block_lanes<T, kSdot>(wb, 2, x0, x1), block_lanes<T, kSdot>(wb, 3, x0, x1)));
+      const int32x4_t I =
+          vpaddq_s32(vpaddq_s32(block_lanes<T, kSdot>(wb, 0, x0, x1), block_lanes<T, kSdot>(wb, 1, x0, x1)),
+                     vpaddq_s32(block_lanes<T, kSdot>(wb, 2, x0, x1), block_lanes<T, kSdot>(wb, 3, x0, x1)));
       acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(I), vmulq_n_f32(wb.d, xq.dxrow(m0 + r)[b]));
       if constexpr (block_has_offset(T)) accm[r] = vfmaq_n_f32(accm[r], wb.m, xq.srow(m0 + r)[b]);
     }
@@ -192,7 +193,8 @@ inline void gguf_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int6
 template <bool kSdot, int kLane>
 inline int32x4_t x8_dot(int32x4_t I, int8x16_t w, int8x16_t x) {
 #if defined(MTP_NEON_DOTPROD)
-  if constexpr (kSdot) return gguf_sdot_lane<kLane>(I, w, x);
+  if constexpr (kSdot)
+    return gguf_sdot_lane<kLane>(I, w, x);
   else
 #endif
     return vpadalq_s16(I, gguf_pairs(w, vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), kLane))));
@@ -292,8 +294,10 @@ inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_
 template <DType T, bool kSdot, bool kX8, int R>
 inline void gguf_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t m, int64_t n0, int64_t n1) {
   for (; m + R <= a.M; m += R) {
-    if constexpr (kX8) x8_rows<T, kSdot, R>(a, xq, m, n0, n1);
-    else gguf_rows<T, kSdot, R>(a, xq, m, n0, n1);
+    if constexpr (kX8)
+      x8_rows<T, kSdot, R>(a, xq, m, n0, n1);
+    else
+      gguf_rows<T, kSdot, R>(a, xq, m, n0, n1);
   }
   if constexpr (R > 1) gguf_row_groups<T, kSdot, kX8, R - 1>(a, xq, m, n0, n1);
 }
@@ -327,8 +331,8 @@ __attribute__((flatten)) inline void gguf_linear_neon_plain(const LinearArgs& a,
 }
 #if defined(MTP_NEON_DOTPROD)
 MTP_TARGET_NEON_DOTPROD __attribute__((flatten)) inline void gguf_linear_neon_sdot(const LinearArgs& a,
-                                                                                   const QuantRows& xq,
-                                                                                   int64_t n0, int64_t n1) {
+                                                                                   const QuantRows& xq, int64_t n0,
+                                                                                   int64_t n1) {
   gguf_linear_variant<true>(a, xq, n0, n1);
 }
 #endif

@@ -32,7 +32,10 @@ MTP_TARGET_NEON_DOTPROD inline void sdot(int32x4_t& acc, const int8x16_t& a, con
 template <bool kSdot>
 struct Int8Dot128 : simd::Int8DotBase {
   static constexpr int kChunk = int(kQ8Block);
-  struct X { int8x16_t lo, hi; float scale; };
+  struct X {
+    int8x16_t lo, hi;
+    float scale;
+  };
   using Wt = X;
   static void load_x(X& out, const void* row, int64_t k) {
     const int8_t* p = xq(row, k);

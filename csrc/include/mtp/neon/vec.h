@@ -33,13 +33,15 @@ struct V128 {
   using Mask = int;
   static constexpr int W = 4, kAccRows = 4, kLinearRows = 8;
   static constexpr int linear_cols(int rows, bool) { return rows <= 4 ? 4 : 2; }
-  static void prefetch(const char* p) { __builtin_prefetch(p, 0, 3); }  // PRFM PLDL1KEEP
+  static void prefetch(const char* p) { __builtin_prefetch(p, 0, 3); }     // PRFM PLDL1KEEP
   static void prefetch_l2(const char* p) { __builtin_prefetch(p, 0, 2); }  // PRFM PLDL2KEEP
   static F zero() { return vdupq_n_f32(0.f); }
   static F set1(float x) { return vdupq_n_f32(x); }
   static F loadu(const float* p) { return vld1q_f32(p); }
   template <DType T>
-  static F load(const void* p, int64_t i) { return load4<T>(p, i); }
+  static F load(const void* p, int64_t i) {
+    return load4<T>(p, i);
+  }
   static void storeu(float* p, F v) { vst1q_f32(p, v); }
   static F add(F a, F b) { return vaddq_f32(a, b); }
   static F sub(F a, F b) { return vsubq_f32(a, b); }
@@ -48,10 +50,12 @@ struct V128 {
   static F fmadd(F a, F b, F c) { return vfmaq_f32(c, a, b); }   // a*b + c, fused
   static F fnmadd(F a, F b, F c) { return vfmsq_f32(c, a, b); }  // c - a*b, fused
   static F round(F x) { return vrndnq_f32(x); }                  // to nearest, ties to even
-  static F pow2i(F n) {  // 2^n for integral n in [-126, 127]
+  static F pow2i(F n) {                                          // 2^n for integral n in [-126, 127]
     return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23));
   }
-  static F where_ge(F x, F lo, F v) { return vreinterpretq_f32_u32(vandq_u32(vcgeq_f32(x, lo), vreinterpretq_u32_f32(v))); }
+  static F where_ge(F x, F lo, F v) {
+    return vreinterpretq_f32_u32(vandq_u32(vcgeq_f32(x, lo), vreinterpretq_u32_f32(v)));
+  }
   static Mask tail(int64_t left) { return int(std::min<int64_t>(left, W)); }
   static F load_tail(const float* p, Mask m, F fill) {
     if (m == W) return vld1q_f32(p);

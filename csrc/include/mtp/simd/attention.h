@@ -149,17 +149,16 @@ struct VecAttention {
 
 // Entry points (the K of attend_chunk), for a struct template <DType T, int D>: whole kernels
 // inlined into functions of one target (TARGET may be empty: the baseline set).
-#define MTP_ATTENTION_ENTRY_POINTS(TARGET, V)                                                                  \
-  using Impl = simd::VecAttention<V, T, D>;                                                            \
-  TARGET __attribute__((flatten)) static void scores(const float* q, int64_t r0, int64_t R, const int64_t* n,   \
-                                                     const KvRows& k, int64_t, float scale, float* s) {         \
-    Impl::scores(q, r0, R, n, k, scale, s);                                                                    \
-  }                                                                                                            \
-  TARGET __attribute__((flatten)) static void softmax(float* s, int64_t n, float* m, float* l) {               \
-    Impl::softmax(s, n, m, l);                                                                                 \
-  }                                                                                                            \
-  TARGET __attribute__((flatten)) static void accumulate(const float* p, int64_t rows, int64_t n,               \
-                                                         const KvRows& v, int64_t, float* acc, int64_t ld) {    \
-    Impl::accumulate(p, rows, n, v, acc, ld);                                                                  \
+#define MTP_ATTENTION_ENTRY_POINTS(TARGET, V)                                                                      \
+  using Impl = simd::VecAttention<V, T, D>;                                                                        \
+  TARGET __attribute__((flatten)) static void scores(const float* q, int64_t r0, int64_t R, const int64_t* n,      \
+                                                     const KvRows& k, int64_t, float scale, float* s) {            \
+    Impl::scores(q, r0, R, n, k, scale, s);                                                                        \
+  }                                                                                                                \
+  TARGET __attribute__((flatten)) static void softmax(float* s, int64_t n, float* m, float* l) {                   \
+    Impl::softmax(s, n, m, l);                                                                                     \
+  }                                                                                                                \
+  TARGET __attribute__((flatten)) static void accumulate(const float* p, int64_t rows, int64_t n, const KvRows& v, \
+                                                         int64_t, float* acc, int64_t ld) {                        \
+    Impl::accumulate(p, rows, n, v, acc, ld);                                                                      \
   }
-

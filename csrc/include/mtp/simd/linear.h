@@ -71,8 +71,13 @@ struct Q8Dot {
     const int8_t* q;  // weight row n
     const float* s;   // its scales
   };
-  struct X { F v[kVecs]; };
-  struct Wt { F v[kVecs]; F scale; };
+  struct X {
+    F v[kVecs];
+  };
+  struct Wt {
+    F v[kVecs];
+    F scale;
+  };
   static int64_t row_bytes(const LinearArgs& a) { return a.w_stride; }
   static Col col(const LinearArgs& a, int64_t n) {
     const int64_t row = weight_row(a, n);
@@ -131,9 +136,13 @@ struct Int8DotBase {
 
 // The step of a (activation, weight) dtype pair: DOT's for float weights, Q8Dot for int8.
 template <template <class, DType, DType> class DOT, class V, DType XT, DType WT>
-struct StepOf { using type = DOT<V, XT, WT>; };
+struct StepOf {
+  using type = DOT<V, XT, WT>;
+};
 template <template <class, DType, DType> class DOT, class V, DType XT>
-struct StepOf<DOT, V, XT, DType::I8> { using type = Q8Dot<V, XT>; };
+struct StepOf<DOT, V, XT, DType::I8> {
+  using type = Q8Dot<V, XT>;
+};
 
 template <class V, class D, DType XT, DType WT>
 struct VecLinear {
@@ -151,7 +160,8 @@ struct VecLinear {
   // that far past each chunk are prefetched (the tiles ahead): the hardware prefetchers alone
   // leave a core's stream half idle. Four times as far they are prefetched into L2 only: each
   // matrix of a pass is a new stream, which the hardware prefetchers pick up late
-  // (bench/history/2026-11.md, "Weights also prefetched into L2"). A step without kPrefetchL1 takes the L2 prefetch only.
+  // (bench/history/2026-11.md, "Weights also prefetched into L2"). A step without kPrefetchL1 takes the L2 prefetch
+  // only.
   static void prefetch(const char* p, int64_t ahead) {
     if (!ahead) return;
     if constexpr (D::kPrefetchL1) V::prefetch(p + ahead);
@@ -294,22 +304,22 @@ struct VecLinear {
 // Defines NAME(args, n0, n1): activations fp32, bf16 or fp16, weights those or int8 (Q8
 // blocks), every combination one flatten function of the target (TARGET may be empty: the
 // baseline set). DOT(V, XT, WT) names the step type of a float combination.
-#define MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, DOT)                                                 \
-  template <DType XT, DType WT>                                                                           \
-  TARGET __attribute__((flatten)) inline void NAME##_typed(const LinearArgs& a, int64_t n0, int64_t n1) { \
-    simd::VecLinear<V, typename simd::StepOf<DOT, V, XT, WT>::type, XT, WT>::run(a, n0, n1);             \
-  }                                                                                                       \
-  inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) {                                         \
-    with_dtype(a.x_dtype, [&](auto xt) {                                                                  \
-      with_weight_dtype(a.w_dtype,                                                                        \
+#define MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, DOT)                                                     \
+  template <DType XT, DType WT>                                                                               \
+  TARGET __attribute__((flatten)) inline void NAME##_typed(const LinearArgs& a, int64_t n0, int64_t n1) {     \
+    simd::VecLinear<V, typename simd::StepOf<DOT, V, XT, WT>::type, XT, WT>::run(a, n0, n1);                  \
+  }                                                                                                           \
+  inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) {                                             \
+    with_dtype(a.x_dtype, [&](auto xt) {                                                                      \
+      with_weight_dtype(a.w_dtype,                                                                            \
                         [&](auto wt) { NAME##_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); }); \
-    });                                                                                                   \
+    });                                                                                                       \
   }
 #define MTP_LINEAR_ENTRY_POINT(TARGET, V, NAME) MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, simd::LaneDot)
 
 // Defines NAME(args, n0, n1) for quantize_x (x: quantized rows, see linear_args.h) with the
 // integer-dot step STEP.
-#define MTP_LINEAR_Q8DOT_ENTRY_POINT(TARGET, V, NAME, STEP)                                 \
+#define MTP_LINEAR_Q8DOT_ENTRY_POINT(TARGET, V, NAME, STEP)                                       \
   TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) { \
-    simd::VecLinear<V, STEP, DType::I8, DType::I8>::run(a, n0, n1);                       \
+    simd::VecLinear<V, STEP, DType::I8, DType::I8>::run(a, n0, n1);                               \
   }

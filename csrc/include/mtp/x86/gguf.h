@@ -86,12 +86,16 @@ MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
   __m256i acc = corr;
   if constexpr (kVnni != 0) {
     const __m256i u = T == DType::Q8_0 ? _mm256_xor_si256(w.u, _mm256_set1_epi8(char(0x80))) : w.u;
-    if constexpr (kVnni == 1) acc = dpbusd256_evex(acc, u, x);
-    else acc = dpbusd256_vex(acc, u, x);
+    if constexpr (kVnni == 1)
+      acc = dpbusd256_evex(acc, u, x);
+    else
+      acc = dpbusd256_vex(acc, u, x);
   } else {
     __m256i pairs;
-    if constexpr (T == DType::Q8_0) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w.u), _mm256_sign_epi8(x, w.u));
-    else pairs = _mm256_maddubs_epi16(w.u, x);
+    if constexpr (T == DType::Q8_0)
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w.u), _mm256_sign_epi8(x, w.u));
+    else
+      pairs = _mm256_maddubs_epi16(w.u, x);
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
   if constexpr (T == DType::Q6_K) acc = _mm256_mullo_epi32(acc, w.mul);
@@ -117,7 +121,10 @@ MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& 
   const float *dxr[R], *sr[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    xr[r] = xq.qrow(m0 + r); s4r[r] = xq.sum4row(m0 + r); dxr[r] = xq.dxrow(m0 + r); sr[r] = xq.srow(m0 + r);
+    xr[r] = xq.qrow(m0 + r);
+    s4r[r] = xq.sum4row(m0 + r);
+    dxr[r] = xq.dxrow(m0 + r);
+    sr[r] = xq.srow(m0 + r);
     acc[r] = accm[r] = _mm_setzero_ps();
   }
   constexpr int64_t kBytes32 = block_bytes(T) / (block_elems(T) / 32);  // bytes per 32 elements
@@ -134,9 +141,12 @@ MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& 
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       // the offset correction -offset * (lane sums of x), then the lanes of each column
-      const __m256i corr = shift >= 0 ? _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                         _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8)), shift))
-                                      : _mm256_setzero_si256();
+      const __m256i corr =
+          shift >= 0
+              ? _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s4r[r] + b * 8)), shift))
+              : _mm256_setzero_si256();
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r] + b * 32));
       __m256i L[C];
 #pragma GCC unroll 16
@@ -162,8 +172,10 @@ MTP_TARGET_AVX2 inline __m256i bcast4(const int8_t* p) {  // 4 bytes into every 
 // the 4 activation bytes in every lane.
 template <DType T, int kVnni>
 MTP_TARGET_AVX2 inline __m256i dot4(__m256i I, __m256i u, __m256i x) {
-  if constexpr (kVnni == 1) return dpbusd256_evex(I, u, x);
-  else if constexpr (kVnni == 2) return dpbusd256_vex(I, u, x);
+  if constexpr (kVnni == 1)
+    return dpbusd256_evex(I, u, x);
+  else if constexpr (kVnni == 2)
+    return dpbusd256_vex(I, u, x);
   else {
     const __m256i pairs = T == DType::Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u))
                                            : _mm256_maddubs_epi16(u, x);
@@ -284,8 +296,10 @@ struct Layout {
   template <int R>
   struct Of {
     static void run(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
-      if constexpr (kX8) x8_rows<T, kVnni, R>(a, xq, m0, n0, n1);
-      else gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+      if constexpr (kX8)
+        x8_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+      else
+        gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
     }
   };
 };
@@ -307,10 +321,9 @@ inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n
 
 // The entry points: each a flatten function of its target, into which everything above is
 // inlined (the VNNI helpers have their own targets and inline only there).
-#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8)                                     \
-  TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, const QuantRows& xq, int64_t n0, \
-                                                   int64_t n1) {                                    \
-    gguf_linear_vnni<VNNI, ROWS, ROWS_X8>(a, xq, n0, n1);                                           \
+#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8)                                                        \
+  TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) { \
+    gguf_linear_vnni<VNNI, ROWS, ROWS_X8>(a, xq, n0, n1);                                                              \
   }
 MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8)
 MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512, gguf_linear_avx512_madd, 0, 4, 8)

@@ -19,7 +19,9 @@ using Bf16Lanes = simd::LaneDot<V512, DType::BF16, DType::BF16>;
 // chunk 16 floats of elements 2l+1, then 16 of elements 2l), so that a tile step costs the
 // two FMAs and its share of the weights' split only.
 struct PairDot512 : Bf16Lanes {
-  struct Pairs { __m512 odd, even; };
+  struct Pairs {
+    __m512 odd, even;
+  };
   using X = Pairs;
   using Wt = Pairs;
   static constexpr int kChunk = 32, kPreparedFloats = 32;
@@ -102,8 +104,15 @@ template <bool kVnni>
 struct Int8Dot512 : simd::Int8DotBase {
   static constexpr int kChunk = 64, kPreparedFloats = kVnni ? 48 : 32;  // q, scale (, corr): 16 floats each
   static constexpr bool kPreparesX = true, kWideTiles = true;
-  struct X { __m512i q, corr; __m512 scale; };  // corr: VNNI only
-  struct Wt { __m512i q; __mmask64 neg; __m512 scale; };
+  struct X {
+    __m512i q, corr;
+    __m512 scale;
+  };  // corr: VNNI only
+  struct Wt {
+    __m512i q;
+    __mmask64 neg;
+    __m512 scale;
+  };
   // Two block scales, each over its 8 lanes; m: which of the two to read.
   MTP_TARGET_AVX512 static __m512 halves(const float* s, __mmask16 m) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
@@ -156,8 +165,14 @@ struct Int8Dot512 : simd::Int8DotBase {
 template <bool kVnni>
 struct Int8Dot256 : simd::Int8DotBase {
   static constexpr int kChunk = 32;
-  struct X { __m256i q, corr; __m256 scale; };  // corr: VNNI only
-  struct Wt { __m256i q, sign; __m256 scale; };  // sign: the weights themselves, without VNNI
+  struct X {
+    __m256i q, corr;
+    __m256 scale;
+  };  // corr: VNNI only
+  struct Wt {
+    __m256i q, sign;
+    __m256 scale;
+  };  // sign: the weights themselves, without VNNI
   MTP_TARGET_AVX2 static void load_x(X& out, const void* row, int64_t k) {
     out.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq(row, k)));
     out.scale = _mm256_broadcast_ss(xs(row, k));

@@ -7,7 +7,7 @@
 
 namespace mtp::x86 {
 
-#define MTP_ROWWISE_ENTRY_POINTS(TARGET, SUFFIX)                                                          \
+#define MTP_ROWWISE_ENTRY_POINTS(TARGET, SUFFIX)                                                                \
   TARGET __attribute__((flatten)) inline void rms_norm_##SUFFIX(const RmsNormArgs& a) { generic::rms_norm(a); } \
   TARGET __attribute__((flatten)) inline void rope_##SUFFIX(const RopeArgs& a) { generic::rope(a); }            \
   TARGET __attribute__((flatten)) inline void silu_mul_##SUFFIX(const SiluMulArgs& a) { generic::silu_mul(a); }

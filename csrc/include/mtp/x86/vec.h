@@ -57,16 +57,16 @@ struct V512 {
   using F = __m512;
   using Mask = __mmask16;
   static constexpr int W = 16, kAccRows = 4, kLinearRows = 8;
-  static constexpr int linear_cols(int rows, bool wide) {
-    return rows <= 2 ? 8 : rows <= (wide ? 5 : 4) ? 4 : 2;
-  }
+  static constexpr int linear_cols(int rows, bool wide) { return rows <= 2 ? 8 : rows <= (wide ? 5 : 4) ? 4 : 2; }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   static void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
   MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
   MTP_TARGET_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
   MTP_TARGET_AVX512 static F loadu(const float* p) { return _mm512_loadu_ps(p); }
   template <DType T>
-  MTP_TARGET_AVX512 static F load(const void* p, int64_t i) { return load16<T>(p, i); }
+  MTP_TARGET_AVX512 static F load(const void* p, int64_t i) {
+    return load16<T>(p, i);
+  }
   MTP_TARGET_AVX512 static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
   MTP_TARGET_AVX512 static F add(F a, F b) { return _mm512_add_ps(a, b); }
   MTP_TARGET_AVX512 static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
@@ -74,11 +74,15 @@ struct V512 {
   MTP_TARGET_AVX512 static F max(F a, F b) { return _mm512_max_ps(a, b); }
   MTP_TARGET_AVX512 static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   MTP_TARGET_AVX512 static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
-  MTP_TARGET_AVX512 static F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  MTP_TARGET_AVX512 static F round(F x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   MTP_TARGET_AVX512 static F pow2i(F n) {  // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }
-  MTP_TARGET_AVX512 static F where_ge(F x, F lo, F v) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), v); }
+  MTP_TARGET_AVX512 static F where_ge(F x, F lo, F v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), v);
+  }
   MTP_TARGET_AVX512 static Mask tail(int64_t left) { return left >= 16 ? Mask(0xffff) : Mask((1u << left) - 1); }
   MTP_TARGET_AVX512 static F load_tail(const float* p, Mask m, F fill) { return _mm512_mask_loadu_ps(fill, m, p); }
   MTP_TARGET_AVX512 static void store_tail(float* p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
@@ -121,7 +125,9 @@ struct V256 {
   MTP_TARGET_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
   MTP_TARGET_AVX2 static F loadu(const float* p) { return _mm256_loadu_ps(p); }
   template <DType T>
-  MTP_TARGET_AVX2 static F load(const void* p, int64_t i) { return load8<T>(p, i); }
+  MTP_TARGET_AVX2 static F load(const void* p, int64_t i) {
+    return load8<T>(p, i);
+  }
   MTP_TARGET_AVX2 static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
   MTP_TARGET_AVX2 static F add(F a, F b) { return _mm256_add_ps(a, b); }
   MTP_TARGET_AVX2 static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
@@ -135,7 +141,8 @@ struct V256 {
   }
   MTP_TARGET_AVX2 static F where_ge(F x, F lo, F v) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), v); }
   MTP_TARGET_AVX2 static Mask tail(int64_t left) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(left, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(left, 8))),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   MTP_TARGET_AVX2 static F load_tail(const float* p, Mask m, F fill) {
     return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
