@@ -27,7 +27,7 @@ BEGIN, END = "<!-- backends:begin -->", "<!-- backends:end -->"
 
 
 def schema_ops() -> list[str]:
-    return re.findall(r'm\.def\("(\w+)\(', (ROOT / "csrc/ops.cpp").read_text())
+    return re.findall(r'm\.def\(\s*"(\w+)\(', (ROOT / "csrc/ops.cpp").read_text())
 
 
 def cpp_impls(key: str) -> set[str]:
@@ -36,7 +36,7 @@ def cpp_impls(key: str) -> set[str]:
         for block in re.findall(
             r"TORCH_LIBRARY_IMPL\(mtp,\s*" + key + r",\s*m\)\s*\{(.*?)\n\}", path.read_text(), re.S
         ):
-            found.update(re.findall(r'm\.impl\("(\w+)"', block))
+            found.update(re.findall(r'm\.impl\(\s*"(\w+)"', block))
     return found
 
 
