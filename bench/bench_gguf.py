@@ -54,32 +54,21 @@ def test_gguf_linear(benchmark, impl, code, shape, M):
         def make():
             w = torch.randint(0, 256, (N, nbytes // N), dtype=torch.uint8, generator=g)
             w.view(N, -1, BLOCK_TYPES[code][2])[:, :, :2] = torch.tensor([0, 0x20], dtype=torch.uint8)  # fp16 0.0078
-            return repack_x8(w, code) if impl == "x8" else w
+            return (repack_x8(w, code) if impl == "x8" else w,)
 
         ws = copies(nbytes, make)
         kw = {"gguf_type": code + 100 if impl == "x8" else code}
     elif impl.startswith("q8_"):  # mtp.linear's Q8 weights: bf16 or int8 activations over the same bytes
         nbytes = N * K + N * (K // 32) * 4
         q, scale = quantize_q8((torch.randn(N, K) / K**0.5).to(torch.bfloat16))
-        ws = copies(nbytes, lambda: (q.clone(), scale.clone()))
+        ws = copies(nbytes, lambda: (q.clone(), None, scale.clone()))
         kw = {"quantize_x": True} if impl == "q8_int8x" else {}
-        it = itertools.cycle(ws)
-        benchmark.group = f"gguf {name} {N}x{K} M={M}"
-        benchmark.extra_info["bytes"] = nbytes
-        benchmark.extra_info["format"] = impl
-
-        def call():
-            q, scale = next(it)
-            return torch.ops.mtp.linear(x, q, None, scale, **kw)
-
-        benchmark.pedantic(call, rounds=50, iterations=1, warmup_rounds=len(ws))
-        return
     else:
         nbytes = N * K * 2
-        ws = copies(nbytes, lambda: (torch.randn(N, K) / K**0.5).to(torch.bfloat16))
+        ws = copies(nbytes, lambda: ((torch.randn(N, K) / K**0.5).to(torch.bfloat16),))
         kw = {}
-    it = itertools.cycle(ws)
+    it = itertools.cycle(ws)  # each item: linear's arguments after x
     benchmark.group = f"gguf {name} {N}x{K} M={M}"
     benchmark.extra_info["bytes"] = nbytes
-    benchmark.extra_info["format"] = {"gguf": name, "x8": name + "_X8", "bf16": "bf16"}[impl]
-    benchmark.pedantic(lambda: torch.ops.mtp.linear(x, next(it), **kw), rounds=50, iterations=1, warmup_rounds=len(ws))
+    benchmark.extra_info["format"] = {"gguf": name, "x8": name + "_X8", "bf16": "bf16"}.get(impl, impl)
+    benchmark.pedantic(lambda: torch.ops.mtp.linear(x, *next(it), **kw), rounds=50, iterations=1, warmup_rounds=len(ws))
