@@ -277,8 +277,9 @@ def cmd_train(args) -> int:
         prompt_anchors=args.prompt_anchors,
         soft_targets=args.soft_targets,
     )
-    if not os.path.isfile(args.prompts):
-        raise UsageError(f"--prompts {args.prompts}: no such file")
+    for path in args.prompts:
+        if not os.path.isfile(path):
+            raise UsageError(f"--prompts {path}: no such file")
     common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log)
     if args.drafter == "standalone":
         from .train_drafter import run_drafter
@@ -636,10 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the MTP head on the frozen default backbone (self-distillation)")
     t.add_argument(
         "--prompts",
-        default=os.path.join(repo, "data", "train_prompts.jsonl"),
-        help='JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)',
+        nargs="+",
+        default=[os.path.join(repo, "data", "train_prompts.jsonl")],
+        help='files of JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)',
     )
-    t.add_argument("--num-prompts", type=int, default=600, help="use the first N prompts (0: all)")
+    t.add_argument("--num-prompts", type=int, default=600, help="use the first N prompts of each file (0: all)")
     t.add_argument(
         "--drafter",
         choices=["head", "standalone"],

@@ -234,11 +234,15 @@ def read_jsonl(path: str) -> list:
     return rows
 
 
-def write_jsonl(path: str, rows: list[dict]) -> None:
+def write_jsonl(path: str, rows: list[dict], mode: str = "w") -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, mode, encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def append_jsonl(path: str, rows: list[dict]) -> None:
+    write_jsonl(path, rows, "a")
 
 
 def main() -> None:

@@ -470,7 +470,7 @@ def _prompt_line(path: str, n: int) -> str:
 
 
 def distilled_rows(
-    prompts_path: str,
+    prompts_path: str | list[str],
     work_dir: str,
     max_new_tokens: int,
     num_prompts: int,
@@ -480,41 +480,45 @@ def distilled_rows(
     log: Callable[[str], None] = print,
     kv_layer: int | None = None,
 ) -> tuple[list[dict], list[Sequence] | None]:
-    """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all), in
-    the prompts' order: the bf16 backbone's greedy answers (cfg, weights, tok: the model as
-    checkpoint.load gives it, loaded once by the caller), cached in work_dir/distilled.jsonl
-    (an interrupted run resumes; a cached answer is reused when its prompt, length cap and
-    backbone are the same). With kv_layer also the head's features of each row (distill's;
-    for a cached answer one teacher-forced pass over prompt + answer, the same bits), else None."""
+    """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all) of each
+    prompts file, in the files' order: the bf16 backbone's greedy answers (cfg, weights, tok:
+    the model as checkpoint.load gives it, loaded once by the caller), cached in
+    work_dir/distilled.jsonl (an interrupted run resumes; a cached answer is reused when its
+    prompt, length cap and backbone are the same). With kv_layer also the head's features of
+    each row (distill's; for a cached answer one teacher-forced pass over prompt + answer, the
+    same bits), else None."""
     from . import data
     from .models.llama import DTYPES
 
-    try:
-        prompts = data.read_jsonl(prompts_path)[: num_prompts or None]
-    except OSError as e:
-        raise ValueError(f"cannot read the prompts {prompts_path}: {e.strerror or e}") from None
-    except ValueError as e:  # read_jsonl's: names path:line
-        raise ValueError(f"cannot read the prompts: {e}") from None
-    for n, p in enumerate(prompts):
+    paths = [prompts_path] if isinstance(prompts_path, str) else list(prompts_path)
+    prompts, where = [], []  # where[n]: (file, index in it) of prompt n, for error messages
+    for path in paths:
+        try:
+            rows = data.read_jsonl(path)[: num_prompts or None]
+        except OSError as e:
+            raise ValueError(f"cannot read the prompts {path}: {e.strerror or e}") from None
+        except ValueError as e:  # read_jsonl's: names path:line
+            raise ValueError(f"cannot read the prompts: {e}") from None
+        prompts += rows
+        where += [(path, n) for n in range(len(rows))]
+    for (path, n), p in zip(where, prompts):
         if not isinstance(p, dict) or not isinstance(p.get("prompt"), str):
             raise ValueError(
-                f'{_prompt_line(prompts_path, n)}: expected JSON lines with a string "prompt" (prompt {n + 1} is not)'
+                f'{_prompt_line(path, n)}: expected JSON lines with a string "prompt" (prompt {n + 1} is not)'
             )
         try:
             p["prompt"].encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError(
-                f"{_prompt_line(prompts_path, n)}: prompt {n + 1}: an unpaired surrogate is not text"
-            ) from None
+            raise ValueError(f"{_prompt_line(path, n)}: prompt {n + 1}: an unpaired surrogate is not text") from None
     if len(prompts) < 2:  # before any distilling: split() holds one out for validation
         raise ValueError(
-            f"{prompts_path}: training needs at least 2 prompts (one is held out for validation), got "
+            f"{', '.join(paths)}: training needs at least 2 prompts (one is held out for validation), got "
             f"{len(prompts)}" + (" (--num-prompts)" if num_prompts else "")
         )
     if max_new_tokens < 1 or max_new_tokens + 2 > cfg.max_position:
         raise ValueError(f"--max-new-tokens {max_new_tokens}: the model's context is {cfg.max_position} tokens")
     ids = []
-    for n, r in enumerate(prompts):
+    for (path, n), r in zip(where, prompts):
         text = tok.apply_chat_template(r["prompt"])
         room = cfg.max_position - max_new_tokens
         # A token covers at most max_token_bytes bytes: a cheap bound before tokenizing.
@@ -522,7 +526,7 @@ def distilled_rows(
         bound = tok.max_token_bytes if nbytes > 1 << 18 else None  # below, tokenizing is cheaper than the bound
         if bound and nbytes > room * bound or len(i := tok.encode(text)) > room or not i:
             raise ValueError(
-                f"{_prompt_line(prompts_path, n)}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not "
+                f"{_prompt_line(path, n)}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not "
                 f"fit the model's context of {cfg.max_position} tokens (or it is empty)"
             )
         ids.append(i)
@@ -597,7 +601,7 @@ def _cached_row_ok(r, vocab_size: int) -> bool:
 
 
 def run(
-    prompts_path: str,
+    prompts_path: str | list[str],
     out_dir: str,
     work_dir: str,
     tc: TrainConfig,

@@ -149,7 +149,7 @@ def train_drafter(
 
 
 def run_drafter(
-    prompts_path: str,
+    prompts_path: str | list[str],
     out_dir: str,
     work_dir: str,
     tc: train.TrainConfig,
