@@ -652,7 +652,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--work-dir", default="runs", help="cache of the backbone's answers (an interrupted run resumes)")
     t.add_argument("--max-new-tokens", type=int, default=96, help="length cap of the backbone's answers")
     t.add_argument("--max-steps", type=int, default=1000, help="optimiser steps")
-    t.add_argument("--minutes", type=float, default=60.0, help="wall-clock cap of the optimisation")
+    t.add_argument(
+        "--minutes",
+        type=float,
+        default=60.0,
+        help="wall-clock cap of the optimisation (the head: the same command later resumes where it stopped)",
+    )
     t.add_argument("--unroll", type=int, default=4, help="draft steps unrolled in the loss")
     t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
     t.add_argument(

@@ -325,6 +325,9 @@ def learning_rate(tc: TrainConfig, step: int) -> float:
     return tc.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / tc.max_steps)))
 
 
+VALIDATE_EVERY = 200  # steps between validations (and checkpoints)
+
+
 def train_head(
     head: MTPHead,
     backbone: Backbone,
@@ -332,8 +335,13 @@ def train_head(
     val: list[Sequence],
     tc: TrainConfig,
     log: Callable[[str], None] = print,
+    checkpoint: str | None = None,
 ) -> dict:
-    """AdamW, warmup then cosine decay over max_steps; returns the validation curve."""
+    """AdamW, warmup then cosine decay over max_steps; returns the validation curve.
+    checkpoint: a file where the whole training state (head, optimiser, step, random states)
+    is saved at every validation and when the time cap stops the run. A run of the same
+    configuration on the same data resumes there and ends with the bits of an uninterrupted
+    one; the file is removed once max_steps are done."""
     torch.manual_seed(tc.seed)
     rng = random.Random(tc.seed)
     vocab = head.draft_vocab
@@ -348,50 +356,80 @@ def train_head(
         )
     order = sorted(range(len(train)), key=lambda i: len(train[i].tokens))
     batches = [order[i : i + tc.batch] for i in range(0, len(order), tc.batch)]
-    budget, t0, step, curve = tc.minutes * 60, time.perf_counter(), 0, []
-    first_loss = curve_loss = float("nan")
-    while True:  # ends: every pass over the (non-empty) batches checks the step and time caps
-        rng.shuffle(batches)
-        for bi in batches:
-            elapsed = time.perf_counter() - t0
-            if not elapsed < budget or step >= tc.max_steps:
-                if step < tc.max_steps:
-                    log(f"train: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
-                curve.append(
-                    {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
-                )
-                log(f"train: done after {step} steps, {elapsed:.0f} s; {curve[-1]}")
-                return {
-                    "curve": curve,
-                    "steps": step,
-                    "first_loss": first_loss,
-                    "last_loss": curve_loss,
-                    "seconds": round(elapsed),
-                }
-            lr = learning_rate(tc, step)
-            for grp in opt.param_groups:
-                grp["lr"] = lr
-            batch = [train[i] for i in bi]
-            anchors = answer_anchors(batch, tc.anchors, rng, tc.prompt_anchors)
-            logits = unrolled_logits(head, backbone, batch, anchors, tc.steps, rows)
-            targets = unrolled_targets(batch, anchors, tc.steps, index)
-            soft = soft_targets(batch, anchors, tc.steps, rows) if tc.soft_targets else None
-            loss = draft_loss(logits, targets, soft, tc.soft_targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            step += 1
-            curve_loss = loss.item()
-            if step == 1:
-                first_loss = curve_loss
-            if step % 25 == 0:
-                log(f"train: step {step}, {elapsed:.0f} s, lr {lr:.2e}, loss {curve_loss:.3f}")
-            if step % 200 == 0:
-                curve.append(
-                    {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
-                )
-                log(f"train: validation {curve[-1]}")
+    state = {"step": 0, "pos": len(batches), "curve": [], "first_loss": float("nan"), "last_loss": float("nan")}
+    state["seconds"] = 0.0  # of the earlier runs this one resumes
+    # What must match for a checkpoint to be resumed: the configuration and the data.
+    config = {k: v for k, v in dataclasses.asdict(tc).items() if k != "minutes"}  # a new time cap may resume
+    key = [config, len(train), len(val), [len(s.tokens) for s in train[:64]], vocab.tolist()[:64]]
+    if checkpoint and os.path.isfile(checkpoint):
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved.get("key") == key:
+            head.load_state_dict(saved["head"])
+            opt.load_state_dict(saved["opt"])
+            rng.setstate(saved["rng"])
+            torch.set_rng_state(saved["torch_rng"])
+            state, batches = saved["state"], saved["batches"]
+            log(f"train: resuming {checkpoint} at step {state['step']}")
+        else:
+            log(f"train: {checkpoint} holds another configuration or data; starting over")
+
+    def save() -> None:
+        if checkpoint:
+            snapshot = dict(head=head.state_dict(), opt=opt.state_dict(), rng=rng.getstate())
+            snapshot.update(torch_rng=torch.get_rng_state(), state=state, batches=batches, key=key)
+            torch.save(snapshot, checkpoint + ".tmp")
+            os.replace(checkpoint + ".tmp", checkpoint)  # never a half-written checkpoint
+
+    budget, t0, curve = tc.minutes * 60, time.perf_counter() - state["seconds"], state["curve"]
+    while True:  # ends: every batch checks the step and time caps
+        if state["pos"] == len(batches):  # a new pass over the (non-empty) batches
+            rng.shuffle(batches)
+            state["pos"] = 0
+        bi, step = batches[state["pos"]], state["step"]
+        elapsed = state["seconds"] = time.perf_counter() - t0
+        if not elapsed < budget or step >= tc.max_steps:
+            if step < tc.max_steps:
+                log(f"train: time cap of {tc.minutes} min reached at step {step} of {tc.max_steps}")
+                save()  # the same command resumes here
+            elif checkpoint and os.path.isfile(checkpoint):
+                os.remove(checkpoint)
+            curve.append(
+                {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
+            )
+            log(f"train: done after {step} steps, {elapsed:.0f} s; {curve[-1]}")
+            return {
+                "curve": curve,
+                "steps": step,
+                "first_loss": state["first_loss"],
+                "last_loss": state["last_loss"],
+                "seconds": round(elapsed),
+            }
+        lr = learning_rate(tc, step)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        batch = [train[i] for i in bi]
+        anchors = answer_anchors(batch, tc.anchors, rng, tc.prompt_anchors)
+        logits = unrolled_logits(head, backbone, batch, anchors, tc.steps, rows)
+        targets = unrolled_targets(batch, anchors, tc.steps, index)
+        soft = soft_targets(batch, anchors, tc.steps, rows) if tc.soft_targets else None
+        loss = draft_loss(logits, targets, soft, tc.soft_targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step = state["step"] = step + 1
+        state["pos"] += 1
+        state["last_loss"] = loss.item()
+        if step == 1:
+            state["first_loss"] = state["last_loss"]
+        if step % 25 == 0:
+            log(f"train: step {step}, {elapsed:.0f} s, lr {lr:.2e}, loss {state['last_loss']:.3f}")
+        if step % VALIDATE_EVERY == 0:
+            curve.append(
+                {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
+            )
+            log(f"train: validation {curve[-1]}")
+            save()
 
 
 @torch.no_grad()
@@ -633,7 +671,9 @@ def run(
         )
     )
     init_from_backbone(head, backbone)
-    result = train_head(head, backbone, train_seqs, val_seqs, tc, log=log)
+    result = train_head(
+        head, backbone, train_seqs, val_seqs, tc, log=log, checkpoint=os.path.join(work_dir, "head.ckpt")
+    )
     head.save(out_dir, dtype=torch.bfloat16)  # ships in the package: half the bytes
     result.update(
         distill_seconds=round(t_distill),

@@ -1,6 +1,8 @@
 """Head training: the differentiable unrolled head computes what MTPHead.draft runs, the
 backbone stays frozen, training is seeded and reproducible, and the loss goes down."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -272,3 +274,44 @@ def test_make_prompt_rejects_unknown_task():
 
     with pytest.raises(ValueError, match="unknown task"):
         data.make_prompt("poetry", random.Random(0), ["a"], ["b"])
+
+
+def test_interrupted_training_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    """A run killed after a checkpoint, then run again, ends with the weights of an
+    uninterrupted run; so does one stopped by its time cap and run again with more time."""
+    monkeypatch.setattr(train, "VALIDATE_EVERY", 10)
+    model = tiny_backbone()
+    seqs = _tiny_data(model)
+    tc = train.TrainConfig(steps=2, batch=3, lr=3e-3, max_steps=30, minutes=10, seed=5)
+
+    def run(ckpt=None, log=lambda m: None, tc=tc):
+        head = _head(seed=3)
+        train.init_from_backbone(head, model)
+        return head, train.train_head(head, model, seqs, seqs[:2], tc, log=log, checkpoint=ckpt)
+
+    want, want_log = run()
+    ckpt = str(tmp_path / "head.ckpt")
+
+    def killed_at_25(m):
+        if m.startswith("train: step 25"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(ckpt, killed_at_25)
+    logs = []
+    got, got_log = run(ckpt, logs.append)
+    assert "train: resuming" in logs[0] and "at step 20" in logs[0]
+    for (n, p), q in zip(want.named_parameters(), got.parameters()):
+        assert torch.equal(p, q), f"the resumed run differs in {n}"
+    assert [c["step"] for c in got_log["curve"]] == [c["step"] for c in want_log["curve"]]
+    assert not (tmp_path / "head.ckpt").exists()  # done: removed
+    # The time cap saves where it stops; the next run (any cap) continues to the same bits.
+    run(ckpt, tc=dataclasses.replace(tc, minutes=0))
+    assert (tmp_path / "head.ckpt").exists()
+    got, _ = run(ckpt)
+    assert all(torch.equal(p, q) for p, q in zip(want.parameters(), got.parameters()))
+    # Another configuration does not resume a checkpoint that is not its own.
+    run(ckpt, tc=dataclasses.replace(tc, minutes=0))
+    logs = []
+    run(ckpt, logs.append, tc=dataclasses.replace(tc, lr=1e-3))
+    assert any("another configuration" in m for m in logs)
