@@ -1,6 +1,7 @@
 """Training the MTP head on the frozen backbone (self-distillation).
 
-1. distill: our frozen bf16 backbone answers every training prompt greedily, a batch of
+1. distill: the frozen backbone, as `mtp generate` runs it by default (the file's own
+   weights, bf16 activations), answers every training prompt greedily, a batch of
    prompts at a time; those answers are the targets, exactly what verification will
    accept. What the passes compute on the way are the features, the head's inputs at
    inference bit for bit: per position the backbone's final hidden state and the K/V of
@@ -495,7 +496,10 @@ def check_draft_vocab(size: int, vocab_size: int) -> int:
     return min(size, vocab_size)
 
 
-DISTILLED_BY = "bfloat16"  # cached answers of our bf16 backbone (older caches held transformers' fp32 ones)
+# Cached answers are those of the backbone `mtp generate` runs by default: the file's own
+# weights as stored, bf16 activations (older caches held our dequantized bf16 backbone's
+# answers, "bfloat16", or transformers' fp32 ones: distilled again).
+DISTILLED_BY = "stored"
 
 
 def _prompt_line(path: str, n: int) -> str:
@@ -519,14 +523,16 @@ def distilled_rows(
     kv_layer: int | None = None,
 ) -> tuple[list[dict], list[Sequence] | None]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all) of each
-    prompts file, in the files' order: the bf16 backbone's greedy answers (cfg, weights, tok:
-    the model as checkpoint.load gives it, loaded once by the caller), cached in
+    prompts file, in the files' order: the backbone's greedy answers (cfg, weights, tok: the
+    model as checkpoint.load(native=True) gives it, loaded once by the caller: the file's own
+    weights, run with bf16 activations as `mtp generate` runs them by default), cached in
     work_dir/distilled.jsonl (an interrupted run resumes; a cached answer is reused when its
     prompt, length cap and backbone are the same). With kv_layer also the head's features of
     each row (distill's; for a cached answer one teacher-forced pass over prompt + answer, the
     same bits), else None."""
     from . import data
     from .models.llama import DTYPES
+    from .models.loading import NATIVE_DTYPE
 
     paths = [prompts_path] if isinstance(prompts_path, str) else list(prompts_path)
     prompts, where = [], []  # where[n]: (file, index in it) of prompt n, for error messages
@@ -580,7 +586,7 @@ def distilled_rows(
         and r.get("distilled_by") == DISTILLED_BY
     }
     log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
-    backbone = Backbone(cfg, weights, DTYPES[DISTILLED_BY])
+    backbone = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
     seqs: list[Sequence | None] = [None] * len(ids)
     todo = [i for i in range(len(ids)) if i not in done]
     if todo:
@@ -654,15 +660,16 @@ def run(
 
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    cfg, weights, tok = checkpoint.load(None)
+    cfg, stored, tok = checkpoint.load(None, native=True)  # the teacher: the default backbone
     check_kv_layer(kv_layer, cfg.num_layers)  # before any work: the head must read a layer that exists
     draft_vocab_size = check_draft_vocab(draft_vocab_size, cfg.vocab_size)
     rows, seqs = distilled_rows(
-        prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log, kv_layer=kv_layer
+        prompts_path, work_dir, max_new_tokens, num_prompts, cfg, stored, tok, log, kv_layer=kv_layer
     )
     t_distill = time.perf_counter() - t0
     split(rows)  # at least 2 rows, else a clear error here
-    backbone = Backbone(cfg, weights, torch.float32)  # the embedding and LM head rows of the training graph
+    # The embedding and LM head rows of the training graph, dequantized to fp32.
+    backbone = Backbone(cfg, checkpoint.load(None)[1], torch.float32)
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
     head.set_draft_vocab(

@@ -163,7 +163,7 @@ def run_drafter(
     -> a default-size drafter over the most frequent answer tokens -> out_dir."""
     from .models import checkpoint
 
-    cfg, weights, tok = checkpoint.load(model)
+    cfg, weights, tok = checkpoint.load(model, native=True)  # the teacher: the default backbone
     vocab_size = train.check_draft_vocab(vocab_size, cfg.vocab_size)
     rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log)[0]
     seqs = [

@@ -315,3 +315,25 @@ def test_interrupted_training_resumes_to_the_same_bits(tmp_path, monkeypatch):
     logs = []
     run(ckpt, logs.append, tc=dataclasses.replace(tc, lr=1e-3))
     assert any("another configuration" in m for m in logs)
+
+
+def test_distilled_answers_are_the_default_backbones_greedy(tmp_path):
+    """The teacher is the backbone `mtp generate` runs by default: a GGUF's own block-quantized
+    weights as stored, bf16 activations. Its cached answers are that backbone's greedy tokens."""
+    import json
+
+    from mtp_kernels import decoding
+    from mtp_kernels.models import checkpoint, loading
+    from test_native import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cfg, stored, tok = checkpoint.load(path, native=True)
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ab c", "d e f g", "h")))
+    rows, seqs = train.distilled_rows(str(tmp_path / "p.jsonl"), str(tmp_path), 6, 0, cfg, stored, tok, print, 0)
+    _, model, _, what = loading.load_backbone(path, None, print)
+    assert "as stored" in what and model.native
+    eos = tuple(cfg.eos_token_ids)
+    for r, s in zip(rows, seqs):
+        assert r["answer_ids"] == decoding.generate(model, [r["prompt_ids"]], 6, eos_token_ids=eos)[0].tokens
+        want = train.sequence_from_backbone(model, r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"]), 0)
+        assert all(torch.equal(getattr(s, n), getattr(want, n)) for n in ("hidden", "k", "v", "greedy"))
