@@ -8,6 +8,8 @@
 namespace mtp::cpu {
 namespace {
 
+using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
+
 constexpr const char* kAttn = "mtp.head_attention";
 constexpr const char* kAppend = "mtp.cache_append";
 

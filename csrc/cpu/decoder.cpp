@@ -12,6 +12,8 @@
 namespace mtp::cpu {
 namespace {
 
+using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
+
 constexpr const char* kDecoder = "mtp.decoder_layers";
 constexpr const char* kHeadDraft = "mtp.head_draft";
 

@@ -8,6 +8,8 @@
 namespace mtp::cpu {
 namespace {
 
+using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
+
 constexpr const char* kLinear = "mtp.linear";
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,

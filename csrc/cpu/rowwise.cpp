@@ -10,6 +10,8 @@
 namespace mtp::cpu {
 namespace {
 
+using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
+
 constexpr const char* kRmsNorm = "mtp.rms_norm";
 constexpr const char* kAddRmsNorm = "mtp.add_rms_norm";
 constexpr const char* kRope = "mtp.rope_";

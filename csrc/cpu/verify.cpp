@@ -9,6 +9,8 @@
 namespace mtp::cpu {
 namespace {
 
+using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
+
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";
 constexpr const char* kSampled = "mtp.verify_sampled";

@@ -16,7 +16,7 @@
 namespace mtp::cuda {
 namespace {
 
-using namespace mtp::cpu;  // the shared checks
+using namespace mtp::torch_adapter;  // csrc/torch/adapter.h: the checks shared with the CPU binding
 
 constexpr const char* kVerify = "mtp.verify";
 constexpr const char* kAccept = "mtp.accept_prefix";

@@ -21,7 +21,7 @@
 #include "mtp/op_args.h"
 #include "mtp/verify_args.h"
 
-namespace mtp::cpu {
+namespace mtp::torch_adapter {
 
 inline std::string dtype_list(std::initializer_list<at::ScalarType> ok) {
   std::ostringstream s;
@@ -155,23 +155,27 @@ void check_disjoint(const char* op, const at::Tensor& k_cache, const at::Tensor&
                    name));
 }
 
-// draft_tokens [B, K] (verify, accept_prefix) on `device`.
-inline void check_drafts(const char* op, const at::Tensor& draft, const at::Device& device) {
+// draft_tokens [B, K] and `name` (dtypes `ok`, `dim`-D `shape`, B rows) on `device`: what
+// verify and accept_prefix check alike. Returns K.
+inline int64_t check_drafts_with(const char* op, const at::Tensor& draft, const char* name, const at::Tensor& t,
+                                 std::initializer_list<at::ScalarType> ok, int64_t dim, const char* shape,
+                                 const at::Device& device) {
   check_device(op, "draft_tokens", draft, device);
   check_dtype(op, "draft_tokens", draft, kIdTypes);
   check_dim(op, "draft_tokens", draft, 2, "[B, K]");
+  check_device(op, name, t, device);
+  check_dtype(op, name, t, ok);
+  check_dim(op, name, t, dim, shape);
+  const int64_t K = draft.size(1);
+  TORCH_CHECK(K < INT64_MAX, op, ": draft_tokens.size(1) = K = ", K, " is too large (K + 1 overflows int64)");
+  check_size(op, name, t, 0, draft.size(0), "B (draft_tokens.size(0))");
+  return K;
 }
 
 // draft_tokens [B, K] and target_logits [B, K+1, V] of mtp.verify; both on `device`.
 inline void check_verify_inputs(const char* op, const at::Tensor& draft, const at::Tensor& logits,
                                 const at::Device& device) {
-  check_drafts(op, draft, device);
-  check_device(op, "target_logits", logits, device);
-  check_dtype(op, "target_logits", logits, kFloatTypes);
-  check_dim(op, "target_logits", logits, 3, "[B, K+1, V]");
-  const int64_t B = draft.size(0), K = draft.size(1);
-  TORCH_CHECK(K < INT64_MAX, op, ": draft_tokens.size(1) = K = ", K, " is too large (K + 1 overflows int64)");
-  check_size(op, "target_logits", logits, 0, B, "B (draft_tokens.size(0))");
+  const int64_t K = check_drafts_with(op, draft, "target_logits", logits, kFloatTypes, 3, "[B, K+1, V]", device);
   check_size(op, "target_logits", logits, 1, K + 1, "K+1 (draft_tokens.size(1) + 1)");
   TORCH_CHECK(logits.size(2) > 0, op, ": target_logits must have a vocabulary of V >= 1 entries, got V = 0");
 }
@@ -179,13 +183,7 @@ inline void check_verify_inputs(const char* op, const at::Tensor& draft, const a
 // draft_tokens [B, K] and target_tokens [B, K+1] or [B, K] of mtp.accept_prefix.
 inline void check_accept_inputs(const char* op, const at::Tensor& draft, const at::Tensor& target,
                                 const at::Device& device) {
-  check_drafts(op, draft, device);
-  check_device(op, "target_tokens", target, device);
-  check_dtype(op, "target_tokens", target, kIdTypes);
-  check_dim(op, "target_tokens", target, 2, "[B, K+1] or [B, K]");
-  const int64_t B = draft.size(0), K = draft.size(1);
-  TORCH_CHECK(K < INT64_MAX, op, ": draft_tokens.size(1) = K = ", K, " is too large (K + 1 overflows int64)");
-  check_size(op, "target_tokens", target, 0, B, "B (draft_tokens.size(0))");
+  const int64_t K = check_drafts_with(op, draft, "target_tokens", target, kIdTypes, 2, "[B, K+1] or [B, K]", device);
   TORCH_CHECK(target.size(1) == K + 1 || target.size(1) == K, op, ": target_tokens.size(1) must be K+1 = ", K + 1,
               " or K = ", K, ", got ", target.size(1));
 }
@@ -515,4 +513,4 @@ struct TorchParallelFor {
   }
 };
 
-}  // namespace mtp::cpu
+}  // namespace mtp::torch_adapter
