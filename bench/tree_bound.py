@@ -1,4 +1,4 @@
-"""How far tree drafts could lift tau (issue 5): an offline bound on the evaluation set.
+"""How far tree drafts could lift tau: an offline bound on the evaluation set.
 
 Per task, each prompt's greedy output (48 new tokens; what `mtp generate` gives, any drafts),
 and at every output position the shipped head's M best first drafts (its step-0 logits over

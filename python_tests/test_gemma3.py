@@ -1,4 +1,4 @@
-"""Gemma 3 (issue 33, deliverable 1): the loader and plain-torch fp32 model of
+"""Gemma 3: the loader and plain-torch fp32 model of
 mtp_kernels.models.gemma3.
 
 Always run (no model package needed): a tiny synthetic `gemma3` GGUF (Q8_0 / Q5_0 / Q4_K / Q6_K /

@@ -1,4 +1,4 @@
-"""`mtp` with hostile arguments, prompts and model files (issue 32, deliverables 6 and 7): every
+"""`mtp` with hostile arguments, prompts and model files: every
 failure is one `mtp: error: ...` line (naming the file, field, FILE:LINE or option) and exit 2,
 never a traceback, a hang or minutes of work before the refusal."""
 

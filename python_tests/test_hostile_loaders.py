@@ -1,4 +1,4 @@
-"""Hostile model, head and drafter files (issue 32, deliverable 5): each is refused before use
+"""Hostile model, head and drafter files: each is refused before use
 with one CheckpointError line naming the file and the field, never a ZeroDivisionError, a huge
 allocation, a 0-layer model or the neighbouring bytes of a tensor read as its own."""
 

@@ -1,4 +1,4 @@
-"""Hostile arguments to the torch ops (issue 32): sizes whose products or sums overflow int64,
+"""Hostile arguments to the torch ops: sizes whose products or sums overflow int64,
 outputs aliasing inputs or each other (or expanded, stride 0), float arguments that are
 non-finite or overflow when narrowed to the kernels' float32. Each call raises RuntimeError
 with one sentence naming the argument, writes nothing, and the Python checks of the Triton /

@@ -1,4 +1,4 @@
-// Hostile input to the C API (issue 32): sizes whose products or sums overflow int64, outputs
+// Hostile input to the C API: sizes whose products or sums overflow int64, outputs
 // that alias inputs or each other (or are expanded, stride 0), non-finite float arguments,
 // thread counts past MTP_MAX_THREADS, and fork(). Each call fails with a status and a message
 // naming the argument, writes nothing, and is clean under ASan + UBSan; a forked child's

@@ -348,7 +348,7 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
         except RecursionError:  # arrays of arrays of ... nested thousands deep
             raise CheckpointError(f"{path}: not a readable GGUF file (metadata arrays nested too deep)") from None
     arch = _field(meta, path, "general.architecture", kind=str)
-    if arch == "gemma3":  # issue 33: loads in the plain-torch reference, not on the kernels yet
+    if arch == "gemma3":  # loads in the plain-torch reference, not on the kernels yet
         raise CheckpointError(
             f"{path}: architecture 'gemma3' cannot run on the kernels yet (expected 'llama'): Gemma 3 "
             "loads only into the fp32 reference model, mtp_kernels.models.gemma3"

@@ -1,5 +1,5 @@
 """Gemma 3 (GGUF architecture `gemma3`): config, weights and tokenizer from its GGUF, and a
-plain-torch fp32 forward, the reference of the second model family (issue 33, deliverable 1).
+plain-torch fp32 forward, the reference of the second model family.
 
 Nothing here runs on the kernels yet: `mtp generate` refuses a Gemma file (checkpoint.load_gguf)
 until `head_attention` has a sliding window and a head is trained for it. What this module
