@@ -22,15 +22,8 @@ namespace mtp {
 
 // Argmax of x[begin*stride], ..., x[(end-1)*stride] (end > begin).
 inline ArgmaxResult argmax_range(const void* x, DType dt, int64_t stride, int64_t begin, int64_t end, Isa isa) {
-#if defined(MTP_X86)
-  if (stride == 1 && is_avx512(isa)) return x86::argmax_avx512(x, dt, begin, end);
-  if (stride == 1 && isa == Isa::Avx2) return x86::argmax_avx2(x, dt, begin, end);
-#endif
-#if defined(MTP_ARM64)
-  if (stride == 1 && (isa == Isa::Neon || isa == Isa::NeonFp16))
-    return neon::argmax(x, dt, begin, end, isa == Isa::NeonFp16);
-#endif
-  return generic::argmax(x, dt, stride, begin, end);
+  if (stride != 1) return generic::argmax(x, dt, stride, begin, end);
+  return dispatch(isa, [&](auto set) { return argmax(set, x, dt, begin, end); });
 }
 
 }  // namespace mtp

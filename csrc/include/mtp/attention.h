@@ -234,14 +234,20 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
 
 namespace mtp {
 
-// True when `isa` has a vector path for this head dim (else the generic path runs).
-inline bool attention_vectorised(Isa isa, int64_t D) {
-  return (is_avx512(isa) || isa == Isa::Avx2 || isa == Isa::Neon || isa == Isa::NeonFp16) && (D == 64 || D == 128);
+// The kernels of every set without a vector path of its own, and of every head dim but 64 and 128.
+template <class ParallelFor>
+void attention(generic::Generic, const AttentionArgs& a, int threads, ParallelFor& pf) {
+  switch (a.dtype) {
+    case DType::F32: return attention_with<generic::Attention<DType::F32>>(a, threads, pf);
+    case DType::BF16: return attention_with<generic::Attention<DType::BF16>>(a, threads, pf);
+    default: return attention_with<generic::Attention<DType::F16>>(a, threads, pf);
+  }
 }
 
 // One vector family V<dtype, D> over the three dtypes and D in {64, 128}.
 template <template <DType, int> class V, class ParallelFor>
-void attention_vector(const AttentionArgs& a, int threads, ParallelFor&& pf) {
+void attention_vector(const AttentionArgs& a, int threads, ParallelFor& pf) {
+  if (a.D != 64 && a.D != 128) return attention(generic::Generic{}, a, threads, pf);
   const bool d64 = a.D == 64;
   switch (a.dtype) {
     case DType::F32:
@@ -256,22 +262,28 @@ void attention_vector(const AttentionArgs& a, int threads, ParallelFor&& pf) {
   }
 }
 
+// The sets' vector families (x86/attention.h, neon/attention.h; NeonFp16 runs Neon's).
+#if defined(MTP_X86)
+template <class ParallelFor>
+void attention(x86::Avx512, const AttentionArgs& a, int threads, ParallelFor& pf) {
+  attention_vector<x86::Avx512Attention>(a, threads, pf);
+}
+template <class ParallelFor>
+void attention(x86::Avx2, const AttentionArgs& a, int threads, ParallelFor& pf) {
+  attention_vector<x86::Avx2Attention>(a, threads, pf);
+}
+#elif defined(MTP_ARM64)
+template <class ParallelFor>
+void attention(neon::Neon, const AttentionArgs& a, int threads, ParallelFor& pf) {
+  attention_vector<neon::NeonAttention>(a, threads, pf);
+}
+#endif
+
 // Writes a.out. parallel_for(n, fn(begin, end)) may run the work items anywhere; `threads`
 // (how many it uses) only shapes the work split, never the result.
 template <class ParallelFor>
 void attention(const AttentionArgs& a, int threads, Isa isa, ParallelFor&& pf) {
-#if defined(MTP_X86)
-  if (attention_vectorised(isa, a.D))
-    return is_avx512(isa) ? attention_vector<x86::Avx512Attention>(a, threads, pf)
-                          : attention_vector<x86::Avx2Attention>(a, threads, pf);
-#elif defined(MTP_ARM64)
-  if (attention_vectorised(isa, a.D)) return attention_vector<neon::NeonAttention>(a, threads, pf);  // NeonFp16 too
-#endif
-  switch (a.dtype) {
-    case DType::F32: return attention_with<generic::Attention<DType::F32>>(a, threads, pf);
-    case DType::BF16: return attention_with<generic::Attention<DType::BF16>>(a, threads, pf);
-    default: return attention_with<generic::Attention<DType::F16>>(a, threads, pf);
-  }
+  dispatch(isa, [&](auto set) { attention(set, a, threads, pf); });
 }
 
 }  // namespace mtp

@@ -105,11 +105,6 @@ inline float load_f32(const void* base, DType t, int64_t i) {
   }
 }
 
-// Instruction sets a kernel may be specialised for, best last per architecture.
-// NeonFp16: NEON plus armv8.2-a half-precision arithmetic (fp16 rows reduced in fp16).
-// Avx512Bf16: AVX-512 plus AVX512_BF16 (bf16 dot products in the linear layer).
-enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonFp16 = 4, Avx512Bf16 = 5 };
-
 // fp32 -> bf16, round to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN.
 // A select, not a branch: loops of it vectorise.
 inline uint16_t f32_to_bf16(float f) {

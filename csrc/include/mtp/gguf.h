@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "mtp/common.h"
+#include "mtp/isa.h"
 
 namespace mtp {
 
@@ -382,6 +383,12 @@ void gguf_linear(const Args& a, const QuantRows& xq, int64_t n0, int64_t n1) {
       a.y[m * a.y_stride + n] = a.bias ? y + a.bias[n] : y;
     }
   }
+}
+
+// Every set without a vector path of its own (linear.h's dispatch).
+template <class Args>
+void gguf_linear(Generic, const Args& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  gguf_linear(a, xq, n0, n1);
 }
 
 }  // namespace generic

@@ -31,37 +31,15 @@ constexpr int64_t kLinearBlockN = 32;
 inline int64_t linear_work_items(const LinearArgs& a) { return (a.N + kLinearBlockN - 1) / kLinearBlockN; }
 
 // Computes the output columns of work items [begin, end) for every row.
+// x quantized (quantize_x: int8 rows, linear_args.h) or float.
 inline void linear_items(const LinearArgs& a, int64_t begin, int64_t end, Isa isa) {
   const int64_t n0 = begin * kLinearBlockN, n1 = std::min(a.N, end * kLinearBlockN);
-#if defined(MTP_X86)
-  if (a.x_dtype == DType::I8) {  // quantize_x
-    if (is_avx512(isa)) return x86::linear_q8dot_avx512(a, n0, n1);
-    if (isa == Isa::Avx2) return x86::linear_q8dot_avx2(a, n0, n1);
-    return generic::linear(a, n0, n1);
-  }
-  if (isa == Isa::Avx512Bf16) return x86::linear_avx512_bf16(a, n0, n1);
-  if (isa == Isa::Avx512) return x86::linear_avx512(a, n0, n1);
-  if (isa == Isa::Avx2) return x86::linear_avx2(a, n0, n1);
-#elif defined(MTP_ARM64)
-  if (a.x_dtype == DType::I8) {  // quantize_x
-    if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::linear_q8dot_neon(a, n0, n1);
-    return generic::linear(a, n0, n1);
-  }
-  if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::linear_neon(a, n0, n1);
-#endif
-  generic::linear(a, n0, n1);
+  dispatch(isa, [&](auto set) { a.x_dtype == DType::I8 ? linear_q8dot(set, a, n0, n1) : linear(set, a, n0, n1); });
 }
 
 // The columns [n0, n1) of every row for a GGUF block-type weight (gguf.h), x quantized in xq.
 inline void gguf_items(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1, Isa isa) {
-#if defined(MTP_X86)
-  if (is_avx512(isa)) return x86::gguf_linear_avx512(a, xq, n0, n1);
-  if (isa == Isa::Avx2) return x86::gguf_linear_avx2(a, xq, n0, n1);
-#elif defined(MTP_ARM64)
-  if (isa == Isa::Neon || isa == Isa::NeonFp16) return neon::gguf_linear_neon(a, xq, n0, n1);
-#endif
-  (void)isa;
-  generic::gguf_linear(a, xq, n0, n1);
+  dispatch(isa, [&](auto set) { gguf_linear(set, a, xq, n0, n1); });
 }
 
 // quantize_x: row x [K] (fp32, bf16 or fp16) -> out, xq_row_bytes(K) bytes (the layout of

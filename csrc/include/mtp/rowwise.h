@@ -13,31 +13,18 @@
 
 namespace mtp {
 
-// aarch64 needs no entry points of its own: its baseline (armv8.0-a) has NEON, which the
+// aarch64 has no entry points of its own: its baseline (armv8.0-a) has NEON, which the
 // compiler uses for the generic loops.
-#if defined(MTP_X86)
-#define MTP_ROWWISE_DISPATCH(OP, ARGS)               \
-  if (is_avx512(isa)) return x86::OP##_avx512(ARGS); \
-  if (isa == Isa::Avx2) return x86::OP##_avx2(ARGS);
-#else
-#define MTP_ROWWISE_DISPATCH(OP, ARGS) (void)isa;
-#endif
-
 inline void rms_norm(const RmsNormArgs& a, Isa isa) {
-  MTP_ROWWISE_DISPATCH(rms_norm, a)
-  generic::rms_norm(a);
+  dispatch(isa, [&](auto set) { rms_norm(set, a); });
 }
 
 inline void rope(const RopeArgs& a, Isa isa) {
-  MTP_ROWWISE_DISPATCH(rope, a)
-  generic::rope(a);
+  dispatch(isa, [&](auto set) { rope(set, a); });
 }
 
 inline void silu_mul(const SiluMulArgs& a, Isa isa) {
-  MTP_ROWWISE_DISPATCH(silu_mul, a)
-  generic::silu_mul(a);
+  dispatch(isa, [&](auto set) { silu_mul(set, a); });
 }
-
-#undef MTP_ROWWISE_DISPATCH
 
 }  // namespace mtp

@@ -6,6 +6,7 @@
 
 #include "mtp/argmax_rule.h"
 #include "mtp/common.h"
+#include "mtp/isa.h"
 
 namespace mtp {
 
@@ -62,6 +63,11 @@ inline ArgmaxResult argmax_blocks(const void* x, int64_t begin, int64_t end, Blo
 
 inline ArgmaxResult argmax(const void* x, DType dt, int64_t stride, int64_t begin, int64_t end) {
   return with_dtype(dt, [&](auto t) { return argmax_typed<decltype(t)::value>(x, stride, begin, end); });
+}
+
+// Contiguous rows, every set without a vector path of its own (argmax.h's dispatch).
+inline ArgmaxResult argmax(Generic, const void* x, DType dt, int64_t begin, int64_t end) {
+  return argmax(x, dt, 1, begin, end);
 }
 
 }  // namespace mtp::generic

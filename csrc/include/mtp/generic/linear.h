@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "mtp/common.h"
+#include "mtp/isa.h"
 #include "mtp/linear_args.h"
 
 namespace mtp::generic {
@@ -62,5 +63,9 @@ inline void linear(const LinearArgs& a, int64_t n0, int64_t n1) {
     }
   }
 }
+
+// Every set without a vector path of its own (linear.h's dispatch).
+inline void linear(Generic, const LinearArgs& a, int64_t n0, int64_t n1) { linear(a, n0, n1); }
+inline void linear_q8dot(Generic, const LinearArgs& a, int64_t n0, int64_t n1) { linear_q8dot(a, n0, n1); }
 
 }  // namespace mtp::generic

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "mtp/common.h"
+#include "mtp/isa.h"
 #include "mtp/rowwise_args.h"
 
 namespace mtp {
@@ -134,7 +135,8 @@ inline void silu_mul_typed(const SiluMulArgs& a) {
   }
 }
 
-// The entry points (each instruction set's are these, inlined into its target: x86/rowwise.h).
+// The entry points (each instruction set's are these, inlined into its target: x86/rowwise.h;
+// the overloads on Generic serve every set without its own, rowwise.h's dispatch).
 inline void rms_norm(const RmsNormArgs& a) {
   with_dtype(a.dtype, [&](auto t) {
     with_dtype(a.w_dtype, [&](auto wt) { rms_norm_typed<decltype(t)::value, decltype(wt)::value>(a); });
@@ -146,6 +148,9 @@ inline void rope(const RopeArgs& a) {
 inline void silu_mul(const SiluMulArgs& a) {
   with_dtype(a.dtype, [&](auto t) { silu_mul_typed<decltype(t)::value>(a); });
 }
+inline void rms_norm(Generic, const RmsNormArgs& a) { rms_norm(a); }
+inline void rope(Generic, const RopeArgs& a) { rope(a); }
+inline void silu_mul(Generic, const SiluMulArgs& a) { silu_mul(a); }
 
 }  // namespace generic
 }  // namespace mtp

@@ -27,9 +27,9 @@ inline float block_max_f32(const void* x, int64_t i, bool* has_nan) {
   return m;
 }
 
-#if defined(MTP_NEON_FP16)
+#if MTP_NEON_FP16
 // fp16 arithmetic, four accumulators of 8 lanes: twice the lanes of the widening path.
-MTP_TARGET_NEON_FP16 inline float block_max_f16(const void* x, int64_t i, bool* has_nan) {
+MTP_TARGET(NeonFp16) inline float block_max_f16(const void* x, int64_t i, bool* has_nan) {
   const float16_t* p = reinterpret_cast<const float16_t*>(static_cast<const uint16_t*>(x) + i);
   float16x8_t m0 = vld1q_f16(p), m1 = vld1q_f16(p + 8), m2 = vld1q_f16(p + 16), m3 = vld1q_f16(p + 24);
   for (int64_t j = 32; j < generic::kArgmaxBlock; j += 32) {
@@ -44,17 +44,20 @@ MTP_TARGET_NEON_FP16 inline float block_max_f16(const void* x, int64_t i, bool* 
 }
 #endif
 
-// fp16_arith: reduce fp16 rows in fp16 (the caller checked the CPU has it).
-inline ArgmaxResult argmax(const void* x, DType dt, int64_t begin, int64_t end, bool fp16_arith) {
-#if defined(MTP_NEON_FP16)
-  if (dt == DType::F16 && fp16_arith)
-    return generic::argmax_blocks<DType::F16>(x, begin, end,
-                                              [x](int64_t i, bool* nan) { return block_max_f16(x, i, nan); });
-#endif
+inline ArgmaxResult argmax(Neon, const void* x, DType dt, int64_t begin, int64_t end) {
   return with_dtype(dt, [&](auto t) {
     return generic::argmax_blocks<decltype(t)::value>(
         x, begin, end, [x](int64_t i, bool* nan) { return block_max_f32<decltype(t)::value>(x, i, nan); });
   });
 }
+
+#if MTP_NEON_FP16
+// NeonFp16 reduces fp16 rows in fp16, the others as Neon.
+inline ArgmaxResult argmax(NeonFp16, const void* x, DType dt, int64_t begin, int64_t end) {
+  if (dt != DType::F16) return argmax(Neon{}, x, dt, begin, end);
+  return generic::argmax_blocks<DType::F16>(x, begin, end,
+                                            [x](int64_t i, bool* nan) { return block_max_f16(x, i, nan); });
+}
+#endif
 
 }  // namespace mtp::neon

@@ -10,7 +10,7 @@ namespace mtp::neon {
 
 template <DType T, int D>
 struct NeonAttention {
-  MTP_ATTENTION_ENTRY_POINTS(, V128)
+  MTP_ATTENTION_ENTRY_POINTS(MTP_TARGET(Neon), V128)
 };
 
 }  // namespace mtp::neon

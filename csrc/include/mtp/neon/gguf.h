@@ -338,7 +338,7 @@ MTP_TARGET_NEON_DOTPROD __attribute__((flatten)) inline void gguf_linear_neon_sd
 #endif
 
 // Neon / NeonFp16: SDOT where the CPU has it (the same bits either way).
-inline void gguf_linear_neon(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+inline void gguf_linear(Neon, const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
 #if defined(MTP_NEON_DOTPROD)
   if (has_neon_dotprod()) return gguf_linear_neon_sdot(a, xq, n0, n1);
 #endif

@@ -10,7 +10,7 @@
 
 namespace mtp::neon {
 
-MTP_LINEAR_ENTRY_POINT(, V128, linear_neon)
+MTP_LINEAR_ENTRY_POINT(Neon, V128)
 
 // ---- quantize_x: integer dot products (simd::Int8DotBase). A chunk is one block of 32
 // elements, two int8x16 halves; int32 lane l is the sum of the products of elements 4l..4l+3
@@ -84,7 +84,7 @@ MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_NEON_DOTPROD, V128, linear_q8dot_neon_sd
 #endif
 
 // quantize_x on Neon / NeonFp16: SDOT where the CPU has it (the same bits either way).
-inline void linear_q8dot_neon(const LinearArgs& a, int64_t n0, int64_t n1) {
+inline void linear_q8dot(Neon, const LinearArgs& a, int64_t n0, int64_t n1) {
 #if defined(MTP_NEON_DOTPROD)
   if (has_neon_dotprod()) return linear_q8dot_neon_sdot(a, n0, n1);
 #endif

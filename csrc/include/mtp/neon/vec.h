@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "mtp/common.h"
+#include "mtp/isa.h"
 
 namespace mtp::neon {
 

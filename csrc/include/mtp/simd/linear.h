@@ -301,21 +301,23 @@ struct VecLinear {
 
 }  // namespace mtp::simd
 
-// Defines NAME(args, n0, n1): activations fp32, bf16 or fp16, weights those or int8 (Q8
-// blocks), every combination one flatten function of the target (TARGET may be empty: the
-// baseline set). DOT(V, XT, WT) names the step type of a float combination.
-#define MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, DOT)                                                     \
-  template <DType XT, DType WT>                                                                               \
-  TARGET __attribute__((flatten)) inline void NAME##_typed(const LinearArgs& a, int64_t n0, int64_t n1) {     \
-    simd::VecLinear<V, typename simd::StepOf<DOT, V, XT, WT>::type, XT, WT>::run(a, n0, n1);                  \
-  }                                                                                                           \
-  inline void NAME(const LinearArgs& a, int64_t n0, int64_t n1) {                                             \
-    with_dtype(a.x_dtype, [&](auto xt) {                                                                      \
-      with_weight_dtype(a.w_dtype,                                                                            \
-                        [&](auto wt) { NAME##_typed<decltype(xt)::value, decltype(wt)::value>(a, n0, n1); }); \
-    });                                                                                                       \
+// Defines linear(SET, args, n0, n1), the float path of the instruction set SET (its tag,
+// isa.h): activations fp32, bf16 or fp16, weights those or int8 (Q8 blocks), every
+// combination one flatten function of the set's target. DOT(V, XT, WT) names the step type
+// of a float combination.
+#define MTP_LINEAR_ENTRY_POINT_WITH(SET, V, DOT)                                                                     \
+  template <DType XT, DType WT>                                                                                      \
+  MTP_TARGET(SET)                                                                                                    \
+  __attribute__((flatten)) inline void linear_typed(SET, const LinearArgs& a, int64_t n0, int64_t n1) {              \
+    simd::VecLinear<V, typename simd::StepOf<DOT, V, XT, WT>::type, XT, WT>::run(a, n0, n1);                         \
+  }                                                                                                                  \
+  inline void linear(SET, const LinearArgs& a, int64_t n0, int64_t n1) {                                             \
+    with_dtype(a.x_dtype, [&](auto xt) {                                                                             \
+      with_weight_dtype(a.w_dtype,                                                                                   \
+                        [&](auto wt) { linear_typed<decltype(xt)::value, decltype(wt)::value>(SET{}, a, n0, n1); }); \
+    });                                                                                                              \
   }
-#define MTP_LINEAR_ENTRY_POINT(TARGET, V, NAME) MTP_LINEAR_ENTRY_POINT_WITH(TARGET, V, NAME, simd::LaneDot)
+#define MTP_LINEAR_ENTRY_POINT(SET, V) MTP_LINEAR_ENTRY_POINT_WITH(SET, V, simd::LaneDot)
 
 // Defines NAME(args, n0, n1) for quantize_x (x: quantized rows, see linear_args.h) with the
 // integer-dot step STEP.

@@ -41,22 +41,22 @@ inline ArgmaxResult argmax_vec(const void* x, int64_t begin, int64_t end) {
 }
 
 template <DType T>
-MTP_TARGET_AVX512 __attribute__((flatten)) inline ArgmaxResult argmax_avx512_typed(const void* x, int64_t begin,
-                                                                                   int64_t end) {
+MTP_TARGET(Avx512) __attribute__((flatten)) inline ArgmaxResult argmax_avx512_typed(const void* x, int64_t begin,
+                                                                                         int64_t end) {
   return argmax_vec<V512, T>(x, begin, end);
 }
 
 template <DType T>
-MTP_TARGET_AVX2 __attribute__((flatten)) inline ArgmaxResult argmax_avx2_typed(const void* x, int64_t begin,
-                                                                               int64_t end) {
+MTP_TARGET(Avx2) __attribute__((flatten)) inline ArgmaxResult argmax_avx2_typed(const void* x, int64_t begin,
+                                                                                     int64_t end) {
   return argmax_vec<V256, T>(x, begin, end);
 }
 
-inline ArgmaxResult argmax_avx512(const void* x, DType dt, int64_t begin, int64_t end) {
+inline ArgmaxResult argmax(Avx512, const void* x, DType dt, int64_t begin, int64_t end) {
   return with_dtype(dt, [&](auto t) { return argmax_avx512_typed<decltype(t)::value>(x, begin, end); });
 }
 
-inline ArgmaxResult argmax_avx2(const void* x, DType dt, int64_t begin, int64_t end) {
+inline ArgmaxResult argmax(Avx2, const void* x, DType dt, int64_t begin, int64_t end) {
   return with_dtype(dt, [&](auto t) { return argmax_avx2_typed<decltype(t)::value>(x, begin, end); });
 }
 

@@ -10,12 +10,12 @@ namespace mtp::x86 {
 
 template <DType T, int D>
 struct Avx512Attention {
-  MTP_ATTENTION_ENTRY_POINTS(MTP_TARGET_AVX512, V512)
+  MTP_ATTENTION_ENTRY_POINTS(MTP_TARGET(Avx512), V512)
 };
 
 template <DType T, int D>
 struct Avx2Attention {
-  MTP_ATTENTION_ENTRY_POINTS(MTP_TARGET_AVX2, V256)
+  MTP_ATTENTION_ENTRY_POINTS(MTP_TARGET(Avx2), V256)
 };
 
 }  // namespace mtp::x86

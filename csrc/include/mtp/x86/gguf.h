@@ -28,7 +28,7 @@ struct WBlock {
 };
 
 template <DType T>
-MTP_TARGET_AVX2 inline void load_block(const uint8_t* row, int64_t b, WBlock& o) {
+MTP_TARGET(Avx2) inline void load_block(const uint8_t* row, int64_t b, WBlock& o) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   if constexpr (T == DType::Q4_0 || T == DType::Q4_1) {
     constexpr int64_t bytes = block_bytes(T);
@@ -82,7 +82,7 @@ MTP_TARGET_AVX2_VNNI inline __m256i dpbusd256_vex(__m256i acc, __m256i u, __m256
 
 // kVnni: 0 none (VPMADDUBSW), 1 AVX-512 VNNI (EVEX), 2 AVX-VNNI (VEX).
 template <DType T, int kVnni>
-MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
+MTP_TARGET(Avx2) inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
   __m256i acc = corr;
   if constexpr (kVnni != 0) {
     const __m256i u = T == DType::Q8_0 ? _mm256_xor_si256(w.u, _mm256_set1_epi8(char(0x80))) : w.u;
@@ -103,7 +103,7 @@ MTP_TARGET_AVX2 inline __m256i lanes(const WBlock& w, __m256i x, __m256i corr) {
 }
 
 // The block sums of 4 columns: lane c = the sum of L[c]'s 8 lanes (exact int32).
-MTP_TARGET_AVX2 inline __m128i sum_lanes4(const __m256i* L) {
+MTP_TARGET(Avx2) inline __m128i sum_lanes4(const __m256i* L) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(L[0], L[1]), _mm256_hadd_epi32(L[2], L[3]));
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
@@ -112,8 +112,8 @@ MTP_TARGET_AVX2 inline __m128i sum_lanes4(const __m256i* L) {
 // blocks are decoded once, then meet the R rows (read from L1 as memory operands); a lane of
 // the R accumulators is a column. Every loop over r and c is unrolled.
 template <DType T, int kVnni, int R, int C>
-MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb,
-                                      float (*out)[C]) {
+MTP_TARGET(Avx2) inline void gguf_tile(const uint8_t* const* w, const QuantRows& xq, int64_t m0, int64_t nb,
+                                            float (*out)[C]) {
   static_assert(C == 4, "one __m128 of columns");
   __m128 acc[R], accm[R];
   const int8_t* xr[R];
@@ -162,7 +162,7 @@ MTP_TARGET_AVX2 inline void gguf_tile(const uint8_t* const* w, const QuantRows& 
 
 // ---- x8 layout ----------------------------------------------------------------------------
 
-MTP_TARGET_AVX2 inline __m256i bcast4(const int8_t* p) {  // 4 bytes into every int32 lane
+MTP_TARGET(Avx2) inline __m256i bcast4(const int8_t* p) {  // 4 bytes into every int32 lane
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
@@ -171,7 +171,7 @@ MTP_TARGET_AVX2 inline __m256i bcast4(const int8_t* p) {  // 4 bytes into every 
 // I += the lanes' dot products of 4 unsigned weight bytes (Q8_0 without VNNI: signed) with
 // the 4 activation bytes in every lane.
 template <DType T, int kVnni>
-MTP_TARGET_AVX2 inline __m256i dot4(__m256i I, __m256i u, __m256i x) {
+MTP_TARGET(Avx2) inline __m256i dot4(__m256i I, __m256i u, __m256i x) {
   if constexpr (kVnni == 1)
     return dpbusd256_evex(I, u, x);
   else if constexpr (kVnni == 2)
@@ -187,7 +187,8 @@ MTP_TARGET_AVX2 inline __m256i dot4(__m256i I, __m256i u, __m256i x) {
 // lane c = column c. Per block and row: I starts from the offset correction -offset * sum(x)
 // and takes 8 dot products (chunks of 4 bytes per lane), then one cvt + mul + fma.
 template <DType T, int kVnni, int R>
-MTP_TARGET_AVX2 inline void x8_tile(const uint8_t* group, const QuantRows& xq, int64_t m0, int64_t nb, __m256* y) {
+MTP_TARGET(Avx2) inline void x8_tile(const uint8_t* group, const QuantRows& xq, int64_t m0, int64_t nb,
+                                          __m256* y) {
   constexpr int64_t gb = kX8Rows * block_bytes(T);
   constexpr int shift = offset_shift<T, kVnni != 0>();
   const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
@@ -238,7 +239,8 @@ MTP_TARGET_AVX2 inline void x8_tile(const uint8_t* group, const QuantRows& xq, i
 // Columns [n0, n1) in groups of 8 (x8_columns: in place, or gathered through a row map; only
 // then can n1 - n0 end in a partial group).
 template <DType T, int kVnni, int R>
-MTP_TARGET_AVX2 inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+MTP_TARGET(Avx2) inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0,
+                                          int64_t n1) {
   const int64_t nb = a.K / 32;
   thread_local std::vector<uint8_t> gathered;
   for (int64_t n = n0; n < n1; n += kX8Rows) {
@@ -254,7 +256,8 @@ MTP_TARGET_AVX2 inline void x8_rows(const LinearArgs& a, const QuantRows& xq, in
 }
 
 template <DType T, int kVnni, int R>
-MTP_TARGET_AVX2 inline void gguf_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
+MTP_TARGET(Avx2) inline void gguf_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0,
+                                            int64_t n1) {
   constexpr int C = 4;
   const int64_t nb = a.K / 32;
   for (int64_t n = n0; n < n1; n += C) {
@@ -326,16 +329,16 @@ inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n
     gguf_linear_vnni<VNNI, ROWS, ROWS_X8>(a, xq, n0, n1);                                                              \
   }
 MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512, gguf_linear_avx512_madd, 0, 4, 8)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx512), gguf_linear_avx512_madd, 0, 4, 8)
 MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2, 4)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2, gguf_linear_avx2_madd, 0, 2, 4)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx2), gguf_linear_avx2_madd, 0, 2, 4)
 
 // AVX-512 (32 vector registers: groups of 4 rows, x8 8) with AVX-512 VNNI where present; AVX2
 // (16 registers: 2 rows, x8 4) with AVX-VNNI where present. The same bits either way.
-inline void gguf_linear_avx512(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+inline void gguf_linear(Avx512, const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   has_avx512_vnni() ? gguf_linear_avx512_vnni(a, xq, n0, n1) : gguf_linear_avx512_madd(a, xq, n0, n1);
 }
-inline void gguf_linear_avx2(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+inline void gguf_linear(Avx2, const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   has_avx_vnni() ? gguf_linear_avx2_vnni(a, xq, n0, n1) : gguf_linear_avx2_madd(a, xq, n0, n1);
 }
 

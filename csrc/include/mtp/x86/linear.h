@@ -26,12 +26,12 @@ struct PairDot512 : Bf16Lanes {
   using Wt = Pairs;
   static constexpr int kChunk = 32, kPreparedFloats = 32;
   static constexpr bool kPreparesX = true, kWideTiles = true;
-  MTP_TARGET_AVX512 static void load(Pairs& out, const void* p, int64_t k) {
+  MTP_TARGET(Avx512) static void load(Pairs& out, const void* p, int64_t k) {
     const __m512i v = _mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
     out.odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
     out.even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
   }
-  MTP_TARGET_AVX512 static void prepare_x(float* out, const void* x, int64_t kv) {
+  MTP_TARGET(Avx512) static void prepare_x(float* out, const void* x, int64_t kv) {
     Pairs p;
     for (int64_t k = 0; k < kv; k += kChunk) {
       load(p, x, k);
@@ -39,13 +39,13 @@ struct PairDot512 : Bf16Lanes {
       _mm512_storeu_ps(out + k + 16, p.even);
     }
   }
-  MTP_TARGET_AVX512 static void load_x(Pairs& out, const void* x, int64_t k) {
+  MTP_TARGET(Avx512) static void load_x(Pairs& out, const void* x, int64_t k) {
     const float* p = static_cast<const float*>(x) + k;
     out.odd = _mm512_loadu_ps(p);
     out.even = _mm512_loadu_ps(p + 16);
   }
-  MTP_TARGET_AVX512 static void load_w(Pairs& out, const void* w, int64_t k) { load(out, w, k); }
-  MTP_TARGET_AVX512 static void step(__m512& acc, const Pairs& x, const Pairs& w) {
+  MTP_TARGET(Avx512) static void load_w(Pairs& out, const void* w, int64_t k) { load(out, w, k); }
+  MTP_TARGET(Avx512) static void step(__m512& acc, const Pairs& x, const Pairs& w) {
     acc = _mm512_fmadd_ps(x.even, w.even, _mm512_fmadd_ps(x.odd, w.odd, acc));
   }
 };
@@ -59,12 +59,12 @@ struct Bf16Dot512 : Bf16Lanes {
   using Wt = __m512bh;
   static constexpr int kChunk = 32;
   static constexpr bool kWideTiles = true, kPrefetchL1 = false;
-  MTP_TARGET_AVX512_BF16 static void load(__m512bh& out, const void* p, int64_t k) {
+  MTP_TARGET(Avx512Bf16) static void load(__m512bh& out, const void* p, int64_t k) {
     out = (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(p) + k);
   }
-  MTP_TARGET_AVX512_BF16 static void load_x(__m512bh& out, const void* x, int64_t k) { load(out, x, k); }
-  MTP_TARGET_AVX512_BF16 static void load_w(__m512bh& out, const void* w, int64_t k) { load(out, w, k); }
-  MTP_TARGET_AVX512_BF16 static void step(__m512& acc, const __m512bh& x, const __m512bh& w) {
+  MTP_TARGET(Avx512Bf16) static void load_x(__m512bh& out, const void* x, int64_t k) { load(out, x, k); }
+  MTP_TARGET(Avx512Bf16) static void load_w(__m512bh& out, const void* w, int64_t k) { load(out, w, k); }
+  MTP_TARGET(Avx512Bf16) static void step(__m512& acc, const __m512bh& x, const __m512bh& w) {
     acc = _mm512_dpbf16_ps(acc, x, w);
   }
 };
@@ -114,11 +114,11 @@ struct Int8Dot512 : simd::Int8DotBase {
     __m512 scale;
   };
   // Two block scales, each over its 8 lanes; m: which of the two to read.
-  MTP_TARGET_AVX512 static __m512 halves(const float* s, __mmask16 m) {
+  MTP_TARGET(Avx512) static __m512 halves(const float* s, __mmask16 m) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                                  _mm512_maskz_loadu_ps(m, s));
   }
-  MTP_TARGET_AVX512 static void prepare_x(float* out, const void* row, int64_t kv) {
+  MTP_TARGET(Avx512) static void prepare_x(float* out, const void* row, int64_t kv) {
     for (int64_t k = 0; k < kv; k += kChunk, out += kPreparedFloats) {
       const __m512i q = _mm512_loadu_si512(xq(row, k));
       _mm512_storeu_si512(out, q);
@@ -131,13 +131,13 @@ struct Int8Dot512 : simd::Int8DotBase {
       }
     }
   }
-  MTP_TARGET_AVX512 static void load_x(X& out, const void* prepared, int64_t k) {
+  MTP_TARGET(Avx512) static void load_x(X& out, const void* prepared, int64_t k) {
     const float* p = static_cast<const float*>(prepared) + k / kChunk * kPreparedFloats;
     out.q = _mm512_loadu_si512(p);
     out.scale = _mm512_loadu_ps(p + 16);
     if constexpr (kVnni) out.corr = _mm512_loadu_si512(p + 32);
   }
-  MTP_TARGET_AVX512 static void load_w(Wt& out, Col w, int64_t k) {
+  MTP_TARGET(Avx512) static void load_w(Wt& out, Col w, int64_t k) {
     const int64_t left = w.K - k;  // the last chunk: zeros past K, and its second scale only if that block exists
     const __m512i q = left >= 64 ? _mm512_loadu_si512(w.q + k) : _mm512_maskz_loadu_epi8((1ull << left) - 1, w.q + k);
     out.scale = halves(w.s + k / kQ8Block, left > kQ8Block ? 3 : 1);
@@ -148,7 +148,7 @@ struct Int8Dot512 : simd::Int8DotBase {
       out.neg = _mm512_movepi8_mask(q);
     }
   }
-  MTP_TARGET_AVX512 static void step(__m512& acc, const X& x, const Wt& w) {
+  MTP_TARGET(Avx512) static void step(__m512& acc, const X& x, const Wt& w) {
     __m512i sums;
     if constexpr (kVnni) {
       sums = x.corr;
@@ -173,7 +173,7 @@ struct Int8Dot256 : simd::Int8DotBase {
     __m256i q, sign;
     __m256 scale;
   };  // sign: the weights themselves, without VNNI
-  MTP_TARGET_AVX2 static void load_x(X& out, const void* row, int64_t k) {
+  MTP_TARGET(Avx2) static void load_x(X& out, const void* row, int64_t k) {
     out.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq(row, k)));
     out.scale = _mm256_broadcast_ss(xs(row, k));
     if constexpr (kVnni) {
@@ -182,7 +182,7 @@ struct Int8Dot256 : simd::Int8DotBase {
       dpbusd(out.corr, _mm256_set1_epi8(char(0x80)), neg_x);
     }
   }
-  MTP_TARGET_AVX2 static void load_w(Wt& out, Col w, int64_t k) {
+  MTP_TARGET(Avx2) static void load_w(Wt& out, Col w, int64_t k) {
     const int64_t left = w.K - k;
     alignas(32) int8_t tail[32] = {};  // the last, partial block (AVX2 has no masked byte load)
     const int8_t* p = w.q + k;
@@ -196,7 +196,7 @@ struct Int8Dot256 : simd::Int8DotBase {
       out.sign = q;
     }
   }
-  MTP_TARGET_AVX2 static void step(__m256& acc, const X& x, const Wt& w) {
+  MTP_TARGET(Avx2) static void step(__m256& acc, const X& x, const Wt& w) {
     __m256i sums;
     if constexpr (kVnni) {
       sums = x.corr;
@@ -208,19 +208,19 @@ struct Int8Dot256 : simd::Int8DotBase {
   }
 };
 
-MTP_LINEAR_ENTRY_POINT_WITH(MTP_TARGET_AVX512, V512, linear_avx512, Avx512Dot)
-MTP_LINEAR_ENTRY_POINT_WITH(MTP_TARGET_AVX512_BF16, V512, linear_avx512_bf16, Avx512Bf16Dot)
-MTP_LINEAR_ENTRY_POINT(MTP_TARGET_AVX2, V256, linear_avx2)
+MTP_LINEAR_ENTRY_POINT_WITH(Avx512, V512, Avx512Dot)
+MTP_LINEAR_ENTRY_POINT_WITH(Avx512Bf16, V512, Avx512Bf16Dot)
+MTP_LINEAR_ENTRY_POINT(Avx2, V256)
 MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, V512, linear_q8dot_avx512_vnni, Int8Dot512<true>)
-MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX512, V512, linear_q8dot_avx512_madd, Int8Dot512<false>)
+MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET(Avx512), V512, linear_q8dot_avx512_madd, Int8Dot512<false>)
 MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, V256, linear_q8dot_avx2_vnni, Int8Dot256<true>)
-MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET_AVX2, V256, linear_q8dot_avx2_madd, Int8Dot256<false>)
+MTP_LINEAR_Q8DOT_ENTRY_POINT(MTP_TARGET(Avx2), V256, linear_q8dot_avx2_madd, Int8Dot256<false>)
 
 // quantize_x on Avx512 / Avx2: VNNI where the CPU has it (the same bits either way).
-inline void linear_q8dot_avx512(const LinearArgs& a, int64_t n0, int64_t n1) {
+inline void linear_q8dot(Avx512, const LinearArgs& a, int64_t n0, int64_t n1) {
   has_avx512_vnni() ? linear_q8dot_avx512_vnni(a, n0, n1) : linear_q8dot_avx512_madd(a, n0, n1);
 }
-inline void linear_q8dot_avx2(const LinearArgs& a, int64_t n0, int64_t n1) {
+inline void linear_q8dot(Avx2, const LinearArgs& a, int64_t n0, int64_t n1) {
   has_avx_vnni() ? linear_q8dot_avx2_vnni(a, n0, n1) : linear_q8dot_avx2_madd(a, n0, n1);
 }
 

@@ -7,13 +7,13 @@
 
 namespace mtp::x86 {
 
-#define MTP_ROWWISE_ENTRY_POINTS(TARGET, SUFFIX)                                                                \
-  TARGET __attribute__((flatten)) inline void rms_norm_##SUFFIX(const RmsNormArgs& a) { generic::rms_norm(a); } \
-  TARGET __attribute__((flatten)) inline void rope_##SUFFIX(const RopeArgs& a) { generic::rope(a); }            \
-  TARGET __attribute__((flatten)) inline void silu_mul_##SUFFIX(const SiluMulArgs& a) { generic::silu_mul(a); }
+#define MTP_ROWWISE_ENTRY_POINTS(SET)                                                                                \
+  MTP_TARGET(SET) __attribute__((flatten)) inline void rms_norm(SET, const RmsNormArgs& a) { generic::rms_norm(a); } \
+  MTP_TARGET(SET) __attribute__((flatten)) inline void rope(SET, const RopeArgs& a) { generic::rope(a); }            \
+  MTP_TARGET(SET) __attribute__((flatten)) inline void silu_mul(SET, const SiluMulArgs& a) { generic::silu_mul(a); }
 
-MTP_ROWWISE_ENTRY_POINTS(MTP_TARGET_AVX512, avx512)
-MTP_ROWWISE_ENTRY_POINTS(MTP_TARGET_AVX2, avx2)
+MTP_ROWWISE_ENTRY_POINTS(Avx512)
+MTP_ROWWISE_ENTRY_POINTS(Avx2)
 
 #undef MTP_ROWWISE_ENTRY_POINTS
 

@@ -11,7 +11,7 @@
 namespace mtp::x86 {
 
 template <DType T>
-MTP_TARGET_AVX512 inline __m512 load16(const void* x, int64_t i) {
+MTP_TARGET(Avx512) inline __m512 load16(const void* x, int64_t i) {
   if constexpr (T == DType::F32) {
     return _mm512_loadu_ps(static_cast<const float*>(x) + i);
   } else {
@@ -24,7 +24,7 @@ MTP_TARGET_AVX512 inline __m512 load16(const void* x, int64_t i) {
 }
 
 template <DType T>
-MTP_TARGET_AVX2 inline __m256 load8(const void* x, int64_t i) {
+MTP_TARGET(Avx2) inline __m256 load8(const void* x, int64_t i) {
   if constexpr (T == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(x) + i);
   } else {
@@ -36,14 +36,14 @@ MTP_TARGET_AVX2 inline __m256 load8(const void* x, int64_t i) {
   }
 }
 
-MTP_TARGET_AVX2 inline float hmax8(__m256 v) {
+MTP_TARGET(Avx2) inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
   return _mm_cvtss_f32(m);
 }
 
-MTP_TARGET_AVX2 inline float hsum8(__m256 v) {
+MTP_TARGET(Avx2) inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -60,38 +60,40 @@ struct V512 {
   static constexpr int linear_cols(int rows, bool wide) { return rows <= 2 ? 8 : rows <= (wide ? 5 : 4) ? 4 : 2; }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   static void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
-  MTP_TARGET_AVX512 static F zero() { return _mm512_setzero_ps(); }
-  MTP_TARGET_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
-  MTP_TARGET_AVX512 static F loadu(const float* p) { return _mm512_loadu_ps(p); }
+  MTP_TARGET(Avx512) static F zero() { return _mm512_setzero_ps(); }
+  MTP_TARGET(Avx512) static F set1(float x) { return _mm512_set1_ps(x); }
+  MTP_TARGET(Avx512) static F loadu(const float* p) { return _mm512_loadu_ps(p); }
   template <DType T>
-  MTP_TARGET_AVX512 static F load(const void* p, int64_t i) {
+  MTP_TARGET(Avx512) static F load(const void* p, int64_t i) {
     return load16<T>(p, i);
   }
-  MTP_TARGET_AVX512 static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
-  MTP_TARGET_AVX512 static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  MTP_TARGET_AVX512 static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  MTP_TARGET_AVX512 static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  MTP_TARGET_AVX512 static F max(F a, F b) { return _mm512_max_ps(a, b); }
-  MTP_TARGET_AVX512 static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  MTP_TARGET_AVX512 static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
-  MTP_TARGET_AVX512 static F round(F x) {
+  MTP_TARGET(Avx512) static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
+  MTP_TARGET(Avx512) static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  MTP_TARGET(Avx512) static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  MTP_TARGET(Avx512) static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  MTP_TARGET(Avx512) static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  MTP_TARGET(Avx512) static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  MTP_TARGET(Avx512) static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  MTP_TARGET(Avx512) static F round(F x) {
     return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
-  MTP_TARGET_AVX512 static F pow2i(F n) {  // 2^n for integral n in [-126, 127]
+  MTP_TARGET(Avx512) static F pow2i(F n) {  // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }
-  MTP_TARGET_AVX512 static F where_ge(F x, F lo, F v) {
+  MTP_TARGET(Avx512) static F where_ge(F x, F lo, F v) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), v);
   }
-  MTP_TARGET_AVX512 static Mask tail(int64_t left) { return left >= 16 ? Mask(0xffff) : Mask((1u << left) - 1); }
-  MTP_TARGET_AVX512 static F load_tail(const float* p, Mask m, F fill) { return _mm512_mask_loadu_ps(fill, m, p); }
-  MTP_TARGET_AVX512 static void store_tail(float* p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
-  MTP_TARGET_AVX512 static float hsum(F v) { return _mm512_reduce_add_ps(v); }
-  MTP_TARGET_AVX512 static float hmax(F v) { return _mm512_reduce_max_ps(v); }
-  MTP_TARGET_AVX512 static bool any_nan(F v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
+  MTP_TARGET(Avx512) static Mask tail(int64_t left) { return left >= 16 ? Mask(0xffff) : Mask((1u << left) - 1); }
+  MTP_TARGET(Avx512) static F load_tail(const float* p, Mask m, F fill) {
+    return _mm512_mask_loadu_ps(fill, m, p);
+  }
+  MTP_TARGET(Avx512) static void store_tail(float* p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
+  MTP_TARGET(Avx512) static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  MTP_TARGET(Avx512) static float hmax(F v) { return _mm512_reduce_max_ps(v); }
+  MTP_TARGET(Avx512) static bool any_nan(F v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
   // Lane i = the sum of a[i]'s 16 lanes by the tree (l, l+8), (l, l+4), (l, l+2), (l, l+1):
   // the same for every i, whatever the other vectors hold.
-  MTP_TARGET_AVX512 static F sum_each(const F* a) {
+  MTP_TARGET(Avx512) static F sum_each(const F* a) {
     F s[8], u[4], x[2];
     for (int i = 0; i < 8; ++i)  // blocks 0,1 of a[2i] + blocks 2,3; likewise a[2i+1]
       s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
@@ -107,7 +109,7 @@ struct V512 {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
   }
   // 16 int8 at p widened to fp32 lanes (exact).
-  MTP_TARGET_AVX512 static F load_i8(const int8_t* p) {
+  MTP_TARGET(Avx512) static F load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
 };
@@ -121,38 +123,40 @@ struct V256 {
   static constexpr int linear_cols(int rows, bool) { return rows <= 1 ? 8 : rows <= 2 ? 4 : 2; }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
   static void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
-  MTP_TARGET_AVX2 static F zero() { return _mm256_setzero_ps(); }
-  MTP_TARGET_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
-  MTP_TARGET_AVX2 static F loadu(const float* p) { return _mm256_loadu_ps(p); }
+  MTP_TARGET(Avx2) static F zero() { return _mm256_setzero_ps(); }
+  MTP_TARGET(Avx2) static F set1(float x) { return _mm256_set1_ps(x); }
+  MTP_TARGET(Avx2) static F loadu(const float* p) { return _mm256_loadu_ps(p); }
   template <DType T>
-  MTP_TARGET_AVX2 static F load(const void* p, int64_t i) {
+  MTP_TARGET(Avx2) static F load(const void* p, int64_t i) {
     return load8<T>(p, i);
   }
-  MTP_TARGET_AVX2 static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
-  MTP_TARGET_AVX2 static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  MTP_TARGET_AVX2 static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  MTP_TARGET_AVX2 static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  MTP_TARGET_AVX2 static F max(F a, F b) { return _mm256_max_ps(a, b); }
-  MTP_TARGET_AVX2 static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  MTP_TARGET_AVX2 static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
-  MTP_TARGET_AVX2 static F round(F x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  MTP_TARGET_AVX2 static F pow2i(F n) {
+  MTP_TARGET(Avx2) static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
+  MTP_TARGET(Avx2) static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  MTP_TARGET(Avx2) static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  MTP_TARGET(Avx2) static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  MTP_TARGET(Avx2) static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  MTP_TARGET(Avx2) static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  MTP_TARGET(Avx2) static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  MTP_TARGET(Avx2) static F round(F x) {
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  MTP_TARGET(Avx2) static F pow2i(F n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
-  MTP_TARGET_AVX2 static F where_ge(F x, F lo, F v) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), v); }
-  MTP_TARGET_AVX2 static Mask tail(int64_t left) {
+  MTP_TARGET(Avx2) static F where_ge(F x, F lo, F v) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), v); }
+  MTP_TARGET(Avx2) static Mask tail(int64_t left) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(left, 8))),
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
-  MTP_TARGET_AVX2 static F load_tail(const float* p, Mask m, F fill) {
+  MTP_TARGET(Avx2) static F load_tail(const float* p, Mask m, F fill) {
     return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
   }
-  MTP_TARGET_AVX2 static void store_tail(float* p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
-  MTP_TARGET_AVX2 static float hsum(F v) { return hsum8(v); }
-  MTP_TARGET_AVX2 static float hmax(F v) { return hmax8(v); }
-  MTP_TARGET_AVX2 static bool any_nan(F v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
+  MTP_TARGET(Avx2) static void store_tail(float* p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
+  MTP_TARGET(Avx2) static float hsum(F v) { return hsum8(v); }
+  MTP_TARGET(Avx2) static float hmax(F v) { return hmax8(v); }
+  MTP_TARGET(Avx2) static bool any_nan(F v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
   // Lane i = the sum of a[i]'s 8 lanes by the tree (l, l+4), (l, l+2), (l, l+1).
-  MTP_TARGET_AVX2 static F sum_each(const F* a) {
+  MTP_TARGET(Avx2) static F sum_each(const F* a) {
     F s[4], u[2];
     for (int i = 0; i < 4; ++i)  // half 0: vector 2i, half 1: vector 2i+1
       s[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
@@ -165,7 +169,7 @@ struct V256 {
     return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   }
   // 8 int8 at p widened to fp32 lanes (exact).
-  MTP_TARGET_AVX2 static F load_i8(const int8_t* p) {
+  MTP_TARGET(Avx2) static F load_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
 };
