@@ -251,8 +251,10 @@ def make_prompt(row: dict, texts: list[str], rng: random.Random) -> str | None:
     return f"{asks[int(row['ask'] * len(asks))]}\n\n{text}"
 
 
-def shingles(text: str, n: int = 8) -> set[tuple[str, ...]]:
-    words = re.findall(r"[a-z0-9']+", text.lower())
+def shingles(prompt: str, n: int = 8) -> set[tuple[str, ...]]:
+    """The prompt's text's n-word sequences: the instruction before its first blank line is
+    left out (instructions are shared by design; the texts must not be)."""
+    words = re.findall(r"[a-z0-9']+", prompt.split("\n\n", 1)[-1].lower())
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 

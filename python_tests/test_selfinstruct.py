@@ -120,3 +120,11 @@ def test_distilled_rows_read_several_prompt_files(tiny, tmp_path):
     (tmp_path / "b.jsonl").write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
     with pytest.raises(ValueError, match=r"b\.jsonl:2: expected JSON lines"):
         train.distilled_rows(paths, str(tmp_path), 4, 0, cfg, weights, tok, lambda m: None)
+
+
+def test_shingles_compare_texts_not_the_shared_instructions():
+    ask = "Correct the typos in this message. Output only the corrected message."
+    a, b = f"{ask}\n\nSee you at noon by the station.", f"{ask}\n\nThe cat sat on the mat all day long."
+    assert not si.shingles(a) & si.shingles(b)  # the same 11-word instruction, different texts
+    text = "one two three four five six seven eight nine"
+    assert si.shingles(f"Summarize:\n\n{text}") & si.shingles(f"Explain this:\n\nzero {text}")
