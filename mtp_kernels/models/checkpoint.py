@@ -327,16 +327,9 @@ def _map_file(path: str, size: int) -> torch.Tensor:
     return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
 
 
-def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaConfig, dict, Tokenizer]:
-    """native=False: every weight dequantized to fp32 (gguf's dequantizer). native=True:
-    2-D tensors of a block type (gguf.BLOCK_TYPES) are QuantTensors whose data are views into
-    the file's memory map (zero-copy), except Q and K: llama.cpp permutes their rows for its
-    RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
-    SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors.
-    x8 (native only): the Q4_0 / Q4_1 / Q8_0 matrices (rows in groups of 8) are repacked in
-    place into their x8 layout (gguf.repack_x8: the same bytes in the kernels' order, written
-    over the private map's pages: no new memory, the file unchanged); the kernels gather the
-    embedding's and the draft vocabulary's rows from it."""
+def read_gguf_header(path: str) -> tuple[dict, list]:
+    """(metadata, tensor infos) of a GGUF file, every length and offset checked against the
+    file (a CheckpointError naming what is wrong); the file is closed again."""
     import mmap
 
     size = os.path.getsize(path)
@@ -347,6 +340,20 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
             meta, tensors, _ = _GGUFParser(path, buf).parse()
         except RecursionError:  # arrays of arrays of ... nested thousands deep
             raise CheckpointError(f"{path}: not a readable GGUF file (metadata arrays nested too deep)") from None
+    return meta, tensors
+
+
+def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaConfig, dict, Tokenizer]:
+    """native=False: every weight dequantized to fp32 (gguf's dequantizer). native=True:
+    2-D tensors of a block type (gguf.BLOCK_TYPES) are QuantTensors whose data are views into
+    the file's memory map (zero-copy), except Q and K: llama.cpp permutes their rows for its
+    RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
+    SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors.
+    x8 (native only): the Q4_0 / Q4_1 / Q8_0 matrices (rows in groups of 8) are repacked in
+    place into their x8 layout (gguf.repack_x8: the same bytes in the kernels' order, written
+    over the private map's pages: no new memory, the file unchanged); the kernels gather the
+    embedding's and the draft vocabulary's rows from it."""
+    meta, tensors = read_gguf_header(path)
     arch = _field(meta, path, "general.architecture", kind=str)
     if arch == "gemma3":  # loads in the plain-torch reference, not on the kernels yet
         raise CheckpointError(
@@ -402,7 +409,7 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     from ..gguf import BLOCK_TYPES, QuantTensor, can_x8
 
     sizes = _ggml_sizes()
-    mapped = _map_file(path, size)
+    mapped = _map_file(path, os.path.getsize(path))
     weights, to_x8 = {}, []
     for t in tensors:
         name = _our_name(t.name)

@@ -34,7 +34,7 @@ import re
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, _ggml_sizes, _GGUFParser, _map_file, _one_line
+from .checkpoint import CheckpointError, _ggml_sizes, _map_file, _one_line, read_gguf_header
 from .config import MAX_LAYERS, MAX_ROPE_ELEMENTS, ConfigError, check_int, check_positive_float, check_token_id
 from .tokenizer import Tokenizer
 
@@ -358,21 +358,12 @@ def our_name(gguf_name: str) -> str | None:
 
 
 def _read_header(path: str) -> tuple[dict, list]:
-    import mmap
-
     if not os.path.isfile(path):
         raise Gemma3Error(f"{path}: no model at this path (expected a Gemma 3 .gguf file)")
-    size = os.path.getsize(path)
-    if size < 24:
-        raise Gemma3Error(f"{path}: not a readable GGUF file ({size} bytes)")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        try:
-            meta, tensors, _ = _GGUFParser(path, buf).parse()
-        except RecursionError:
-            raise Gemma3Error(f"{path}: not a readable GGUF file (metadata arrays nested too deep)") from None
-        except CheckpointError as e:
-            raise Gemma3Error(str(e)) from None
-    return meta, tensors
+    try:
+        return read_gguf_header(path)
+    except CheckpointError as e:
+        raise Gemma3Error(str(e)) from None
 
 
 def _check_tensors(path: str, cfg: Gemma3Config, tensors) -> None:
