@@ -683,6 +683,9 @@ def run(
     )
     head.save(out_dir, dtype=torch.bfloat16)  # ships in the package: half the bytes
     result.update(
+        prompts=[prompts_path] if isinstance(prompts_path, str) else list(prompts_path),
+        num_prompts=num_prompts,
+        distilled_by=DISTILLED_BY,
         distill_seconds=round(t_distill),
         train_config=dataclasses.asdict(tc),
         sequences=len(train_seqs),
