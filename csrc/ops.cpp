@@ -38,7 +38,7 @@ TORCH_LIBRARY(mtp, m) {
       " int? gguf_type=None) -> Tensor");
   m.def(
       "head_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor? k_local=None,"
-      " Tensor? v_local=None, float? scale=None, bool causal=False) -> Tensor");
+      " Tensor? v_local=None, float? scale=None, bool causal=False, *, int? window=None) -> Tensor");
   m.def("cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor cache_lens) -> ()");
   // The row-local layer ops between the projections (rowwise.h): each row alone, the same
   // bits on every instruction set.

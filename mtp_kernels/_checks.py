@@ -348,7 +348,23 @@ def check_same_dtype(op, name, t, ref_name, ref):
     check(t.dtype == ref.dtype, op, f"{name} must have {ref_name}'s dtype {_name(ref.dtype)}, got {_name(t.dtype)}")
 
 
-def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal=False, scale=None) -> Optional[list]:
+def check_window(op, window, has_local):
+    """head_attention's window (op_args.h's window_error): None or 0 (none), else > 0; no local segment."""
+    if window is None:
+        return
+    check(
+        window >= 0,
+        op,
+        f"window must be >= 0 (0: no window; else how many of the latest keys a query sees), got window = {window}",
+    )
+    check(
+        window == 0 or not has_local, op, f"window = {window} does not combine with a local segment (k_local / v_local)"
+    )
+
+
+def check_attention_inputs(
+    op, q, k, v, lens, k_local=None, v_local=None, causal=False, scale=None, window=None
+) -> Optional[list]:
     """mtp.head_attention's arguments (adapter.h's attention_args + cache_lens, same order and messages);
     returns the cache lengths on the host (None under CUDA-graph capture)."""
     _check_same_device(op, "q", q, k_cache=k, v_cache=v, cache_lens=lens, k_local=k_local, v_local=v_local)
@@ -382,6 +398,7 @@ def check_attention_inputs(op, q, k, v, lens, k_local=None, v_local=None, causal
             f"v_local must have k_local's shape {list(k_local.shape)}, got {list(v_local.shape)}",
         )
     check_scale(op, scale)
+    check_window(op, window, k_local is not None)
     values = checked_counts(op, "cache_lens", lens, B, "B (q.size(0))", L, "L (k_cache.size(2))")
     if causal and values and T > 0:
         check(

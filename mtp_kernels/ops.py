@@ -294,14 +294,21 @@ def head_attention(
     v_local: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
     causal: bool = False,
+    window: Optional[int] = None,
 ) -> torch.Tensor:
     """Attention of q [B, T, Hq, D] over the cache views k_cache, v_cache [B, Hkv, L, D] (read
-    in place, any strides) and an optional causal local segment; see ``reference.head_attention``.
+    in place, any strides) and an optional causal local segment; window (None or 0: none) keeps
+    each query to the latest ``window`` keys (a sliding window; older keys are not read). See
+    ``reference.head_attention``.
     """
-    return torch.ops.mtp.head_attention.default(q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal)
+    return torch.ops.mtp.head_attention.default(
+        q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal, window=window
+    )
 
 
-def _head_attention_fake(q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False):
+def _head_attention_fake(
+    q, k_cache, v_cache, cache_lens, k_local=None, v_local=None, scale=None, causal=False, *, window=None
+):
     torch._check(q.dim() == 4, lambda: "mtp.head_attention: q must be 4-D [B, T, Hq, D]")
     torch._check(k_cache.dim() == 4, lambda: "mtp.head_attention: k_cache must be 4-D [B, Hkv, L, D]")
     _check_same_device(

@@ -356,6 +356,7 @@ def head_attention(
     v_local: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
     causal: bool = False,
+    window: Optional[int] = None,
 ) -> torch.Tensor:
     """Decode attention of T queries per request over its KV cache (fp64 math, explicit masks).
 
@@ -367,6 +368,19 @@ def head_attention(
     (the MTP head's own draft positions) is attended causally, the T queries being its last T
     positions: query t also sees local entries s <= S - T + t (s <= t when S == T; a single
     query sees all S). scale defaults to 1/sqrt(D). Returns [B, T, Hq, D] in q's dtype.
+
+    Sliding window (window > 0; None or 0: none), as Gemma 3 and transformers define it: the
+    query at position p sees only the keys at positions j with p - window < j <= p, the last
+    ``window`` positions, itself included. With causal=True query t sits at position
+    p = cache_lens[b] - T + t, so it sees keys [max(0, p + 1 - window), p]. Without causal
+    every query sits at the last key, p = cache_lens[b] - 1, and sees keys
+    [max(0, cache_lens[b] - window), cache_lens[b]) (a one-query decode step, whose key is
+    already cached, is the same either way). In every mode a row sees the last ``window`` of
+    the cache keys it would see without one; window >= that count changes nothing. A window
+    does not combine with a local segment (an error). In a tree pass (decoder_layers'
+    tree_parents) a query sits at its chain position (cache_lens[b] - T + its depth) and the
+    window spans the committed cache keys and its path alike. Keys older than a row's window
+    are never read by the kernels (not only masked).
 
     Extreme values, per output row (b, t, h), nothing else is read:
     - it sees no key: zeros;
@@ -385,11 +399,18 @@ def head_attention(
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
+    if window is not None and window < 0:
+        raise ValueError(f"head_attention: window must be >= 0, got {window}")
+    if window and k_local is not None:
+        raise ValueError("head_attention: a window does not combine with a local segment (k_local / v_local)")
     t = torch.arange(T)
     lens = cache_lens.long()[:, None]
-    limit = lens - T + t[None, :] + 1 if causal else lens.expand(B, T)  # [B, T]
+    limit = lens - T + t[None, :] + 1 if causal else lens.expand(B, T)  # [B, T]: keys [0, limit)
     keys, vals = [k_cache], [v_cache]
-    masks = [torch.arange(L)[None, None, :] < limit[:, :, None]]  # [B, T, L]
+    pos = torch.arange(L)[None, None, :]
+    masks = [pos < limit[:, :, None]]  # [B, T, L]
+    if window:  # the query sits at position limit - 1: keys limit - 1 - window < j
+        masks[0] &= pos >= limit[:, :, None] - window
     if k_local is not None:
         S = k_local.shape[2]
         keys.append(k_local)

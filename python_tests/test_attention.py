@@ -64,8 +64,8 @@ def inputs(
     return q, k, v, lens, kl, vl
 
 
-def attn(q, k, v, lens, kl=None, vl=None, scale=None, causal=False):
-    return mtp_kernels.head_attention(q, k, v, lens, kl, vl, scale, causal)
+def attn(q, k, v, lens, kl=None, vl=None, scale=None, causal=False, window=None):
+    return mtp_kernels.head_attention(q, k, v, lens, kl, vl, scale, causal, window)
 
 
 def close(out, ref, dtype):
@@ -438,6 +438,117 @@ def test_zero_copy_no_large_allocation():
     assert op.cpu_memory_usage <= q.numel() * q.element_size() + 1024, op.cpu_memory_usage
 
 
+# ---------------------------------------------------------------- sliding window
+# Gemma 3's local layers: window 512, 4 query heads over one kv head, head dim 256. A row sees
+# the last `window` of the cache keys it would see without one (causal: p - window < j <= p).
+WINDOW_D = [64, 128, 40, 256]  # 40 and 256: the generic path
+
+
+def window_inputs(D=256, dtype=torch.float32, T=4, lens=(1100, 4, 700), layout="contiguous", L=1100, Hkv=1):
+    return inputs(B=len(lens), T=T, Hq=4, Hkv=Hkv, L=L, D=D, dtype=dtype, layout=layout, lens=list(lens))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", WINDOW_D)
+@pytest.mark.parametrize("causal,window", [(True, 512), (True, 300), (False, 260), (True, 1)])
+def test_window_matches_reference(isa, dtype, D, causal, window):
+    q, k, v, lens, _, _ = window_inputs(D, dtype)
+    close(
+        attn(q, k, v, lens, causal=causal, window=window),
+        reference.head_attention(q, k, v, lens, causal=causal, window=window),
+        dtype,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", WINDOW_D)
+def test_window_verify_rows_equal_decode_steps(isa, dtype, D):
+    # A verify pass with a window: row t equals the one-token step at its position (causal or
+    # not: a one-query step sees the last `window` keys either way), whatever the thread split.
+    T, W = 4, 300
+    q, k, v, lens, _, _ = window_inputs(D, dtype, T=T, lens=(1100, 4, 700, 301, 557))
+    full = attn(q, k, v, lens, causal=True, window=W)
+    for t in range(T):
+        step_lens = lens - T + t + 1
+        assert torch.equal(attn(q[:, t : t + 1], k, v, step_lens, causal=True, window=W)[:, 0], full[:, t])
+        assert torch.equal(attn(q[:, t : t + 1], k, v, step_lens, window=W)[:, 0], full[:, t])
+
+
+def test_window_batch_and_thread_invariance(isa, threads):
+    # Each request alone == in the batch; other requests' lengths and the thread count do not
+    # matter (B * Hkv = 3 < threads: the chunks are spread over threads).
+    q, k, v, lens, _, _ = window_inputs(D=128, T=3, lens=(1100, 3, 700), L=1100)
+    outs = []
+    for n in (1, 2, 3):
+        torch.set_num_threads(n)
+        outs.append(attn(q, k, v, lens, causal=True, window=512))
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+    full = outs[0]
+    for b in range(3):
+        s = slice(b, b + 1)
+        assert torch.equal(attn(q[s], k[s], v[s], lens[s], causal=True, window=512), full[s])
+    other = lens.clone()
+    other[1:] = lens[1:].flip(0).clamp_min(3)
+    assert torch.equal(attn(q, k, v, other, causal=True, window=512)[0], full[0])
+
+
+@pytest.mark.parametrize("layout", ["layer", "permuted", "d_strided"])
+def test_window_strided_equals_contiguous(isa, layout):
+    q, k, v, lens, _, _ = window_inputs(D=64, layout=layout, Hkv=2)
+    assert not k.is_contiguous()
+    want = attn(q, k.contiguous(), v.contiguous(), lens, causal=True, window=300)
+    assert torch.equal(attn(q, k, v, lens, causal=True, window=300), want)
+
+
+def test_window_identities(isa):
+    # window 0 or None: no window; a window as long as every cache: no window either (bitwise).
+    q, k, v, lens, _, _ = window_inputs(D=256, lens=(1100, 4, 700))
+    for causal in (False, True):
+        plain = attn(q, k, v, lens, causal=causal)
+        for window in (None, 0, 1100, 5000):
+            assert torch.equal(attn(q, k, v, lens, causal=causal, window=window), plain), (causal, window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_one_is_the_own_value(isa, dtype):
+    # window 1: each causal query sees its own key only, so its output is its own value row.
+    T = 3
+    q, k, v, lens, _, _ = window_inputs(D=64, dtype=dtype, T=T, lens=(600, 3, 257))
+    out = attn(q, k, v, lens, causal=True, window=1)
+    for b, n in enumerate(lens.tolist()):
+        for t in range(T):
+            assert torch.equal(out[b, t], v[b, 0, n - T + t].expand(4, -1))
+
+
+def test_window_older_keys_are_not_read(isa):
+    # NaN in every key and value older than each request's first window: the same bits.
+    T, W = 3, 300
+    q, k, v, lens, _, _ = window_inputs(D=128, T=T, lens=(1100, 3, 700, 520))
+    want = attn(q, k, v, lens, causal=True, window=W)
+    for b, n in enumerate(lens.tolist()):
+        oldest = max(n - T + 1 - W, 0)  # query 0's first key
+        k[b, :, :oldest] = float("nan")
+        v[b, :, :oldest] = float("nan")
+    got = attn(q, k, v, lens, causal=True, window=W)
+    assert torch.equal(got, want) and torch.isfinite(got).all()
+
+
+def test_head_dim_256_single_kv_head(isa):
+    # Gemma 3's attention shape without a window: against the reference, rows == decode steps.
+    for dtype in DTYPES:
+        q, k, v, lens, _, _ = window_inputs(D=256, dtype=dtype)
+        full = attn(q, k, v, lens, causal=True)
+        close(full, reference.head_attention(q, k, v, lens, causal=True), dtype)
+        for t in range(4):
+            assert torch.equal(attn(q[:, t : t + 1], k, v, lens - 4 + t + 1, causal=True)[:, 0], full[:, t])
+
+
+def test_opcheck_head_attention_window():
+    q, k, v, lens, _, _ = inputs(L=40, layout="permuted")
+    torch.library.opcheck(torch.ops.mtp.head_attention.default, (q, k, v, lens, None, None, None, True), {"window": 7})
+
+
 # ---------------------------------------------------------------- cache_append
 @pytest.mark.parametrize("layout", ["contiguous", "layer", "permuted", "d_strided"])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -564,6 +675,14 @@ BAD_ATTENTION = [
         r"k_local must have q's dtype Float, got Half",
     ),
     (dict(q=lambda a: a["q"].to("meta")), r"k_cache must be on q's device meta, got cpu"),
+    (
+        dict(window=-1),
+        r"window must be >= 0 \(0: no window; else how many of the latest keys a query sees\), got window = -1",
+    ),
+    (
+        dict(window=4, k_local=lambda a: torch.zeros(2, 2, 2, 64), v_local=lambda a: torch.zeros(2, 2, 2, 64)),
+        r"window = 4 does not combine with a local segment \(k_local / v_local\)",
+    ),
 ]
 
 

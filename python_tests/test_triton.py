@@ -436,6 +436,29 @@ def test_attention_reads_only_visible_keys(backend):
     assert torch.isfinite(got[:, :2]).all() and torch.isnan(got[:, 2]).all()  # a seen inf value: a NaN row
 
 
+@pytest.mark.parametrize("causal,window", [(True, 300), (False, 260), (True, 1)])
+def test_attention_window(backend, causal, window):
+    """A sliding window: against the reference; a verify row == its one-token step; a request
+    alone == in the batch; keys older than every window are not read (NaN there: same bits)."""
+    impl, device = backend
+    attn = attn_ops(impl)[0]
+    T = 3
+    q, k, v, lens, _, _ = inputs(B=3, T=T, Hq=4, Hkv=1, L=600, D=40, lens=[600, 3, 290])
+    full = attn(*on(device, q, k, v, lens), None, None, None, causal, window=window)
+    close(full.cpu(), reference.head_attention(q, k, v, lens, causal=causal, window=window), torch.float32)
+    dq, dk, dv, dl = on(device, q, k, v, lens)
+    for t in range(T):
+        step_lens = dl - T + t + 1 if causal else dl
+        one = attn(dq[:, t : t + 1], dk, dv, step_lens, None, None, None, causal, window=window)
+        assert torch.equal(one[:, 0], full[:, t]), t
+    assert torch.equal(attn(dq[2:], dk[2:], dv[2:], dl[2:], None, None, None, causal, window=window), full[2:])
+    for b, n in enumerate(lens.tolist()):
+        oldest = max((n - T + 1 if causal else n) - window, 0)
+        k[b, :, :oldest] = float("nan")
+        v[b, :, :oldest] = float("nan")
+    assert torch.equal(attn(*on(device, q, k, v, lens), None, None, None, causal, window=window), full)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf and NaN
 @pytest.mark.parametrize("name", list(EXTREME))
 def test_attention_extreme_values(backend, name):

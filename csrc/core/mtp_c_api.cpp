@@ -958,7 +958,15 @@ mtp_status mtp_accept_prefix(const mtp_tensor* draft_tokens, const mtp_tensor* t
 mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
                               const mtp_tensor* cache_lens, const mtp_tensor* k_local, const mtp_tensor* v_local,
                               const float* scale, int32_t causal, const mtp_tensor* out, int32_t num_threads) {
-  return guarded("mtp_head_attention", [&](Checker& c) {
+  return mtp_head_attention_window(q, k_cache, v_cache, cache_lens, k_local, v_local, scale, causal, 0, out,
+                                   num_threads);
+}
+
+mtp_status mtp_head_attention_window(const mtp_tensor* q, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                     const mtp_tensor* cache_lens, const mtp_tensor* k_local, const mtp_tensor* v_local,
+                                     const float* scale, int32_t causal, int64_t window, const mtp_tensor* out,
+                                     int32_t num_threads) {
+  return guarded(window != 0 ? "mtp_head_attention_window" : "mtp_head_attention", [&](Checker& c) {
     int threads = 1;
     if (!c.tensor("q", q, 4, "[B, T, Hq, D]", kFloatTypes)) return c.status;
     const int64_t B = q->sizes[0], T = q->sizes[1], Hq = q->sizes[2], D = q->sizes[3];
@@ -982,6 +990,7 @@ mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, co
                     !c.same_sizes("v_local", v_local, "k_local", k_local)))
       return c.status;
     if (scale && !c.ok(scale_error("*scale", *scale))) return c.status;
+    if (!c.ok(window_error(window, k_local != nullptr))) return c.status;
     if (!c.tensor("out", out, 4, "[B, T, Hq, D]", same_as(q)) || !c.same_sizes("out", out, "q", q) ||
         !c.threads(num_threads, &threads) ||
         !no_aliasing(c, {{"out", out}},
@@ -1009,6 +1018,7 @@ mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_cache, co
       set_local_views(a, k_local->sizes[2], k_local->data, k_local->strides, v_local->data, v_local->strides);
     a.scale = scale ? *scale : default_attention_scale(D);
     a.causal = causal != 0;
+    a.window = window;
     // The kernel writes a contiguous [B, T, Hq, D]: in place when out is one, else via a copy.
     const int64_t es = dtype_size(a.dtype);
     std::vector<char> tmp;

@@ -15,8 +15,10 @@ constexpr const char* kAppend = "mtp.cache_append";
 
 at::Tensor head_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& cache_lens, const c10::optional<at::Tensor>& k_local,
-                              const c10::optional<at::Tensor>& v_local, c10::optional<double> scale, bool causal) {
+                              const c10::optional<at::Tensor>& v_local, c10::optional<double> scale, bool causal,
+                              c10::optional<int64_t> window) {
   AttentionArgs a = attention_args(kAttn, q, k_cache, v_cache, k_local, v_local, scale, causal, at::kCPU);
+  check_ok(kAttn, set_window(a, window.value_or(0), k_local.has_value()));
   std::vector<int64_t> lens =
       checked_counts(kAttn, "cache_lens", cache_lens, a.B, "B (q.size(0))", k_cache.size(2), "L (k_cache.size(2))");
   check_attention_lens(kAttn, a, lens);

@@ -172,9 +172,11 @@ constexpr const char* kAppend = "mtp.cache_append";
 
 at::Tensor head_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& cache_lens, const c10::optional<at::Tensor>& k_local,
-                               const c10::optional<at::Tensor>& v_local, c10::optional<double> scale, bool causal) {
+                               const c10::optional<at::Tensor>& v_local, c10::optional<double> scale, bool causal,
+                               c10::optional<int64_t> window) {
   const at::Device device = q.device();
   AttentionArgs a = attention_args(kAttn, q, k_cache, v_cache, k_local, v_local, scale, causal, device);
+  check_ok(kAttn, set_window(a, window.value_or(0), k_local.has_value()));
   TORCH_CHECK(a.D <= kAttnMaxD, kAttn, ": the CUDA kernel takes head dims D <= ", kAttnMaxD, ", got D = ", a.D);
   const c10::cuda::CUDAGuard guard(device);
   const int64_t L = k_cache.size(2);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "mtp/attention.h"
 #include "mtp/common.h"
 #include "mtp/mtp.h"
 #include "mtp/parallel.h"
@@ -20,8 +21,10 @@ namespace {
 
 // ---------------------------------------------------------------- head_attention
 // Caches stored as [B, Lmax, Hkv, D] (the permuted layout) or [B, Hkv, Lmax, D] (contiguous).
+// window > 0: mtp_head_attention_window (a sliding window), else mtp_head_attention.
 struct AttnProblem {
-  int64_t B, T, Hq, Hkv, D, L, S;
+  int64_t B, T, Hq, Hkv, D, L, S, window = 0;
+  bool window_fn = false;  // mtp_head_attention_window even for window = 0
   mtp_dtype t;
   bool causal, permuted;
   float scale;
@@ -85,6 +88,9 @@ struct AttnProblem {
     // out padded: row stride D + 3, so a write outside the view shows on a canary.
     const int64_t osz[4] = {nb, nt, Hq, D}, ost[4] = {nt * Hq * (D + 3), Hq * (D + 3), D + 3, 1};
     mtp_tensor ov = view4(*out, osz, ost);
+    if (window || window_fn)
+      return mtp_head_attention_window(&qv, &kv, &vv, &lv, S ? &klv : nullptr, S ? &vlv : nullptr, &scale, use_causal,
+                                       window, &ov, threads);
     return mtp_head_attention(&qv, &kv, &vv, &lv, S ? &klv : nullptr, S ? &vlv : nullptr, &scale, use_causal, &ov,
                               threads);
   }
@@ -98,6 +104,7 @@ struct AttnProblem {
     const int64_t G = Hq / Hkv, hk = h / G;
     const int64_t nc = causal ? lens[size_t(b)] - T + t + 1 : lens[size_t(b)];
     const int64_t ns = std::min<int64_t>(std::max<int64_t>(S - T + t + 1, 0), S);
+    const int64_t first = window > 0 ? std::max<int64_t>(nc - window, 0) : 0;  // keys [first, nc)
     std::vector<double> s;
     std::vector<std::pair<const Arr*, int64_t>> rows;  // value row starts
     auto add = [&](const Arr& K, const Arr& Vv, int64_t base) {
@@ -107,7 +114,7 @@ struct AttnProblem {
       s.push_back(acc * scale);
       rows.push_back({&Vv, base});
     };
-    for (int64_t j = 0; j < nc; ++j) add(k, v, b * ks[0] + hk * ks[1] + j * ks[2]);
+    for (int64_t j = first; j < nc; ++j) add(k, v, b * ks[0] + hk * ks[1] + j * ks[2]);
     for (int64_t j = 0; j < ns; ++j) add(kl, vl, b * ls[0] + hk * ls[1] + j * ls[2]);
     o->assign(size_t(D), 0.0);
     if (s.empty()) return;
@@ -125,8 +132,9 @@ struct AttnProblem {
 const uint32_t kCanaryF = 0x7fc0dead;  // a NaN payload nobody writes
 
 void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t S, mtp_dtype t,
-                        bool causal, bool permuted, float scale, int threads) {
+                        bool causal, bool permuted, float scale, int threads, int64_t window = 0) {
   AttnProblem p(B, T, Hq, Hkv, D, L, S, t, causal, permuted, scale);
+  p.window = window;
   Arr out(t, p.out_size(B, T));
   const float canary = t == MTP_FLOAT32 ? [] {
     float f;
@@ -136,10 +144,11 @@ void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D
                                         : 12345.f;
   for (size_t i = 0; i < out.size(); ++i) out.set(i, canary);
   const uint32_t canary_bits = Arr(t, 1, canary).bits(0);
-  char what[200];
-  std::snprintf(what, sizeof what, "%s B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld L=%lld S=%lld causal=%d perm=%d thr=%d",
+  char what[240];
+  std::snprintf(what, sizeof what,
+                "%s B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld L=%lld S=%lld causal=%d perm=%d thr=%d window=%lld",
                 name_of(t), (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, (long long)L,
-                (long long)S, int(causal), int(permuted), threads);
+                (long long)S, int(causal), int(permuted), threads, (long long)window);
   mtp_status st = p.run(0, B, 0, T, p.lens, S, causal, &out, threads);
   EXPECT(st == MTP_OK, "%s: %s", what, mtp_last_error());
   std::vector<double> want;
@@ -157,7 +166,8 @@ void run_attention_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D
       }
 
   // Shape invariance: each (b, t) again as a one-request, one-query call (its own visible
-  // cache length and local entries), on another thread count: the same bits.
+  // cache length and local entries; a window counts back from its last key either way), on
+  // another thread count: the same bits.
   Arr one(t, p.out_size(1, 1));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t tt = 0; tt < T; ++tt) {
@@ -244,6 +254,104 @@ void run_attention_extreme(int64_t D, mtp_dtype t, int threads) {
   }
 }
 
+// The sliding window's identities, bitwise: window >= every cache length and
+// mtp_head_attention_window(window = 0) are mtp_head_attention; keys older than every row's
+// window are never read (NaN there changes no bit).
+void run_window_identities(int64_t D, mtp_dtype t, int threads) {
+  const int64_t B = 3, T = 4, L = 1100, W = 300;
+  AttnProblem p(B, T, 4, 1, D, L, 0, t, true, true, 1.f / std::sqrt(float(D)));
+  p.lens = {L, T, 700};
+  auto call = [&](int64_t window, bool fn) {
+    Arr out(t, p.out_size(B, T));
+    p.window = window;
+    p.window_fn = fn;
+    const mtp_status st = p.run(0, B, 0, T, p.lens, 0, true, &out, threads);
+    EXPECT(st == MTP_OK, "window %lld: %s", (long long)window, mtp_last_error());
+    return out;
+  };
+  auto same = [&](const Arr& a, const Arr& b, const char* what) {
+    bool eq = true;
+    for (int64_t b_ = 0; b_ < B; ++b_)
+      for (int64_t tt = 0; tt < T; ++tt)
+        for (int64_t h = 0; h < p.Hq; ++h)
+          for (int64_t d = 0; d < D; ++d) eq &= a.bits(p.out_at(b_, tt, h, d, T)) == b.bits(p.out_at(b_, tt, h, d, T));
+    EXPECT(eq, "%s %s D=%lld threads=%d: bits differ", what, name_of(t), (long long)D, threads);
+  };
+  const Arr plain = call(0, false);
+  same(call(0, true), plain, "window 0 vs mtp_head_attention");
+  same(call(L, true), plain, "window L vs none");
+  same(call(p.lens[0], true), plain, "window = the longest cache vs none");
+  const Arr windowed = call(W, true);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t oldest = std::max<int64_t>(p.lens[size_t(b)] - T + 1 - W, 0);  // query 0's first key
+    for (int64_t j = 0; j < oldest; ++j)
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t at = size_t(b * p.ks[0] + j * p.ks[2] + d);
+        p.k.set(at, NAN);
+        p.v.set(at, NAN);
+      }
+  }
+  same(call(W, true), windowed, "NaN before the windows");
+  int64_t wrong = 0;
+  for (size_t i = 0; i < windowed.size(); ++i) wrong += std::isnan(windowed.get(i)) ? 1 : 0;
+  EXPECT(wrong == 0, "windowed output has NaN");
+}
+
+// The kernels' tree mode (AttentionArgs::parents, decoder_layers' tree passes) with a window:
+// each query sits at its chain position (cache_lens - T + depth), its window spans the
+// committed keys and its path alike, and its rows have the bits of a one-query call over the
+// chain gathered into a contiguous cache. No C API takes a window with a tree yet: the
+// kernel is called directly (fp32, the isa under test, one thread and three).
+void run_tree_window(int64_t D, int64_t window, int threads) {
+  const int64_t B = 2, T = 6, Hq = 4, L = 700;
+  const int64_t parents[B * T] = {-1, 0, 1, 2, 0, 0, -1, 0, 0, 2, 1, 4};
+  std::vector<int64_t> lens = {700, 300};  // the T new keys included
+  std::vector<float> q(size_t(B * T * Hq * D)), k(size_t(B * L * D)), v(k.size()), out(q.size());
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto* x : {&q, &k, &v})
+    for (float& e : *x) e = u(gen);
+  auto serial = [](int64_t n, auto&& fn) { fn(0, n); };
+  auto threaded = mtp::ThreadParallelFor{threads};
+  auto args = [&](const float* qp, int64_t nb, int64_t nt, const float* kp, const float* vp, int64_t len,
+                  const int64_t* lp, float* op) {
+    mtp::AttentionArgs a;
+    a.B = nb, a.T = nt, a.Hq = Hq, a.Hkv = 1, a.D = D;
+    const int64_t qs[4] = {nt * Hq * D, Hq * D, D, 1}, cs[4] = {len * D, len * D, D, 1};
+    std::copy(qs, qs + 4, a.q_stride);
+    std::copy(cs, cs + 4, a.k_stride);
+    std::copy(cs, cs + 4, a.v_stride);
+    a.q = qp, a.k = kp, a.v = vp, a.cache_lens = lp, a.out = op;
+    a.scale = 1.f / std::sqrt(float(D));
+    a.causal = true;
+    a.window = window;
+    return a;
+  };
+  mtp::AttentionArgs tree = args(q.data(), B, T, k.data(), v.data(), L, lens.data(), out.data());
+  tree.parents = parents;
+  if (threads == 1)
+    mtp::attention(tree, 1, mtp::current_isa(), serial);
+  else
+    mtp::attention(tree, threads, mtp::current_isa(), threaded);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int64_t> path;
+      for (int64_t x = t; x >= 0; x = parents[b * T + x]) path.insert(path.begin(), x);
+      const int64_t base = lens[size_t(b)] - T, n = base + int64_t(path.size());
+      std::vector<float> kc(size_t(n * D)), vc(kc.size()), one(size_t(Hq * D));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t src = j < base ? j : base + path[size_t(j - base)];
+        std::copy_n(&k[size_t((b * L + src) * D)], D, &kc[size_t(j * D)]);
+        std::copy_n(&v[size_t((b * L + src) * D)], D, &vc[size_t(j * D)]);
+      }
+      mtp::AttentionArgs chain = args(&q[size_t((b * T + t) * Hq * D)], 1, 1, kc.data(), vc.data(), n, &n, one.data());
+      mtp::attention(chain, 1, mtp::current_isa(), serial);
+      EXPECT(std::memcmp(one.data(), &out[size_t((b * T + t) * Hq * D)], one.size() * 4) == 0,
+             "tree window=%lld D=%lld threads=%d: row (%lld, %lld) differs from its chain", (long long)window,
+             (long long)D, threads, (long long)b, (long long)t);
+    }
+}
+
 }  // namespace
 
 void test_attention() {
@@ -257,6 +365,24 @@ void test_attention() {
       run_attention_case(2, 4, 8, 2, D, 600, 0, t, true, true, 1.f, 3), ++cases;        // 3 chunks, big scores
       run_attention_case(1, 2, 8, 1, D, 1100, 2, t, true, false, 0.2f, 4), ++cases;     // flash-decoding split
     }
+  // Sliding windows (Gemma 3: window 512, Hq = 4 over one kv head, D = 256) and D = 256 alone.
+  for (mtp_dtype t : kFloatTypes)
+    for (int64_t D : {64, 128, 40, 256}) {
+      const float sc = 1.f / std::sqrt(float(D));
+      run_attention_case(3, 4, 4, 1, D, 1100, 0, t, true, cases % 2, sc, 3, 512), ++cases;  // flash-decoding split
+      run_attention_case(3, 4, 4, 1, D, 1100, 0, t, true, cases % 2, sc, 1, 300), ++cases;  // serial, mid-chunk starts
+      run_attention_case(2, 3, 6, 2, D, 600, 0, t, false, cases % 2, sc, 2, 260), ++cases;  // non-causal: the last keys
+      run_attention_case(2, 5, 4, 2, D, 300, 0, t, true, cases % 2, sc, 1, 1), ++cases;     // window 1: itself only
+      run_attention_case(2, 3, 4, 1, D, 600, 0, t, true, cases % 2, sc, 2, 2000), ++cases;  // window > L: none
+      run_window_identities(D, t, 1 + int(cases % 3)), ++cases;
+    }
+  for (int64_t D : {64, 40})
+    for (int64_t window : {0, 300, 3})
+      for (int threads : {1, 3}) run_tree_window(D, window, threads), ++cases;
+  for (mtp_dtype t : kFloatTypes) {
+    run_attention_case(2, 3, 4, 1, 256, 600, 0, t, true, true, 0.0625f, 2), ++cases;  // D = 256, Hkv = 1
+    run_attention_case(2, 1, 4, 1, 256, 300, 3, t, false, false, 0.0625f, 1), ++cases;
+  }
   run_attention_case(0, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, false, 1.f, 1), ++cases;  // B = 0
   run_attention_case(2, 2, 4, 2, 64, 8, 0, MTP_FLOAT32, false, true, 1.f, 1), ++cases;   // some cache_lens may be 0
   for (mtp_dtype t : kFloatTypes)
@@ -348,6 +474,7 @@ struct AttnCall {
   float scale = 0.5f;
   const float* scale_p = &scale;
   int32_t causal = 1, threads = 1;
+  int64_t window = 0;  // != 0: mtp_head_attention_window
   bool no_k = false, no_v = false, no_local_k = false, no_local_v = false, no_q = false, no_out = false,
        no_lens = false;
   AttnCall() {
@@ -361,6 +488,9 @@ struct AttnCall {
     ov = mtp_contiguous(out.data(), MTP_FLOAT32, 4, qs);
   }
   mtp_status run() {
+    if (window)
+      return mtp_head_attention_window(&qv, &kv, &vv, &lv, no_local_k ? nullptr : &klv, no_local_v ? nullptr : &vlv,
+                                       scale_p, causal, window, &ov, threads);
     return mtp_head_attention(no_q ? nullptr : &qv, no_k ? nullptr : &kv, no_v ? nullptr : &vv, no_lens ? nullptr : &lv,
                               no_local_k ? nullptr : &klv, no_local_v ? nullptr : &vlv, scale_p, causal,
                               no_out ? nullptr : &ov, threads);
@@ -445,6 +575,17 @@ void test_head_attention_errors() {
   BAD_ATTN(c.ov.strides[0] = -1, ARG, "out.strides[0] must be >= 0, got -1");
   BAD_ATTN(c.scale = NAN, ARG, "*scale must be finite");
   BAD_ATTN(c.threads = -2, ARG, "num_threads must be >= 0");
+  BAD_ATTN((c.window = -1, c.no_local_k = c.no_local_v = true), ARG,
+           "mtp_head_attention_window: window must be >= 0 (0: no window; else how many of the latest keys a query "
+           "sees), got window = -1");
+  BAD_ATTN(c.window = 3, ARG,
+           "mtp_head_attention_window: window = 3 does not combine with a local segment (k_local / v_local)");
+  {  // a window without a local segment is fine
+    AttnCall a;
+    a.no_local_k = a.no_local_v = true;
+    a.window = 2;
+    EXPECT(a.run() == MTP_OK && !a.untouched(), "window 2: %s", mtp_last_error());
+  }
   {  // scale NULL = 1/sqrt(D): the same bits as passing it
     AttnCall a, b;
     a.scale_p = nullptr;

@@ -423,12 +423,16 @@ def head_attention(
     v_local: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
     causal: bool = False,
+    *,
+    window: Optional[int] = None,
 ) -> torch.Tensor:
     """``mtp.head_attention`` in Triton: split-KV over fixed 256-key chunks, partials merged
-    left to right (kernels/attention.py). The caches are read in place, whatever their strides."""
+    left to right (kernels/attention.py). The caches are read in place, whatever their strides;
+    keys older than a sliding window are not read."""
     lens_host = C.check_attention_inputs(
-        "mtp.head_attention", q, k_cache, v_cache, cache_lens, k_local, v_local, causal, scale=scale
+        "mtp.head_attention", q, k_cache, v_cache, cache_lens, k_local, v_local, causal, scale=scale, window=window
     )
+    window = window or 0
     B, T, Hq, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((B, T, Hq, D), dtype=torch.float32, device=q.device)
@@ -474,6 +478,7 @@ def head_attention(
                 n_rb,
                 Cc + Cl,
                 first,
+                window,
                 LOCAL=local,
                 CAUSAL=causal,
                 CHUNK=A.CHUNK,
@@ -497,6 +502,7 @@ def head_attention(
         n_rb,
         Cc + Cl,
         Cc,
+        window,
         CAUSAL=causal,
         CHUNK=A.CHUNK,
         BLOCK_R=A.BLOCK_R,

@@ -55,22 +55,34 @@ inline void merge_partial(float* st, const float* p, int64_t D) {
   for (int64_t d = 0; d < D; ++d) st[2 + d] = st[2 + d] * a + p[2 + d] * c;
 }
 
-// One chunk of one (b, hkv): rows r = t*G + g (n[r] keys of this chunk each, non-decreasing
-// in r), q packed fp32 [R][D], scratch s [R][kAttnChunk], partials out [R][D+2].
-// K provides scores / softmax / accumulate (generic or one instruction set).
+// One chunk of one (b, hkv): rows r = t*G + g, row r seeing keys [lo[r], n[r]) of this chunk
+// (n[r] == 0: none; the rows that see some are contiguous, lo and n non-decreasing over them),
+// q packed fp32 [R][D], scratch s [R][kAttnChunk] and cnt [R], partials out [R][D+2].
+// K provides scores / softmax / accumulate (generic or one instruction set). Keys before the
+// first row's lo are not read; a row's arithmetic depends on its own range only (its scores
+// are per key, its softmax and accumulation start at its own lo).
 template <class K>
-void attend_chunk(const float* qp, int64_t R, const int64_t* n, const KvRows& k, const KvRows& v, int64_t D,
-                  float scale, float* s, float* part) {
-  int64_t r0 = 0;
+void attend_chunk(const float* qp, int64_t R, const int64_t* lo, const int64_t* n, const KvRows& k, const KvRows& v,
+                  int64_t D, float scale, float* s, int64_t* cnt, float* part) {
+  int64_t r0 = 0, r1 = R;
   while (r0 < R && n[r0] == 0) ++r0;
-  if (r0 == R) return;
-  K::scores(qp, r0, R, n, k, D, scale, s);
-  for (int64_t r = r0; r < R; ++r) K::softmax(s + r * kAttnChunk, n[r], part + r * (D + 2), part + r * (D + 2) + 1);
-  for (int64_t r = r0; r < R;) {  // runs of rows with equal key counts share each V load
-    int64_t r1 = r;
-    while (r1 < R && n[r1] == n[r]) ++r1;
-    K::accumulate(s + r * kAttnChunk, r1 - r, n[r], v, D, part + r * (D + 2) + 2, D + 2);
-    r = r1;
+  while (r1 > r0 && n[r1 - 1] == 0) --r1;
+  if (r0 == r1) return;
+  const int64_t o = lo[r0];  // scores of keys [o, n[r]) per row, at s[r][j - o]
+  if (o == 0) {
+    K::scores(qp, r0, r1, n, k, D, scale, s);
+  } else {
+    for (int64_t r = r0; r < r1; ++r) cnt[r] = n[r] - o;
+    K::scores(qp, r0, r1, cnt, k.from(o), D, scale, s);
+  }
+  for (int64_t r = r0; r < r1; ++r)
+    K::softmax(s + r * kAttnChunk + lo[r] - o, n[r] - lo[r], part + r * (D + 2), part + r * (D + 2) + 1);
+  for (int64_t r = r0; r < r1;) {  // runs of rows with equal key ranges share each V load
+    int64_t e = r;
+    while (e < r1 && n[e] == n[r] && lo[e] == lo[r]) ++e;
+    K::accumulate(s + r * kAttnChunk + lo[r] - o, e - r, n[r] - lo[r], lo[r] ? v.from(lo[r]) : v, D,
+                  part + r * (D + 2) + 2, D + 2);
+    r = e;
   }
 }
 
@@ -118,23 +130,33 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
   auto visible = [&](int64_t b, int64_t t) {
     return tree ? a.cache_lens[b] - T + tree->depth[size_t(b * T + t)] + 1 : visible_cache(a, b, t);
   };
+  // The first cache chunk of (b, hkv) any of its rows reads (a window skips the older ones).
+  auto first_chunk = [&](int64_t b) {
+    if (a.window == 0) return int64_t(0);
+    int64_t lo = a.cache_lens[b];
+    for (int64_t t = 0; t < T; ++t) lo = std::min(lo, first_visible(a, visible(b, t)));
+    return lo / kAttnChunk;
+  };
   // Chunk c of (b, hkv) = bh: cache chunks [0, Cc), then the local segment's [Cc, C).
   int64_t lmax = 0;
   for (int64_t b = 0; b < B; ++b) lmax = std::max(lmax, a.cache_lens[b]);
   const int64_t Cc = attn_chunks(lmax), C = Cc + attn_chunks(a.S);  // a single query sees all S local entries
   auto chunks_of = [&](int64_t bh, std::vector<int64_t>* out) {
-    for (int64_t c = 0; c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) out->push_back(c);
+    for (int64_t c = first_chunk(bh / Hkv); c < attn_chunks(a.cache_lens[bh / Hkv]); ++c) out->push_back(c);
     for (int64_t c = Cc; c < C; ++c) out->push_back(c);
   };
-  // Partials [R][P] of rows [r0, r1) of chunk c of bh into dst; n[r] = row r's keys in it
-  // (0: untouched).
-  auto compute_chunk = [&](int64_t bh, int64_t c, float* dst, float* s, int64_t* n, int64_t r0, int64_t r1) {
+  // Partials [R][P] of rows [r0, r1) of chunk c of bh into dst; row r sees keys [lo[r], n[r])
+  // of it (n[r] == 0: none, untouched); scratch s [R][kAttnChunk], cnt [R].
+  auto compute_chunk = [&](int64_t bh, int64_t c, float* dst, float* s, int64_t* lo, int64_t* n, int64_t* cnt,
+                           int64_t r0, int64_t r1) {
     const int64_t b = bh / Hkv, h = bh % Hkv;
     const bool local = c >= Cc;
     const int64_t c0 = (local ? c - Cc : c) * kAttnChunk;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t vis = local ? visible_local(a, r / G) : visible(b, r / G);
       n[r] = std::clamp<int64_t>(vis - c0, 0, kAttnChunk);
+      lo[r] = local ? 0 : std::clamp<int64_t>(first_visible(a, vis) - c0, 0, kAttnChunk);
+      if (n[r] <= lo[r]) n[r] = lo[r] = 0;
     }
     const int64_t* ks = local ? a.kl_stride : a.k_stride;
     const int64_t* vs = local ? a.vl_stride : a.v_stride;
@@ -144,20 +166,24 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
     KvRows kr{kb + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es, ks[2], ks[3], a.dtype};
     KvRows vr{vb + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es, vs[2], vs[3], a.dtype};
     const int64_t base = a.cache_lens[b] - T;  // a tree's first new key
-    if (!tree || local || c0 + kAttnChunk <= base)
-      return attend_chunk<K>(qp.data() + (bh * R + r0) * D, r1 - r0, n + r0, kr, vr, D, a.scale, s, dst + r0 * P);
-    // The chunk holds new keys: each query's G rows read the keys of its own path.
+    if (!tree || local || (c0 + kAttnChunk <= base && a.window == 0))
+      return attend_chunk<K>(qp.data() + (bh * R + r0) * D, r1 - r0, lo + r0, n + r0, kr, vr, D, a.scale, s, cnt + r0,
+                             dst + r0 * P);
+    // The chunk holds new keys (or the queries' windows start at their depths): each query's G
+    // rows read the keys of its own path.
     std::vector<int64_t> map(static_cast<size_t>(kAttnChunk));
     for (int64_t t = r0 / G; t < (r1 + G - 1) / G; ++t) {
       const int64_t* path = &tree->path[size_t((b * T + t) * T)];
       for (int64_t j = 0; j < n[t * G]; ++j) map[size_t(j)] = c0 + j < base ? j : base + path[c0 + j - base] - c0;
       kr.map = vr.map = map.data();
-      attend_chunk<K>(qp.data() + (bh * R + t * G) * D, G, n + t * G, kr, vr, D, a.scale, s, dst + t * G * P);
+      attend_chunk<K>(qp.data() + (bh * R + t * G) * D, G, lo + t * G, n + t * G, kr, vr, D, a.scale, s, cnt + t * G,
+                      dst + t * G * P);
     }
   };
   auto out_row = [&](int64_t bh, int64_t r) { return ((bh / Hkv) * T + r / G) * a.Hq + (bh % Hkv) * G + r % G; };
   int64_t total = 0;
-  for (int64_t bh = 0; bh < B * Hkv; ++bh) total += attn_chunks(a.cache_lens[bh / Hkv]) + C - Cc;
+  for (int64_t bh = 0; bh < B * Hkv; ++bh)
+    total += attn_chunks(a.cache_lens[bh / Hkv]) - first_chunk(bh / Hkv) + C - Cc;
   const bool serial = total * R * kAttnChunk * D < kAttnSerialWork;
 
   if (B * Hkv >= 2 * int64_t(threads) || serial) {
@@ -166,14 +192,14 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
     auto work = [&](int64_t begin, int64_t end) {
       std::vector<float> s(static_cast<size_t>(R * kAttnChunk)), part(static_cast<size_t>(R * P)),
           st(static_cast<size_t>(R * P));
-      std::vector<int64_t> n(static_cast<size_t>(R)), cs;
+      std::vector<int64_t> lo(static_cast<size_t>(R)), n(static_cast<size_t>(R)), cnt(static_cast<size_t>(R)), cs;
       std::unique_ptr<bool[]> any(new bool[size_t(R)]);
       for (int64_t bh = begin; bh < end; ++bh) {
         std::fill(any.get(), any.get() + R, false);
         cs.clear();
         chunks_of(bh, &cs);
         for (int64_t c : cs) {
-          compute_chunk(bh, c, part.data(), s.data(), n.data(), 0, R);
+          compute_chunk(bh, c, part.data(), s.data(), lo.data(), n.data(), cnt.data(), 0, R);
           for (int64_t r = 0; r < R; ++r)
             if (n[size_t(r)] > 0) fold_partial(st.data() + r * P, part.data() + r * P, D, &any[size_t(r)]);
         }
@@ -202,11 +228,11 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
   std::unique_ptr<float[]> part(new float[size_t(B * Hkv * C * R * P)]);
   parallel_for(chunks * slices, [&](int64_t begin, int64_t end) {
     std::vector<float> s(static_cast<size_t>(R * kAttnChunk));
-    std::vector<int64_t> n(static_cast<size_t>(R));
+    std::vector<int64_t> lo(static_cast<size_t>(R)), n(static_cast<size_t>(R)), cnt(static_cast<size_t>(R));
     for (int64_t w = begin; w < end; ++w) {
       const int64_t id = items[size_t(w / slices)], slice = w % slices;
-      compute_chunk(id / C, id % C, part.get() + id * R * P, s.data(), n.data(), T * slice / slices * G,
-                    T * (slice + 1) / slices * G);
+      compute_chunk(id / C, id % C, part.get() + id * R * P, s.data(), lo.data(), n.data(), cnt.data(),
+                    T * slice / slices * G, T * (slice + 1) / slices * G);
     }
   });
   parallel_for(B * Hkv * R, [&](int64_t begin, int64_t end) {
@@ -215,7 +241,9 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
       const int64_t bh = i / R, r = i % R, b = bh / Hkv, t = r / G;
       const float* pb = part.get() + (bh * C * R + r) * P;  // chunk c at + c*R*P
       bool any = false;
-      for (int64_t c = 0; c < attn_chunks(visible(b, t)); ++c) fold_partial(st.data(), pb + c * R * P, D, &any);
+      const int64_t vis = visible(b, t);
+      for (int64_t c = first_visible(a, vis) / kAttnChunk; c < attn_chunks(vis); ++c)
+        fold_partial(st.data(), pb + c * R * P, D, &any);
       for (int64_t c = 0; c < attn_chunks(visible_local(a, t)); ++c)
         fold_partial(st.data(), pb + (Cc + c) * R * P, D, &any);
       write_row(a, out_row(bh, r), st.data(), any);

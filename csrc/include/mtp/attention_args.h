@@ -30,6 +30,12 @@ struct AttentionArgs {
   // cache_lens[b] - T keys, then the keys of its path from the root (row u's key stored at
   // cache_lens[b] - T + u), read as if they sat at the next positions: a chain's bits.
   const int64_t* parents = nullptr;
+  // Sliding window (0: none): a query sees only the last `window` of the cache keys it would
+  // see without one, itself included when causal (Gemma 3 / transformers: the query at
+  // position p sees keys p - window < j <= p). Non-causal queries count from the last key
+  // (all T sit at cache_lens[b] - 1); a tree query from its chain position (the window spans
+  // the cache keys and its path alike). Not with a local segment (checked: window_error).
+  int64_t window = 0;
   void* out = nullptr;  // contiguous [B, T, Hq, D]
 };
 
@@ -39,6 +45,11 @@ MTP_HOST_DEVICE inline int64_t attn_chunks(int64_t n) { return ((n > 0 ? n : 0) 
 MTP_HOST_DEVICE inline int64_t visible_cache(const AttentionArgs& a, int64_t b, int64_t t) {
   const int64_t n = a.causal ? a.cache_lens[b] - a.T + t + 1 : a.cache_lens[b];
   return n > 0 ? n : 0;
+}
+// The first cache key visible to a row that sees n keys without a window (keys [0, n); in a
+// tree, positions of its chain view): older keys are never read.
+MTP_HOST_DEVICE inline int64_t first_visible(const AttentionArgs& a, int64_t n) {
+  return a.window > 0 && n > a.window ? n - a.window : 0;
 }
 // Local entries visible to query t: the T queries are the last T of the S local positions,
 // query t sees local s <= S - T + t (s <= t when S == T; a single query sees all S, as a

@@ -18,6 +18,15 @@ struct KvRows {
   const void* row(int64_t j) const {
     return static_cast<const char*>(base) + (map ? map[j] : j) * key_stride * dtype_size(dtype);
   }
+  // The rows from row o on (row j of the result is row o + j of this).
+  KvRows from(int64_t o) const {
+    KvRows r = *this;
+    if (map)
+      r.map = map + o;
+    else
+      r.base = static_cast<const char*>(base) + o * key_stride * dtype_size(dtype);
+    return r;
+  }
 };
 
 // Row j with unit element stride: in place when it has one, else packed into tmp

@@ -276,6 +276,19 @@ MTP_API mtp_status mtp_head_attention(const mtp_tensor* q, const mtp_tensor* k_c
                                       const mtp_tensor* v_local, const float* scale, int32_t causal,
                                       const mtp_tensor* out, int32_t num_threads);
 
+/* mtp_head_attention with a sliding window (torch.ops.mtp.head_attention's window; Gemma 3's
+ * local layers): window = 0 is mtp_head_attention exactly; window > 0 keeps each query to the
+ * last `window` of the cache keys it would otherwise see: with causal, query t (at position
+ * p = cache_lens[b] - T + t) sees keys p - window < j <= p; without, every query sees the last
+ * `window` keys [cache_lens[b] - window, cache_lens[b]). Older keys are never read. Each row
+ * has the bits of the same row computed alone (a verify pass row == its one-token step).
+ *   window     >= 0; with k_local / v_local it must be 0 (MTP_ERROR_INVALID_ARGUMENT)
+ *   the other arguments: as mtp_head_attention */
+MTP_API mtp_status mtp_head_attention_window(const mtp_tensor* q, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                             const mtp_tensor* cache_lens, const mtp_tensor* k_local,
+                                             const mtp_tensor* v_local, const float* scale, int32_t causal,
+                                             int64_t window, const mtp_tensor* out, int32_t num_threads);
+
 /* Writes k_new[b, t] and v_new[b, t] into the caches at position cache_lens[b] + t, in place
  * (torch.ops.mtp.cache_append). Does not change cache_lens (the caller advances it; rejected
  * drafts are dropped by lowering it). If any request would pass the capacity L, nothing is

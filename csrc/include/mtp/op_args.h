@@ -199,6 +199,23 @@ inline std::string local_pair_error(bool has_k_local, bool has_v_local) {
   return message("k_local and v_local must be given together, got only ", has_k_local ? "k_local" : "v_local");
 }
 
+// head_attention's sliding window: 0 (none) or the keys a query sees, itself included; not
+// with a local segment (whose positions a window would have to place after the cache's).
+inline std::string window_error(int64_t window, bool has_local) {
+  if (window < 0)
+    return message("window must be >= 0 (0: no window; else how many of the latest keys a query sees), got window = ",
+                   window);
+  if (window > 0 && has_local)
+    return message("window = ", window, " does not combine with a local segment (k_local / v_local)");
+  return "";
+}
+// Checks and sets a.window ("" when fine; a is unchanged otherwise).
+inline std::string set_window(AttentionArgs& a, int64_t window, bool has_local) {
+  std::string e = window_error(window, has_local);
+  if (e.empty()) a.window = window;
+  return e;
+}
+
 // The cache views of either op's argument struct (same member names), used in place.
 template <class Args, class Ptr>
 void set_cache_views(Args& a, Ptr k, const int64_t* k_strides, Ptr v, const int64_t* v_strides, const int64_t* lens) {

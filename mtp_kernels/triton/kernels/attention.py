@@ -5,7 +5,11 @@ head_attention keeps the exactness rule of the CPU kernel (csrc/include/mtp/atte
      and chunk of CHUNK keys at a fixed absolute position. Rows are r = t * G + g (the G
      query heads of the kv head and the T queries), so each K/V element loaded serves all of
      them. It writes each row's partial (max m, sum l, acc[D]) over its visible keys of the
-     chunk; inside a chunk, BLOCK_N keys at a time with the usual running rescale.
+     chunk; inside a chunk, BLOCK_N keys at a time (at multiples of BLOCK_N) with the usual
+     running rescale. With a sliding window (WINDOW > 0) a row sees keys [lo, n) of the
+     chunk; steps before the tile's first lo are skipped (those keys are not read), and a
+     step where a row sees no key leaves its state exactly as it was, so a row's bits never
+     depend on which step the tile starts at.
   2. attention_merge_kernel: folds each row's chunk partials strictly left to right (the
      local segment's after the cache's), then normalises; a row with no key gets zeros, a row
      that saw a non-finite score or value is all NaN (reference.head_attention's contract).
@@ -46,6 +50,12 @@ def _visible_cache(lens, b, t, T, L, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _first_visible(vis, WINDOW):
+    # attention_args.h: first_visible (the last WINDOW of the keys [0, vis); 0: no window).
+    return tl.where((WINDOW > 0) & (vis > WINDOW), vis - WINDOW, 0)
+
+
+@triton.jit
 def _visible_local(t, T, S):
     # The T queries are the last T local positions: query t sees s <= S - T + t.
     return tl.minimum(tl.maximum(S - T + t + 1, 0), S)
@@ -57,7 +67,7 @@ _SIZES = ["T", "Hkv", "G", "L", "S", "n_row_blocks", "C"]
 _OUTER_STRIDES = ["q_sb", "q_st", "q_sh", "k_sb", "k_sh", "k_sl", "v_sb", "v_sh", "v_sl"]
 
 
-@triton.jit(do_not_specialize=_SIZES + _OUTER_STRIDES + ["c_first"])
+@triton.jit(do_not_specialize=_SIZES + _OUTER_STRIDES + ["c_first", "WINDOW"])
 def attention_chunk_kernel(
     q,
     q_sb,
@@ -88,6 +98,7 @@ def attention_chunk_kernel(
     n_row_blocks,
     C,
     c_first,
+    WINDOW,
     LOCAL: tl.constexpr,
     CAUSAL: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -102,8 +113,16 @@ def attention_chunk_kernel(
     else:
         vis = _visible_cache(lens, b, t, T, L, CAUSAL)
     c0 = c * CHUNK
-    cnt = tl.where(row_ok, tl.minimum(tl.maximum(vis - c0, 0), CHUNK), 0)  # row's keys in this chunk
+    cnt = tl.where(row_ok, tl.minimum(tl.maximum(vis - c0, 0), CHUNK), 0)  # the row sees keys [lo, cnt)
+    if LOCAL:
+        lo = cnt * 0
+    else:
+        lo = tl.minimum(tl.maximum(_first_visible(vis, WINDOW) - c0, 0), CHUNK)
+    sees = cnt > lo
+    cnt = tl.where(sees, cnt, 0)
+    lo = tl.where(sees, lo, 0)
     n_max = tl.max(cnt, 0)
+    j_min = tl.min(tl.where(sees, lo, CHUNK), 0)  # the tile reads keys [j_min, n_max)
     if n_max > 0:  # else no row of the tile reads this chunk: nothing to load or store
         b64, h64 = b.to(tl.int64), h.to(tl.int64)
         d = tl.arange(0, BLOCK_D)
@@ -117,12 +136,12 @@ def attention_chunk_kernel(
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
         bad = tl.zeros([BLOCK_R], tl.int32)  # the row saw a non-finite score (-inf too): l = NaN
-        for j0 in range(0, n_max, BLOCK_N):
+        for j0 in range(j_min - j_min % BLOCK_N, n_max, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
-            kv_ok = (j < n_max)[:, None] & d_ok[None, :]
+            kv_ok = ((j >= j_min) & (j < n_max))[:, None] & d_ok[None, :]
             kt = tl.load(k_base + j.to(tl.int64)[:, None] * k_sl + d[None, :] * k_sd, mask=kv_ok, other=0.0)
             s = tl.sum(qv[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2) * scale  # [BLOCK_R, BLOCK_N]
-            seen = j[None, :] < cnt[:, None]
+            seen = (j[None, :] >= lo[:, None]) & (j[None, :] < cnt[:, None])
             bad = bad | tl.max((seen & ~(tl.abs(s) < float("inf"))).to(tl.int32), 1)
             s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -160,7 +179,7 @@ def _fold(active, done, st_m, st_l, st_acc, part_m, part_l, part_acc, idx, D, d,
     return done | active, st_m, st_l, st_acc
 
 
-@triton.jit(do_not_specialize=_SIZES + ["Cc"])
+@triton.jit(do_not_specialize=_SIZES + ["Cc", "WINDOW"])
 def attention_merge_kernel(
     lens,
     part_m,
@@ -176,6 +195,7 @@ def attention_merge_kernel(
     n_row_blocks,
     C,
     Cc,
+    WINDOW,
     CAUSAL: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -184,7 +204,9 @@ def attention_merge_kernel(
     b, h, r, row_ok, t, g = _rows(tl.program_id(0), n_row_blocks, Hkv, G, T, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    n_cache = tl.where(row_ok, tl.cdiv(_visible_cache(lens, b, t, T, L, CAUSAL), CHUNK), 0)
+    vis = _visible_cache(lens, b, t, T, L, CAUSAL)
+    n_cache = tl.where(row_ok, tl.cdiv(vis, CHUNK), 0)
+    c_lo = tl.where(row_ok, _first_visible(vis, WINDOW) // CHUNK, 0)  # a window's first chunk
     n_local = tl.where(row_ok, tl.cdiv(_visible_local(t, T, S), CHUNK), 0)
     base = (b.to(tl.int64) * Hkv + h) * C * (n_row_blocks * BLOCK_R) + r
     step = n_row_blocks * BLOCK_R
@@ -192,9 +214,9 @@ def attention_merge_kernel(
     st_m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     st_l = tl.zeros([BLOCK_R], tl.float32)
     st_acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for c in range(0, tl.max(n_cache, 0)):  # cache chunks, left to right
+    for c in range(tl.min(tl.where(row_ok, c_lo, C), 0), tl.max(n_cache, 0)):  # cache chunks, left to right
         done, st_m, st_l, st_acc = _fold(
-            c < n_cache, done, st_m, st_l, st_acc, part_m, part_l, part_acc, base + c * step, D, d, d_ok
+            (c >= c_lo) & (c < n_cache), done, st_m, st_l, st_acc, part_m, part_l, part_acc, base + c * step, D, d, d_ok
         )
     for c in range(0, tl.max(n_local, 0)):  # then the local segment's
         done, st_m, st_l, st_acc = _fold(

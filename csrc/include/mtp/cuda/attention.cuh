@@ -4,12 +4,14 @@
 // own visible keys only.
 //  1. attention_chunk_kernel: one block per (b, kv head, kAttnRows query rows) and chunk of
 //     kAttnChunk keys at a fixed absolute position (the local segment's chunks after the
-//     cache's). The rows r = t * G + g of the tile share every K/V load. Per row, in orders
-//     that depend only on the head dim:
+//     cache's). The rows r = t * G + g of the tile share every K/V load. A row sees keys
+//     [lo, n) of the chunk (lo > 0 only with a sliding window); keys before the tile's first
+//     lo are not read. Per row, in orders that depend only on the head dim and its own range:
 //       score(r, j): lane l sums q[d] * k[j][d] over d = l, l + 32, ... (fmaf), then a fixed
 //                    xor-butterfly (one warp per key);
-//       m, l:        max (exact) and the sum of expf(s - m) (lane's keys in order, butterfly);
-//       acc(r, d):   warp w sums p_j * v[j][d] over its keys j = w, w + 8, ... in order (only
+//       m, l:        max (exact) and the sum of expf(s - m) (lane l: keys lo + l, lo + l + 32,
+//                    ... in order, butterfly);
+//       acc(r, d):   warp w sums p_j * v[j][d] over its keys j = w (mod 8) in order (only
 //                    keys the row sees), then the 8 warps' sums are added in warp order.
 //     Which rows share the block never enters a row's arithmetic.
 //  2. attention_merge_kernel: one warp per output row folds its chunk partials strictly left
@@ -72,10 +74,10 @@ __device__ __forceinline__ void load_row(const void* base, int64_t offset, int64
 // DPL: head-dim elements per lane (D <= 32 * DPL).
 template <DType T, int DPL>
 __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(AttentionArgs a, AttentionWork w) {
-  __shared__ int cnt[kAttnRows];               // the row's keys in this chunk
-  __shared__ float qs[kAttnRows][32 * DPL];    // q rows, fp32, zero past D
-  __shared__ float ps[kAttnRows][kAttnChunk];  // scores, then exp(s - m)
-  __shared__ float red[kAttnWarps][32 * DPL];  // per-warp sums of one row
+  __shared__ int cnt[kAttnRows], first[kAttnRows];  // the row sees keys [first, cnt) of this chunk
+  __shared__ float qs[kAttnRows][32 * DPL];         // q rows, fp32, zero past D
+  __shared__ float ps[kAttnRows][kAttnChunk];       // scores, then exp(s - m)
+  __shared__ float red[kAttnWarps][32 * DPL];       // per-warp sums of one row
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t G = a.Hq / a.Hkv, R = G * a.T, D = a.D;
   const int64_t bh = blockIdx.x / w.row_blocks, r0 = (blockIdx.x % w.row_blocks) * kAttnRows;
@@ -83,13 +85,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
   const bool local = c >= w.cache_chunks;
   const int64_t c0 = (local ? c - w.cache_chunks : c) * kAttnChunk;
   if (tid < kAttnRows) {
-    int64_t n = 0;
+    int64_t n = 0, lo = 0;
     if (r0 + tid < R) {
-      const int64_t t = (r0 + tid) / G;
-      n = (local ? visible_local(a, t) : visible_cache(a, b, t)) - c0;
+      const int64_t t = (r0 + tid) / G, vis = local ? visible_local(a, t) : visible_cache(a, b, t);
+      n = vis - c0;
       n = n < 0 ? 0 : n > kAttnChunk ? kAttnChunk : n;
+      lo = local ? 0 : first_visible(a, vis) - c0;
+      lo = lo < 0 ? 0 : lo > kAttnChunk ? kAttnChunk : lo;
+      if (n <= lo) n = lo = 0;
     }
     cnt[tid] = int(n);
+    first[tid] = int(lo);
   }
   for (int i = tid; i < kAttnRows * 32 * DPL; i += kAttnThreads) {
     const int64_t r = r0 + i / (32 * DPL), d = i % (32 * DPL);
@@ -101,8 +107,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
     qs[i / (32 * DPL)][d] = x;
   }
   __syncthreads();
-  int nmax = 0;
-  for (int r = 0; r < kAttnRows; ++r) nmax = cnt[r] > nmax ? cnt[r] : nmax;
+  int nmax = 0, jmin = kAttnChunk;  // the tile reads keys [jmin, nmax)
+  for (int r = 0; r < kAttnRows; ++r) {
+    nmax = cnt[r] > nmax ? cnt[r] : nmax;
+    if (cnt[r] > 0) jmin = first[r] < jmin ? first[r] : jmin;
+  }
   if (nmax == 0) return;  // no row of the tile reads this chunk (uniform over the block)
 
   const int64_t* ks = local ? a.kl_stride : a.k_stride;
@@ -112,11 +121,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
   const char* vb = static_cast<const char*>(local ? a.v_local : a.v) + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es;
 
   // 1. Scores: one warp per key, the key row loaded once for every row of the tile.
-  for (int j = warp; j < nmax; j += kAttnWarps) {
+  for (int j = jmin + warp; j < nmax; j += kAttnWarps) {
     float kr[DPL];
     load_row<T, DPL>(kb, j * ks[2], ks[3], D, lane, kr);
     for (int r = 0; r < kAttnRows; ++r) {
-      if (j >= cnt[r]) continue;  // uniform over the warp
+      if (j < first[r] || j >= cnt[r]) continue;  // uniform over the warp
       float s = 0.f;
 #pragma unroll
       for (int i = 0; i < DPL; ++i) s = fmaf(qs[r][i * 32 + lane], kr[i], s);
@@ -129,18 +138,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
   // 2. Per row: m, p = exp(s - m) in place, l; l = NaN when a score is not finite (-inf
   //    included: the row's output is NaN, see the merge).
   for (int r = warp; r < kAttnRows; r += kAttnWarps) {
-    const int n = cnt[r];
+    const int n = cnt[r], lo = first[r];
     if (n == 0) continue;
     float m = -__int_as_float(0x7f800000);
     bool finite = true;
-    for (int j = lane; j < n; j += 32) {
+    for (int j = lo + lane; j < n; j += 32) {
       m = fmaxf(m, ps[r][j]);
       finite = finite && isfinite(ps[r][j]);
     }
     finite = __all_sync(0xffffffffu, finite);
     m = warp_max(m);
     float l = 0.f;
-    for (int j = lane; j < n; j += 32) {
+    for (int j = lo + lane; j < n; j += 32) {
       const float p = expf(ps[r][j] - m);
       ps[r][j] = p;
       l += p;
@@ -160,12 +169,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(Attention
   for (int r = 0; r < kAttnRows; ++r)
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
-  for (int j = warp; j < nmax; j += kAttnWarps) {
+  // Key j goes to warp j % 8 whatever jmin is (a row's sums never depend on the tile).
+  for (int j = jmin - jmin % kAttnWarps + warp; j < nmax; j += kAttnWarps) {
+    if (j < jmin) continue;
     float vr[DPL];
     load_row<T, DPL>(vb, j * vs[2], vs[3], D, lane, vr);
 #pragma unroll
     for (int r = 0; r < kAttnRows; ++r) {
-      if (j >= cnt[r]) continue;  // keys the row does not see add nothing (not even 0 * inf)
+      if (j < first[r] || j >= cnt[r]) continue;  // keys the row does not see add nothing (not even 0 * inf)
       const float p = ps[r][j];
 #pragma unroll
       for (int i = 0; i < DPL; ++i) acc[r][i] = fmaf(p, vr[i], acc[r][i]);
@@ -214,8 +225,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attention_merge_kernel(Atten
     m = mn;
     any = true;
   };
-  const int64_t nc = attn_chunks(visible_cache(a, b, t)), nl = attn_chunks(visible_local(a, t));
-  for (int64_t c = 0; c < nc; ++c) fold(c);
+  const int64_t vis = visible_cache(a, b, t), nc = attn_chunks(vis), nl = attn_chunks(visible_local(a, t));
+  for (int64_t c = first_visible(a, vis) / kAttnChunk; c < nc; ++c) fold(c);
   for (int64_t c = 0; c < nl; ++c) fold(w.cache_chunks + c);
   // A row is finite or all NaN (as write_row in attention.h): a NaN l (a non-finite score) or a
   // non-finite acc element (a non-finite value: inf or 0 * inf = NaN) makes every element NaN.
