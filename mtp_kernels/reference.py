@@ -229,9 +229,20 @@ def gguf_blocks(data: torch.Tensor, gguf_type: int):
     if gguf_type in X8_TYPES:
         data, gguf_type = x8_file_rows(data, gguf_type), gguf_type - 100
     name, elems, nbytes = BLOCK_TYPES[gguf_type]
+    if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] % nbytes:
+        raise ValueError(
+            f"{name} rows must be a 2-D uint8 tensor of whole {nbytes}-byte blocks, got {data.dtype} {list(data.shape)}"
+        )
     N = data.shape[0]
     blocks = data.contiguous().view(N, -1, nbytes)
     ones = torch.ones(N, blocks.shape[1] * elems // 32, 2, dtype=torch.int32)
+    if name == "Q5_0":  # qh bit e: the 5th bit of element e (little-endian uint32)
+        qh = blocks[..., 2:6].to(torch.int64)
+        qh = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)
+        high = ((qh[..., None] >> torch.arange(32)) & 1).to(torch.int32)
+        qs = blocks[..., 6:].to(torch.int32)
+        d = _f16_at(blocks, 0)
+        return (torch.cat([qs & 0xF, qs >> 4], -1) | (high << 4)) - 16, d, torch.zeros_like(d), ones
     if name in ("Q4_0", "Q4_1"):
         qs = blocks[..., nbytes - 16 :].to(torch.int32)
         q = torch.cat([qs & 0xF, qs >> 4], -1) - (8 if name == "Q4_0" else 0)
@@ -261,38 +272,9 @@ def gguf_blocks(data: torch.Tensor, gguf_type: int):
     return q, d, torch.zeros_like(d), mul
 
 
-# Block types read only dequantized (no kernel reads them as stored yet): GGML type number ->
-# (name, elements per block, bytes per block). Q5_0 holds most of Gemma 3 270M's matrices.
-DEQUANT_ONLY_TYPES = {6: ("Q5_0", 32, 22)}
-
-
-def q5_0_dequantize(data: torch.Tensor) -> torch.Tensor:
-    """Q5_0 rows [N, row_bytes] uint8 -> fp32 [N, K], from ggml's block_q5_0: an fp16 d, 4
-    bytes qh (bit j: the 5th bit of element j), 16 bytes qs (element j < 16: the low nibble of
-    qs[j]; element j + 16: its high nibble); element = d * (q - 16), exact in fp32 (a 5-bit
-    integer times an fp16). Bitwise the `gguf` package's dequantizer."""
-    _, elems, nbytes = DEQUANT_ONLY_TYPES[6]
-    if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] % nbytes:
-        raise ValueError(
-            f"Q5_0 rows must be a 2-D uint8 tensor of whole {nbytes}-byte blocks, got {data.dtype} {list(data.shape)}"
-        )
-    N = data.shape[0]
-    blocks = data.contiguous().view(N, -1, nbytes)
-    d = _f16_at(blocks, 0)
-    qh = blocks[..., 2:6].to(torch.int64)
-    qh = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)  # little-endian uint32
-    high = ((qh[..., None] >> torch.arange(elems)) & 1).to(torch.int32)
-    qs = blocks[..., 6:].to(torch.int32)
-    q = (torch.cat([qs & 0xF, qs >> 4], -1) | (high << 4)) - 16
-    return (q.float() * d[..., None]).view(N, -1)
-
-
 def gguf_dequantize(data: torch.Tensor, gguf_type: int) -> torch.Tensor:
     """Rows of a GGUF block type [N, row_bytes] uint8 -> fp32 [N, K]: d * (mul * q) + m, one
-    rounding (bitwise the `gguf` package's dequantizer and the kernels' embedding rows). Also
-    the dequantize-only types (DEQUANT_ONLY_TYPES: Q5_0)."""
-    if gguf_type == 6:
-        return q5_0_dequantize(data)
+    rounding (bitwise the `gguf` package's dequantizer and the kernels' embedding rows)."""
     q, d, m, mul = gguf_blocks(data, gguf_type)
     w = (q * mul.repeat_interleave(16, -1)).float() * d[..., None] + m[..., None]
     return w.view(data.shape[0], -1)

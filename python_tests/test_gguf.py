@@ -12,11 +12,12 @@ import torch
 from mtp_kernels import ops, reference
 from mtp_kernels.gguf import BLOCK_TYPES, QuantTensor, row_bytes
 
-TYPES = sorted(BLOCK_TYPES)  # 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K
+TYPES = sorted(BLOCK_TYPES)  # 2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K
 # where each block's fp16 scales sit: (offset in the block, signed?)
 SCALES = {
     "Q4_0": [(0, True)],
     "Q4_1": [(0, True), (2, True)],
+    "Q5_0": [(0, True)],
     "Q8_0": [(0, True)],
     "Q4_K": [(0, False), (2, False)],
     "Q6_K": [(208, True)],
@@ -124,7 +125,7 @@ def test_opcheck_and_compile(gen):
     [
         (
             dict(gguf_type=5),
-            "GGML type 5 is not supported: expected 2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), "
+            "GGML type 5 is not supported: expected 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), "
             "102 (Q4_0_X8), 103 (Q4_1_X8) or 108 (Q8_0_X8)",
         ),
         (

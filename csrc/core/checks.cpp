@@ -22,6 +22,7 @@ const char* dtype_name(int32_t dtype) {
     case MTP_INT8: return "int8";
     case MTP_Q4_0:
     case MTP_Q4_1:
+    case MTP_Q5_0:
     case MTP_Q8_0:
     case MTP_Q4_K:
     case MTP_Q6_K:

@@ -20,8 +20,8 @@ static_assert(int(MTP_FLOAT32) == int(mtp::DType::F32) && int(MTP_BFLOAT16) == i
               "mtp_dtype float values must equal mtp::DType");
 static_assert(int(MTP_INT8) == int(mtp::DType::I8), "MTP_INT8 must equal mtp::DType::I8");
 static_assert(int(MTP_Q4_0) == int(mtp::DType::Q4_0) && int(MTP_Q4_1) == int(mtp::DType::Q4_1) &&
-                  int(MTP_Q8_0) == int(mtp::DType::Q8_0) && int(MTP_Q4_K) == int(mtp::DType::Q4_K) &&
-                  int(MTP_Q6_K) == int(mtp::DType::Q6_K),
+                  int(MTP_Q5_0) == int(mtp::DType::Q5_0) && int(MTP_Q8_0) == int(mtp::DType::Q8_0) &&
+                  int(MTP_Q4_K) == int(mtp::DType::Q4_K) && int(MTP_Q6_K) == int(mtp::DType::Q6_K),
               "mtp_dtype block values must equal mtp::DType (100 + the GGML type number)");
 static_assert(int(MTP_Q4_0_X8) == int(mtp::DType::Q4_0_X8) && int(MTP_Q4_1_X8) == int(mtp::DType::Q4_1_X8) &&
                   int(MTP_Q8_0_X8) == int(mtp::DType::Q8_0_X8),
@@ -145,13 +145,13 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
 // Of a decoder pass: the activations, and the matrices (float, int8 with Q8 scales, or GGUF
 // block types in the file's or the x8 layout).
 constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};
-constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,   MTP_Q4_0,
-                                                           MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,   MTP_Q6_K,
-                                                           MTP_Q4_0_X8, MTP_Q4_1_X8,  MTP_Q8_0_X8};
+constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,    MTP_Q4_0,
+                                                           MTP_Q4_1,    MTP_Q5_0,     MTP_Q8_0,    MTP_Q4_K,
+                                                           MTP_Q6_K,    MTP_Q4_0_X8,  MTP_Q4_1_X8, MTP_Q8_0_X8};
 // mtp_linear's weights: float, or GGUF block types (int8: mtp_linear_q8).
 constexpr std::initializer_list<mtp_dtype> kLinearWeightTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_Q4_0,
-                                                                 MTP_Q4_1,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K,
-                                                                 MTP_Q4_0_X8, MTP_Q4_1_X8,  MTP_Q8_0_X8};
+                                                                 MTP_Q4_1,    MTP_Q5_0,     MTP_Q8_0,    MTP_Q4_K,
+                                                                 MTP_Q6_K,    MTP_Q4_0_X8,  MTP_Q4_1_X8, MTP_Q8_0_X8};
 
 // Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
 void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {

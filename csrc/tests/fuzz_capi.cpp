@@ -124,9 +124,9 @@ class Call {
     if (dtype >= MTP_Q4_0 && t->ndim == 2) t->strides[0] = row_bytes(dtype, t->sizes[1]);
     const uint8_t bad = in_.u8();
     if (bad < kBad) {
-      static const int32_t kDtypes[] = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_INT32, MTP_INT64, MTP_INT8,
-                                        MTP_Q4_0,    MTP_Q4_1,     MTP_Q8_0,    MTP_Q4_K,  MTP_Q6_K,  7,
-                                        -1};
+      static const int32_t kDtypes[] = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_INT32, MTP_INT64,
+                                        MTP_INT8,    MTP_Q4_0,     MTP_Q4_1,    MTP_Q5_0,  MTP_Q8_0,
+                                        MTP_Q4_K,    MTP_Q6_K,     7,           -1};
       const int nd = t->ndim;
       switch (bad % 8) {
         case 0: t->dtype = kDtypes[in_.u8() % 13]; break;
@@ -208,6 +208,7 @@ class Call {
     const int64_t elems = dtype == MTP_Q4_K || dtype == MTP_Q6_K ? 256 : 32;
     const int64_t block = dtype == MTP_Q4_0   ? 18
                           : dtype == MTP_Q4_1 ? 20
+                          : dtype == MTP_Q5_0 ? 22
                           : dtype == MTP_Q8_0 ? 34
                           : dtype == MTP_Q4_K ? 144
                                               : 210;
@@ -341,7 +342,7 @@ void one_call(Input& in) {
     case 5:
     case 6:
     case 7: {  // linear: float, GGUF block, Q8 (and Q8 with int8 activations)
-      static const int32_t kBlocks[] = {MTP_Q4_0, MTP_Q4_1,    MTP_Q8_0,    MTP_Q4_K,
+      static const int32_t kBlocks[] = {MTP_Q4_0, MTP_Q4_1,    MTP_Q5_0,    MTP_Q8_0,   MTP_Q4_K,
                                         MTP_Q6_K, MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8};
       const int32_t wdt = fn == 5 ? (in.u8() & 1 ? fdt : kBlocks[in.u8() % 8]) : MTP_INT8;
       const int64_t M = c.dim(), N = c.dim(), Kx = wdt == MTP_Q4_K || wdt == MTP_Q6_K ? 256 : 32 * c.dim();

@@ -130,14 +130,16 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     ++checked;
   }
   // the largest lanes: Q8_0 -128 x -127 (adjacent int16 pairs 32512 on the plain NEON path),
-  // Q6_K -32 x -127 times the multiplier -128
-  for (mtp::DType t : {mtp::DType::Q8_0, mtp::DType::Q6_K}) {
+  // Q6_K -32 x -127 times the multiplier -128, Q5_0 -16 x -127 (every 5th bit clear)
+  for (mtp::DType t : {mtp::DType::Q8_0, mtp::DType::Q6_K, mtp::DType::Q5_0}) {
     Case c(t, 2, 9, 256);
     for (int64_t i = 0; i < int64_t(c.x.size()); ++i) c.x[size_t(i)] = i < 256 ? -1.5f : 2.f;
     const int64_t bb = mtp::block_bytes(t);
     for (size_t o = 0; o < c.w.size(); o += size_t(bb)) {
       if (t == mtp::DType::Q8_0)
         std::memset(&c.w[o + 2], 0x80, 32);
+      else if (t == mtp::DType::Q5_0)
+        std::memset(&c.w[o + 2], 0, 20);
       else
         std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
     }

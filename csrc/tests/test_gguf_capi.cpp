@@ -56,6 +56,7 @@ std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, int64_t stride
           put(blk, f16_in(-7, uniform(0, 1)));
           put(blk + 2, f16_in(-4, true));
           break;
+        case DType::Q5_0: put(blk, f16_in(-8, uniform(0, 1))); break;
         case DType::Q8_0: put(blk, f16_in(-10, uniform(0, 1))); break;
         case DType::Q4_K:
           put(blk, f16_in(-11, uniform(0, 1)));
@@ -542,6 +543,9 @@ void test_gguf_capi() {
                   {D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1, D::Q4_1});
     check_decoder(t == D::F32 ? "decoder mixed f32" : "decoder mixed bf16", wide, t,
                   {D::Q4_K, D::Q6_K, D::Q4_1, D::Q8_0, D::Q4_0, t, D::Q6_K, D::Q4_K});
+    // per layer qkv, o, gate_up, down: Q5_0 beside the K-quants, as in Gemma 3's Q4_K_M file
+    check_decoder(t == D::F32 ? "decoder Q5_0 mix f32" : "decoder Q5_0 mix bf16", wide, t,
+                  {D::Q5_0, D::Q4_K, D::Q5_0, D::Q6_K, D::Q5_0, D::Q8_0, D::Q5_0, D::Q4_K});
     check_head(t == D::F32 ? "head Q8_0 f32" : "head Q8_0 bf16", small, t, D::Q8_0, t,
                {D::Q4_1, D::Q8_0, D::Q4_0, D::Q4_1});
     check_head(t == D::F32 ? "head K-quants f32" : "head K-quants bf16", wide, t, D::Q8_0, D::Q4_K,
@@ -771,9 +775,9 @@ void test_gguf_capi_errors() {
   BAD_CALL(LinearCall, c.w.strides[0] = INT64_MAX / 2, INVALID,
            "weight of sizes [4, 64] has an extent beyond int64 bytes");
   BAD_CALL(LinearCall, c.w.data = nullptr, MTP_ERROR_NULL_POINTER, "mtp_linear: weight.data is NULL");
-  BAD_CALL(LinearCall, c.w.dtype = 106, DTYPE,
-           "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K or Q4_0_X8 or "
-           "Q4_1_X8 or Q8_0_X8, got unknown (dtype value 106)");
+  BAD_CALL(LinearCall, c.w.dtype = 107, DTYPE,
+           "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q5_0 or Q8_0 or Q4_K or Q6_K or Q4_0_X8 "
+           "or Q4_1_X8 or Q8_0_X8, got unknown (dtype value 107)");
   BAD_CALL(LinearCall, c.w.dtype = 204, DTYPE, "Q8_0_X8, got unknown (dtype value 204)");
   BAD_CALL(LinearCall, c.w.dtype = 104, DTYPE, "got unknown (dtype value 104)");
   BAD_CALL(LinearCall, c.w.sizes[1] = 32, INVALID, "weight.sizes[1] must equal K (x.sizes[1]) = 64");
@@ -823,8 +827,8 @@ void test_gguf_capi_errors() {
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[0].dtype = MTP_Q4_1), DTYPE,
              needle("weights[0] (layer 0's input_norm) must be float32, got Q4_1"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = 109), DTYPE,
-             needle("weights[1] (layer 0's qkv) must be float32 or bfloat16 or int8 or Q4_0 or Q4_1 or Q8_0 or Q4_K "
-                    "or Q6_K or Q4_0_X8 or Q4_1_X8 or Q8_0_X8, got unknown (dtype value 109)"));
+             needle("weights[1] (layer 0's qkv) must be float32 or bfloat16 or int8 or Q4_0 or Q4_1 or Q5_0 or Q8_0 "
+                    "or Q4_K or Q6_K or Q4_0_X8 or Q4_1_X8 or Q8_0_X8, got unknown (dtype value 109)"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[5].dtype = MTP_Q4_1_X8, c.w[5].strides[0] = 64), INVALID,
              needle("weights[5] (layer 0's down_proj): a Q4_1_X8 matrix must be contiguous (rows 60 bytes apart), "
                     "got strides [64, 1]"));

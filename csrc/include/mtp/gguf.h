@@ -4,6 +4,8 @@
 // a row is K / block_elems blocks laid out as ggml writes them (ggml-common.h):
 //   Q4_0 (18 B / 32):  fp16 d, 16 bytes of nibbles            w = d * (q - 8)
 //   Q4_1 (20 B / 32):  fp16 d, fp16 m, 16 bytes of nibbles    w = d * q + m
+//   Q5_0 (22 B / 32):  fp16 d, 4 bytes qh, 16 bytes of nibbles w = d * (q - 16), q = nibble |
+//                      (bit e of the little-endian qh) << 4 (element e < 16: low nibble of byte e)
 //   Q8_0 (34 B / 32):  fp16 d, 32 int8                        w = d * q
 //   Q4_K (144 B / 256): fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
 //                      sub-block j of 32: w = (d * sc_j) * q - dmin * m_j
@@ -45,7 +47,7 @@
 
 namespace mtp {
 
-constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q6_K};
 constexpr DType kX8Types[] = {DType::Q4_0_X8, DType::Q4_1_X8, DType::Q8_0_X8};
 
 constexpr bool is_x8(DType t) { return t == DType::Q4_0_X8 || t == DType::Q4_1_X8 || t == DType::Q8_0_X8; }
@@ -61,6 +63,7 @@ inline const char* block_type_name(DType t) {
   switch (t) {
     case DType::Q4_0: return "Q4_0";
     case DType::Q4_1: return "Q4_1";
+    case DType::Q5_0: return "Q5_0";
     case DType::Q8_0: return "Q8_0";
     case DType::Q4_K: return "Q4_K";
     case DType::Q6_K: return "Q6_K";
@@ -76,6 +79,7 @@ constexpr int64_t block_bytes(DType t) {
   switch (file_type(t)) {
     case DType::Q4_0: return 18;
     case DType::Q4_1: return 20;
+    case DType::Q5_0: return 22;
     case DType::Q8_0: return 34;
     case DType::Q4_K: return 144;
     case DType::Q6_K: return 210;
@@ -123,6 +127,7 @@ inline Block32 block_params(DType t, const uint8_t* row, int64_t b) {
       p.d = fp16_at(row + b * 20);
       p.m = fp16_at(row + b * 20 + 2);
       break;
+    case DType::Q5_0: p.d = fp16_at(row + b * 22); break;
     case DType::Q8_0: p.d = fp16_at(row + b * 34); break;
     case DType::Q4_K: {
       const uint8_t* s = row + b / 8 * 144;
@@ -144,7 +149,7 @@ inline Block32 block_params(DType t, const uint8_t* row, int64_t b) {
   return p;
 }
 
-// The 32 integer values q of block b (offsets applied: Q4_0's -8, Q6_K's -32).
+// The 32 integer values q of block b (offsets applied: Q4_0's -8, Q5_0's -16, Q6_K's -32).
 inline void block_values(DType t, const uint8_t* row, int64_t b, int8_t* q) {
   switch (t) {
     case DType::Q4_0:
@@ -155,6 +160,15 @@ inline void block_values(DType t, const uint8_t* row, int64_t b, int8_t* q) {
       for (int i = 0; i < 16; ++i) {
         q[i] = int8_t((qs[i] & 0xF) - off);
         q[i + 16] = int8_t((qs[i] >> 4) - off);
+      }
+      break;
+    }
+    case DType::Q5_0: {
+      const uint8_t* blk = row + b * 22;
+      const uint32_t qh = uint32_t(blk[2]) | uint32_t(blk[3]) << 8 | uint32_t(blk[4]) << 16 | uint32_t(blk[5]) << 24;
+      for (int i = 0; i < 16; ++i) {
+        q[i] = int8_t(((blk[6 + i] & 0xF) | ((qh >> i) & 1) << 4) - 16);
+        q[i + 16] = int8_t(((blk[6 + i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
       }
       break;
     }

@@ -69,6 +69,7 @@ typedef enum mtp_dtype {
    * (mtp/gguf.h): a row's bits never depend on M, num_threads or the instruction set. */
   MTP_Q4_0 = 102, /* 18 bytes per 32: fp16 d, 16 bytes of nibbles */
   MTP_Q4_1 = 103, /* 20 bytes per 32: fp16 d, fp16 m, 16 bytes of nibbles */
+  MTP_Q5_0 = 106, /* 22 bytes per 32: fp16 d, 4 bytes of 5th bits, 16 bytes of nibbles */
   MTP_Q8_0 = 108, /* 34 bytes per 32: fp16 d, 32 int8 */
   MTP_Q4_K = 112, /* 144 bytes per 256 */
   MTP_Q6_K = 114, /* 210 bytes per 256 */
@@ -140,6 +141,10 @@ static inline mtp_tensor mtp_gguf_matrix(const void* data, mtp_dtype dtype, int6
     case MTP_Q4_1_X8:
       elems = 32;
       bytes = 20;
+      break;
+    case MTP_Q5_0:
+      elems = 32;
+      bytes = 22;
       break;
     case MTP_Q8_0:
     case MTP_Q8_0_X8:

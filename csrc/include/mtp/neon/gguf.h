@@ -9,7 +9,7 @@
 // so its dot products with 4 activation bytes land in lane c = column c: a block's 8 sums
 // come out in two int32x4, then one cvt + mul + fma per 4 columns. A row map over x8 groups
 // (columns from different groups) takes the generic kernel.
-// The weights are decoded to signed int8 (Q4_0: nibble - 8, Q6_K: value - 32, Q8_0 as stored,
+// The weights are decoded to signed int8 (Q4_0: nibble - 8, Q5_0: value - 16, Q6_K: value - 32, Q8_0 as stored,
 // Q4_1 / Q4_K: the nibble) and multiplied with the signed x: no offset correction (sum4 is
 // the x86 paths'). With FEAT_DotProd: SDOT (x8: the by-element form, x's 4 bytes chosen by
 // lane). Without: SMULL / SMULL2 (int16 products, |q x| <= 128 * 127), ADDP of adjacent
@@ -87,6 +87,21 @@ inline void load_blocks(const uint8_t* const* w, int64_t b, WBlocks& o) {
     }
     o.d = fp16x4(w, b * bytes);
     o.m = T == DType::Q4_1 ? fp16x4(w, b * bytes + 2) : vdupq_n_f32(0.f);
+  } else if constexpr (T == DType::Q5_0) {
+    // qh's bit e to byte e: byte e takes qh's byte e / 8 and tests bit e % 8 (0x10 where set)
+    const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));
+    for (int c = 0; c < kGgufCols; ++c) {
+      const uint8_t* blk = w[c] + b * 22;
+      const uint8x16_t v = vld1q_u8(blk + 6);
+      const uint8x16_t h0 = vcombine_u8(vdup_n_u8(blk[2]), vdup_n_u8(blk[3]));
+      const uint8x16_t h1 = vcombine_u8(vdup_n_u8(blk[4]), vdup_n_u8(blk[5]));
+      const uint8x16_t top0 = vandq_u8(vtstq_u8(h0, bit), vdupq_n_u8(0x10));
+      const uint8x16_t top1 = vandq_u8(vtstq_u8(h1, bit), vdupq_n_u8(0x10));
+      o.q[c][0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, low4), top0)), vdupq_n_s8(16));
+      o.q[c][1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), top1)), vdupq_n_s8(16));
+    }
+    o.d = fp16x4(w, b * 22);
+    o.m = vdupq_n_f32(0.f);
   } else if constexpr (T == DType::Q8_0) {
     for (int c = 0; c < kGgufCols; ++c) {
       const int8_t* p = reinterpret_cast<const int8_t*>(w[c] + b * 34 + 2);
@@ -313,6 +328,7 @@ inline void gguf_linear_variant(const LinearArgs& a, const QuantRows& xq, int64_
   switch (a.w_dtype) {
     case DType::Q4_0: return gguf_row_groups<DType::Q4_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
     case DType::Q4_1: return gguf_row_groups<DType::Q4_1, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
+    case DType::Q5_0: return gguf_row_groups<DType::Q5_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
     case DType::Q8_0: return gguf_row_groups<DType::Q8_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
     case DType::Q4_K: return gguf_row_groups<DType::Q4_K, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
     case DType::Q6_K: return gguf_row_groups<DType::Q6_K, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);

@@ -6,7 +6,7 @@
 // columns. File layout: one block per vector (lane l = products 4l..4l+3), 4 columns' lanes
 // summed by a horizontal-add tree into one vector of 4 column sums.
 // VNNI (AVX-512 VNNI + VL, or AVX-VNNI): VPDPBUSD takes the weights as unsigned bytes (Q4: the
-// nibbles; Q6_K: the 6-bit values; Q8_0: q ^ 0x80 = q + 128) and starts from the offset
+// nibbles; Q5_0 / Q6_K: the 5- / 6-bit values; Q8_0: q ^ 0x80 = q + 128) and starts from the offset
 // correction -offset * (lane sum of x) (QuantRows::sum4), which leaves sum (q - offset) * x.
 // Without VNNI, VPMADDUBSW + VPMADDWD give the same int32 lanes (no int16 pair can saturate:
 // |u| <= 63 there, and Q8_0 takes |q| times x with q's sign).
@@ -39,6 +39,21 @@ MTP_TARGET(Avx2) inline void load_block(const uint8_t* row, int64_t b, WBlock& o
     o.u = _mm256_set_m128i(hi, lo);
     o.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
     o.m = T == DType::Q4_1 ? _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)) : 0.f;
+  } else if constexpr (T == DType::Q5_0) {
+    const uint8_t* blk = row + b * 22;
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m128i low4_128 = _mm_set1_epi8(0x0F);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4_128), _mm_and_si128(v, low4_128));
+    // qh's bit e to byte e: byte e takes qh's byte e / 8, keeps bit e % 8, and becomes 0x10 or 0
+    int32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(qh), _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    o.u = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    o.d = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk));
+    o.m = 0.f;
   } else if constexpr (T == DType::Q8_0) {
     const uint8_t* blk = row + b * 34;
     o.u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
@@ -67,10 +82,11 @@ MTP_TARGET(Avx2) inline void load_block(const uint8_t* row, int64_t b, WBlock& o
   }
 }
 
-// The offset subtracted from the unsigned bytes: Q4_0 8, Q6_K 32, Q8_0 128 (VNNI only), else 0.
+// The offset subtracted from the unsigned bytes: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128 (VNNI
+// only), else 0.
 template <DType T, bool kVnni>
 constexpr int offset_shift() {
-  return T == DType::Q4_0 ? 3 : T == DType::Q6_K ? 5 : (T == DType::Q8_0 && kVnni) ? 7 : -1;
+  return T == DType::Q4_0 ? 3 : T == DType::Q5_0 ? 4 : T == DType::Q6_K ? 5 : (T == DType::Q8_0 && kVnni) ? 7 : -1;
 }
 
 MTP_TARGET_AVX512_VNNI inline __m256i dpbusd256_evex(__m256i acc, __m256i u, __m256i s) {
@@ -313,6 +329,7 @@ inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n
   switch (a.w_dtype) {
     case DType::Q4_0: return in_row_groups<Layout<DType::Q4_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q4_1: return in_row_groups<Layout<DType::Q4_1, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q5_0: return in_row_groups<Layout<DType::Q5_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q8_0: return in_row_groups<Layout<DType::Q8_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q4_K: return in_row_groups<Layout<DType::Q4_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q6_K: return in_row_groups<Layout<DType::Q6_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
