@@ -19,11 +19,13 @@ from mtp_kernels import quantize_q8
 from mtp_kernels.gguf import BLOCK_TYPES, X8_TYPES, repack_x8, row_bytes
 
 # (N, K) per format: SmolLM2's q/o, gate_up, down and LM head for the 32-element blocks; the
-# K-quants need K % 256 == 0 (Gemma-like widths).
+# K-quants need K % 256 == 0 (Gemma-like widths). Q5_0: Gemma 3 270M's q and fused gate_up
+# (hidden 640), the latter beside Q4_0 and Q8_0 at the same shape.
 SHAPES = {
-    2: [(576, 576), (3072, 576), (576, 1536)],
+    2: [(576, 576), (3072, 576), (576, 1536), (4096, 640)],
     3: [(576, 576), (3072, 576), (576, 1536)],
-    8: [(3072, 576), (49152, 576)],
+    6: [(1024, 640), (4096, 640)],
+    8: [(3072, 576), (49152, 576), (4096, 640)],
     12: [(2048, 768), (768, 2048)],
     14: [(2048, 768), (768, 2048)],
 }
