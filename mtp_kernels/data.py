@@ -190,9 +190,13 @@ def make_prompt(task: str, rng: random.Random, short: list[str], long: list[str]
     raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
+def hash64(text: str) -> int:
+    """A 64-bit hash of text, the same in every process (Python's hash() is salted)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
 def in_eval_split(text: str, eval_fraction: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-    return h / 2**64 < eval_fraction
+    return hash64(text) / 2**64 < eval_fraction
 
 
 def build(per_task_train: int, per_task_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:

@@ -18,7 +18,6 @@ per text, so a run is reproducible and a row does not depend on the batch around
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import random
 import re
@@ -147,7 +146,7 @@ def clean(text: str, name: str = "Sam") -> str | None:
 
 
 def _row_seed(seed: int, i: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}-{i}".encode()).digest()[:8], "little") >> 1
+    return data.hash64(f"{seed}-{i}") >> 1
 
 
 @torch.no_grad()

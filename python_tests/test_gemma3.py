@@ -22,6 +22,7 @@ from mtp_kernels import reference
 from mtp_kernels.models import checkpoint, gemma3
 from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.gemma3 import Gemma3Error
+from tiny_model import write_gguf_fields
 
 gguf = pytest.importorskip("gguf")
 
@@ -70,25 +71,7 @@ def tiny_gemma3_gguf(path, meta=None, drop=(), extra=(), shapes=None, seed=0):
         "tokenizer.ggml.add_bos_token": ("bool", True),
     }
     fields.update(meta or {})
-    writers = {
-        "u32": w.add_uint32,
-        "u64": w.add_uint64,
-        "i32": w.add_int32,
-        "f32": w.add_float32,
-        "f64": w.add_float64,
-        "str": w.add_string,
-        "bool": w.add_bool,
-        "arr": w.add_array,
-    }
-    for key, v in fields.items():
-        if v is None:
-            continue
-        kind, v = (
-            v
-            if isinstance(v, tuple)
-            else ("u32" if isinstance(v, int) else "f32" if isinstance(v, float) else "str", v)
-        )
-        writers[kind](key, v)
+    write_gguf_fields(w, fields)
     w.add_token_list(TOKENS)
     w.add_token_scores([-1000.0] * 4 + [0.0] * (len(TOKENS) - 4))
     w.add_token_types([3, 3, 3, 2] + [1] * (len(TOKENS) - 4))

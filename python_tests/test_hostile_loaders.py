@@ -15,7 +15,7 @@ from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.config import ConfigError, LlamaConfig
 from mtp_kernels.models.drafter import StandaloneDrafter, default_config
 from mtp_kernels.models.head import HeadConfig, MTPHead
-from tiny_model import TINY, tiny_weights, write_tiny_folder
+from tiny_model import TINY, tiny_weights, write_gguf_fields, write_tiny_folder
 
 gguf = pytest.importorskip("gguf")
 
@@ -46,22 +46,7 @@ def tiny_gguf(path, cfg=TINY, **meta):
         "tokenizer.chat_template": _TEMPLATE,
     }
     fields.update({k.replace("__", "."): v for k, v in meta.items()})
-    for key, v in fields.items():
-        if v is None:
-            continue
-        kind, v = (
-            v
-            if isinstance(v, tuple)
-            else ("u32" if isinstance(v, int) else "f32" if isinstance(v, float) else "str", v)
-        )
-        {
-            "u32": w.add_uint32,
-            "u64": w.add_uint64,
-            "i32": w.add_int32,
-            "f32": w.add_float32,
-            "f64": w.add_float64,
-            "str": w.add_string,
-        }[kind](key, v)
+    write_gguf_fields(w, fields)
     w.add_token_list(tokens)
     w.add_token_types([1] * cfg.vocab_size)
     w.add_token_merges(["a b"])

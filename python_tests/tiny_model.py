@@ -121,3 +121,28 @@ def assert_verify_pass_equals_steps(model: Backbone, batch: int, prompt_len: int
     assert torch.equal(steps, together)
     assert torch.equal(model.logits(steps), model.logits(together))
     assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v) and torch.equal(one.lens, many.lens)
+
+
+def write_gguf_fields(writer, fields: dict) -> None:
+    """GGUF metadata from {key: value}: an int is written as u32, a float as f32, a str as a
+    string, a (kind, value) pair ("u32", "u64", "i32", "f32", "f64", "str", "bool", "arr") as
+    that kind (hostile files choose the wrong one); None leaves the key out."""
+    add = {
+        "u32": writer.add_uint32,
+        "u64": writer.add_uint64,
+        "i32": writer.add_int32,
+        "f32": writer.add_float32,
+        "f64": writer.add_float64,
+        "str": writer.add_string,
+        "bool": writer.add_bool,
+        "arr": writer.add_array,
+    }
+    for key, v in fields.items():
+        if v is None:
+            continue
+        kind, v = (
+            v
+            if isinstance(v, tuple)
+            else ("u32" if isinstance(v, int) else "f32" if isinstance(v, float) else "str", v)
+        )
+        add[kind](key, v)
