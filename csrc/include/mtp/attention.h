@@ -262,7 +262,8 @@ void attention_with(const AttentionArgs& a, int threads, ParallelFor&& parallel_
 
 namespace mtp {
 
-// The kernels of every set without a vector path of its own, and of every head dim but 64 and 128.
+// The kernels of every set without a vector path of its own, and of every head dim but 64, 128
+// and 256.
 template <class ParallelFor>
 void attention(generic::Generic, const AttentionArgs& a, int threads, ParallelFor& pf) {
   switch (a.dtype) {
@@ -272,21 +273,22 @@ void attention(generic::Generic, const AttentionArgs& a, int threads, ParallelFo
   }
 }
 
-// One vector family V<dtype, D> over the three dtypes and D in {64, 128}.
+// One vector family V<dtype, D> over the three dtypes and D in {64, 128, 256} (256: Gemma 3).
+template <template <DType, int> class V, DType T, class ParallelFor>
+void attention_vector_dims(const AttentionArgs& a, int threads, ParallelFor& pf) {
+  switch (a.D) {
+    case 64: return attention_with<V<T, 64>>(a, threads, pf);
+    case 128: return attention_with<V<T, 128>>(a, threads, pf);
+    case 256: return attention_with<V<T, 256>>(a, threads, pf);
+    default: return attention(generic::Generic{}, a, threads, pf);
+  }
+}
 template <template <DType, int> class V, class ParallelFor>
 void attention_vector(const AttentionArgs& a, int threads, ParallelFor& pf) {
-  if (a.D != 64 && a.D != 128) return attention(generic::Generic{}, a, threads, pf);
-  const bool d64 = a.D == 64;
   switch (a.dtype) {
-    case DType::F32:
-      return d64 ? attention_with<V<DType::F32, 64>>(a, threads, pf)
-                 : attention_with<V<DType::F32, 128>>(a, threads, pf);
-    case DType::BF16:
-      return d64 ? attention_with<V<DType::BF16, 64>>(a, threads, pf)
-                 : attention_with<V<DType::BF16, 128>>(a, threads, pf);
-    default:
-      return d64 ? attention_with<V<DType::F16, 64>>(a, threads, pf)
-                 : attention_with<V<DType::F16, 128>>(a, threads, pf);
+    case DType::F32: return attention_vector_dims<V, DType::F32>(a, threads, pf);
+    case DType::BF16: return attention_vector_dims<V, DType::BF16>(a, threads, pf);
+    default: return attention_vector_dims<V, DType::F16>(a, threads, pf);
   }
 }
 

@@ -1,4 +1,4 @@
-// NEON attention chunk kernels for head dims 64 and 128: the simd/ kernels over the V128
+// NEON attention chunk kernels for head dims 64, 128 and 256: the simd/ kernels over the V128
 // traits. fp32 arithmetic for every dtype (bf16 and fp16 K/V widened to fp32 on load);
 // the armv8.2-a fp16 arithmetic is not used here: attention accumulates in fp32 anyway, so
 // Isa::NeonFp16 runs this same path.

@@ -1,4 +1,4 @@
-// Vector attention chunk kernels for head dims 64 and 128, written once over a
+// Vector attention chunk kernels for head dims 64, 128 and 256, written once over a
 // vector-traits class V (x86: V512 / V256 in x86/vec.h; aarch64: V128 in neon/vec.h) and
 // compiled per instruction set: each entry point is a `flatten` wrapper (target-attributed
 // where the set is not the build's baseline) that inlines the whole kernel, so the traits'

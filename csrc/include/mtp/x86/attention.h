@@ -1,4 +1,4 @@
-// x86 attention chunk kernels (AVX-512, AVX2+FMA+F16C) for head dims 64 and 128: the
+// x86 attention chunk kernels (AVX-512, AVX2+FMA+F16C) for head dims 64, 128 and 256: the
 // simd/ kernels over the V512 / V256 traits, one flatten entry point per target.
 #pragma once
 #include <immintrin.h>
