@@ -9,6 +9,8 @@ import torch
 from mtp_kernels import reference
 
 CASES = list(itertools.product([1, 8, 64], [1, 4, 8], [32000, 49152, 128256], [torch.float32, torch.bfloat16]))
+# Gemma 3's 262,144-token vocabulary: one request, the drafts of a phone's verify pass.
+CASES += list(itertools.product([1], [2, 4], [262144], [torch.float32, torch.bfloat16]))
 
 
 @pytest.mark.parametrize("impl", ["mtp", "torch"])
