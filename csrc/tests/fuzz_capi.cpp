@@ -326,9 +326,14 @@ void one_call(Input& in) {
            *out = c.tensor({B, T, Hkv * G, D}, fdt);
       const float scale = in.u8() < 200 ? 0.5f : in.f32();
       const bool has_scale = in.u8() & 1;
+      const int64_t window = in.u8() % 4 == 0 ? int64_t(in.u8()) - 8 : 0;  // a sliding window, negatives too
       if (c.skip()) return;
-      s = mtp_head_attention(q, k, v, lens, kl, vl, has_scale ? &scale : nullptr, int32_t(in.u8() % 3 == 0), out,
-                             threads);
+      if (window)
+        s = mtp_head_attention_window(q, k, v, lens, kl, vl, has_scale ? &scale : nullptr, int32_t(in.u8() % 3 == 0),
+                                      window, out, threads);
+      else
+        s = mtp_head_attention(q, k, v, lens, kl, vl, has_scale ? &scale : nullptr, int32_t(in.u8() % 3 == 0), out,
+                               threads);
       break;
     }
     case 4: {
