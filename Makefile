@@ -126,9 +126,9 @@ test-aarch64: aarch64-tools
 	  $(CTEST) --test-dir build/aarch64 --output-on-failure -j $(JOBS)
 
 # ---- CUDA, compiled here without a GPU. The .cu files are torch-free (kernels + launchers):
-# nvcc for both architectures, warnings as errors. The torch binding csrc/cuda/ops.cpp is
-# checked against the CPU wheel's headers, which lack one generated CUDA header (a one-line
-# macro file, written into build/); the CUDA headers are nvcc's own (its TOP); nothing is linked.
+# nvcc for both architectures, warnings as errors. The torch binding csrc/cuda/ops.cpp uses only
+# torch's stable C ABI headers, which the CPU wheel has too, with the extension's flags
+# (CMakeLists.txt); the CUDA headers are nvcc's own (its TOP); nothing is linked.
 NVCC       ?= nvcc
 CUDA_ARCHS := 80 90
 NVCC_FLAGS := -std=c++17 -Icsrc/include $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
@@ -137,19 +137,18 @@ CHECK_CUDA := build/check-cuda
 
 check-cuda: setup
 	@command -v $(NVCC) >/dev/null || { echo "check-cuda: $(NVCC) not found (CUDA toolkit)"; exit 1; }
-	mkdir -p $(CHECK_CUDA)/include/c10/cuda/impl
-	printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $(CHECK_CUDA)/include/c10/cuda/impl/cuda_cmake_macros.h
+	mkdir -p $(CHECK_CUDA)
 	set -e; for f in csrc/cuda/*.cu; do echo "nvcc sm_$(firstword $(CUDA_ARCHS))..sm_$(lastword $(CUDA_ARCHS)) $$f"; \
 	  $(NVCC) $(NVCC_FLAGS) -c $$f -o $(CHECK_CUDA)/$$(basename $$f).o; done
 	set -e; for h in csrc/include/mtp/cuda/*; do echo "nvcc (alone) $$h"; \
 	  printf '#include "%s"\n' "$${h#csrc/include/}" > $(CHECK_CUDA)/alone.cu; \
 	  $(NVCC) -std=c++17 -Icsrc/include -Werror all-warnings -c $(CHECK_CUDA)/alone.cu -o $(CHECK_CUDA)/alone.o; done
 	set -e; cuda_inc="$$($(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')/include"; \
-	  torch_inc="$$($(PY) -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-isystem " + p for p in include_paths()))')"; \
+	  torch_inc="$$($(PY) -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')"; \
 	  py_inc="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
-	  for f in csrc/cuda/*.cpp; do echo "c++ (torch CUDA headers) $$f"; \
-	    $(CXX) -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -Icsrc/include $$torch_inc \
-	      -isystem $(CHECK_CUDA)/include -isystem "$$cuda_inc" -isystem "$$py_inc" $$f; done
+	  for f in csrc/cuda/*.cpp; do echo "c++ (torch stable ABI + CUDA headers) $$f"; \
+	    $(CXX) -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -DTORCH_TARGET_VERSION=0x020d000000000000 \
+	      -Icsrc/include -isystem "$$torch_inc" -isystem "$$cuda_inc" -isystem "$$py_inc" $$f; done
 	@echo "check-cuda: every CUDA source compiles for sm_$(subst $() ,/sm_,$(CUDA_ARCHS)), every CUDA header on its own"
 
 clean:

@@ -1,12 +1,13 @@
 // The one schema file of the `mtp` op namespace, and the entry point of mtp_kernels._C.
 // Kernels register per dispatch key elsewhere (cpu/, cuda/); fake kernels live in
-// mtp_kernels/ops.py.
+// mtp_kernels/ops.py. Registered through torch's stable C ABI and built on Python's limited
+// API (3.10): one build serves later torch and Python releases (docs/torch-versions.md).
 #include <Python.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "mtp/isa.h"
 
-TORCH_LIBRARY(mtp, m) {
+STABLE_TORCH_LIBRARY(mtp, m) {
   m.def(
       "verify(Tensor draft_tokens, Tensor target_logits, Tensor? num_drafts=None, int pad_id=-1)"
       " -> (Tensor accepted, Tensor out_tokens)");
@@ -63,7 +64,7 @@ TORCH_LIBRARY(mtp, m) {
 static PyObject* get_isa(PyObject*, PyObject*) { return PyUnicode_FromString(mtp::isa_name(mtp::current_isa())); }
 
 static PyObject* set_isa(PyObject*, PyObject* arg) {
-  const char* name = PyUnicode_AsUTF8(arg);
+  const char* name = PyUnicode_AsUTF8AndSize(arg, nullptr);  // PyUnicode_AsUTF8 is not in the 3.10 limited API
   if (!name) return nullptr;
   mtp::Isa isa;
   if (!mtp::parse_isa(name, &isa)) {
@@ -95,7 +96,8 @@ static PyMethodDef kMethods[] = {
     {"supported_isas", supported_isas, METH_NOARGS, "Instruction sets this CPU supports."},
     {nullptr, nullptr, 0, nullptr}};
 
-static PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", "mtp_kernels native ops", -1, kMethods};
+static PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "_C", "mtp_kernels native ops", -1, kMethods, nullptr, nullptr, nullptr, nullptr};
 
 #ifndef MTP_WITH_CUDA
 #define MTP_WITH_CUDA 0

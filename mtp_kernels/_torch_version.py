@@ -1,12 +1,12 @@
 """Which torch the compiled extension was built against, checked before it is loaded.
 
-``mtp_kernels._C`` is built against torch's C++ API (TORCH_LIBRARY, ATen), whose ABI torch
-does not keep across releases: a build is made for one torch major.minor. The build writes
-the torch it used to ``_build_info.py`` (CMakeLists.txt); importing the package under
-another major.minor raises an ImportError that names both and says how to rebuild, instead
-of an undefined-symbol error or, worse, a load that succeeds with a changed tensor layout.
-The env var ``MTP_KERNELS_ALLOW_TORCH_MISMATCH=1`` loads it anyway (with a warning).
-See docs/torch-versions.md.
+``mtp_kernels._C`` uses only torch's stable C ABI (STABLE_TORCH_LIBRARY, the C shim
+functions), which torch keeps loadable in later releases: a build serves the torch it was
+built against and every later one, not an older one (whose shim may lack a function it
+calls). The build writes the torch it used to ``_build_info.py`` (CMakeLists.txt); importing
+the package under an older torch raises an ImportError that names both and says what to do,
+instead of an undefined-symbol error. The env var ``MTP_KERNELS_ALLOW_TORCH_MISMATCH=1`` loads
+it anyway (with a warning). See docs/torch-versions.md.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 ALLOW_ENV = "MTP_KERNELS_ALLOW_TORCH_MISMATCH"
 
 REBUILD = (
-    "Rebuild it against the installed torch (a build serves one torch major.minor): from a "
-    "source checkout, `pip install --no-build-isolation -e .` (or `pip wheel --no-build-isolation "
-    "--no-deps .` for a wheel), or install the torch it was built for. "
+    "Install that torch or a later one, or rebuild it against the installed torch (a build serves "
+    "the torch it was built against and later releases): from a source checkout, "
+    "`pip install --no-build-isolation -e .` (or `pip wheel --no-build-isolation --no-deps .` for a wheel). "
     f"To load it anyway (untested combinations may crash), set {ALLOW_ENV}=1. See docs/torch-versions.md."
 )
 
@@ -36,15 +36,16 @@ def major_minor(version: str) -> tuple[int, int] | None:
 
 def mismatch_error(built: str | None, running: str) -> str | None:
     """The ImportError message for an extension built against torch `built` loaded under
-    torch `running`, or None when they agree (same major.minor; patch releases and the local
-    tag, +cpu / +cu130, may differ) or the build recorded nothing (a tree built before the
-    record existed)."""
+    torch `running`, or None when it loads: `running` is the same major.minor or a later one
+    (patch releases and the local tag, +cpu / +cu130, do not matter), or the build recorded
+    nothing (a tree built before the record existed)."""
     if not built:
         return None
     b, r = major_minor(built), major_minor(running)
-    if b is not None and b == r:
+    if b is not None and r is not None and r >= b:
         return None
-    return f"mtp_kernels was built against torch {built}, but torch {running} is installed. {REBUILD}"
+    need = f"torch >= {b[0]}.{b[1]}" if b is not None else "the torch it was built against"
+    return f"mtp_kernels was built against torch {built}, but torch {running} is installed; it needs {need}. {REBUILD}"
 
 
 def built_torch_version() -> str | None:
@@ -67,7 +68,7 @@ def load_extension():
     try:
         return importlib.import_module(f"{__package__}._C")
     except ImportError as e:
-        # e.g. an undefined symbol of a torch this build does not match (or an unrecorded one)
+        # e.g. an undefined symbol of a torch older than the build's (or an unrecorded one)
         raise ImportError(
             f"mtp_kernels could not load its compiled extension under torch {torch.__version__} "
             f"(built against torch {built or 'an unrecorded version'}): {e}. {REBUILD}"

@@ -6,7 +6,7 @@
 
 Where each column comes from:
 - op list: the schemas, ``m.def("name(...`` in csrc/ops.cpp;
-- CPU (C++) and CUDA C++: the ``m.impl("name"`` lines of the ``TORCH_LIBRARY_IMPL(mtp, CPU|CUDA``
+- CPU (C++) and CUDA C++: the ``m.impl("name"`` lines of the ``STABLE_TORCH_LIBRARY_IMPL(mtp, CPU|CUDA``
   blocks under csrc/ (the CUDA ones are only compiled with MTP_WITH_CUDA, hence from source);
 - Triton: ``mtp_kernels.triton._OPS``; torch fallback: ``mtp_kernels.fallback.FALLBACKS``
   (both registered for CUDA at import where no C++ CUDA kernel exists);
@@ -34,7 +34,7 @@ def cpp_impls(key: str) -> set[str]:
     found = set()
     for path in sorted((ROOT / "csrc").rglob("*.cpp")):
         for block in re.findall(
-            r"TORCH_LIBRARY_IMPL\(mtp,\s*" + key + r",\s*m\)\s*\{(.*?)\n\}", path.read_text(), re.S
+            r"STABLE_TORCH_LIBRARY_IMPL\(mtp,\s*" + key + r",\s*m\)\s*\{(.*?)\n\}", path.read_text(), re.S
         ):
             found.update(re.findall(r'm\.impl\(\s*"(\w+)"', block))
     return found

@@ -2,7 +2,7 @@
 // mtp.head_draft (the MTP head's draft steps, mtp/head_draft.h), one call each. Every tensor
 // is checked against the shapes the first layer's weights and the caches imply, then handed
 // to the core as pointers and strides.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <string>
 
@@ -17,42 +17,42 @@ using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
 constexpr const char* kDecoder = "mtp.decoder_layers";
 constexpr const char* kHeadDraft = "mtp.head_draft";
 
-void check_norm(const char* op, const at::Tensor& w, const std::string& name, int64_t H, const at::Tensor& x,
+void check_norm(const char* op, const Tensor& w, const std::string& name, int64_t H, const Tensor& x,
                 const char* x_name) {
   check_cpu(op, name.c_str(), w);
   check_same_dtype(op, name.c_str(), w, x_name, x);
   check_dim(op, name.c_str(), w, 1, "[H]");
   check_size(op, name.c_str(), w, 0, H, "H");
   const std::string stride = norm_stride_error(H, w.stride(0));
-  TORCH_CHECK(stride.empty(), op, ": ", name, ": ", stride);
+  MTP_CHECK(stride.empty(), op, ": ", name, ": ", stride);
 }
 
 // A matrix [N, K] (with its Q8 scales [N, ceil(K/32)] when int8, from the argument
 // `scales`; or, type >= 0, the uint8 bytes of a GGUF block type), read in place like
 // mtp.linear's weight.
-DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
-                     const std::string& name, int64_t N, const char* n_what, int64_t K, const char* k_what,
-                     const char* scales = "weight_scales", int64_t type = -1) {
+DecoderMatrix matrix(const char* op, const Tensor& w, const std::optional<Tensor>& scale, const std::string& name,
+                     int64_t N, const char* n_what, int64_t K, const char* k_what, const char* scales = "weight_scales",
+                     int64_t type = -1) {
   const char* nm = name.c_str();
   check_cpu(op, nm, w);
   if (type >= 0) {
     DecoderMatrix m;
     m.dtype = check_gguf_weight(op, nm, w, type, K);
     check_size(op, nm, w, 0, N, n_what);
-    TORCH_CHECK(!scale.has_value(), op, ": ", name, " is a GGUF block type (it carries its scales) but ", scales,
-                " is not empty");
+    MTP_CHECK(!scale.has_value(), op, ": ", name, " is a GGUF block type (it carries its scales) but ", scales,
+              " is not empty");
     m.w = w.data_ptr();
     m.stride = w.stride(0);
     return m;
   }
-  check_dtype(op, nm, w, {at::kFloat, at::kBFloat16, at::kChar});
+  check_dtype(op, nm, w, {ScalarType::Float, ScalarType::BFloat16, ScalarType::Char});
   check_dim(op, nm, w, 2, "[N, K]");
   check_size(op, nm, w, 0, N, n_what);
   check_size(op, nm, w, 1, K, k_what);
   const std::string rows = weight_rows_error(K, w.stride(0), w.stride(1));
-  TORCH_CHECK(rows.empty(), op, ": ", name, ": ", rows);
-  const bool int8 = w.scalar_type() == at::kChar;
-  TORCH_CHECK(
+  MTP_CHECK(rows.empty(), op, ": ", name, ": ", rows);
+  const bool int8 = w.scalar_type() == ScalarType::Char;
+  MTP_CHECK(
       int8 == scale.has_value(), op, ": ", name, " is ", w.scalar_type(), " but ", scales,
       int8 ? " is empty: int8 (Q8) weights need their scales" : " is not empty: scales go with int8 (Q8) weights only");
   DecoderMatrix m;
@@ -61,47 +61,46 @@ DecoderMatrix matrix(const char* op, const at::Tensor& w, const c10::optional<at
   m.stride = w.stride(0);
   if (int8) {
     const std::string sn = name + "'s scales";
-    check_q8_scales(op, sn.c_str(), *scale, N, n_what, K, at::kCPU);
+    check_q8_scales(op, sn.c_str(), *scale, N, n_what, K, kCpu);
     const std::string rows_error = weight_scale_rows_error(q8_blocks(K), scale->stride(0), scale->stride(1));
-    TORCH_CHECK(rows_error.empty(), op, ": ", sn, ": ", rows_error);
-    m.scale = scale->data_ptr<float>();
+    MTP_CHECK(rows_error.empty(), op, ": ", sn, ": ", rows_error);
+    m.scale = scale->mutable_data_ptr<float>();
     m.scale_stride = scale->stride(0);
   }
   return m;
 }
 
 // rope_cos, rope_sin: fp32 [P, D] tables. Returns P.
-int64_t check_rope(const char* op, const at::Tensor& rope_cos, const at::Tensor& rope_sin, int64_t D,
-                   const char* d_what) {
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"rope_cos", &rope_cos}, {"rope_sin", &rope_sin}}) {
+int64_t check_rope(const char* op, const Tensor& rope_cos, const Tensor& rope_sin, int64_t D, const char* d_what) {
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"rope_cos", &rope_cos}, {"rope_sin", &rope_sin}}) {
     check_cpu(op, name, *t);
-    check_dtype(op, name, *t, {at::kFloat});
+    check_dtype(op, name, *t, {ScalarType::Float});
     check_dim(op, name, *t, 2, "[P, D]");
     check_size(op, name, *t, 1, D, d_what);
   }
-  TORCH_CHECK(rope_sin.size(0) == rope_cos.size(0), op, ": rope_sin must have rope_cos's shape ", rope_cos.sizes(),
-              ", got ", rope_sin.sizes());
+  MTP_CHECK(rope_sin.size(0) == rope_cos.size(0), op, ": rope_sin must have rope_cos's shape ", shape_of(rope_cos),
+            ", got ", shape_of(rope_sin));
   return rope_cos.size(0);
 }
 
 // `count` layers of weights from weights[offset] (scales[4 i + j] the Q8 scales of layer i's
 // matrix j, or none), checked; sets I (the MLP width, from the first gate_up).
-std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, int64_t offset, int64_t count,
-                                       at::TensorList scales, const WeightNames& names, int64_t H,
-                                       const HeadWidths& widths, const at::Tensor& x, const char* x_name, int64_t* I,
+std::vector<DecoderLayer> parse_layers(const char* op, const TensorList& weights, int64_t offset, int64_t count,
+                                       const TensorList& scales, const WeightNames& names, int64_t H,
+                                       const HeadWidths& widths, const Tensor& x, const char* x_name, int64_t* I,
                                        const std::vector<int64_t>& types = {}) {
   if (count > 0) {
-    const at::Tensor& gu = weights[offset + 4];
+    const Tensor& gu = weights[offset + 4];
     const std::string name = names(offset + 4);
     check_dim(op, name.c_str(), gu, 2, "[2I, H]");
-    TORCH_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
+    MTP_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
     *I = gu.size(0) / 2;
   }
   auto type = [&](int64_t i, int64_t j) { return types.empty() ? int64_t(-1) : types[size_t(kLayerMatrices * i + j)]; };
   std::vector<DecoderLayer> layers(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const int64_t w0 = offset + kLayerTensors * i, s0 = kLayerMatrices * i;
-    auto scale = [&](int64_t j) { return scales.empty() ? c10::nullopt : c10::optional<at::Tensor>(scales[s0 + j]); };
+    auto scale = [&](int64_t j) { return scales.empty() ? std::nullopt : std::optional<Tensor>(scales[s0 + j]); };
     check_norm(op, weights[w0], names(w0), H, x, x_name);
     check_norm(op, weights[w0 + 3], names(w0 + 3), H, x, x_name);
     DecoderLayer& l = layers[size_t(i)];
@@ -119,33 +118,33 @@ std::vector<DecoderLayer> parse_layers(const char* op, at::TensorList weights, i
 
 // tree_parents [B, T] (int32 or int64) as int64 values, checked: each request's row 0 is
 // the root (-1) and every other row's parent an earlier row.
-std::vector<int64_t> checked_tree(const char* op, const at::Tensor& t, int64_t B, int64_t T) {
+std::vector<int64_t> checked_tree(const char* op, const Tensor& t, int64_t B, int64_t T) {
   check_cpu(op, "tree_parents", t);
-  TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, op,
-              ": tree_parents must be int32 or int64, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == T, op, ": tree_parents must be [B, T] = [", B, ", ", T,
-              "] (x's first two sizes), got ", t.sizes());
-  const at::Tensor v = t.to(at::kLong).contiguous();
-  std::vector<int64_t> parents(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + B * T);
+  MTP_CHECK(t.scalar_type() == ScalarType::Long || t.scalar_type() == ScalarType::Int, op,
+            ": tree_parents must be int32 or int64, got ", t.scalar_type());
+  MTP_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == T, op, ": tree_parents must be [B, T] = [", B, ", ", T,
+            "] (x's first two sizes), got ", shape_of(t));
+  const Tensor v = torch::stable::contiguous(torch::stable::to(t, ScalarType::Long));
+  std::vector<int64_t> parents(v.mutable_data_ptr<int64_t>(), v.mutable_data_ptr<int64_t>() + B * T);
   check_ok(op, tree_parents_error(parents, B, T));
   return parents;
 }
 
-at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                              const at::Tensor& cache_lens, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
-                              at::TensorList weights, at::TensorList weight_scales, int64_t num_heads, double eps,
-                              bool quantize_x, const std::optional<at::Tensor>& tree_parents,
-                              at::OptionalIntArrayRef weight_types) {
+Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_lens,
+                          const Tensor& rope_cos, const Tensor& rope_sin, const TensorList& weights,
+                          const TensorList& weight_scales, int64_t num_heads, double eps, bool quantize_x,
+                          const std::optional<Tensor>& tree_parents,
+                          const std::optional<std::vector<int64_t>>& weight_types) {
   check_cpu(kDecoder, "x", x);
-  check_dtype(kDecoder, "x", x, {at::kFloat, at::kBFloat16});
+  check_dtype(kDecoder, "x", x, {ScalarType::Float, ScalarType::BFloat16});
   check_dim(kDecoder, "x", x, 3, "[B, T, H]");
-  for (auto [name, c] : {std::pair<const char*, const at::Tensor*>{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
+  for (auto [name, c] : {std::pair<const char*, const Tensor*>{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
     check_cpu(kDecoder, name, *c);
     check_same_dtype(kDecoder, name, *c, "x", x);
     check_dim(kDecoder, name, *c, 5, "[layers, B, Hkv, L, D]");
   }
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), kDecoder, ": v_cache must have k_cache's shape ", k_cache.sizes(),
-              ", got ", v_cache.sizes());
+  MTP_CHECK(same_shape(v_cache, k_cache), kDecoder, ": v_cache must have k_cache's shape ", shape_of(k_cache), ", got ",
+            shape_of(v_cache));
   DecoderArgs a;
   a.B = x.size(0);
   a.T = x.size(1);
@@ -170,42 +169,43 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
 
   check_ok(kDecoder, layers_error(a.layers, "k_cache.size(0)"));
   const int64_t want = kLayerTensors * a.layers + 1;
-  TORCH_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", kLayerTensors,
-              " tensors per layer (input_norm, qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers,
-              " layers of k_cache, then the final norm: ", want, " tensors, got ", weights.size());
+  MTP_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", kLayerTensors,
+            " tensors per layer (input_norm, qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers,
+            " layers of k_cache, then the final norm: ", want, " tensors, got ", weights.size());
   const bool q8 = !weight_scales.empty();
-  TORCH_CHECK(!q8 || int64_t(weight_scales.size()) == kLayerMatrices * a.layers, kDecoder,
-              ": weight_scales must be empty (float weights) or hold the Q8 scales of the ", kLayerMatrices,
-              " matrices of each layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
-              " tensors, got ", weight_scales.size());
-  TORCH_CHECK(!quantize_x || q8, kDecoder,
-              ": quantize_x=True needs int8 weights with their scales (mtp_kernels.quantize_q8), got float weights");
+  MTP_CHECK(!q8 || int64_t(weight_scales.size()) == kLayerMatrices * a.layers, kDecoder,
+            ": weight_scales must be empty (float weights) or hold the Q8 scales of the ", kLayerMatrices,
+            " matrices of each layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers, " tensors, got ",
+            weight_scales.size());
+  MTP_CHECK(!quantize_x || q8, kDecoder,
+            ": quantize_x=True needs int8 weights with their scales (mtp_kernels.quantize_q8), got float weights");
   std::vector<int64_t> types;
   if (weight_types.has_value()) {
-    types = weight_types->vec();
-    TORCH_CHECK(int64_t(types.size()) == kLayerMatrices * a.layers, kDecoder,
-                ": weight_types must hold one GGML type "
-                "number (or -1: a float or Q8 matrix) per matrix, ",
-                kLayerMatrices, " per layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
-                " values, got ", types.size());
+    types = *weight_types;
+    MTP_CHECK(int64_t(types.size()) == kLayerMatrices * a.layers, kDecoder,
+              ": weight_types must hold one GGML type "
+              "number (or -1: a float or Q8 matrix) per matrix, ",
+              kLayerMatrices, " per layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
+              " values, got ", types.size());
     for (size_t i = 0; i < types.size(); ++i)
-      TORCH_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i,
-                  "]: ", gguf_type_error(types[i]), " (or -1)");
+      MTP_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i,
+                "]: ", gguf_type_error(types[i]), " (or -1)");
   }
   const WeightNames names{{}, a.layers, "layer", "the final norm"};
   std::vector<DecoderLayer> layers =
       parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, widths, x, "x", &a.I, types);
-  const at::Tensor& final_norm = weights[want - 1];
+  const Tensor& final_norm = weights[want - 1];
   check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
   check_disjoint(kDecoder, k_cache, v_cache, weights, names);
   check_disjoint(kDecoder, k_cache, v_cache, weight_scales,
                  [](int64_t i) { return "weight_scales[" + std::to_string(i) + "]"; });
 
-  const at::Tensor xc = x.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  const Tensor xc = torch::stable::contiguous(x), cos = torch::stable::contiguous(rope_cos),
+               sin = torch::stable::contiguous(rope_sin);
+  Tensor out = empty_like_on(x, x.sizes());
   a.x = xc.data_ptr();
-  a.rope_cos = cos.data_ptr<float>();
-  a.rope_sin = sin.data_ptr<float>();
+  a.rope_cos = cos.mutable_data_ptr<float>();
+  a.rope_sin = sin.mutable_data_ptr<float>();
   a.k_cache = k_cache.data_ptr();
   a.v_cache = v_cache.data_ptr();
   for (int d = 0; d < 5; ++d) {
@@ -221,37 +221,37 @@ at::Tensor decoder_layers_cpu(const at::Tensor& x, const at::Tensor& k_cache, co
   a.eps = float(eps);  // eps_error checked it as a float
   a.quantize_x = quantize_x;
   a.out = out.data_ptr();
-  decoder_layers(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
+  decoder_layers(a, int(torch::stable::get_num_threads()), current_isa(), TorchParallelFor{});
   return out;
 }
 
 // A vector of token ids [n], each in [0, V), as int64 values.
-std::vector<int64_t> checked_ids(const char* op, const char* name, const at::Tensor& t, int64_t n, const char* n_what,
+std::vector<int64_t> checked_ids(const char* op, const char* name, const Tensor& t, int64_t n, const char* n_what,
                                  int64_t V, const char* v_what) {
   check_cpu(op, name, t);
   check_count_vector(op, name, t, n, n_what);
   std::vector<int64_t> ids(static_cast<size_t>(n));
-  AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "checked_ids", [&] {
-    const index_t* p = t.data_ptr<index_t>();
+  dispatch_index(t.scalar_type(), [&](auto index) {
+    using index_t = decltype(index);
+    const index_t* p = t.mutable_data_ptr<index_t>();
     for (int64_t i = 0; i < n; ++i) {
       ids[size_t(i)] = p[i * t.stride(0)];
-      TORCH_CHECK(ids[size_t(i)] >= 0 && ids[size_t(i)] < V, op, ": ", name, " must hold token ids in [0, ", v_what,
-                  ") = [0, ", V, "), got ", name, "[", i, "] = ", ids[size_t(i)]);
+      MTP_CHECK(ids[size_t(i)] >= 0 && ids[size_t(i)] < V, op, ": ", name, " must hold token ids in [0, ", v_what,
+                ") = [0, ", V, "), got ", name, "[", i, "] = ", ids[size_t(i)]);
     }
   });
   return ids;
 }
 
-at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, const at::Tensor& k_cache,
-                          const at::Tensor& v_cache, const at::Tensor& cache_lens, const at::Tensor& rope_cos,
-                          const at::Tensor& rope_sin, const at::Tensor& embedding,
-                          const c10::optional<at::Tensor>& embedding_scale, at::TensorList weights,
-                          const at::Tensor& lm_head, const c10::optional<at::Tensor>& lm_head_scale,
-                          const c10::optional<at::Tensor>& draft_vocab, int64_t k, int64_t num_heads, double eps,
-                          int64_t alternatives, int64_t embedding_type, int64_t lm_head_type) {
+Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k_cache, const Tensor& v_cache,
+                      const Tensor& cache_lens, const Tensor& rope_cos, const Tensor& rope_sin, const Tensor& embedding,
+                      const std::optional<Tensor>& embedding_scale, const TensorList& weights, const Tensor& lm_head,
+                      const std::optional<Tensor>& lm_head_scale, const std::optional<Tensor>& draft_vocab, int64_t k,
+                      int64_t num_heads, double eps, int64_t alternatives, int64_t embedding_type,
+                      int64_t lm_head_type) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
-  check_dtype(op, "hidden", hidden, {at::kFloat, at::kBFloat16});
+  check_dtype(op, "hidden", hidden, {ScalarType::Float, ScalarType::BFloat16});
   check_dim(op, "hidden", hidden, 2, "[B, H]");
   HeadDraftArgs a;
   a.B = hidden.size(0);
@@ -259,9 +259,9 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   a.K = k;
   a.Hq = num_heads;
   a.dtype = to_dtype(hidden.scalar_type());
-  TORCH_CHECK(k >= 0, op, ": k (draft steps) must be >= 0, got ", k);
+  MTP_CHECK(k >= 0, op, ": k (draft steps) must be >= 0, got ", k);
   AttentionArgs cache;  // the cache views, checked like head_attention's
-  set_caches(op, cache, k_cache, v_cache, "hidden", hidden, at::kCPU);
+  set_caches(op, cache, k_cache, v_cache, "hidden", hidden, kCpu);
   check_size(op, "k_cache", k_cache, 0, a.B, "B (hidden.size(0))");
   a.Hkv = k_cache.size(1);
   a.L = k_cache.size(2);
@@ -277,26 +277,26 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   check_cpu(op, "embedding", embedding);
   check_dim(op, "embedding", embedding, 2, "[V, H]");
   a.V = embedding.size(0);
-  TORCH_CHECK(embedding_type == -1 || gguf_type_error(embedding_type).empty(), op,
-              ": embedding_type: ", gguf_type_error(embedding_type), " (or -1)");
-  TORCH_CHECK(lm_head_type == -1 || gguf_type_error(lm_head_type).empty(), op,
-              ": lm_head_type: ", gguf_type_error(lm_head_type), " (or -1)");
+  MTP_CHECK(embedding_type == -1 || gguf_type_error(embedding_type).empty(), op,
+            ": embedding_type: ", gguf_type_error(embedding_type), " (or -1)");
+  MTP_CHECK(lm_head_type == -1 || gguf_type_error(lm_head_type).empty(), op,
+            ": lm_head_type: ", gguf_type_error(lm_head_type), " (or -1)");
   a.embedding = matrix(op, embedding, embedding_scale, "embedding", a.V, "V", a.H, "H (hidden.size(1))",
                        "embedding_scale", embedding_type);
   const std::vector<int64_t> tokens =
       checked_ids(op, "token", token, a.B, "B (hidden.size(0))", a.V, "V (embedding.size(0))");
 
   const int64_t n = int64_t(weights.size());
-  TORCH_CHECK(n >= 4 && (n - 4) % kLayerTensors == 0, op, ": weights must hold embed_norm, hidden_norm, proj, then ",
-              kLayerTensors,
-              " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), then out_norm: 4 + ",
-              kLayerTensors, " x blocks tensors, got ", n);
+  MTP_CHECK(n >= 4 && (n - 4) % kLayerTensors == 0, op, ": weights must hold embed_norm, hidden_norm, proj, then ",
+            kLayerTensors,
+            " tensors per block (input_norm, qkv, o_proj, post_norm, gate_up, down_proj), then out_norm: 4 + ",
+            kLayerTensors, " x blocks tensors, got ", n);
   a.blocks = (n - 4) / kLayerTensors;
   const WeightNames names{{"embed_norm", "hidden_norm", "proj"}, a.blocks, "block", "out_norm"};
   check_norm(op, weights[0], names(0), a.H, hidden, "hidden");
   check_norm(op, weights[1], names(1), a.H, hidden, "hidden");
   check_norm(op, weights[n - 1], names(n - 1), a.H, hidden, "hidden");
-  a.proj = matrix(op, weights[2], c10::nullopt, names(2), a.H, "H", 2 * a.H, "2H");
+  a.proj = matrix(op, weights[2], std::nullopt, names(2), a.H, "H", 2 * a.H, "2H");
   std::vector<DecoderLayer> blocks =
       parse_layers(op, weights, 3, a.blocks, {}, names, a.H, widths, hidden, "hidden", &a.I);
 
@@ -307,18 +307,19 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   std::vector<int64_t> vocab;
   if (draft_vocab.has_value()) {
     a.Vd = draft_vocab->numel();
-    TORCH_CHECK(a.Vd >= 1, op, ": draft_vocab must hold at least one token id, got shape ", draft_vocab->sizes());
+    MTP_CHECK(a.Vd >= 1, op, ": draft_vocab must hold at least one token id, got shape ", shape_of(*draft_vocab));
     vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (its length)", a.V, "V (embedding.size(0))");
   }
   check_ok(op, alternatives_error(alternatives, a.Vd, k));
   a.alternatives = alternatives;
 
-  const at::Tensor hc = hidden.contiguous(), cos = rope_cos.contiguous(), sin = rope_sin.contiguous();
-  at::Tensor drafts = at::empty({a.B, k + alternatives}, token.options().dtype(at::kLong));
+  const Tensor hc = torch::stable::contiguous(hidden), cos = torch::stable::contiguous(rope_cos),
+               sin = torch::stable::contiguous(rope_sin);
+  Tensor drafts = empty_like_on(token, {a.B, k + alternatives}, ScalarType::Long);
   a.hidden = hc.data_ptr();
   a.token = tokens.data();
-  a.rope_cos = cos.data_ptr<float>();
-  a.rope_sin = sin.data_ptr<float>();
+  a.rope_cos = cos.mutable_data_ptr<float>();
+  a.rope_sin = sin.mutable_data_ptr<float>();
   a.k_cache = cache.k;
   a.v_cache = cache.v;
   std::copy_n(cache.k_stride, 4, a.k_stride);
@@ -330,16 +331,16 @@ at::Tensor head_draft_cpu(const at::Tensor& hidden, const at::Tensor& token, con
   a.out_norm = weights[n - 1].data_ptr();
   a.draft_vocab = vocab.empty() ? nullptr : vocab.data();
   a.eps = float(eps);
-  a.drafts = drafts.data_ptr<int64_t>();
-  head_draft(a, at::get_num_threads(), current_isa(), TorchParallelFor{});
+  a.drafts = drafts.mutable_data_ptr<int64_t>();
+  head_draft(a, int(torch::stable::get_num_threads()), current_isa(), TorchParallelFor{});
   return drafts;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(mtp, CPU, m) {
-  m.impl("decoder_layers", &decoder_layers_cpu);
-  m.impl("head_draft", &head_draft_cpu);
+STABLE_TORCH_LIBRARY_IMPL(mtp, CPU, m) {
+  m.impl("decoder_layers", TORCH_BOX(&decoder_layers_cpu));
+  m.impl("head_draft", TORCH_BOX(&head_draft_cpu));
 }
 
 }  // namespace mtp::cpu

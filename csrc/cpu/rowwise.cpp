@@ -1,6 +1,6 @@
 // CPU bindings of the row-local layer ops (mtp.rms_norm, mtp.add_rms_norm, mtp.rope_,
 // mtp.silu_mul): checks, tensors -> rows and strides. No threads: see mtp/rowwise.h.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <cmath>
 
@@ -19,16 +19,16 @@ constexpr const char* kSiluMul = "mtp.silu_mul";
 
 // t [..., n] as [M, n] rows with a unit element stride: a view when its layout allows, else
 // a copy (activations are small).
-at::Tensor as_rows(const at::Tensor& t, int64_t n) {
-  at::Tensor r = t.reshape({leading_rows(t), n});
-  return n > 1 && r.stride(1) != 1 ? r.contiguous() : r;
+Tensor as_rows(const Tensor& t, int64_t n) {
+  Tensor r = torch::stable::reshape(t, {leading_rows(t), n});
+  return n > 1 && r.stride(1) != 1 ? torch::stable::contiguous(r) : r;
 }
 
-void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void check_norm_inputs(const char* op, const Tensor& x, const Tensor& weight, double eps) {
   check_cpu(op, "x", x);
   check_cpu(op, "weight", weight);
   check_dtype(op, "x", x, kFloatTypes);
-  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., H], got a scalar");
+  MTP_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., H], got a scalar");
   check_dtype(op, "weight", weight, kFloatTypes);
   check_dim(op, "weight", weight, 1, "[H]");
   check_size(op, "weight", weight, 0, x.size(-1), "H (x.size(-1))");
@@ -36,18 +36,17 @@ void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& we
 }
 
 // out = RMSNorm(residual ? x + residual : x); sum (when residual) = x + residual.
-void run_rms_norm(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
-                  at::Tensor& out, at::Tensor* sum) {
+void run_rms_norm(const Tensor& x, const Tensor* residual, const Tensor& weight, double eps, Tensor& out, Tensor* sum) {
   const int64_t H = x.size(-1);
   if (x.numel() == 0) return;
-  const at::Tensor xr = as_rows(x, H), w = weight.contiguous();
+  const Tensor xr = as_rows(x, H), w = torch::stable::contiguous(weight);
   RmsNormArgs a;
   a.M = xr.size(0);
   a.H = H;
   a.dtype = to_dtype(x.scalar_type());
   a.x = xr.data_ptr();
   a.x_stride = xr.stride(0);
-  at::Tensor rr;
+  Tensor rr;
   if (residual) {
     rr = as_rows(*residual, H);
     a.residual = rr.data_ptr();
@@ -63,39 +62,38 @@ void run_rms_norm(const at::Tensor& x, const at::Tensor* residual, const at::Ten
   rms_norm(a, current_isa());
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
   check_norm_inputs(kRmsNorm, x, weight, eps);
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  Tensor out = empty_like_on(x, x.sizes());
   run_rms_norm(x, nullptr, weight, eps, out, nullptr);
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
-                                                    const at::Tensor& weight, double eps) {
+std::tuple<Tensor, Tensor> add_rms_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
   check_norm_inputs(kAddRmsNorm, x, weight, eps);
   check_cpu(kAddRmsNorm, "residual", residual);
   check_same_dtype(kAddRmsNorm, "residual", residual, "x", x);
-  TORCH_CHECK(residual.sizes() == x.sizes(), kAddRmsNorm, ": residual must have x's shape ", x.sizes(), ", got ",
-              residual.sizes());
-  at::Tensor sum = at::empty(x.sizes(), x.options()), out = at::empty(x.sizes(), x.options());
+  MTP_CHECK(same_shape(residual, x), kAddRmsNorm, ": residual must have x's shape ", shape_of(x), ", got ",
+            shape_of(residual));
+  Tensor sum = empty_like_on(x, x.sizes()), out = empty_like_on(x, x.sizes());
   run_rms_norm(x, &residual, weight, eps, out, &sum);
   return {sum, out};
 }
 
-void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+void rope_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   check_cpu(kRope, "x", x);
   check_dtype(kRope, "x", x, kFloatTypes);
   check_dim(kRope, "x", x, 4, "[B, T, H, D]");
-  TORCH_CHECK(x.size(3) % 2 == 0, kRope, ": x.size(3) (the head dim D, rotated as two halves) must be even, got ",
-              x.size(3));
+  MTP_CHECK(x.size(3) % 2 == 0, kRope, ": x.size(3) (the head dim D, rotated as two halves) must be even, got ",
+            x.size(3));
   RopeArgs a;
   a.B = x.size(0);
   a.T = x.size(1);
   a.H = x.size(2);
   a.D = x.size(3);
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"cos", &cos}, {"sin", &sin}}) {
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"cos", &cos}, {"sin", &sin}}) {
     check_cpu(kRope, name, *t);
-    check_dtype(kRope, name, *t, {at::kFloat});
+    check_dtype(kRope, name, *t, {ScalarType::Float});
     check_dim(kRope, name, *t, 3, "[B, T, D]");
     check_size(kRope, name, *t, 0, a.B, "B (x.size(0))");
     check_size(kRope, name, *t, 1, a.T, "T (x.size(1))");
@@ -107,8 +105,8 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
   a.dtype = to_dtype(x.scalar_type());
   a.x = x.data_ptr();
   strides_of(x, a.x_stride);
-  a.cos = cos.data_ptr<float>();
-  a.sin = sin.data_ptr<float>();
+  a.cos = cos.mutable_data_ptr<float>();
+  a.sin = sin.mutable_data_ptr<float>();
   for (int d = 0; d < 3; ++d) {
     a.cos_stride[d] = cos.stride(d);
     a.sin_stride[d] = sin.stride(d);
@@ -116,17 +114,17 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
   rope(a, current_isa());
 }
 
-at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
+Tensor silu_mul_cpu(const Tensor& gate_up) {
   check_cpu(kSiluMul, "gate_up", gate_up);
   check_dtype(kSiluMul, "gate_up", gate_up, kFloatTypes);
-  TORCH_CHECK(gate_up.dim() >= 1, kSiluMul, ": gate_up must have at least 1 dimension [..., 2I], got a scalar");
+  MTP_CHECK(gate_up.dim() >= 1, kSiluMul, ": gate_up must have at least 1 dimension [..., 2I], got a scalar");
   const int64_t n = gate_up.size(-1), I = n / 2;
-  TORCH_CHECK(n % 2 == 0, kSiluMul, ": gate_up.size(-1) must be even [..., 2I] (gate, then up), got ", n);
-  std::vector<int64_t> shape = gate_up.sizes().vec();
+  MTP_CHECK(n % 2 == 0, kSiluMul, ": gate_up.size(-1) must be even [..., 2I] (gate, then up), got ", n);
+  std::vector<int64_t> shape = sizes_vec(gate_up);
   shape.back() = I;
-  at::Tensor out = at::empty(shape, gate_up.options());
+  Tensor out = empty_like_on(gate_up, shape);
   if (out.numel() == 0) return out;
-  const at::Tensor x = as_rows(gate_up, n);
+  const Tensor x = as_rows(gate_up, n);
   SiluMulArgs a;
   a.M = x.size(0);
   a.I = I;
@@ -141,11 +139,11 @@ at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(mtp, CPU, m) {
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("add_rms_norm", &add_rms_norm_cpu);
-  m.impl("rope_", &rope_cpu);
-  m.impl("silu_mul", &silu_mul_cpu);
+STABLE_TORCH_LIBRARY_IMPL(mtp, CPU, m) {
+  m.impl("rms_norm", TORCH_BOX(&rms_norm_cpu));
+  m.impl("add_rms_norm", TORCH_BOX(&add_rms_norm_cpu));
+  m.impl("rope_", TORCH_BOX(&rope_cpu));
+  m.impl("silu_mul", TORCH_BOX(&silu_mul_cpu));
 }
 
 }  // namespace mtp::cpu

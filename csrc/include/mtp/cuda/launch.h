@@ -59,4 +59,19 @@ cudaError_t head_attention(const AttentionArgs& a, const AttentionWork& w, cudaS
 // a.cache_lens: device int64; nothing is written if a request would pass a.L.
 cudaError_t cache_append(const CacheAppendArgs& a, cudaStream_t stream);
 
+// The index arithmetic the bindings do on the device (no host sync, so also under CUDA graph
+// capture), csrc/cuda/layout.cu. I: int32_t or int64_t; src and cu are read with an element stride.
+// dst[i] = src[i] clamped to [lo, hi], as int64 (n values).
+template <class I>
+cudaError_t clamp_to_int64(const I* src, int64_t stride, int64_t n, int64_t lo, int64_t hi, int64_t* dst,
+                           cudaStream_t stream);
+
+// verify_ragged's layout from cu_num_draft_tokens [B] (inclusive cumulative counts) over N
+// drafts and W = max drafts + 1: with c_b = cu[b] clamped to [0, N] and prev = c_{b-1} (0 for
+// b = 0), counts[b] = c_b - prev clamped to [0, W - 1], first_row[b] = prev + b (its first
+// target_logits row), draft_first[b] = prev (its first draft).
+template <class I>
+cudaError_t ragged_layout(const I* cu, int64_t stride, int64_t B, int64_t N, int64_t W, int64_t* counts,
+                          int64_t* first_row, int64_t* draft_first, cudaStream_t stream);
+
 }  // namespace mtp::cuda
