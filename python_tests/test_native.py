@@ -140,10 +140,10 @@ def test_bad_gguf_metadata(tmp_path, capsys):
 
 
 def test_unsupported_block_type_native(tmp_path):
-    """A block type the kernels do not read (Q5_0): native loading names it; dequantized works."""
+    """A block type the kernels do not read (Q5_1): native loading names it; dequantized works."""
     name = "model.layers.1.mlp.down_proj.weight"
-    path = write_tiny_gguf(tmp_path / "q5.gguf", overrides={name: gguf.GGMLQuantizationType.Q5_0})
-    with pytest.raises(checkpoint.NotNativeError, match=r"tensor 'blk.1.ffn_down.weight' is Q5_0 \(GGML type 6\)"):
+    path = write_tiny_gguf(tmp_path / "q5.gguf", overrides={name: gguf.GGMLQuantizationType.Q5_1})
+    with pytest.raises(checkpoint.NotNativeError, match=r"tensor 'blk.1.ffn_down.weight' is Q5_1 \(GGML type 7\)"):
         checkpoint.load(path, native=True)
     assert checkpoint.load(path)[1][name].dtype == torch.float32
 
