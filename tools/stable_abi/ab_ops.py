@@ -1,7 +1,8 @@
-"""Per-call cost of the real ops, two builds side by side: the C++-API extension (main's venv)
-against the stable-ABI one (this tree's venv), in alternating rounds of one run, one thread.
+"""Per-call cost of the real ops, two builds side by side: the C++-API extension (the venv of
+a checkout before the port, e.g. commit d06b5ea) against the stable-ABI one (this tree's venv),
+in alternating rounds of one run, one thread.
 
-    python tools/stable_abi/ab_ops.py /work/main/.venv/bin/python .venv/bin/python
+    python tools/stable_abi/ab_ops.py ../cxx-api-checkout/.venv/bin/python .venv/bin/python
 
 Each round runs the child below once per interpreter (in turn, so that load from other work
 falls on both): per op, the median of 7 runs of N calls. Printed: per interpreter and op,
