@@ -114,18 +114,20 @@ void rope_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   rope(a, current_isa());
 }
 
-Tensor silu_mul_cpu(const Tensor& gate_up) {
-  check_cpu(kSiluMul, "gate_up", gate_up);
-  check_dtype(kSiluMul, "gate_up", gate_up, kFloatTypes);
-  MTP_CHECK(gate_up.dim() >= 1, kSiluMul, ": gate_up must have at least 1 dimension [..., 2I], got a scalar");
+// act(gate) * up of gate_up [..., 2I] -> [..., I] (mtp.silu_mul).
+Tensor gated_mul_cpu(const char* op, GatedAct act, const Tensor& gate_up) {
+  check_cpu(op, "gate_up", gate_up);
+  check_dtype(op, "gate_up", gate_up, kFloatTypes);
+  MTP_CHECK(gate_up.dim() >= 1, op, ": gate_up must have at least 1 dimension [..., 2I], got a scalar");
   const int64_t n = gate_up.size(-1), I = n / 2;
-  MTP_CHECK(n % 2 == 0, kSiluMul, ": gate_up.size(-1) must be even [..., 2I] (gate, then up), got ", n);
+  MTP_CHECK(n % 2 == 0, op, ": gate_up.size(-1) must be even [..., 2I] (gate, then up), got ", n);
   std::vector<int64_t> shape = sizes_vec(gate_up);
   shape.back() = I;
   Tensor out = empty_like_on(gate_up, shape);
   if (out.numel() == 0) return out;
   const Tensor x = as_rows(gate_up, n);
-  SiluMulArgs a;
+  GatedMulArgs a;
+  a.act = act;
   a.M = x.size(0);
   a.I = I;
   a.dtype = to_dtype(gate_up.scalar_type());
@@ -133,9 +135,11 @@ Tensor silu_mul_cpu(const Tensor& gate_up) {
   a.x_stride = x.stride(0);
   a.out = out.data_ptr();
   a.out_stride = I;
-  silu_mul(a, current_isa());
+  gated_mul(a, current_isa());
   return out;
 }
+
+Tensor silu_mul_cpu(const Tensor& gate_up) { return gated_mul_cpu(kSiluMul, GatedAct::Silu, gate_up); }
 
 }  // namespace
 

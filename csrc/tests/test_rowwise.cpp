@@ -205,7 +205,10 @@ int test_rope(mtp::Isa isa, Hash& hash) {
   return cases;
 }
 
-int test_silu_mul(mtp::Isa isa, Hash& hash) {
+// act(gate) * up: silu_mul and gelu_tanh_mul (one kernel, the activation a template argument).
+int test_gated_mul(mtp::GatedAct act, mtp::Isa isa, Hash& hash) {
+  const bool gelu = act == mtp::GatedAct::GeluTanh;
+  const char* op = gelu ? "gelu_tanh_mul" : "silu_mul";
   int cases = 0;
   for (DType t : {DType::F32, DType::BF16, DType::F16})
     for (int64_t I : {1536, 1, 7, 16, 33}) {
@@ -216,7 +219,8 @@ int test_silu_mul(mtp::Isa isa, Hash& hash) {
       const Buffer x(t, v);
       auto run = [&](mtp::Isa which, int64_t m0, int64_t m1) {
         Buffer out(t, size_t((m1 - m0) * I));
-        mtp::SiluMulArgs a;
+        mtp::GatedMulArgs a;
+        a.act = act;
         a.M = m1 - m0;
         a.I = I;
         a.dtype = t;
@@ -224,23 +228,28 @@ int test_silu_mul(mtp::Isa isa, Hash& hash) {
         a.x_stride = 2 * I;
         a.out = out.bytes.data();
         a.out_stride = I;
-        mtp::silu_mul(a, which);
+        mtp::gated_mul(a, which);
         return out;
       };
       const Buffer got = run(isa, 0, M);
-      EXPECT(got.same_bits(run(mtp::Isa::Generic, 0, M), 0, M * I, 0), "silu_mul I=%lld: not the generic bits",
+      EXPECT(got.same_bits(run(mtp::Isa::Generic, 0, M), 0, M * I, 0), "%s I=%lld: not the generic bits", op,
              (long long)I);
       for (int64_t m = 0; m < M; ++m)
-        EXPECT(run(isa, m, m + 1).same_bits(got, 0, I, m * I), "silu_mul row %lld alone differs", (long long)m);
-      // relative: a few fp32 ulp, or the rounding to bf16 / fp16; absolute: fp16's subnormal step
+        EXPECT(run(isa, m, m + 1).same_bits(got, 0, I, m * I), "%s row %lld alone differs", op, (long long)m);
+      // relative: a few fp32 ulp, or the rounding to bf16 / fp16; absolute: fp16's subnormal step.
+      // gelu in fp32: 4 (1 + |a|) ulp, a = 2 sqrt(2/pi) (g + 0.044715 g^3) computed in fp32 with
+      // a few ulp of error, which e^-|a| turns into |a| times that relative (measured <= 2.9).
       const double tol = t == DType::F32 ? 1e-6 : t == DType::BF16 ? 8e-3 : 1e-3;
       const double atol = t == DType::F16 ? std::ldexp(1.0, -24) : 1e-30;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t i = 0; i < I; ++i) {
           const double g = x.at(m * 2 * I + i), u = x.at(m * 2 * I + I + i);
-          if (!std::isfinite(g) || g < -87.3) continue;  // edges: the Python tests compare them with torch
-          const double want = g / (1 + std::exp(-g)) * u, got_v = got.at(m * I + i);
-          EXPECT(std::fabs(got_v - want) <= tol * std::fabs(want) + atol, "silu_mul(%g) * %g = %g, want %g (%s)", g, u,
+          const double a = gelu ? 1.5957691216057308 * (g + 0.044715 * g * g * g) : g;
+          // edges: the Python tests compare them with torch; below a = -87.3 e^a is 0 here
+          if (!std::isfinite(g) || a < -87.3) continue;
+          const double want = g / (1 + std::exp(-a)) * u, got_v = got.at(m * I + i);
+          const double rel = gelu && t == DType::F32 ? 4 * (1 + std::fabs(a)) * std::ldexp(1.0, -23) : tol;
+          EXPECT(std::fabs(got_v - want) <= rel * std::fabs(want) + atol, "%s(%g) * %g = %g, want %g (%s)", op, g, u,
                  got_v, want, name_of(mtp_dtype(t)));
         }
       hash.add(got);
@@ -252,14 +261,22 @@ int test_silu_mul(mtp::Isa isa, Hash& hash) {
 // The hash of every output above, computed on x86-64 (every path gives it): any architecture
 // or instruction set that computes another value for any element fails here.
 constexpr uint64_t kRowwiseHash = 0x7acf80bde2704f2ull;
+// The same for gelu_tanh_mul's outputs (kept apart: kRowwiseHash, unchanged, shows that
+// silu_mul's bits did not change when the two became one kernel).
+constexpr uint64_t kGeluTanhHash = 0x8c02afc5547ff3feull;
 
 }  // namespace
 
 void test_rowwise() {
   const mtp::Isa isa = mtp::current_isa();
   Hash hash;
-  const int cases = test_norms(isa, hash) + test_rope(isa, hash) + test_silu_mul(isa, hash);
+  const int cases = test_norms(isa, hash) + test_rope(isa, hash) + test_gated_mul(mtp::GatedAct::Silu, isa, hash);
   EXPECT(hash.h == kRowwiseHash, "outputs hash to %#llx, want %#llx: other values than on x86-64",
          (unsigned long long)hash.h, (unsigned long long)kRowwiseHash);
-  std::printf("rowwise: %d cases on %s, hash %#llx\n", cases, mtp::isa_name(isa), (unsigned long long)hash.h);
+  Hash gelu_hash;
+  const int gelu_cases = test_gated_mul(mtp::GatedAct::GeluTanh, isa, gelu_hash);
+  EXPECT(gelu_hash.h == kGeluTanhHash, "gelu_tanh_mul outputs hash to %#llx, want %#llx: other values than on x86-64",
+         (unsigned long long)gelu_hash.h, (unsigned long long)kGeluTanhHash);
+  std::printf("rowwise: %d cases on %s, hash %#llx; gelu_tanh_mul: %d cases, hash %#llx\n", cases, mtp::isa_name(isa),
+              (unsigned long long)hash.h, gelu_cases, (unsigned long long)gelu_hash.h);
 }

@@ -213,7 +213,8 @@ struct LayerPass {
     add_norm(proj.data(), w.post_norm, h.data());
     project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
     split_rows([&](int64_t r0, int64_t r1) {
-      SiluMulArgs s;
+      GatedMulArgs s;
+      s.act = GatedAct::Silu;
       s.M = r1 - r0;
       s.I = I;
       s.dtype = dt;
@@ -221,7 +222,7 @@ struct LayerPass {
       s.x_stride = 2 * I;
       s.out = row(static_cast<void*>(act.data()), r0, I);
       s.out_stride = I;
-      silu_mul(s, isa);
+      gated_mul(s, isa);
     });
     project(w.down, act.data(), I, H, proj.data());
     add_norm(proj.data(), next_norm, out);

@@ -1,5 +1,6 @@
 // The row-local ops of a decoder layer between its projections, torch-free: RMSNorm with the
-// residual add fused, RoPE (half-split, in place) and the SiLU-gated product of the MLP.
+// residual add fused, RoPE (half-split, in place) and the gated product of the MLP (SiLU or
+// tanh-GELU).
 // Exact by construction: each row is computed alone, in an operation order fixed by the
 // source (generic/rowwise.h), so its bits depend neither on the number of rows nor on the
 // instruction set. Single-threaded: a decode or verify step has a few rows of a few hundred
@@ -23,8 +24,9 @@ inline void rope(const RopeArgs& a, Isa isa) {
   dispatch(isa, [&](auto set) { rope(set, a); });
 }
 
-inline void silu_mul(const SiluMulArgs& a, Isa isa) {
-  dispatch(isa, [&](auto set) { silu_mul(set, a); });
+// act(gate) * up (a.act: SiLU for mtp.silu_mul, tanh-GELU for mtp.gelu_tanh_mul).
+inline void gated_mul(const GatedMulArgs& a, Isa isa) {
+  dispatch(isa, [&](auto set) { gated_mul(set, a); });
 }
 
 }  // namespace mtp

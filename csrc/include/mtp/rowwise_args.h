@@ -1,5 +1,6 @@
 // The arguments of the row-local layer ops (mtp/rowwise.h): RMSNorm with the residual add
-// fused, RoPE, SiLU-gated product. Outputs never overlap inputs (rope rotates x in place).
+// fused, RoPE, the gated product of the MLP (SiLU or tanh-GELU). Outputs never overlap inputs
+// (rope rotates x in place).
 #pragma once
 #include <cstdint>
 
@@ -36,7 +37,14 @@ struct RopeArgs {
   int64_t cos_stride[3] = {0, 0, 0}, sin_stride[3] = {0, 0, 0};
 };
 
-struct SiluMulArgs {
+// The activation of the gate in a gated MLP product act(gate) * up.
+enum class GatedAct : int32_t {
+  Silu = 0,      // silu(g) = g / (1 + e^-g): Llama (mtp.silu_mul)
+  GeluTanh = 1,  // gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): Gemma 3 (mtp.gelu_tanh_mul)
+};
+
+struct GatedMulArgs {
+  GatedAct act = GatedAct::Silu;
   int64_t M = 0, I = 0;      // M rows of 2I inputs (gate, then up) and I outputs
   DType dtype = DType::F32;  // of x and out
   const void* x = nullptr;   // [M, 2I], rows x_stride apart, unit inner stride

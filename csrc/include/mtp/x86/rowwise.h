@@ -10,7 +10,7 @@ namespace mtp::x86 {
 #define MTP_ROWWISE_ENTRY_POINTS(SET)                                                                                \
   MTP_TARGET(SET) __attribute__((flatten)) inline void rms_norm(SET, const RmsNormArgs& a) { generic::rms_norm(a); } \
   MTP_TARGET(SET) __attribute__((flatten)) inline void rope(SET, const RopeArgs& a) { generic::rope(a); }            \
-  MTP_TARGET(SET) __attribute__((flatten)) inline void silu_mul(SET, const SiluMulArgs& a) { generic::silu_mul(a); }
+  MTP_TARGET(SET) __attribute__((flatten)) inline void gated_mul(SET, const GatedMulArgs& a) { generic::gated_mul(a); }
 
 MTP_ROWWISE_ENTRY_POINTS(Avx512)
 MTP_ROWWISE_ENTRY_POINTS(Avx2)
