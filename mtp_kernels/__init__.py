@@ -4,7 +4,7 @@ Importing the package registers the ``torch.ops.mtp.*`` operators (CPU kernels f
 compiled ``_C`` extension, and its CUDA kernels when built with MTP_WITH_CUDA; fake kernels
 for torch.compile from ``ops``). On a machine with a GPU and a package built without the
 C++ CUDA kernels, the Triton launchers of ``mtp_kernels.triton`` serve the CUDA tensors. The
-row-local layer ops (rms_norm, add_rms_norm, rope_, silu_mul) run their plain-torch
+row-local layer ops (rms_norm, add_rms_norm, rope_, silu_mul, gelu_tanh_mul) run their plain-torch
 specification on CUDA tensors (``fallback``). Every registration made at import is in
 ``_registry``.
 """
@@ -17,6 +17,7 @@ from .ops import (
     accept_prefix,
     add_rms_norm,
     cache_append,
+    gelu_tanh_mul,
     head_attention,
     linear,
     rms_norm,
@@ -44,6 +45,7 @@ __all__ = [
     "add_rms_norm",
     "rope_",
     "silu_mul",
+    "gelu_tanh_mul",
     "quantize_q8",
     "dequantize_q8",
     "ops",

@@ -571,7 +571,8 @@ def check_rope_inputs(op, x, cos, sin):
     check_written(op, "it is rotated in place", {"x": x}, {"cos": cos, "sin": sin})
 
 
-def check_silu_mul_input(op, gate_up):
+def check_gated_mul_input(op, gate_up):
+    """gate_up [..., 2I] of silu_mul and gelu_tanh_mul (csrc/cpu/rowwise.cpp's gated_mul_cpu)."""
     check_dtype(op, "gate_up", gate_up, FLOAT_TYPES)
     check(gate_up.dim() >= 1, op, "gate_up must have at least 1 dimension [..., 2I], got a scalar")
     check(

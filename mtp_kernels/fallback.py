@@ -1,13 +1,13 @@
 """The CUDA kernels of the row-local layer ops (``rms_norm``, ``add_rms_norm``, ``rope_``,
-``silu_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
+``silu_mul``, ``gelu_tanh_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
 checks of the CPU binding (same messages). ``decoder_layers`` and ``head_draft`` on CUDA are
 their op-by-op composition of the kernels (``reference.decoder_layers`` / ``head_draft`` with
 ``ops.KERNELS``): each op runs its own CUDA kernel (or the fallback above). There is no C++
 or Triton kernel for them; this keeps a model on a GPU working through the same ops. Exact like
 the CPU kernels: every step of rms_norm, add_rms_norm and rope_ is one IEEE operation in the
 kernels' order, so they should give the CPU kernels' bits, each row alone (test_rowwise.py
-checks it on a GPU; not run on one yet); silu_mul uses torch's exp (within a few ulp of the CPU
-kernel's polynomial). Not fast: the norm is a loop over the H / 16 lane chunks.
+checks it on a GPU; not run on one yet); silu_mul and gelu_tanh_mul use torch's exp (within a
+few ulp of the CPU kernel's polynomial). Not fast: the norm is a loop over the H / 16 lane chunks.
 
 Registered for the CUDA dispatch key on import (``register_cuda_kernels``); the functions are
 plain Python and run on any device (the tests run them on CPU tensors).
@@ -40,8 +40,13 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    C.check_silu_mul_input("mtp.silu_mul", gate_up)
+    C.check_gated_mul_input("mtp.silu_mul", gate_up)
     return reference.silu_mul(gate_up).contiguous()
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    C.check_gated_mul_input("mtp.gelu_tanh_mul", gate_up)
+    return reference.gelu_tanh_mul(gate_up).contiguous()
 
 
 def _decoder_weight_name(k: int, n: int) -> str:
@@ -173,6 +178,7 @@ FALLBACKS = {
     "add_rms_norm": add_rms_norm,
     "rope_": rope_,
     "silu_mul": silu_mul,
+    "gelu_tanh_mul": gelu_tanh_mul,
     "decoder_layers": decoder_layers,
     "head_draft": head_draft,
 }

@@ -393,6 +393,19 @@ def _silu_mul_fake(gate_up):
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up of gate_up [..., 2I] (gate, then up) -> [..., I], Gemma 3's MLP
+    activation (torch's gelu(approximate="tanh")); see ``reference.gelu_tanh_mul``."""
+    return torch.ops.mtp.gelu_tanh_mul.default(gate_up)
+
+
+def _gelu_tanh_mul_fake(gate_up):
+    torch._check(
+        gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0, lambda: "mtp.gelu_tanh_mul: gate_up must be [..., 2I]"
+    )
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
 def decoder_layers(
     x: torch.Tensor,
     k_cache: torch.Tensor,
@@ -572,6 +585,7 @@ FAKES = {
     "add_rms_norm": _add_rms_norm_fake,
     "rope_": _rope_fake,
     "silu_mul": _silu_mul_fake,
+    "gelu_tanh_mul": _gelu_tanh_mul_fake,
     "decoder_layers": _decoder_layers_fake,
     "head_draft": _head_draft_fake,
 }

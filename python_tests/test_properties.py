@@ -136,6 +136,32 @@ def test_silu_mul_rows_are_invariant_and_near_the_reference(case):
     )  # fp16 subnormals: one ulp
 
 
+@given(rows_case(even=True))
+def test_gelu_tanh_mul_rows_are_invariant_and_near_the_reference(case):
+    """gelu_tanh_mul as silu_mul above: each row bitwise its one-row call (any strides: the cases
+    come contiguous, sliced or transposed), NaN/inf positions as the reference's, values within a
+    few ulp (its exp a polynomial). Gates below -9.9995 give gelu = -0 here, ~1e-37 in the
+    reference: checked apart (times an inf up, NaN here, inf there)."""
+    x, _ = case
+    got, want = torch.ops.mtp.gelu_tanh_mul(x), reference.gelu_tanh_mul(x)
+    for m in range(x.shape[0]):
+        assert same_bits(torch.ops.mtp.gelu_tanh_mul(x[m : m + 1]), got[m : m + 1]), m
+    assert same_bits(torch.ops.mtp.gelu_tanh_mul(x.contiguous()), got)
+    g, u = x.float().chunk(2, dim=-1)
+    flush = (g < -10) & g.isfinite()
+    assert same_bits(got[flush], (-0.0 * u[flush]).to(x.dtype))
+    keep = (g >= -9.99) | (g == float("-inf"))  # gelu(-inf) = NaN (-inf * 0) in both
+    got, want = got[keep], want[keep]
+    finite = want.isfinite()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(
+        got[~finite & ~want.isnan()], want[~finite & ~want.isnan()]
+    )
+    eps = torch.finfo(x.dtype).eps
+    torch.testing.assert_close(
+        got[finite].float(), want[finite].float(), rtol=8 * eps, atol=2**-24 if x.dtype == torch.float16 else 1e-30
+    )  # fp16 subnormals: one ulp
+
+
 @given(
     st.integers(1, 9),
     st.integers(1, 70),

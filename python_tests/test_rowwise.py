@@ -1,8 +1,10 @@
 """The row-local layer ops: mtp.rms_norm, mtp.add_rms_norm and mtp.rope_ give reference.py's
-bits; mtp.silu_mul is within a few ulp of reference.silu_mul; every op gives the same bits on
-every instruction-set path, each row's bits do not depend on the other rows (a verify pass
-equals one-token decoding), any strides, empty tensors, NaN / inf / zero rows, opcheck,
-torch.compile, bad input, and the CUDA fallback (the reference, with the same checks)."""
+bits; mtp.silu_mul and mtp.gelu_tanh_mul are within a few ulp of reference.silu_mul /
+reference.gelu_tanh_mul (gelu_tanh_mul also against an fp64 evaluation and torch's gelu); every
+op gives the same bits on every instruction-set path, each row's bits do not depend on the other
+rows (a verify pass equals one-token decoding), any strides, empty tensors, NaN / inf / zero
+rows, opcheck, torch.compile, bad input, and the CUDA fallback (the reference, with the same
+checks)."""
 
 import re
 
@@ -19,6 +21,14 @@ EPS = 1e-5
 # the two fp32 values may round to neighbouring values (one ulp of the result).
 SILU_TOL = {
     torch.float32: dict(rtol=1e-6, atol=1e-30),
+    torch.bfloat16: dict(rtol=2**-7, atol=1e-30),
+    torch.float16: dict(rtol=2**-10, atol=2**-24),
+}
+# gelu_tanh_mul against reference.gelu_tanh_mul (the same fp32 steps with torch's exp): fp32
+# within 8 ulp (measured: 3), bf16 / fp16 one ulp of the result where the two fp32 values round
+# apart (rare: most outputs are bitwise equal, test_gelu_tanh_mul_is_close_to_the_reference).
+GELU_TOL = {
+    torch.float32: dict(rtol=2**-20, atol=1e-30),
     torch.bfloat16: dict(rtol=2**-7, atol=1e-30),
     torch.float16: dict(rtol=2**-10, atol=2**-24),
 }
@@ -94,6 +104,46 @@ def test_silu_mul_is_close_to_the_reference(isa, gen, dtype):
             torch.testing.assert_close(got, reference.silu_mul(g), **SILU_TOL[dtype])
 
 
+def gelu_arg(g):
+    """a = 2 sqrt(2/pi) (g + 0.044715 g^3) in fp64: gelu_tanh(g) = g sigmoid(a)."""
+    g = g.double()
+    return 2 * (2 / torch.pi) ** 0.5 * (g + 0.044715 * g**3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_mul_is_close_to_the_reference(isa, gen, dtype):
+    for I in [1536, 1, 7, 16, 33]:
+        for lead in [(1,), (9,), (2, 3)]:
+            g = (4 * torch.randn((*lead, 2 * I), generator=gen)).to(dtype)
+            got = torch.ops.mtp.gelu_tanh_mul(g)
+            assert got.shape == (*lead, I) and got.dtype == dtype
+            torch.testing.assert_close(got, reference.gelu_tanh_mul(g), **GELU_TOL[dtype])
+    # Many values: bf16 / fp16 give the reference's bits but where the two fp32 values (a few
+    # ulp apart) round to neighbours; fp32 within 4 (1 + |a|) ulp of the value in fp64 (computing
+    # a in fp32 costs |a| times its few ulp, up to 87 at the flush to 0: measured <= 2.9 (1 + |a|)).
+    gate = torch.cat([torch.linspace(-10, 10, 20001), 4 * torch.randn(20000, generator=gen)])
+    up = torch.randn(gate.shape, generator=gen)
+    x = torch.cat([gate, up])[None].to(dtype)
+    got, want = torch.ops.mtp.gelu_tanh_mul(x)[0], reference.gelu_tanh_mul(x)[0]
+    torch.testing.assert_close(got, want, **GELU_TOL[dtype])
+    g, u = x[0].double().chunk(2)
+    a = gelu_arg(g)
+    exact = g * torch.sigmoid(a) * u
+    kept = a.abs() <= 87.3  # beyond, e^-|a| is 0 in the kernel: the value is below 1.3e-37
+    if dtype != torch.float32:
+        assert (got == want)[kept].float().mean() > 0.999
+    if dtype == torch.float32:
+        ulp = torch.finfo(torch.float32).eps * exact.abs()  # 2^-23 |x| >= one ulp of x
+        assert ((got.double() - exact).abs() <= 4 * (1 + a.abs()) * ulp)[kept].all()
+    else:
+        torch.testing.assert_close(got[kept], exact[kept].to(dtype), **GELU_TOL[dtype])
+    # torch's gelu: 0.5 g (1 + tanh) in fp32 is off by up to |g| 2^-24 (1 + tanh cancels for
+    # negative g, 0 below g = -5.06); with that allowance, the same values
+    tg = torch.nn.functional.gelu(g.float(), approximate="tanh").double() * u
+    allow = (g * u).abs() * 2**-24 + GELU_TOL[dtype]["rtol"] * exact.abs() + 2**-24
+    assert ((got.double() - tg).abs() <= allow).all()
+
+
 def all_ops(gen, dtype):
     """One call of each op (add_rms_norm's two outputs, rope_ on a copy) on fixed inputs."""
     x, r, w = rows(gen, (9, 576 + 19), dtype), rows(gen, (9, 576 + 19), dtype), torch.randn(576 + 19, generator=gen)
@@ -105,6 +155,7 @@ def all_ops(gen, dtype):
         *torch.ops.mtp.add_rms_norm(x, r, w, EPS),
         rope(q, cos, sin),
         torch.ops.mtp.silu_mul(g),
+        torch.ops.mtp.gelu_tanh_mul(g),
     ]
 
 
@@ -130,11 +181,12 @@ def test_each_row_alone_gives_the_same_bits(isa, gen, dtype):
     q = rows(gen, (2, 9, 12, 64), dtype)
     cos, sin = torch.randn(2, 9, 64, generator=gen), torch.randn(2, 9, 64, generator=gen)
     g = (6 * torch.randn(2, 9, 2 * I, generator=gen)).to(dtype)
-    norm, (s, n), rot, act = (
+    norm, (s, n), rot, act, gelu = (
         torch.ops.mtp.rms_norm(x, w, EPS),
         torch.ops.mtp.add_rms_norm(x, r, w, EPS),
         rope(q, cos, sin),
         torch.ops.mtp.silu_mul(g),
+        torch.ops.mtp.gelu_tanh_mul(g),
     )
     for b in range(2):
         for t in range(9):  # one-token decoding of position t of request b
@@ -145,8 +197,10 @@ def test_each_row_alone_gives_the_same_bits(isa, gen, dtype):
             assert_bitwise(n1, n[one])
             assert_bitwise(rope(q[one], cos[one], sin[one]), rot[one])
             assert_bitwise(torch.ops.mtp.silu_mul(g[one]), act[one])
+            assert_bitwise(torch.ops.mtp.gelu_tanh_mul(g[one]), gelu[one])
         for T in (2, 5):  # a verify pass over the first T positions
             assert_bitwise(torch.ops.mtp.rms_norm(x[b : b + 1, :T], w, EPS), norm[b : b + 1, :T])
+            assert_bitwise(torch.ops.mtp.gelu_tanh_mul(g[b : b + 1, :T]), gelu[b : b + 1, :T])
 
 
 def test_strided_inputs(gen):
@@ -193,6 +247,12 @@ def test_strided_inputs(gen):
     want = torch.ops.mtp.silu_mul(g.contiguous())
     assert_bitwise(torch.ops.mtp.silu_mul(g), want)
     assert_bitwise(torch.ops.mtp.silu_mul(g.t().contiguous().t()), want)
+    want = torch.ops.mtp.gelu_tanh_mul(g.contiguous())
+    assert_bitwise(torch.ops.mtp.gelu_tanh_mul(g), want)
+    assert_bitwise(torch.ops.mtp.gelu_tanh_mul(g.t().contiguous().t()), want)
+    assert_bitwise(torch.ops.mtp.gelu_tanh_mul(g[1].expand(3, 2 * I)), want[1].expand(3, I))  # stride-0 rows
+    g3 = g_big[:, 1 : 1 + 2 * I].unflatten(0, (2, 2)).transpose(0, 1)  # 3-D, permuted leading dims
+    assert_bitwise(torch.ops.mtp.gelu_tanh_mul(g3), torch.ops.mtp.gelu_tanh_mul(g3.contiguous()))
 
 
 def test_empty():
@@ -206,6 +266,10 @@ def test_empty():
         torch.ops.mtp.rope_(x, torch.randn(shape[0], shape[1], shape[3]), torch.randn(shape[0], shape[1], shape[3]))
     assert torch.ops.mtp.silu_mul(torch.randn(0, 8)).shape == (0, 4)
     assert torch.ops.mtp.silu_mul(torch.randn(3, 0)).shape == (3, 0)
+    for dtype in DTYPES:
+        for shape, want in [((0, 8), (0, 4)), ((3, 0), (3, 0)), ((2, 0, 6), (2, 0, 3)), ((0,), (0,))]:
+            out = torch.ops.mtp.gelu_tanh_mul(torch.randn(shape).to(dtype))
+            assert out.shape == want and out.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -274,6 +338,40 @@ def test_nan_inf_and_zero_rows(isa, gen, dtype):
     torch.testing.assert_close(got, want, equal_nan=True, **SILU_TOL[dtype])
     assert torch.equal(got.signbit() | got.isnan(), want.signbit() | want.isnan())
 
+    # gelu_tanh_mul: gelu(g) below g = -9.9995 is -0 here (e^-|a| < 2^-126) and ~1e-37 or 0 in
+    # the reference; inf / NaN ups only with gates away from that edge. The same specials (and
+    # subnormal gates, fp16's smallest) as silu_mul's, against the reference and torch's gelu.
+    tiny = torch.finfo(dtype).tiny
+    special += [tiny / 4, -tiny / 4, tiny, -tiny, 2**-24, -(2**-24), -5.0, -9.9, -10.1]
+    pairs = [(a, b) for a in special for b in finite_ups]
+    pairs += [
+        (a, b)
+        for a in [float("-inf"), -9.9, -5.0, -1.0, -0.0, 0.0, 1.0, 20.0, float("inf"), float("nan")]
+        for b in [float("inf"), float("-inf"), float("nan")]
+    ]
+    g = torch.tensor([a for a, _ in pairs] + [b for _, b in pairs]).to(dtype)[None]
+    got, want = torch.ops.mtp.gelu_tanh_mul(g), reference.gelu_tanh_mul(g)
+    torch.testing.assert_close(got, want, equal_nan=True, **GELU_TOL[dtype])
+    assert torch.equal(got.signbit() | got.isnan(), want.signbit() | want.isnan())
+    gate, up = g[0].float().chunk(2)
+    fin = up.isfinite()  # torch's gelu(-9.9) is 0 (times inf: NaN), this one's -1e-36 (-inf)
+    torch.testing.assert_close(
+        got[0].float()[fin],
+        (torch.nn.functional.gelu(gate, approximate="tanh") * up)[fin],
+        equal_nan=True,
+        rtol=GELU_TOL[dtype]["rtol"],
+        atol=1e-6,  # torch's 1 + tanh cancels for negative gates
+    )
+    # The edges, decided: gelu(+-0) = +-0, gelu(+inf) = inf, gelu(-inf) = NaN (-inf * 0, as
+    # torch's gelu gives), NaN propagates (gate or up), gelu(-100) = -0, gelu(100) = 100.
+    e = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -100.0, 100.0, 1.0]
+    out = torch.ops.mtp.gelu_tanh_mul(torch.tensor([e + [1.0] * 7 + [float("nan")]]).to(dtype))[0]
+    assert torch.equal(out[:2], torch.tensor([0.0, -0.0], dtype=dtype)) and torch.equal(
+        out[:2].signbit(), out.new_tensor([0, 1]).bool()
+    )
+    assert out[2] == float("inf") and out[3].isnan() and out[4].isnan() and out[7].isnan()
+    assert out[5] == 0 and out[5].signbit() and out[6] == 100
+
 
 def test_opcheck_and_compile(gen):
     x, r, w = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen), torch.randn(64, generator=gen)
@@ -285,6 +383,9 @@ def test_opcheck_and_compile(gen):
         torch.library.opcheck(torch.ops.mtp.add_rms_norm.default, (x.to(dtype), r.to(dtype), w.to(dtype), EPS))
         torch.library.opcheck(torch.ops.mtp.rope_.default, (q.to(dtype), cos, sin))
         torch.library.opcheck(torch.ops.mtp.silu_mul.default, (g.to(dtype),))
+        torch.library.opcheck(torch.ops.mtp.gelu_tanh_mul.default, (g.to(dtype),))
+    torch.library.opcheck(torch.ops.mtp.gelu_tanh_mul.default, (g.half(),))
+    torch.library.opcheck(torch.ops.mtp.gelu_tanh_mul.default, (torch.randn(0, 6),))
 
     def layer(x, r, qkv):
         s, h = mtp_kernels.add_rms_norm(x, r, w, EPS)
@@ -295,6 +396,11 @@ def test_opcheck_and_compile(gen):
     qkv = torch.randn(2, 3, 5, 16, generator=gen)
     for got, want in zip(torch.compile(layer, fullgraph=True)(x, r, qkv), layer(x, r, qkv)):
         assert torch.equal(got, want)
+
+    def mlp(h):
+        return mtp_kernels.gelu_tanh_mul(torch.cat([h, h], -1)) * 2
+
+    assert torch.equal(torch.compile(mlp, fullgraph=True)(x), mlp(x))
 
 
 BAD = [
@@ -399,6 +505,18 @@ BAD = [
     ("silu_mul", lambda: (torch.ones(2, 4, dtype=torch.int32),), "gate_up must be Float or BFloat16 or Half, got Int"),
     ("silu_mul", lambda: (torch.randn(2, 7),), "gate_up.size(-1) must be even [..., 2I] (gate, then up), got 7"),
     ("silu_mul", lambda: (torch.tensor(1.0),), "gate_up must have at least 1 dimension [..., 2I], got a scalar"),
+    (
+        "gelu_tanh_mul",
+        lambda: (torch.ones(2, 4, dtype=torch.int32),),
+        "gate_up must be Float or BFloat16 or Half, got Int",
+    ),
+    ("gelu_tanh_mul", lambda: (torch.randn(2, 4).double(),), "gate_up must be Float or BFloat16 or Half, got Double"),
+    ("gelu_tanh_mul", lambda: (torch.randn(2, 7),), "gate_up.size(-1) must be even [..., 2I] (gate, then up), got 7"),
+    (
+        "gelu_tanh_mul",
+        lambda: (torch.tensor(1.0),),
+        "gate_up must have at least 1 dimension [..., 2I], got a scalar",
+    ),
 ]
 
 
@@ -426,6 +544,14 @@ def test_cuda_fallback_is_registered_and_is_the_cpu_kernel(gen):
     assert_bitwise(y, rope(q, cos, sin))
     g = torch.randn(3, 2 * 1536, generator=gen).bfloat16()
     torch.testing.assert_close(fallback.silu_mul(g), torch.ops.mtp.silu_mul(g), **SILU_TOL[torch.bfloat16])
+    for dtype in DTYPES:
+        gd = (4 * g).to(dtype)
+        got = fallback.gelu_tanh_mul(gd)
+        assert got.is_contiguous() and got.dtype == dtype
+        assert_bitwise(got, reference.gelu_tanh_mul(gd))
+        torch.testing.assert_close(got, torch.ops.mtp.gelu_tanh_mul(gd), **GELU_TOL[dtype])
+    gt = (4 * torch.randn(2 * 1536, 3, generator=gen)).t()  # strided: the same values
+    assert_bitwise(fallback.gelu_tanh_mul(gt), fallback.gelu_tanh_mul(gt.contiguous()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: needs CUDA")
@@ -443,3 +569,6 @@ def test_cuda_gives_the_cpu_bits(gen, dtype):
     torch.ops.mtp.rope_(y, c(cos), c(sin))
     assert_bitwise(y.cpu(), rope(q, cos, sin))
     torch.testing.assert_close(torch.ops.mtp.silu_mul(c(g)).cpu(), torch.ops.mtp.silu_mul(g), **SILU_TOL[dtype])
+    torch.testing.assert_close(
+        torch.ops.mtp.gelu_tanh_mul(c(g)).cpu(), torch.ops.mtp.gelu_tanh_mul(g), **GELU_TOL[dtype]
+    )

@@ -1,5 +1,6 @@
 // CPU bindings of the row-local layer ops (mtp.rms_norm, mtp.add_rms_norm, mtp.rope_,
-// mtp.silu_mul): checks, tensors -> rows and strides. No threads: see mtp/rowwise.h.
+// mtp.silu_mul, mtp.gelu_tanh_mul): checks, tensors -> rows and strides. No threads: see
+// mtp/rowwise.h.
 #include <torch/csrc/stable/library.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@ constexpr const char* kRmsNorm = "mtp.rms_norm";
 constexpr const char* kAddRmsNorm = "mtp.add_rms_norm";
 constexpr const char* kRope = "mtp.rope_";
 constexpr const char* kSiluMul = "mtp.silu_mul";
+constexpr const char* kGeluTanhMul = "mtp.gelu_tanh_mul";
 
 // t [..., n] as [M, n] rows with a unit element stride: a view when its layout allows, else
 // a copy (activations are small).
@@ -114,7 +116,7 @@ void rope_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   rope(a, current_isa());
 }
 
-// act(gate) * up of gate_up [..., 2I] -> [..., I] (mtp.silu_mul).
+// act(gate) * up of gate_up [..., 2I] -> [..., I] (mtp.silu_mul, mtp.gelu_tanh_mul).
 Tensor gated_mul_cpu(const char* op, GatedAct act, const Tensor& gate_up) {
   check_cpu(op, "gate_up", gate_up);
   check_dtype(op, "gate_up", gate_up, kFloatTypes);
@@ -141,6 +143,8 @@ Tensor gated_mul_cpu(const char* op, GatedAct act, const Tensor& gate_up) {
 
 Tensor silu_mul_cpu(const Tensor& gate_up) { return gated_mul_cpu(kSiluMul, GatedAct::Silu, gate_up); }
 
+Tensor gelu_tanh_mul_cpu(const Tensor& gate_up) { return gated_mul_cpu(kGeluTanhMul, GatedAct::GeluTanh, gate_up); }
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(mtp, CPU, m) {
@@ -148,6 +152,7 @@ STABLE_TORCH_LIBRARY_IMPL(mtp, CPU, m) {
   m.impl("add_rms_norm", TORCH_BOX(&add_rms_norm_cpu));
   m.impl("rope_", TORCH_BOX(&rope_cpu));
   m.impl("silu_mul", TORCH_BOX(&silu_mul_cpu));
+  m.impl("gelu_tanh_mul", TORCH_BOX(&gelu_tanh_mul_cpu));
 }
 
 }  // namespace mtp::cpu
