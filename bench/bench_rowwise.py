@@ -1,4 +1,5 @@
-"""The row-local layer ops (mtp.add_rms_norm, mtp.rms_norm, mtp.rope_, mtp.silu_mul) against
+"""The row-local layer ops (mtp.add_rms_norm, mtp.rms_norm, mtp.rope_, mtp.silu_mul,
+mtp.gelu_tanh_mul: Gemma 3's activation, at the same sizes) against
 the torch composition the backbone ran before (fp32 upcast, pow, mean, rsqrt, ...), for
 SmolLM2-135M's sizes (hidden 576, 9 query + 3 kv heads of 64, intermediate 1536) and the rows
 of a decode step (T=1) and of verify passes (T=5, T=9), bf16 as the backbone runs. "layer":
@@ -33,6 +34,11 @@ def torch_rope(x, cos, sin):
 def torch_silu_mul(gate_up):
     gate, up = gate_up.split(INTER, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def torch_gelu_tanh_mul(gate_up):
+    gate, up = gate_up.split(INTER, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
 
 
 def inputs(T):
@@ -74,6 +80,10 @@ def case(op, impl, a):
         return (lambda: torch.ops.mtp.silu_mul(a["gate_up"])) if impl == "mtp" else (
             lambda: torch_silu_mul(a["gate_up"])
         ), silu_bytes
+    if op == "gelu_tanh_mul":
+        return (lambda: torch.ops.mtp.gelu_tanh_mul(a["gate_up"])) if impl == "mtp" else (
+            lambda: torch_gelu_tanh_mul(a["gate_up"])
+        ), silu_bytes
 
     def layer_mtp():
         torch.ops.mtp.rope_(qk, a["cos"], a["sin"])
@@ -93,7 +103,7 @@ def case(op, impl, a):
 
 
 @pytest.mark.parametrize("impl", ["mtp", "torch"])
-@pytest.mark.parametrize("op", ["add_rms_norm", "rms_norm", "rope", "silu_mul", "layer"])
+@pytest.mark.parametrize("op", ["add_rms_norm", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul", "layer"])
 @pytest.mark.parametrize("T", [1, 5, 9])
 def test_rowwise(benchmark, op, impl, T):
     fn, nbytes = case(op, impl, inputs(T))
