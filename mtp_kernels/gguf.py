@@ -168,3 +168,20 @@ def unpack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
     scales = blocks[..., : X8_ROWS * head].reshape(G, nb, head // 2, X8_ROWS, 2).permute(0, 3, 1, 2, 4)
     values = blocks[..., X8_ROWS * head :].reshape(G, nb, chunks, X8_ROWS, 4).permute(0, 3, 1, 2, 4)
     return torch.cat([scales.reshape(G, X8_ROWS, nb, head), values.reshape(G, X8_ROWS, nb, -1)], -1).reshape(N, rb)
+
+
+def widen_q5_0(data: torch.Tensor) -> torch.Tensor:
+    """Q5_0 rows [N, row_bytes] -> the same values as Q8_0 rows (a new tensor, 34/22 the
+    bytes). Lossless: a Q5_0 block is d and 32 five-bit values q - 16 in [-16, 15], which
+    Q8_0's d and 32 int8 hold as they are; the kernels' product is an exact integer dot per
+    block then the same fp32 chain, so the bits of mtp.linear do not change (tested), while
+    Q8_0's x8 layout runs 1.3x-2.5x faster than Q5_0 as stored."""
+    N, rb = data.shape
+    blocks = data.reshape(N, rb // 22, 22)
+    qh = blocks[..., 2:6].to(torch.int64)
+    qh = qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24  # bit j: value j's 5th bit
+    qs = blocks[..., 6:22]
+    low = torch.cat([qs & 0x0F, qs >> 4], dim=-1).to(torch.int16)  # values 0..15, then 16..31
+    high = ((qh[..., None] >> torch.arange(32)) & 1).to(torch.int16) << 4
+    q = ((low | high) - 16).to(torch.int8).view(torch.uint8)
+    return torch.cat([blocks[..., :2], q], dim=-1).reshape(N, rb // 22 * 34)

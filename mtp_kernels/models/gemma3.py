@@ -444,15 +444,23 @@ def build_tokenizer(meta: dict, cfg: Gemma3Config, path: str = "the model") -> T
             bos_token=tokens[cfg.bos_token_id] if cfg.bos_token_id is not None else "",
             eos_token=tokens[cfg.eos_token_ids[0]],
             source=path,
+            prompt_prefix=_bos(cfg) if template is None else (),  # a template writes its own
         )
     except ValueError as e:
         raise Gemma3Error(f"{path}: GGUF metadata 'tokenizer.chat_template': {e}") from None
 
 
-def load(path: str | None = None) -> tuple[Gemma3Config, dict[str, torch.Tensor], Tokenizer]:
-    """(config, fp32 weights in transformers' naming, tokenizer) of a Gemma 3 GGUF (default:
-    the 270M of `make gemma`). Every block type the `gguf` package dequantizes is read (the
-    270M: Q4_K, Q5_0, Q6_K, Q8_0 and F32); the norms are the file's multipliers (1 + w)."""
+def load(path: str | None = None, native: bool = False) -> tuple[Gemma3Config, dict, Tokenizer]:
+    """(config, weights in transformers' naming, tokenizer) of a Gemma 3 GGUF (default: the
+    270M of `make gemma`); the norms are the file's multipliers (1 + w).
+    native=False: every tensor dequantized to fp32 (every block type the `gguf` package reads;
+    the 270M: Q4_K, Q5_0, Q6_K, Q8_0 and F32). native=True (the kernels' backbone,
+    gemma3_backbone): each matrix of a block type the kernels read (gguf.BLOCK_TYPES) is a
+    QuantTensor viewing the file's private memory map (zero-copy; Q4_0 / Q4_1 / Q8_0 repacked
+    in place into their x8 layout), F32 / F16 tensors are copies in their own dtype, and a
+    matrix of any other type is dequantized to fp32 (it runs as a float matrix)."""
+    from ..gguf import BLOCK_TYPES, QuantTensor, can_x8
+
     path = path or default_gguf_path()
     meta, tensors = _read_header(path)
     cfg = config_from_gguf(meta, [t.name for t in tensors], path)
@@ -461,14 +469,27 @@ def load(path: str | None = None) -> tuple[Gemma3Config, dict[str, torch.Tensor]
     del meta
     sizes = _ggml_sizes()
     mapped = _map_file(path, os.path.getsize(path))
-    weights = {our_name(t.name): _dequantize(path, mapped[t.offset : t.offset + t.nbytes], t, sizes) for t in tensors}
+    weights = {}
+    for t in tensors:
+        raw = mapped[t.offset : t.offset + t.nbytes]
+        if native and len(t.shape) == 2 and t.type in BLOCK_TYPES:
+            _, elems, nbytes = sizes[t.type]
+            w = QuantTensor(raw.view(t.shape[0], t.shape[1] // elems * nbytes), t.type)
+            weights[our_name(t.name)] = w.x8(in_place=True) if can_x8(w) else w
+        elif native and t.type in _FLOAT_TYPES:
+            weights[our_name(t.name)] = torch.from_numpy(raw.numpy().view(_FLOAT_TYPES[t.type]).reshape(t.shape).copy())
+        else:
+            weights[our_name(t.name)] = _dequantize(path, raw, t, sizes)
     return cfg, weights, tokenizer
+
+
+def _bos(cfg: Gemma3Config) -> tuple[int, ...]:
+    return (cfg.bos_token_id,) if cfg.add_bos_token and cfg.bos_token_id is not None else ()
 
 
 def prompt_ids(tokenizer: Tokenizer, cfg: Gemma3Config, text: str) -> list[int]:
     """A prompt's tokens as the model reads them: BOS first when the file asks for it."""
-    bos = [cfg.bos_token_id] if cfg.add_bos_token and cfg.bos_token_id is not None else []
-    return bos + tokenizer.encode(text)
+    return list(_bos(cfg)) + tokenizer.encode(text)
 
 
 # ---- the model --------------------------------------------------------------------------

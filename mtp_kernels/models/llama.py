@@ -190,13 +190,8 @@ class Backbone(torch.nn.Module):
 
     def _rows(self, name: str, index) -> torch.Tensor:
         w, scale, gguf_type = self.w(name), self.scale(name), self.gguf_type(name)
-        if gguf_type is not None:  # the rows' bytes, dequantized in fp32 then rounded (as mtp.head_draft does)
-            if gguf_type in X8_TYPES and index is None:
-                rows, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
-            else:  # an x8 matrix's rows are interleaved: gathered in the file's layout
-                rows, gguf_type = (w, gguf_type) if index is None else file_rows(w, gguf_type, index)
-            flat = gguf_dequantize(rows.reshape(-1, w.shape[-1]), gguf_type).to(self.dtype)
-            return flat.view(*rows.shape[:-1], flat.shape[-1])
+        if gguf_type is not None:
+            return block_rows(w, gguf_type, index, self.dtype)
         if scale is None:
             return w if index is None else w[index]
         if index is not None:
@@ -290,6 +285,17 @@ class Backbone(torch.nn.Module):
         )
         cache.lens.add_(T)
         return h
+
+
+def block_rows(w: torch.Tensor, gguf_type: int, index, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `index` (all when None) of a GGUF block-type matrix's bytes w, dequantized in fp32
+    then rounded to dtype (as mtp.head_draft does): [*index.shape, K]."""
+    if gguf_type in X8_TYPES and index is None:
+        rows, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
+    else:  # an x8 matrix's rows are interleaved: gathered in the file's layout
+        rows, gguf_type = (w, gguf_type) if index is None else file_rows(w, gguf_type, index)
+    flat = gguf_dequantize(rows.reshape(-1, w.shape[-1]), gguf_type).to(dtype)
+    return flat.view(*rows.shape[:-1], flat.shape[-1])
 
 
 def _fuse(name: str, parts: list):

@@ -77,8 +77,11 @@ class Tokenizer:
         bos_token: str = "",
         eos_token: str = "",
         source: str = "the model",
+        prompt_prefix: tuple[int, ...] = (),
     ):
         self.hf = hf
+        # Ids put before a prompt's tokens (Gemma's <bos> where no chat template writes it).
+        self.prompt_prefix = list(prompt_prefix)
         self.chat_template = chat_template
         self.eos_token_ids = eos_token_ids
         self.bos_token, self.eos_token = bos_token, eos_token

@@ -1,0 +1,231 @@
+"""Gemma 3 on the kernels: the runtime's backbone for a `gemma3` GGUF, exact by construction
+like the Llama one (models/llama.py).
+
+Every step that mixes values across a row is a shape-invariant kernel (`mtp.linear` for the
+projections and the LM head, `mtp.head_attention` with its sliding `window` on the local
+layers, `mtp.rms_norm` / `mtp.add_rms_norm` for the norms, the per-head q/k norms included),
+the rest is elementwise (`mtp.rope_`, `mtp.gelu_tanh_mul`), so a verify pass over K+1
+positions gives every position the bits of a one-token step: speculative decoding equals
+plain greedy decoding. The layer is gemma3.Gemma3's (the fp32 reference checked against
+transformers), op by op:
+
+    h = input_norm(x); q, k, v = h @ Wq, Wk, Wv; q, k = q_norm(q), k_norm(k) per head;
+    RoPE (base rope_local_theta on sliding layers, rope_theta on global ones); append k, v;
+    a = attention(q, cache; causal, window on sliding layers)
+    x, h = x + post_attention_norm(a @ Wo), pre_feedforward_norm(of that sum)
+    x, h = x + post_feedforward_norm(gelu_tanh_mul(h @ [Wgate; Wup]) @ Wdown), next norm
+
+It runs the ops one call each (~16 per layer), not one fused `mtp.decoder_layers` call as the
+Llama backbone does: that op does not know Gemma's layer yet. Matrices run as stored (GGUF
+block types through `mtp.linear`'s gguf_type, each matrix its own type: the 270M mixes Q5_0
+and Q8_0 within a layer's q/k/v) or as float weights in `dtype`. The KV cache is the Llama
+one's (static, every position kept; the window only limits what is read).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..gguf import TYPE_NUMBERS, QuantTensor, can_x8, widen_q5_0
+from .gemma3 import Gemma3Config, expected_shapes
+from .llama import KVCache, MixedTypesError, _fuse, block_rows
+
+
+class Gemma3Backbone(torch.nn.Module):
+    """The frozen Gemma 3 backbone: forward(tokens, cache) -> final normed hidden states,
+    logits(hidden) -> logits, the interface decoding.generate drives. weights: gemma3.load's
+    dict (QuantTensors with native=True, else fp32 tensors); activations, norms and the KV
+    cache in dtype (float32 or bfloat16). widen: Q5_0 matrices run as Q8_0 (x8 layout), the
+    same values and bits (gguf.widen_q5_0), faster, for 34/22 of their bytes (+23 MB on the
+    270M); False runs them as stored."""
+
+    def __init__(self, cfg: Gemma3Config, weights: dict, dtype: torch.dtype = torch.float32, widen: bool = True):
+        super().__init__()
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"Gemma3Backbone: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        for name, shape in expected_shapes(cfg).items():
+            if name not in weights:
+                raise ValueError(f"Gemma3Backbone: weight {name!r} is missing")
+            if tuple(weights[name].shape) != shape:
+                raise ValueError(
+                    f"Gemma3Backbone: weight {name!r} has shape {tuple(weights[name].shape)}, expected {shape}"
+                )
+        self.cfg, self.dtype = cfg, dtype
+        q5_0 = TYPE_NUMBERS["Q5_0"]
+        self.widened = widen and any(isinstance(w, QuantTensor) and w.gguf_type == q5_0 for w in weights.values())
+        if widen:  # Q5_0 as Q8_0 (x8): the same bits, faster; see gguf.widen_q5_0
+            weights = {n: _widened(w) for n, w in weights.items()}
+        self.native = any(isinstance(w, QuantTensor) for w in weights.values())
+        self.quantized = self.int8_dot = False  # the Llama backbone's Q8 options: not offered here
+        self.loaded_as_stored = False  # set by loading.load_backbone
+        self._mats: dict[str, tuple[torch.Tensor, int | None]] = {}  # name -> (weight as stored, GGML type)
+        self._norms: dict[str, torch.Tensor] = {}
+        self.layers = []  # per layer: the names of its matrices and norms
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            attn = self._matrices(weights, p, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
+            mlp = self._matrices(weights, p, ("mlp.gate_proj", "mlp.up_proj"))
+            norms = {
+                n: self._norm(weights, p + n + ".weight")
+                for n in (
+                    "input_layernorm",
+                    "self_attn.q_norm",
+                    "self_attn.k_norm",
+                    "post_attention_layernorm",
+                    "pre_feedforward_layernorm",
+                    "post_feedforward_layernorm",
+                )
+            }
+            self._add(p + "self_attn.o_proj.weight", weights[p + "self_attn.o_proj.weight"])
+            self._add(p + "mlp.down_proj.weight", weights[p + "mlp.down_proj.weight"])
+            self.layers.append((attn, mlp, norms))
+        self.final_norm = self._norm(weights, "model.norm.weight")
+        self.lm_head_name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+        self._add("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
+        if not cfg.tie_embeddings:
+            self._add("lm_head.weight", weights["lm_head.weight"])
+        self.embed_scale = math.sqrt(cfg.hidden_size)  # rounded to fp32 with the product (gemma3.Gemma3)
+        self.scale = cfg.query_pre_attn_scalar**-0.5
+        self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}  # sliding? -> cos, sin [P, D]
+
+    def _add(self, name: str, w) -> None:
+        if isinstance(w, QuantTensor):
+            self._mats[name] = (w.data, w.gguf_type)
+        else:
+            self._mats[name] = (w.to(self.dtype).contiguous(), None)
+
+    def _norm(self, weights: dict, name: str) -> torch.Tensor:
+        w = weights[name]
+        if isinstance(w, QuantTensor):  # a norm vector of a block type (no known file has one)
+            w = w.dequantize().view(-1)
+        return w.to(self.dtype).contiguous()
+
+    def _matrices(self, weights: dict, prefix: str, parts: tuple[str, ...]) -> list[tuple[str, list[int]]]:
+        """The parts as one fused matrix when they share a type (one mtp.linear call, the
+        input read once; a float or mixed-type set: each part alone, as stored). Returns
+        [(matrix name, rows of each part in it)]."""
+        names = [f"{prefix}{part}.weight" for part in parts]
+        ws = [weights[n] for n in names]
+        if all(isinstance(w, QuantTensor) for w in ws):
+            try:
+                fused = prefix + "+".join(parts)
+                self._add(fused, _fuse(fused, ws))
+                return [(fused, [w.shape[0] for w in ws])]
+            except MixedTypesError:
+                pass
+        for n, w in zip(names, ws):
+            self._add(n, w)
+        return [(n, [w.shape[0]]) for n, w in zip(names, ws)]
+
+    def gguf_type(self, name: str) -> int | None:
+        return self._mats[name][1]
+
+    def gguf_types(self) -> set[int]:
+        """The GGML types of the block-quantized matrices (x8 layouts: type + 100)."""
+        return {t for _, t in self._mats.values() if t is not None}
+
+    def matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x @ W.T through mtp.linear, W as stored; the fp32 result rounded to dtype."""
+        w, gguf_type = self._mats[name]
+        return torch.ops.mtp.linear(x, w, None, None, gguf_type=gguf_type).to(self.dtype)
+
+    def _project(self, x: torch.Tensor, mats: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
+        """The parts' outputs (views of one fused output, or one call each)."""
+        out = []
+        for name, rows in mats:
+            y = self.matmul(x, name)
+            out.extend(y.split(rows, dim=-1) if len(rows) > 1 else [y])
+        return out
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embedding rows times sqrt(hidden) in fp32, rounded to dtype: [..., hidden]."""
+        w, gguf_type = self._mats["model.embed_tokens.weight"]
+        rows = block_rows(w, gguf_type, tokens, torch.float32) if gguf_type is not None else w[tokens].float()
+        return (rows * torch.tensor(self.embed_scale, dtype=torch.float32)).to(self.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w, gguf_type = self._mats[self.lm_head_name]
+        return torch.ops.mtp.linear(hidden, w, None, None, gguf_type=gguf_type)
+
+    def _tables(self, sliding: bool, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE cos/sin [P >= need, D] of a layer kind (fp64 angles rounded to fp32, as
+        gemma3.rope_cos_sin), grown to the cache's capacity: the full context's tables would
+        be 4 x 32 MB at head_dim 256."""
+        have = self._rope.get(sliding)
+        if have is None or have[0].shape[0] < need:
+            from .gemma3 import rope_cos_sin
+
+            theta = self.cfg.rope_local_theta if sliding else self.cfg.rope_theta
+            self._rope[sliding] = rope_cos_sin(torch.arange(need), self.cfg.head_dim, theta)
+        return self._rope[sliding]
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        if max_len > self.cfg.max_position:
+            raise ValueError(f"a cache of {max_len} positions exceeds the model's context of {self.cfg.max_position}")
+        for sliding in set(self.cfg.sliding_layers):
+            self._tables(sliding, max_len)
+        return KVCache(self.cfg, batch, max_len, self.dtype)
+
+    def _attention(self, i: int, h: torch.Tensor, cache: KVCache, angles, lens: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = h.shape
+        attn, _, norms = self.layers[i]
+        q, k, v = self._project(h, attn)
+        q = torch.ops.mtp.rms_norm(
+            q.view(B, T, cfg.num_heads, cfg.head_dim), norms["self_attn.q_norm"], cfg.rms_norm_eps
+        )
+        k = torch.ops.mtp.rms_norm(
+            k.view(B, T, cfg.num_kv_heads, cfg.head_dim), norms["self_attn.k_norm"], cfg.rms_norm_eps
+        )
+        cos, sin = angles[cfg.sliding_layers[i]]
+        torch.ops.mtp.rope_(q, cos, sin)
+        torch.ops.mtp.rope_(k, cos, sin)
+        v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
+        window = cfg.sliding_window if cfg.sliding_layers[i] else None
+        a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], lens, None, None, self.scale, True, window=window)
+        return self.matmul(a.view(B, T, -1), f"model.layers.{i}.self_attn.o_proj.weight")
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
+        """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the cache
+        and advances cache.lens by T. Returns the final normed hidden states [B, T, hidden]."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        if tree_parents is not None:
+            raise ValueError("Gemma3Backbone: tree drafts need an MTP head, and Gemma 3 has none yet: verify chains")
+        B, T = tokens.shape
+        if B != cache.lens.shape[0]:
+            raise ValueError(f"tokens has {B} requests but the cache has {cache.lens.shape[0]}")
+        if int(cache.lens.max()) + T > cache.capacity:
+            raise ValueError(f"{T} more tokens do not fit the cache: {int(cache.lens.max())} used of {cache.capacity}")
+        positions = cache.lens[:, None] + torch.arange(T)  # [B, T]
+        angles = {}
+        for sliding in set(cfg.sliding_layers):
+            cos, sin = self._tables(sliding, cache.capacity)
+            angles[sliding] = (cos[positions], sin[positions])
+        lens = cache.lens + T  # the lengths once the tokens are in
+        x = self.embed(tokens)
+        h = torch.ops.mtp.rms_norm(x, self.layers[0][2]["input_layernorm"], eps)
+        for i in range(cfg.num_layers):
+            _, mlp, norms = self.layers[i]
+            a = self._attention(i, h, cache, angles, lens)
+            a = torch.ops.mtp.rms_norm(a, norms["post_attention_layernorm"], eps)
+            x, h = torch.ops.mtp.add_rms_norm(x, a, norms["pre_feedforward_layernorm"], eps)
+            outs = [self.matmul(h, name) for name, _ in mlp]  # [gate; up] fused, or gate and up
+            gate_up = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+            m = self.matmul(torch.ops.mtp.gelu_tanh_mul(gate_up), f"model.layers.{i}.mlp.down_proj.weight")
+            m = torch.ops.mtp.rms_norm(m, norms["post_feedforward_layernorm"], eps)
+            nxt = self.layers[i + 1][2]["input_layernorm"] if i + 1 < cfg.num_layers else self.final_norm
+            x, h = torch.ops.mtp.add_rms_norm(x, m, nxt, eps)
+        cache.lens.add_(T)
+        return h
+
+
+def _widened(w):
+    """A Q5_0 matrix as Q8_0 (x8 layout where its rows come in groups of 8); others as they are."""
+    if not isinstance(w, QuantTensor) or w.gguf_type != TYPE_NUMBERS["Q5_0"]:
+        return w
+    wide = QuantTensor(widen_q5_0(w.data), TYPE_NUMBERS["Q8_0"])
+    return wide.x8(in_place=True) if can_x8(wide) else wide

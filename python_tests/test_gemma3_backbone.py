@@ -1,0 +1,201 @@
+"""Gemma 3 on the kernels (models/gemma3_backbone.py), through `mtp generate`.
+
+Always run: the tiny synthetic gemma3 GGUF of test_gemma3 (7 layers, 6 sliding with a window of
+4 and 1 global; Q8_0 / Q5_0 / Q4_K / Q6_K / F16 matrices). The kernels' backbone is held to
+gemma3.Gemma3 (the fp32 reference checked against transformers): with the weights dequantized,
+within fp32 rounding; with the file's blocks as stored, within the int8 activation rounding of
+mtp.linear's GGUF path, and the same greedy tokens. Exactness is bitwise: a pass over T tokens
+gives each the bits of T one-token steps, a batch each request's bits alone, and prompt-lookup
+decoding the tokens of plain greedy decoding.
+
+With `make gemma` (skipped otherwise): the 270M's greedy tokens on the kernels against the
+reference's, and speculative (lookup) decoding equal to plain on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from mtp_kernels import cli, decoding
+from mtp_kernels.models import gemma3
+from mtp_kernels.models.gemma3_backbone import Gemma3Backbone
+from test_gemma3 import tiny_gemma3_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    return tiny_gemma3_gguf(tmp_path_factory.mktemp("gemma3k") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_file):
+    return gemma3.load(tiny_file, native=True), gemma3.load(tiny_file)
+
+
+PROMPT = [2, 11, 12, 13, 14, 15, 16, 17, 11, 12, 13, 18]  # 12 tokens: past the window of 4
+
+
+def run(model, ids, cache=None):
+    cache = cache or model.new_cache(1, 64)
+    return model.logits(model(torch.tensor([ids]), cache)), cache
+
+
+def test_native_load_keeps_the_blocks(loaded):
+    (cfg, native, _), _ = loaded
+    from mtp_kernels.gguf import QuantTensor, type_name
+
+    types = {type_name(w.gguf_type) for w in native.values() if isinstance(w, QuantTensor)}
+    assert types == {"Q8_0_X8", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}, types
+    assert type_name(native["model.layers.0.self_attn.v_proj.weight"].gguf_type) == "Q8_0_X8"  # repacked in place
+    assert type_name(native["model.embed_tokens.weight"].gguf_type) == "Q8_0"  # 60 rows: not groups of 8
+    assert native["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float16  # F16 as stored
+
+
+def test_dequantized_backbone_matches_the_reference(loaded):
+    """Float weights: mtp.linear in fp32 against torch's matmul, every layer kind, the window."""
+    _, (cfg, weights, _) = loaded
+    want = gemma3.Gemma3(cfg, weights)(torch.tensor([PROMPT]))
+    got, _ = run(Gemma3Backbone(cfg, weights, torch.float32), PROMPT)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+
+
+def test_native_backbone_is_close_and_greedy_agrees(loaded):
+    """The file's blocks as stored: activations are quantized to int8 blocks inside mtp.linear
+    (as llama.cpp does), so the logits move by that rounding; the greedy tokens stay."""
+    (cfg, native, _), (_, weights, _) = loaded
+    ref = gemma3.Gemma3(cfg, weights)
+    model = Gemma3Backbone(cfg, native, torch.float32)
+    want = ref(torch.tensor([PROMPT]))
+    got, _ = run(model, PROMPT)
+    err = (got - want).abs().max() / want.abs().max()
+    assert err < 0.05, float(err)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_equals_one_token_steps_bitwise(loaded, dtype):
+    """The verify property: T tokens in one pass give each the hidden state, logits and cache
+    entries of T one-token steps (sliding and global layers, the window crossed)."""
+    (cfg, native, _), _ = loaded
+    model = Gemma3Backbone(cfg, native, dtype)
+    _, c1 = run(model, PROMPT)
+    _, c2 = run(model, PROMPT)
+    new = [20, 21, 22, 23, 24]
+    h1 = model(torch.tensor([new]), c1)
+    h2 = torch.cat([model(torch.tensor([[t]]), c2) for t in new], dim=1)
+    assert torch.equal(h1, h2)
+    assert torch.equal(model.logits(h1), model.logits(h2))
+    n = len(PROMPT) + len(new)
+    assert torch.equal(c1.k[:, :, :, :n], c2.k[:, :, :, :n]) and torch.equal(c1.v[:, :, :, :n], c2.v[:, :, :, :n])
+
+
+def test_a_batch_gives_each_request_its_own_bits(loaded):
+    (cfg, native, _), _ = loaded
+    model = Gemma3Backbone(cfg, native, torch.float32)
+    short = PROMPT[:7]
+    cache = model.new_cache(2, 64)
+    model(torch.tensor([PROMPT]), cache.select(0))
+    model(torch.tensor([short]), cache.select(1))
+    h = model(torch.tensor([[30, 31], [32, 33]]), cache)
+    for b, ids in enumerate((PROMPT + [30, 31], short + [32, 33])):
+        alone = model(torch.tensor([ids]), model.new_cache(1, 64))
+        assert torch.equal(h[b], alone[0, -2:]), b
+
+
+def test_lookup_decoding_equals_plain_greedy(loaded):
+    """Prompt-lookup drafts verified by the backbone: the tokens of plain greedy decoding, and
+    drafts were offered (the repeated prompt) so the verify path ran."""
+    (cfg, native, _), _ = loaded
+    model = Gemma3Backbone(cfg, native, torch.float32)
+    prompts = [PROMPT * 3, PROMPT[:5] * 4]
+    plain = decoding.generate(model, prompts, 24, lookup=0)
+    spec = decoding.generate(model, prompts, 24, lookup=5)
+    for p, s in zip(plain, spec):
+        assert p.tokens == s.tokens
+    assert sum(sum(g.drafted) for g in spec) > 0
+    assert sum(g.passes for g in spec) <= sum(g.passes for g in plain)
+
+
+def test_bad_use_is_refused(loaded):
+    (cfg, native, _), (_, weights, _) = loaded
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.bfloat16"):
+        Gemma3Backbone(cfg, native, torch.float16)
+    with pytest.raises(ValueError, match="'model.norm.weight' is missing"):
+        Gemma3Backbone(cfg, {k: v for k, v in weights.items() if k != "model.norm.weight"})
+    model = Gemma3Backbone(cfg, native)
+    cache = model.new_cache(1, 16)
+    with pytest.raises(ValueError, match="tree drafts need an MTP head"):
+        model(torch.tensor([[1, 2]]), cache, torch.tensor([[-1, 0]]))
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        model(torch.tensor([list(range(17))]), cache)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        model.new_cache(1, cfg.max_position + 1)
+
+
+def generate_json(capsys, *args):
+    rc = cli.main(["generate", "--json", "--max-new-tokens", "12", *args])
+    out, err = capsys.readouterr()
+    return rc, [json.loads(line) for line in out.splitlines() if line.strip()], err
+
+
+def test_mtp_generate_runs_gemma3(tiny_file, capsys):
+    """`mtp generate --model <gemma3 gguf>`: prompt lookup alone (no head for it yet), the same
+    tokens as --no-mtp, as stored and dequantized."""
+    prompt = "the cat the cat the cat"
+    for dtype in ([], ["--dtype", "float32"]):
+        rc, spec, err = generate_json(capsys, "--model", tiny_file, "--prompt", prompt, *dtype)
+        assert rc == 0, err
+        assert "no MTP head for Gemma 3 yet" in err and "prompt lookup up to 6" in err
+        rc, plain, err = generate_json(capsys, "--model", tiny_file, "--prompt", prompt, "--no-mtp", *dtype)
+        assert rc == 0, err
+        assert spec[0]["tokens"] == plain[0]["tokens"] and len(plain[0]["tokens"]) > 0
+    assert "weights as stored" in err or "dequantized, float32" in err
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--head", "somewhere"], "no MTP head runs on a Gemma 3 backbone yet"),
+        (["--drafter", "standalone"], "cannot draft for a Gemma 3 backbone"),
+        (["--int8"], "--int8 re-quantizes a Llama-family backbone"),
+        (["--branches", "3"], "branches > 1 (tree drafts) needs the MTP head"),
+    ],
+)
+def test_mtp_generate_refuses_what_gemma3_lacks(tiny_file, capsys, args, fragment):
+    rc = cli.main(["generate", "--model", tiny_file, "--prompt", "hi", "--max-new-tokens", "2", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1].startswith("mtp: error: ") and fragment in err, err
+
+
+# ---- Gemma 3 270M (make gemma) -----------------------------------------------------------
+
+needs_gemma = pytest.mark.skipif(
+    importlib.util.find_spec(gemma3.PACKAGE) is None,
+    reason="Gemma 3 270M is not installed (make gemma)",
+)
+PROMPTS_270M = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "Water boils at 100 degrees Celsius at sea level, but on a high mountain",
+]
+
+
+@needs_gemma
+def test_270m_on_the_kernels():
+    """The file's blocks on the kernels: the reference's greedy tokens (16 per prompt; a
+    near-tie may flip after the 8th, as against transformers), and lookup decoding equal to
+    plain."""
+    cfg, native, tok = gemma3.load(native=True)
+    model = Gemma3Backbone(cfg, native, torch.float32)
+    ref = gemma3.Gemma3(cfg, gemma3.load()[1])
+    prompts = [gemma3.prompt_ids(tok, cfg, p) for p in PROMPTS_270M]
+    plain = decoding.generate(model, prompts, 16, lookup=0)
+    spec = decoding.generate(model, prompts, 16, lookup=6)
+    for ids, p, s in zip(prompts, plain, spec):
+        assert p.tokens == s.tokens
+        want = ref.greedy(ids, 16)
+        assert p.tokens[:8] == want[:8], (tok.decode(p.tokens), tok.decode(want))
