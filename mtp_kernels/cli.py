@@ -413,9 +413,8 @@ def cmd_bench(args) -> int:
             )
         methods = [m for m in methods if m in GEMMA3_METHODS]
         if lenient or args.sweep_per_task:
-            raise UsageError(
-                f"{'--lenient' if lenient else '--sweep-per-task'} measures the MTP head: none runs on a Gemma 3 backbone"
-            )
+            flag = "--lenient" if lenient else "--sweep-per-task"
+            raise UsageError(f"{flag} measures the MTP head: none runs on a Gemma 3 backbone")
     act_dtype = DTYPES[args.dtype or NATIVE_DTYPE]
     fp32_weights = None
 

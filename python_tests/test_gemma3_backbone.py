@@ -199,3 +199,21 @@ def test_270m_on_the_kernels():
         assert p.tokens == s.tokens
         want = ref.greedy(ids, 16)
         assert p.tokens[:8] == want[:8], (tok.decode(p.tokens), tok.decode(want))
+
+
+def test_mtp_bench_runs_gemma3(tiny_file, tmp_path, capsys):
+    """`mtp bench --model <gemma3 gguf>`: our greedy and lookup methods (identical outputs), the
+    Llama-only methods refused by name."""
+    eval_set = tmp_path / "set.jsonl"
+    eval_set.write_text(json.dumps({"task": "story", "prompt": "the cat the cat the cat"}) + "\n")
+    common = ["bench", "--model", tiny_file, "--eval-set", str(eval_set), "--per-task", "1", "--max-new-tokens", "6"]
+    out = str(tmp_path / "e2e")
+    rc = cli.main([*common, "--methods", "ours_greedy,ours_lookup", "--out", out])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    res = json.load(open(out + ".json"))
+    assert res["setup"].startswith("tiny.gguf, Q5_0 (run as Q8_0, the same bits)")
+    assert res["methods"]["ours_lookup"]["story"]["identical_to_greedy"] == 1
+    rc = cli.main([*common, "--methods", "ours_greedy,ours_mtp", "--out", out])
+    err = capsys.readouterr().err
+    assert rc == 2 and "ours_mtp does not run on a Gemma 3 backbone" in err, err
