@@ -332,6 +332,19 @@ inline std::string gguf_weight_error(DType t, int64_t N, int64_t K, int64_t row_
 // per layer, the Q8 scales of its four matrices (qkv, o_proj, gate_up, down_proj).
 constexpr const char* kLayerParts[] = {"input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj"};
 constexpr int64_t kLayerTensors = 6, kLayerMatrices = 4;
+// decoder_layers(layer="gemma3"): Gemma 3's layer, its matrices the same four (weight_scales,
+// weight_types); pre_feedforward_norm is the Llama layer's post_norm.
+constexpr const char* kGemma3LayerParts[] = {"input_norm",
+                                             "qkv",
+                                             "q_norm",
+                                             "k_norm",
+                                             "o_proj",
+                                             "post_attention_norm",
+                                             "pre_feedforward_norm",
+                                             "gate_up",
+                                             "down_proj",
+                                             "post_feedforward_norm"};
+constexpr int64_t kGemma3LayerTensors = 10;
 
 // weights[index] named for messages: `first` named tensors, then `count` layers called
 // `unit`, then `last` ("weights[7] (layer 1's qkv)").
@@ -340,21 +353,22 @@ struct WeightNames {
   int64_t count;
   const char* unit;
   const char* last;
+  const char* const* parts = kLayerParts;  // the names of a layer's tensors, `per` of them
+  int64_t per = kLayerTensors;
   std::string operator()(int64_t index) const {
     std::string s = "weights[" + std::to_string(index) + "] (";
     const int64_t n = int64_t(first.size());
     if (index < n) return s + first[size_t(index)] + ")";
     const int64_t i = index - n;
-    if (i < kLayerTensors * count)
-      return s + unit + " " + std::to_string(i / kLayerTensors) + "'s " + kLayerParts[i % kLayerTensors] + ")";
+    if (i < per * count) return s + unit + " " + std::to_string(i / per) + "'s " + parts[i % per] + ")";
     return s + last + ")";
   }
 };
 
 // The layer count of the caches: its weight lists (6 per layer + 1, 4 scales per layer) must
 // be countable (a stride-0 cache may claim any number of layers).
-inline std::string layers_error(int64_t layers, const char* what) {
-  constexpr int64_t most = (int64_t(1) << 31) / kLayerTensors;
+inline std::string layers_error(int64_t layers, const char* what, int64_t per = kLayerTensors) {
+  const int64_t most = (int64_t(1) << 31) / per;
   if (layers <= most) return "";
   return message(what, " = ", layers, " layers is more than a weight list can hold (at most ", most, ")");
 }
