@@ -78,21 +78,10 @@ def decoder_layers(
     attention_scale=None,
 ):
     op = "mtp.decoder_layers"
-    C.check(layer in ("llama", "gemma3"), op, f'layer must be "llama" or "gemma3", got "{layer}"')
+    local = rope_cos_local is not None or rope_sin_local is not None
+    C.check_layer_kind(op, layer, windows, local, attention_scale)
     gemma3 = layer == "gemma3"
     parts = reference.GEMMA3_DECODER_PARTS if gemma3 else reference.DECODER_PARTS
-    if not gemma3:
-        C.check(windows is None, op, 'windows goes with layer="gemma3" only (the llama layer has no window)')
-        C.check(
-            rope_cos_local is None and rope_sin_local is None,
-            op,
-            'rope_cos_local / rope_sin_local go with layer="gemma3" only',
-        )
-        C.check(
-            attention_scale is None,
-            op,
-            'attention_scale goes with layer="gemma3" only (the llama layer\'s is 1/sqrt(D))',
-        )
     C.check(not weight_types or all(t == -1 for t in weight_types), op, C.GGUF_CPU_ONLY)
     C.check_dim(op, "x", x, 3, "[B, T, H]")
     C.check_dim(op, "k_cache", k_cache, 5, "[layers, B, Hkv, L, D]")
@@ -109,11 +98,11 @@ def decoder_layers(
             "rope_cos": rope_cos,
             "rope_sin": rope_sin,
             "weights": weights,
-            **(
-                {"rope_cos_local": rope_cos_local, "rope_sin_local": rope_sin_local}
-                if rope_cos_local is not None
-                else {}
-            ),
+            **{
+                n: t
+                for n, t in (("rope_cos_local", rope_cos_local), ("rope_sin_local", rope_sin_local))
+                if t is not None
+            },
         },
         list_name=lambda _, k: _decoder_weight_name(k, len(weights), parts),
     )
@@ -123,33 +112,7 @@ def decoder_layers(
     if tree_parents is not None:
         C.check_tree_parents(op, tree_parents, x.shape[0], x.shape[1])
     if gemma3:
-        layers = k_cache.shape[0]
-        if windows is not None:
-            C.check(
-                len(windows) == layers,
-                op,
-                f"windows must hold one sliding window per layer (0: global) for the {layers} layers of k_cache, "
-                f"got {len(windows)} values",
-            )
-            for i, w in enumerate(windows):
-                C.check(
-                    w >= 0,
-                    op,
-                    f"windows[{i}]: window must be >= 0 (0: no window; else how many of the latest keys a query "
-                    f"sees), got window = {w}",
-                )
-        C.check(
-            (rope_cos_local is None) == (rope_sin_local is None),
-            op,
-            "rope_cos_local and rope_sin_local go together, got only "
-            + ("rope_cos_local" if rope_cos_local is not None else "rope_sin_local"),
-        )
-        C.check(
-            not any(windows or []) or rope_cos_local is not None,
-            op,
-            "a layer with a window (windows holds values > 0) takes its RoPE angles from rope_cos_local / "
-            "rope_sin_local [P, D], got None",
-        )
+        C.check_gemma3_windows(op, windows, k_cache.shape[0], rope_cos_local is not None, rope_sin_local is not None)
         if rope_cos_local is not None and lens is not None:
             C.check_positions(op, lens, T, L, "k_cache.size(3)", rope_cos_local.shape[0], "rope_cos_local.size(0)")
     return reference.decoder_layers(

@@ -246,7 +246,10 @@ def test_bad_input_raises_clear_errors():
     _raises((*args[:6], bad, *args[7:]), kw, "weights[17] (layer 1's gate_up)")
     # the Gemma arguments are refused for the Llama layer
     llama = {"layer": "llama"}
-    _raises(args, {**llama, "windows": [0, 0, 0]}, op + 'windows goes with layer="gemma3" only')
+    for fn in (torch.ops.mtp.decoder_layers, fallback.decoder_layers):
+        _raises(args, {**llama, "windows": [0, 0, 0]}, op + 'windows goes with layer="gemma3" only', fn)
+        _raises(args, {**llama, "attention_scale": 0.5}, op + 'attention_scale goes with layer="gemma3" only', fn)
+        _raises(args, {**kw, "layer": "gemma2"}, op + 'layer must be "llama" or "gemma3", got "gemma2"', fn)
     _raises(
         args,
         {**llama, "rope_cos_local": kw["rope_cos_local"]},

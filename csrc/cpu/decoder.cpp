@@ -178,17 +178,10 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
                           const std::optional<std::vector<int64_t>>& windows,
                           const std::optional<Tensor>& rope_cos_local, const std::optional<Tensor>& rope_sin_local,
                           std::optional<double> attention_scale) {
-  MTP_CHECK(layer == "llama" || layer == "gemma3", kDecoder, ": layer must be \"llama\" or \"gemma3\", got \"", layer,
-            "\"");
+  check_ok(kDecoder,
+           layer_kind_error(layer, windows.has_value(), rope_cos_local.has_value() || rope_sin_local.has_value(),
+                            attention_scale.has_value()));
   const bool gemma3 = layer == "gemma3";
-  if (!gemma3) {
-    MTP_CHECK(!windows.has_value(), kDecoder,
-              ": windows goes with layer=\"gemma3\" only (the llama layer has no window)");
-    MTP_CHECK(!rope_cos_local.has_value() && !rope_sin_local.has_value(), kDecoder,
-              ": rope_cos_local / rope_sin_local go with layer=\"gemma3\" only");
-    MTP_CHECK(!attention_scale.has_value(), kDecoder,
-              ": attention_scale goes with layer=\"gemma3\" only (the llama layer's is 1/sqrt(D))");
-  }
   check_cpu(kDecoder, "x", x);
   check_dtype(kDecoder, "x", x, {ScalarType::Float, ScalarType::BFloat16});
   check_dim(kDecoder, "x", x, 3, "[B, T, H]");
@@ -234,23 +227,9 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
   bool any_window = false;
   if (gemma3) {
     a.kind = LayerKind::Gemma3;
-    if (windows.has_value()) {
-      window_list = *windows;
-      MTP_CHECK(int64_t(window_list.size()) == a.layers, kDecoder,
-                ": windows must hold one sliding window per layer (0: global) for the ", a.layers,
-                " layers of k_cache, got ", window_list.size(), " values");
-      for (size_t i = 0; i < window_list.size(); ++i) {
-        const std::string e = window_error(window_list[i], false);
-        MTP_CHECK(e.empty(), kDecoder, ": windows[", i, "]: ", e);
-        any_window = any_window || window_list[i] > 0;
-      }
-    }
-    MTP_CHECK(rope_cos_local.has_value() == rope_sin_local.has_value(), kDecoder,
-              ": rope_cos_local and rope_sin_local go together, got only ",
-              rope_cos_local.has_value() ? "rope_cos_local" : "rope_sin_local");
-    MTP_CHECK(!any_window || rope_cos_local.has_value(), kDecoder,
-              ": a layer with a window (windows holds values > 0) takes its RoPE angles from rope_cos_local / "
-              "rope_sin_local [P, D], got None");
+    if (windows.has_value()) window_list = *windows;
+    check_ok(kDecoder, gemma3_windows_error(window_list, windows.has_value(), a.layers, rope_cos_local.has_value(),
+                                            rope_sin_local.has_value(), &any_window));
     if (rope_cos_local.has_value()) {
       const Tensor &cl = *rope_cos_local, &sl = *rope_sin_local;
       for (auto [name, t] : {std::pair<const char*, const Tensor*>{"rope_cos_local", &cl}, {"rope_sin_local", &sl}}) {

@@ -405,6 +405,42 @@ inline std::string draft_positions_error(const std::vector<int64_t>& lens, int64
   return "";
 }
 
+// decoder_layers' layer kind: "llama" or "gemma3"; the Gemma arguments (windows, the local
+// RoPE tables, attention_scale) are the gemma3 kind's only.
+inline std::string layer_kind_error(const std::string& layer, bool windows, bool local_tables, bool scale) {
+  if (layer != "llama" && layer != "gemma3")
+    return message("layer must be \"llama\" or \"gemma3\", got \"", layer, "\"");
+  if (layer == "gemma3") return "";
+  if (windows) return "windows goes with layer=\"gemma3\" only (the llama layer has no window)";
+  if (local_tables) return "rope_cos_local / rope_sin_local go with layer=\"gemma3\" only";
+  if (scale) return "attention_scale goes with layer=\"gemma3\" only (the llama layer's is 1/sqrt(D))";
+  return "";
+}
+
+// The gemma3 kind's windows (one per layer, each window_error's rule) and local RoPE tables
+// (both or neither; needed when a window is set). *any_window: a window > 0 was given.
+inline std::string gemma3_windows_error(const std::vector<int64_t>& windows, bool has_windows, int64_t layers,
+                                        bool has_cos_local, bool has_sin_local, bool* any_window = nullptr) {
+  bool any = false;
+  if (has_windows) {
+    if (int64_t(windows.size()) != layers)
+      return message("windows must hold one sliding window per layer (0: global) for the ", layers,
+                     " layers of k_cache, got ", windows.size(), " values");
+    for (size_t i = 0; i < windows.size(); ++i) {
+      if (std::string e = window_error(windows[i], false); !e.empty()) return message("windows[", i, "]: ", e);
+      any = any || windows[i] > 0;
+    }
+  }
+  if (has_cos_local != has_sin_local)
+    return message("rope_cos_local and rope_sin_local go together, got only ",
+                   has_cos_local ? "rope_cos_local" : "rope_sin_local");
+  if (any && !has_cos_local)
+    return "a layer with a window (windows holds values > 0) takes its RoPE angles from rope_cos_local / "
+           "rope_sin_local [P, D], got None";
+  if (any_window) *any_window = any;
+  return "";
+}
+
 // tree_parents [B, T] of a decoder pass (row-major values): each request's row 0 the root
 // (-1), every other row's parent an earlier row.
 inline std::string tree_parents_error(const std::vector<int64_t>& parents, int64_t B, int64_t T) {
