@@ -52,7 +52,9 @@ STABLE_TORCH_LIBRARY(mtp, m) {
   m.def(
       "decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
       " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
-      " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None) -> Tensor");
+      " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None, str layer=\"llama\","
+      " int[]? windows=None, Tensor? rope_cos_local=None, Tensor? rope_sin_local=None,"
+      " float? attention_scale=None) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
   m.def(
       "head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"

@@ -582,6 +582,47 @@ def check_gated_mul_input(op, gate_up):
     )
 
 
+def check_layer_kind(op, layer: str, windows, local_tables: bool, scale) -> None:
+    """decoder_layers' layer kind and the gemma3 kind's own arguments (layer_kind_error in
+    mtp/op_args.h)."""
+    check(layer in ("llama", "gemma3"), op, f'layer must be "llama" or "gemma3", got "{layer}"')
+    if layer == "gemma3":
+        return
+    check(windows is None, op, 'windows goes with layer="gemma3" only (the llama layer has no window)')
+    check(not local_tables, op, 'rope_cos_local / rope_sin_local go with layer="gemma3" only')
+    check(scale is None, op, 'attention_scale goes with layer="gemma3" only (the llama layer\'s is 1/sqrt(D))')
+
+
+def check_gemma3_windows(op, windows, layers: int, has_cos_local: bool, has_sin_local: bool) -> None:
+    """The gemma3 kind's windows and local RoPE tables (gemma3_windows_error in mtp/op_args.h)."""
+    if windows is not None:
+        check(
+            len(windows) == layers,
+            op,
+            f"windows must hold one sliding window per layer (0: global) for the {layers} layers of k_cache, "
+            f"got {len(windows)} values",
+        )
+        for i, w in enumerate(windows):
+            check(
+                w >= 0,
+                op,
+                f"windows[{i}]: window must be >= 0 (0: no window; else how many of the latest keys a query sees), "
+                f"got window = {w}",
+            )
+    check(
+        has_cos_local == has_sin_local,
+        op,
+        "rope_cos_local and rope_sin_local go together, got only "
+        + ("rope_cos_local" if has_cos_local else "rope_sin_local"),
+    )
+    check(
+        not any(w > 0 for w in windows or []) or has_cos_local,
+        op,
+        "a layer with a window (windows holds values > 0) takes its RoPE angles from rope_cos_local / "
+        "rope_sin_local [P, D], got None",
+    )
+
+
 def check_tree_parents(op, parents, B: int, T: int):
     """tree_parents [B, T] of decoder_layers: row 0 of each request the root (-1), every other
     row's parent an earlier row (the messages of tree_parents_error in mtp/op_args.h)."""

@@ -49,10 +49,9 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return reference.gelu_tanh_mul(gate_up).contiguous()
 
 
-def _decoder_weight_name(k: int, n: int) -> str:
+def _decoder_weight_name(k: int, n: int, parts=reference.DECODER_PARTS) -> str:
     """op_args.h WeightNames for decoder_layers: "weights[7] (layer 1's qkv)", the last one
     the final norm."""
-    parts = reference.DECODER_PARTS
     what = "final_norm" if k == n - 1 else f"layer {k // len(parts)}'s {parts[k % len(parts)]}"
     return f"weights[{k}] ({what})"
 
@@ -72,8 +71,17 @@ def decoder_layers(
     quantize_x=False,
     tree_parents=None,
     weight_types=None,
+    layer="llama",
+    windows=None,
+    rope_cos_local=None,
+    rope_sin_local=None,
+    attention_scale=None,
 ):
     op = "mtp.decoder_layers"
+    local = rope_cos_local is not None or rope_sin_local is not None
+    C.check_layer_kind(op, layer, windows, local, attention_scale)
+    gemma3 = layer == "gemma3"
+    parts = reference.GEMMA3_DECODER_PARTS if gemma3 else reference.DECODER_PARTS
     C.check(not weight_types or all(t == -1 for t in weight_types), op, C.GGUF_CPU_ONLY)
     C.check_dim(op, "x", x, 3, "[B, T, H]")
     C.check_dim(op, "k_cache", k_cache, 5, "[layers, B, Hkv, L, D]")
@@ -90,14 +98,23 @@ def decoder_layers(
             "rope_cos": rope_cos,
             "rope_sin": rope_sin,
             "weights": weights,
+            **{
+                n: t
+                for n, t in (("rope_cos_local", rope_cos_local), ("rope_sin_local", rope_sin_local))
+                if t is not None
+            },
         },
-        list_name=lambda _, k: _decoder_weight_name(k, len(weights)),
+        list_name=lambda _, k: _decoder_weight_name(k, len(weights), parts),
     )
     lens = C.checked_counts(op, "cache_lens", cache_lens, x.shape[0], "B (x.size(0))", L, "L (k_cache.size(3))")
     if lens is not None:
         C.check_positions(op, lens, T, L, "k_cache.size(3)", rope_cos.shape[0], "rope_cos.size(0)")
     if tree_parents is not None:
         C.check_tree_parents(op, tree_parents, x.shape[0], x.shape[1])
+    if gemma3:
+        C.check_gemma3_windows(op, windows, k_cache.shape[0], rope_cos_local is not None, rope_sin_local is not None)
+        if rope_cos_local is not None and lens is not None:
+            C.check_positions(op, lens, T, L, "k_cache.size(3)", rope_cos_local.shape[0], "rope_cos_local.size(0)")
     return reference.decoder_layers(
         x,
         k_cache,
@@ -111,6 +128,11 @@ def decoder_layers(
         eps,
         quantize_x=quantize_x,
         tree_parents=tree_parents,
+        layer=layer,
+        windows=windows,
+        rope_cos_local=rope_cos_local,
+        rope_sin_local=rope_sin_local,
+        attention_scale=attention_scale,
         ops=ops.KERNELS,
     )
 

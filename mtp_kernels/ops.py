@@ -421,6 +421,11 @@ def decoder_layers(
     quantize_x: bool = False,
     tree_parents: Optional[torch.Tensor] = None,
     weight_types: Optional[list[int]] = None,
+    layer: str = "llama",
+    windows: Optional[list[int]] = None,
+    rope_cos_local: Optional[torch.Tensor] = None,
+    rope_sin_local: Optional[torch.Tensor] = None,
+    attention_scale: Optional[float] = None,
 ) -> torch.Tensor:
     """A whole Llama-family decoder pass over the embeddings x [B, T, H] in one call (CPU):
     per layer input_norm, qkv, o_proj, post_norm, gate_up, down_proj in ``weights`` (then the
@@ -431,7 +436,10 @@ def decoder_layers(
     token t attends to the cache and its own path from the root, at position cache_lens[b] +
     its depth, with a chain's bits. Returns the final normed hidden states, bitwise those of
     the op-by-op composition; see ``reference.decoder_layers``. weight_types: per matrix (4 per
-    layer) the GGML type number of a GGUF block-type matrix given as its uint8 bytes, or -1."""
+    layer) the GGML type number of a GGUF block-type matrix given as its uint8 bytes, or -1.
+    layer="gemma3": Gemma 3's layer, 10 tensors per layer (``reference.GEMMA3_DECODER_PARTS``),
+    windows per layer (0: global), the sliding layers' RoPE tables rope_cos_local /
+    rope_sin_local, the attention scale attention_scale (None: 1/sqrt(D))."""
     return torch.ops.mtp.decoder_layers.default(
         x,
         k_cache,
@@ -446,6 +454,11 @@ def decoder_layers(
         quantize_x=quantize_x,
         tree_parents=tree_parents,
         weight_types=weight_types,
+        layer=layer,
+        windows=windows,
+        rope_cos_local=rope_cos_local,
+        rope_sin_local=rope_sin_local,
+        attention_scale=attention_scale,
     )
 
 
@@ -464,6 +477,11 @@ def _decoder_layers_fake(
     quantize_x=False,
     tree_parents=None,
     weight_types=None,
+    layer="llama",
+    windows=None,
+    rope_cos_local=None,
+    rope_sin_local=None,
+    attention_scale=None,
 ):
     torch._check(x.dim() == 3, lambda: "mtp.decoder_layers: x must be 3-D [B, T, H]")
     torch._check(k_cache.dim() == 5, lambda: "mtp.decoder_layers: k_cache must be 5-D [layers, B, Hkv, L, D]")
@@ -567,6 +585,7 @@ KERNELS = SimpleNamespace(
     rms_norm=rms_norm,
     add_rms_norm=add_rms_norm,
     silu_mul=silu_mul,
+    gelu_tanh_mul=gelu_tanh_mul,
 )
 
 

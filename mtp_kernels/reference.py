@@ -843,6 +843,19 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ---- a whole decoder pass ----------------------------------------------------------------
 DECODER_PARTS = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj")  # per layer, in `weights`
+# layer="gemma3": Gemma 3's layer, per layer in `weights` (the matrices the same four as DECODER_PARTS')
+GEMMA3_DECODER_PARTS = (
+    "input_norm",
+    "qkv",
+    "q_norm",
+    "k_norm",
+    "o_proj",
+    "post_attention_norm",
+    "pre_feedforward_norm",
+    "gate_up",
+    "down_proj",
+    "post_feedforward_norm",
+)
 
 
 def decoder_layers(
@@ -860,6 +873,11 @@ def decoder_layers(
     quantize_x: bool = False,
     tree_parents: Optional[torch.Tensor] = None,
     weight_types: Optional[list[int]] = None,
+    layer: str = "llama",
+    windows: Optional[list[int]] = None,
+    rope_cos_local: Optional[torch.Tensor] = None,
+    rope_sin_local: Optional[torch.Tensor] = None,
+    attention_scale: Optional[float] = None,
     ops=None,
 ) -> torch.Tensor:
     """A Llama-family decoder pass over the embeddings x [B, T, H] (fp32|bf16): the composition
@@ -880,10 +898,19 @@ def decoder_layers(
     weight_types: per matrix (4 per layer), the GGML type number of a GGUF block-type matrix
     given as its bytes (``gguf_linear``), or -1.
 
-    ``ops`` supplies linear, rope, cache_append, head_attention, rms_norm, add_rms_norm and
-    silu_mul (default: this module's). With the kernels (``mtp_kernels.ops``, rope through
-    rope_ on a copy) this composition gives mtp.decoder_layers's bits exactly."""
+    layer="gemma3": Gemma 3's layer (``_gemma3_layer``): per layer GEMMA3_DECODER_PARTS in
+    ``weights`` (q_norm, k_norm [D]; the other norms [H]; the matrices as above), windows[i] the
+    sliding window of layer i (None: all 0, global), whose attention sees only the last
+    windows[i] positions and whose RoPE angles come from rope_cos_local / rope_sin_local [P, D]
+    (Gemma 3's other base on its sliding layers); the attention scale attention_scale (None:
+    1/sqrt(D)).
+
+    ``ops`` supplies linear, rope, cache_append, head_attention, rms_norm, add_rms_norm,
+    silu_mul and gelu_tanh_mul (default: this module's). With the kernels (``mtp_kernels.ops``,
+    rope through rope_ on a copy) this composition gives mtp.decoder_layers's bits exactly."""
     ops = ops or _REFERENCE_OPS
+    gemma3 = layer == "gemma3"
+    per = len(GEMMA3_DECODER_PARTS) if gemma3 else len(DECODER_PARTS)
     T = x.shape[1]
     layers = k_cache.shape[0]
     paths = None if tree_parents is None else tree_paths(tree_parents)
@@ -894,18 +921,42 @@ def decoder_layers(
     )
     positions = cache_lens.long()[:, None] + depth
     cos, sin = rope_cos[positions], rope_sin[positions]
+    if rope_cos_local is not None:
+        cos_local, sin_local = rope_cos_local[positions], rope_sin_local[positions]
     new_lens = cache_lens + T
     h = ops.rms_norm(x, weights[0] if layers else weights[-1], eps)
     for i in range(layers):
+        window = (windows[i] if windows else 0) or None
 
         def attend(q, k, v):  # append the new keys/values, then attend causally over the cache
             ops.cache_append(k_cache[i], v_cache[i], k, v, cache_lens)
             if paths is None:
-                return ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
-            return _tree_attention(ops, q, k_cache[i], v_cache[i], cache_lens, paths)
+                if not gemma3:
+                    return ops.head_attention(q, k_cache[i], v_cache[i], new_lens, causal=True)
+                return ops.head_attention(
+                    q, k_cache[i], v_cache[i], new_lens, None, None, attention_scale, True, window=window
+                )
+            return _tree_attention(ops, q, k_cache[i], v_cache[i], cache_lens, paths, attention_scale, window)
 
         scales = weight_scales[4 * i : 4 * i + 4] if weight_scales else (None,) * 4
         types = weight_types[4 * i : 4 * i + 4] if weight_types else (-1,) * 4
+        if gemma3:
+            x, h = _gemma3_layer(
+                ops,
+                x,
+                h,
+                weights[per * i : per * i + per],
+                scales,
+                weights[per * i + per],
+                (cos_local, sin_local) if window else (cos, sin),
+                num_heads,
+                k_cache.shape[2],
+                eps,
+                quantize_x,
+                attend,
+                types,
+            )
+            continue
         x, h = _layer(
             ops,
             x,
@@ -935,9 +986,10 @@ def tree_paths(tree_parents: torch.Tensor) -> list[list[list[int]]]:
     return paths
 
 
-def _tree_attention(ops, q, k_cache, v_cache, cache_lens, paths):
+def _tree_attention(ops, q, k_cache, v_cache, cache_lens, paths, scale=None, window=None):
     """Each query (b, t) over the cache's first cache_lens[b] keys, then its path's keys (rows
-    cache_lens[b] + u of the cache), gathered into one key sequence: a chain's view."""
+    cache_lens[b] + u of the cache), gathered into one key sequence: a chain's view (a window
+    spans that sequence's last keys)."""
     out = torch.empty_like(q)
     for b, rows in enumerate(paths):
         L0 = int(cache_lens[b])
@@ -945,7 +997,12 @@ def _tree_attention(ops, q, k_cache, v_cache, cache_lens, paths):
             index = torch.cat([torch.arange(L0), L0 + torch.tensor(path)]).to(q.device)
             k, v = k_cache[b : b + 1, :, index], v_cache[b : b + 1, :, index]
             lens = torch.tensor([len(index)], device=q.device)
-            out[b : b + 1, t : t + 1] = ops.head_attention(q[b : b + 1, t : t + 1], k, v, lens)
+            if scale is None and window is None:
+                out[b : b + 1, t : t + 1] = ops.head_attention(q[b : b + 1, t : t + 1], k, v, lens)
+            else:
+                out[b : b + 1, t : t + 1] = ops.head_attention(
+                    q[b : b + 1, t : t + 1], k, v, lens, None, None, scale, window=window
+                )
     return out
 
 
@@ -970,6 +1027,33 @@ def _layer(
     x, m = ops.add_rms_norm(x, project(a.reshape(B, T, -1), w[2], scales[1], types[1]), w[3], eps)
     mlp = project(ops.silu_mul(project(m, w[4], scales[2], types[2])), w[5], scales[3], types[3])
     return ops.add_rms_norm(x, mlp, next_norm, eps)
+
+
+def _gemma3_layer(ops, x, h, w, scales, next_norm, angles, num_heads, num_kv_heads, eps, quantize_x, attend, types):
+    """Gemma 3's layer (weights w = GEMMA3_DECODER_PARTS) on the residual stream x [B, T, H]
+    whose input norm is h, as models/gemma3_backbone.py runs it op by op: the qkv projection;
+    rms_norm of each q head with q_norm and each k head with k_norm (rows of D, the same eps);
+    RoPE of q and k with angles = (cos, sin) of this layer's tables; attend(q, k, v); the output
+    projection, rms_norm with post_attention_norm, added to x (add_rms_norm with
+    pre_feedforward_norm); gelu_tanh_mul of the gate_up projection, the down projection, rms_norm
+    with post_feedforward_norm, added to x (add_rms_norm with next_norm). Returns (x, next_norm(x))."""
+    B, T, _ = x.shape
+    Hq, Hkv = num_heads, num_kv_heads
+    cos, sin = angles
+
+    def project(a, m, s, t):
+        if t >= 0:
+            return ops.linear(a, m, None, None, gguf_type=t)
+        return ops.linear(a, m, None, s, quantize_x=quantize_x and s is not None)
+
+    qkv = project(h, w[1], scales[0], types[0]).view(B, T, Hq + 2 * Hkv, -1)
+    q = ops.rope(ops.rms_norm(qkv[:, :, :Hq], w[2], eps), cos, sin)
+    k = ops.rope(ops.rms_norm(qkv[:, :, Hq : Hq + Hkv], w[3], eps), cos, sin)
+    a = attend(q, k, qkv[:, :, Hq + Hkv :])
+    o = ops.rms_norm(project(a.reshape(B, T, -1), w[4], scales[1], types[1]), w[5], eps)
+    x, m = ops.add_rms_norm(x, o, w[6], eps)
+    mlp = project(ops.gelu_tanh_mul(project(m, w[7], scales[2], types[2])), w[8], scales[3], types[3])
+    return ops.add_rms_norm(x, ops.rms_norm(mlp, w[9], eps), next_norm, eps)
 
 
 def head_draft(
@@ -1095,4 +1179,5 @@ _REFERENCE_OPS = SimpleNamespace(
     rms_norm=rms_norm,
     add_rms_norm=add_rms_norm,
     silu_mul=silu_mul,
+    gelu_tanh_mul=gelu_tanh_mul,
 )

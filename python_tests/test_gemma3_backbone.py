@@ -120,6 +120,44 @@ def test_lookup_decoding_equals_plain_greedy(loaded):
     assert sum(g.passes for g in spec) <= sum(g.passes for g in plain)
 
 
+def fused_against_ops(model, prompts, new):
+    """The fused forward (one mtp.decoder_layers call) against forward_ops, bitwise: a prefill of
+    ragged prompts, a verify pass of T tokens, one-token steps; the hidden states and caches."""
+    assert model.fused
+    caches = []
+    for forward in (model.forward, model.forward_ops):
+        cache = model.new_cache(len(prompts), 64)
+        hs = [forward(torch.tensor([ids]), cache.select(b)) for b, ids in enumerate(prompts)]
+        hs.append(forward(torch.tensor(new), cache))  # a batch of T tokens each
+        hs += [forward(torch.tensor([[t] for t in col]), cache) for col in zip(*new)]
+        caches.append((hs, cache))
+    (h1, c1), (h2, c2) = caches
+    assert all(torch.equal(a, b) for a, b in zip(h1, h2))
+    assert torch.equal(c1.k, c2.k) and torch.equal(c1.v, c2.v) and torch.equal(c1.lens, c2.lens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("native", [True, False], ids=["as_stored", "dequantized"])
+def test_fused_forward_equals_forward_ops_bitwise(loaded, dtype, native):
+    """One mtp.decoder_layers(layer="gemma3") call per pass: forward_ops' bits (sliding and
+    global layers, past the window of 4, a batch of ragged requests)."""
+    (cfg, weights, _), (_, floats, _) = loaded
+    model = Gemma3Backbone(cfg, weights if native else floats, dtype)
+    fused_against_ops(model, [PROMPT, PROMPT[:7]], [[20, 21, 22], [23, 24, 25]])
+
+
+def test_mixed_type_layers_run_op_by_op(loaded):
+    """A layer whose q/k/v are of several types (widen=False keeps Q5_0 beside Q8_0 in the
+    tiny file's layers): forward is forward_ops."""
+    (cfg, native, _), _ = loaded
+    model = Gemma3Backbone(cfg, native, torch.float32, widen=False)
+    assert not model.fused and any(len(a) > 1 for a, _, _ in model.layers)
+    with pytest.raises(ValueError, match="not one matrix"):
+        model.layer_weights()
+    c1, c2 = model.new_cache(1, 32), model.new_cache(1, 32)
+    assert torch.equal(model(torch.tensor([PROMPT]), c1), model.forward_ops(torch.tensor([PROMPT]), c2))
+
+
 def test_bad_use_is_refused(loaded):
     (cfg, native, _), (_, weights, _) = loaded
     with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.bfloat16"):
@@ -199,6 +237,15 @@ def test_270m_on_the_kernels():
         assert p.tokens == s.tokens
         want = ref.greedy(ids, 16)
         assert p.tokens[:8] == want[:8], (tok.decode(p.tokens), tok.decode(want))
+
+
+@needs_gemma
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_270m_fused_forward_equals_forward_ops_bitwise(dtype):
+    cfg, native, tok = gemma3.load(native=True)
+    model = Gemma3Backbone(cfg, native, dtype)
+    prompts = [gemma3.prompt_ids(tok, cfg, p) for p in PROMPTS_270M[:2]]
+    fused_against_ops(model, prompts, [[100, 200, 300, 400], [500, 600, 700, 800]])
 
 
 def test_mtp_bench_runs_gemma3(tiny_file, tmp_path, capsys):

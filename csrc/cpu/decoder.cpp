@@ -18,11 +18,12 @@ constexpr const char* kDecoder = "mtp.decoder_layers";
 constexpr const char* kHeadDraft = "mtp.head_draft";
 
 void check_norm(const char* op, const Tensor& w, const std::string& name, int64_t H, const Tensor& x,
-                const char* x_name) {
+                const char* x_name, const char* h_what = "H") {
   check_cpu(op, name.c_str(), w);
   check_same_dtype(op, name.c_str(), w, x_name, x);
-  check_dim(op, name.c_str(), w, 1, "[H]");
-  check_size(op, name.c_str(), w, 0, H, "H");
+  const std::string shape = std::string("[") + h_what + "]";
+  check_dim(op, name.c_str(), w, 1, shape.c_str());
+  check_size(op, name.c_str(), w, 0, H, h_what);
   const std::string stride = norm_stride_error(H, w.stride(0));
   MTP_CHECK(stride.empty(), op, ": ", name, ": ", stride);
 }
@@ -116,6 +117,45 @@ std::vector<DecoderLayer> parse_layers(const char* op, const TensorList& weights
   return layers;
 }
 
+// Gemma 3's layers (kGemma3LayerParts, 10 tensors each) from weights[0], checked like
+// parse_layers; windows[i] the sliding window of layer i.
+std::vector<DecoderLayer> parse_gemma3_layers(const char* op, const TensorList& weights, int64_t count,
+                                              const TensorList& scales, const WeightNames& names, int64_t H, int64_t D,
+                                              const HeadWidths& widths, const Tensor& x, int64_t* I,
+                                              const std::vector<int64_t>& types, const std::vector<int64_t>& windows) {
+  constexpr int64_t per = kGemma3LayerTensors;
+  if (count > 0) {
+    const Tensor& gu = weights[7];
+    const std::string name = names(7);
+    check_dim(op, name.c_str(), gu, 2, "[2I, H]");
+    MTP_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
+    *I = gu.size(0) / 2;
+  }
+  auto type = [&](int64_t i, int64_t j) { return types.empty() ? int64_t(-1) : types[size_t(kLayerMatrices * i + j)]; };
+  std::vector<DecoderLayer> layers(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t w0 = per * i, s0 = kLayerMatrices * i;
+    auto scale = [&](int64_t j) { return scales.empty() ? std::nullopt : std::optional<Tensor>(scales[s0 + j]); };
+    for (int64_t j : {0, 5, 6, 9}) check_norm(op, weights[w0 + j], names(w0 + j), H, x, "x");
+    for (int64_t j : {2, 3}) check_norm(op, weights[w0 + j], names(w0 + j), D, x, "x", "D");
+    DecoderLayer& l = layers[size_t(i)];
+    l.input_norm = weights[w0].data_ptr();
+    l.q_norm = weights[w0 + 2].data_ptr();
+    l.k_norm = weights[w0 + 3].data_ptr();
+    l.post_attention_norm = weights[w0 + 5].data_ptr();
+    l.post_norm = weights[w0 + 6].data_ptr();
+    l.post_feedforward_norm = weights[w0 + 9].data_ptr();
+    l.window = windows.empty() ? 0 : windows[size_t(i)];
+    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
+                   "weight_scales", type(i, 0));
+    l.o = matrix(op, weights[w0 + 4], scale(1), names(w0 + 4), H, "H", widths.q_width, "Hq D", "weight_scales",
+                 type(i, 1));
+    l.gate_up = matrix(op, weights[w0 + 7], scale(2), names(w0 + 7), 2 * *I, "2I", H, "H", "weight_scales", type(i, 2));
+    l.down = matrix(op, weights[w0 + 8], scale(3), names(w0 + 8), H, "H", *I, "I", "weight_scales", type(i, 3));
+  }
+  return layers;
+}
+
 // tree_parents [B, T] (int32 or int64) as int64 values, checked: each request's row 0 is
 // the root (-1) and every other row's parent an earlier row.
 std::vector<int64_t> checked_tree(const char* op, const Tensor& t, int64_t B, int64_t T) {
@@ -134,7 +174,14 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
                           const Tensor& rope_cos, const Tensor& rope_sin, const TensorList& weights,
                           const TensorList& weight_scales, int64_t num_heads, double eps, bool quantize_x,
                           const std::optional<Tensor>& tree_parents,
-                          const std::optional<std::vector<int64_t>>& weight_types) {
+                          const std::optional<std::vector<int64_t>>& weight_types, std::string layer,
+                          const std::optional<std::vector<int64_t>>& windows,
+                          const std::optional<Tensor>& rope_cos_local, const std::optional<Tensor>& rope_sin_local,
+                          std::optional<double> attention_scale) {
+  check_ok(kDecoder,
+           layer_kind_error(layer, windows.has_value(), rope_cos_local.has_value() || rope_sin_local.has_value(),
+                            attention_scale.has_value()));
+  const bool gemma3 = layer == "gemma3";
   check_cpu(kDecoder, "x", x);
   check_dtype(kDecoder, "x", x, {ScalarType::Float, ScalarType::BFloat16});
   check_dim(kDecoder, "x", x, 3, "[B, T, H]");
@@ -167,11 +214,43 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
       checked_counts(kDecoder, "cache_lens", cache_lens, a.B, "B (x.size(0))", a.L, "L (k_cache.size(3))");
   check_ok(kDecoder, positions_error(lens, a.T, a.L, "k_cache.size(3)", a.P, "rope_cos.size(0)"));
 
-  check_ok(kDecoder, layers_error(a.layers, "k_cache.size(0)"));
-  const int64_t want = kLayerTensors * a.layers + 1;
-  MTP_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", kLayerTensors,
-            " tensors per layer (input_norm, qkv, o_proj, post_norm, gate_up, down_proj) for the ", a.layers,
-            " layers of k_cache, then the final norm: ", want, " tensors, got ", weights.size());
+  const int64_t per = gemma3 ? kGemma3LayerTensors : kLayerTensors;
+  check_ok(kDecoder, layers_error(a.layers, "k_cache.size(0)", per));
+  const int64_t want = per * a.layers + 1;
+  MTP_CHECK(int64_t(weights.size()) == want, kDecoder, ": weights must hold ", per, " tensors per layer (",
+            gemma3 ? "input_norm, qkv, q_norm, k_norm, o_proj, post_attention_norm, pre_feedforward_norm, gate_up, "
+                     "down_proj, post_feedforward_norm"
+                   : "input_norm, qkv, o_proj, post_norm, gate_up, down_proj",
+            ") for the ", a.layers, " layers of k_cache", gemma3 ? " (layer=\"gemma3\")" : "",
+            ", then the final norm: ", want, " tensors, got ", weights.size());
+  std::vector<int64_t> window_list;
+  bool any_window = false;
+  if (gemma3) {
+    a.kind = LayerKind::Gemma3;
+    if (windows.has_value()) window_list = *windows;
+    check_ok(kDecoder, gemma3_windows_error(window_list, windows.has_value(), a.layers, rope_cos_local.has_value(),
+                                            rope_sin_local.has_value(), &any_window));
+    if (rope_cos_local.has_value()) {
+      const Tensor &cl = *rope_cos_local, &sl = *rope_sin_local;
+      for (auto [name, t] : {std::pair<const char*, const Tensor*>{"rope_cos_local", &cl}, {"rope_sin_local", &sl}}) {
+        check_cpu(kDecoder, name, *t);
+        check_dtype(kDecoder, name, *t, {ScalarType::Float});
+        check_dim(kDecoder, name, *t, 2, "[P, D]");
+        check_size(kDecoder, name, *t, 1, a.D, "D (k_cache.size(4))");
+      }
+      MTP_CHECK(sl.size(0) == cl.size(0), kDecoder, ": rope_sin_local must have rope_cos_local's shape ", shape_of(cl),
+                ", got ", shape_of(sl));
+      a.P_local = cl.size(0);
+      check_written(kDecoder, "it is written in place", {{"k_cache", &k_cache}, {"v_cache", &v_cache}},
+                    {{"rope_cos_local", &cl}, {"rope_sin_local", &sl}});
+      check_ok(kDecoder, positions_error(lens, a.T, a.L, "k_cache.size(3)", a.P_local, "rope_cos_local.size(0)"));
+    }
+    if (attention_scale.has_value()) {
+      check_ok(kDecoder, scale_error("attention_scale", *attention_scale));
+      a.has_scale = true;
+      a.scale = float(*attention_scale);
+    }
+  }
   const bool q8 = !weight_scales.empty();
   MTP_CHECK(!q8 || int64_t(weight_scales.size()) == kLayerMatrices * a.layers, kDecoder,
             ": weight_scales must be empty (float weights) or hold the Q8 scales of the ", kLayerMatrices,
@@ -191,9 +270,12 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
       MTP_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i,
                 "]: ", gguf_type_error(types[i]), " (or -1)");
   }
-  const WeightNames names{{}, a.layers, "layer", "the final norm"};
+  const WeightNames names = gemma3 ? WeightNames{{}, a.layers, "layer", "the final norm", kGemma3LayerParts, per}
+                                   : WeightNames{{}, a.layers, "layer", "the final norm"};
   std::vector<DecoderLayer> layers =
-      parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, widths, x, "x", &a.I, types);
+      gemma3 ? parse_gemma3_layers(kDecoder, weights, a.layers, weight_scales, names, a.H, a.D, widths, x, &a.I, types,
+                                   window_list)
+             : parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, widths, x, "x", &a.I, types);
   const Tensor& final_norm = weights[want - 1];
   check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
   check_disjoint(kDecoder, k_cache, v_cache, weights, names);
@@ -202,6 +284,13 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
 
   const Tensor xc = torch::stable::contiguous(x), cos = torch::stable::contiguous(rope_cos),
                sin = torch::stable::contiguous(rope_sin);
+  std::optional<Tensor> cos_local, sin_local;
+  if (rope_cos_local.has_value()) {
+    cos_local = torch::stable::contiguous(*rope_cos_local);
+    sin_local = torch::stable::contiguous(*rope_sin_local);
+    a.rope_cos_local = cos_local->mutable_data_ptr<float>();
+    a.rope_sin_local = sin_local->mutable_data_ptr<float>();
+  }
   Tensor out = empty_like_on(x, x.sizes());
   a.x = xc.data_ptr();
   a.rope_cos = cos.mutable_data_ptr<float>();

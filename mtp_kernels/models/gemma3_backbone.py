@@ -15,11 +15,15 @@ transformers), op by op:
     x, h = x + post_attention_norm(a @ Wo), pre_feedforward_norm(of that sum)
     x, h = x + post_feedforward_norm(gelu_tanh_mul(h @ [Wgate; Wup]) @ Wdown), next norm
 
-It runs the ops one call each (~16 per layer), not one fused `mtp.decoder_layers` call as the
-Llama backbone does: that op does not know Gemma's layer yet. Matrices run as stored (GGUF
-block types through `mtp.linear`'s gguf_type, each matrix its own type: the 270M mixes Q5_0
-and Q8_0 within a layer's q/k/v) or as float weights in `dtype`. The KV cache is the Llama
-one's (static, every position kept; the window only limits what is read).
+forward() runs every layer in ONE `mtp.decoder_layers(layer="gemma3")` call (the kernels above
+in the same order, so the same bits, without the ~16 dispatches per layer) when each layer has
+one fused q/k/v matrix and one fused gate/up matrix (its parts of one type: true for the 270M
+with widen=True, and for float weights); otherwise (a layer's parts of mixed types) it runs the
+ops one call each, `forward_ops`, also kept as the fused call's oracle (bitwise equal, tested).
+Matrices run as stored (GGUF block types through `mtp.linear`'s gguf_type, each matrix its own
+type: the 270M mixes Q5_0 and Q8_0 within a layer's q/k/v, widened to Q8_0 by default) or as
+float weights in `dtype`. The KV cache is the Llama one's (static, every position kept; the
+window only limits what is read).
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ class Gemma3Backbone(torch.nn.Module):
         self.embed_scale = math.sqrt(cfg.hidden_size)  # rounded to fp32 with the product (gemma3.Gemma3)
         self.scale = cfg.query_pre_attn_scalar**-0.5
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}  # sliding? -> cos, sin [P, D]
+        # One mtp.decoder_layers call per pass when every layer's q/k/v and gate/up are one matrix each.
+        self.fused = all(len(attn) == 1 and len(mlp) == 1 for attn, mlp, _ in self.layers)
+        self._decoder_weights: tuple[list[torch.Tensor], list[int] | None] | None = None
 
     def _add(self, name: str, w) -> None:
         if isinstance(w, QuantTensor):
@@ -108,7 +115,8 @@ class Gemma3Backbone(torch.nn.Module):
         [(matrix name, rows of each part in it)]."""
         names = [f"{prefix}{part}.weight" for part in parts]
         ws = [weights[n] for n in names]
-        if all(isinstance(w, QuantTensor) for w in ws):
+        quant = [isinstance(w, QuantTensor) for w in ws]
+        if all(quant) or not any(quant):  # float parts: one new tensor (llama._fuse)
             try:
                 fused = prefix + "+".join(parts)
                 self._add(fused, _fuse(fused, ws))
@@ -188,11 +196,35 @@ class Gemma3Backbone(torch.nn.Module):
         a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], lens, None, None, self.scale, True, window=window)
         return self.matmul(a.view(B, T, -1), f"model.layers.{i}.self_attn.o_proj.weight")
 
-    @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
-        """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the cache
-        and advances cache.lens by T. Returns the final normed hidden states [B, T, hidden]."""
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+    def layer_weights(self) -> tuple[list[torch.Tensor], list[int] | None]:
+        """mtp.decoder_layers(layer="gemma3")'s weights (per layer reference.GEMMA3_DECODER_PARTS,
+        then the final norm) and weight_types (per layer the GGML types of qkv, o_proj, gate_up,
+        down_proj, -1 for a float one; None when none is block-quantized). Needs self.fused. (Not
+        called decoder_weights: the runtime takes a backbone with that method for a Llama one.)"""
+        if not self.fused:
+            raise ValueError("Gemma3Backbone: a layer's q/k/v or gate/up are not one matrix: run forward_ops")
+        weights, types = [], []
+        for i, (attn, mlp, norms) in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            mats = [attn[0][0], p + "self_attn.o_proj.weight", mlp[0][0], p + "mlp.down_proj.weight"]
+            qkv, o, gate_up, down = (self._mats[n][0] for n in mats)
+            weights += [
+                norms["input_layernorm"],
+                qkv,
+                norms["self_attn.q_norm"],
+                norms["self_attn.k_norm"],
+                o,
+                norms["post_attention_layernorm"],
+                norms["pre_feedforward_layernorm"],
+                gate_up,
+                down,
+                norms["post_feedforward_layernorm"],
+            ]
+            types += [-1 if self._mats[n][1] is None else self._mats[n][1] for n in mats]
+        weights.append(self.final_norm)
+        return weights, (types if any(t >= 0 for t in types) else None)
+
+    def _check_step(self, tokens: torch.Tensor, cache: KVCache, tree_parents) -> None:
         if tree_parents is not None:
             raise ValueError("Gemma3Backbone: tree drafts need an MTP head, and Gemma 3 has none yet: verify chains")
         B, T = tokens.shape
@@ -200,6 +232,54 @@ class Gemma3Backbone(torch.nn.Module):
             raise ValueError(f"tokens has {B} requests but the cache has {cache.lens.shape[0]}")
         if int(cache.lens.max()) + T > cache.capacity:
             raise ValueError(f"{T} more tokens do not fit the cache: {int(cache.lens.max())} used of {cache.capacity}")
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
+        """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the cache
+        and advances cache.lens by T. Returns the final normed hidden states [B, T, hidden].
+        One mtp.decoder_layers(layer="gemma3") call when self.fused (the bits of forward_ops),
+        else forward_ops."""
+        if not self.fused:
+            return self.forward_ops(tokens, cache, tree_parents)
+        self._check_step(tokens, cache, tree_parents)
+        cfg = self.cfg
+        if self._decoder_weights is None:
+            self._decoder_weights = self.layer_weights()
+        weights, types = self._decoder_weights
+        cos, sin = self._tables(False, cache.capacity)  # the global layers' (Gemma 3 always has some)
+        local = {}
+        if any(cfg.sliding_layers):
+            cos_l, sin_l = self._tables(True, cache.capacity)
+            local = {"rope_cos_local": cos_l, "rope_sin_local": sin_l}
+        h = torch.ops.mtp.decoder_layers(
+            self.embed(tokens),
+            cache.k,
+            cache.v,
+            cache.lens,
+            cos,
+            sin,
+            weights,
+            [],
+            cfg.num_heads,
+            cfg.rms_norm_eps,
+            weight_types=types,
+            layer="gemma3",
+            windows=[cfg.sliding_window if s else 0 for s in cfg.sliding_layers],
+            attention_scale=self.scale,
+            **local,
+        )
+        cache.lens.add_(tokens.shape[1])
+        return h
+
+    @torch.no_grad()
+    def forward_ops(
+        self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """forward op by op (~16 calls per layer): the path of layers whose parts are not one
+        matrix each, and the oracle of the fused call."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        self._check_step(tokens, cache, tree_parents)
+        B, T = tokens.shape
         positions = cache.lens[:, None] + torch.arange(T)  # [B, T]
         angles = {}
         for sliding in set(cfg.sliding_layers):

@@ -1,11 +1,11 @@
-// A whole Llama-family decoder pass in one call, torch-free: every layer (RMSNorm, the fused
-// q/k/v projection, RoPE, the cache append, attention over the cache, the output projection
-// and residual add, the SiLU-gated MLP) and the final norm. It runs the same kernels in the
-// same order as the op-by-op composition (reference.decoder_layers with ops.KERNELS:
-// mtp.linear with its fp32 output rounded to the activation dtype, mtp.rope_,
-// mtp.cache_append, mtp.head_attention, mtp.add_rms_norm, mtp.silu_mul), so it gives the
-// same bits; what it saves is the ~11 dispatches per layer of a decode step, which cost as
-// much as the arithmetic at a few rows.
+// A whole Llama-family (or Gemma 3) decoder pass in one call, torch-free: every layer (RMSNorm,
+// the fused q/k/v projection, RoPE, the cache append, attention over the cache, the output
+// projection and residual add, the SiLU-gated MLP; Gemma 3 adds per-head q/k norms, a sliding
+// window, norms of the attention and MLP outputs and the GELU-tanh-gated MLP) and the final norm. It runs the same
+// kernels in the same order as the op-by-op composition (reference.decoder_layers with ops.KERNELS: mtp.linear with its
+// fp32 output rounded to the activation dtype, mtp.rope_, mtp.cache_append, mtp.head_attention, mtp.add_rms_norm,
+// mtp.silu_mul), so it gives the same bits; what it saves is the ~11 dispatches per layer of a decode step, which cost
+// as much as the arithmetic at a few rows.
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -29,14 +29,30 @@ struct DecoderMatrix {
   int64_t scale_stride = 0;
 };
 
+// The layer of a pass (DecoderArgs::kind).
+enum class LayerKind {
+  Llama,  // x += o_proj(attention); x += down(silu(gate) * up), each add fused with the next norm
+  // Gemma 3: q/k heads RMS-normed per head before RoPE; the attention with the layer's window
+  // and RoPE tables; x += post_attention_norm(o_proj(..)); x += post_feedforward_norm(down(
+  // gelu_tanh(gate) * up)); post_norm is the pre-feedforward norm.
+  Gemma3,
+};
+
 // One layer's weights; the norms are [H] vectors in the activation dtype.
 struct DecoderLayer {
   const void* input_norm = nullptr;
-  DecoderMatrix qkv;  // [(Hq + 2 Hkv) D, H]: the q heads, then k, then v
-  DecoderMatrix o;    // [H, Hq D]
-  const void* post_norm = nullptr;
-  DecoderMatrix gate_up;  // [2I, H]: gate rows, then up rows
-  DecoderMatrix down;     // [H, I]
+  DecoderMatrix qkv;                // [(Hq + 2 Hkv) D, H]: the q heads, then k, then v
+  DecoderMatrix o;                  // [H, Hq D]
+  const void* post_norm = nullptr;  // Gemma 3: pre_feedforward_norm
+  DecoderMatrix gate_up;            // [2I, H]: gate rows, then up rows
+  DecoderMatrix down;               // [H, I]
+  // LayerKind::Gemma3 only: the per-head norms [D], the norms of the attention's and the MLP's
+  // outputs [H], and the sliding window (0: global; > 0: the local RoPE tables).
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  const void* post_attention_norm = nullptr;
+  const void* post_feedforward_norm = nullptr;
+  int64_t window = 0;
 };
 
 struct DecoderArgs {
@@ -60,6 +76,13 @@ struct DecoderArgs {
   float eps = 0.f;
   bool quantize_x = false;  // Q8 weights: mtp.linear's quantize_x for every projection
   void* out = nullptr;      // [B, T, H] contiguous: the final normed hidden states
+  LayerKind kind = LayerKind::Llama;
+  // Gemma 3: [P_local, D] tables of the layers with a window (nullptr when none has one).
+  int64_t P_local = 0;
+  const float* rope_cos_local = nullptr;
+  const float* rope_sin_local = nullptr;
+  bool has_scale = false;  // false: the attention scale is default_attention_scale(D)
+  float scale = 1.f;
 };
 
 // The buffers and steps of M rows (B requests x T tokens) through decoder layers, shared by
@@ -73,6 +96,7 @@ struct LayerPass {
   Isa isa;
   ParallelFor& pf;
   std::vector<float> y, resid[2], h, qkv, att, gate_up, act, proj;  // activations in dt (float storage: aligned)
+  std::vector<float> qkv_normed, normed;                            // Gemma 3 only (sized on first use)
   const void* x = nullptr;  // the residual stream: the input, then resid[0] or resid[1]
 
   LayerPass(int64_t M_, int64_t T_, int64_t H_, int64_t Hq_, int64_t Hkv_, int64_t D_, int64_t I_, DType dt_,
@@ -184,13 +208,8 @@ struct LayerPass {
     x = sum;
   }
 
-  // One layer on the residual stream x, whose input norm is in h: the qkv projection, RoPE
-  // of the q and k heads (angles cos/sin [M, D]), attend() (reads the heads in qkv, writes
-  // att [M, Hq D]), the output projection, the MLP. Leaves next_norm(x) in `out`.
-  template <class Attend>
-  void layer(const DecoderLayer& w, const float* cos, const float* sin, Attend&& attend, const void* next_norm,
-             void* out) {
-    project(w.qkv, h.data(), H, width(), qkv.data());
+  // RoPE of the q and k heads in qkv (angles cos/sin [M, D]).
+  void rope_heads(const float* cos, const float* sin) {
     split_rows([&](int64_t r0, int64_t r1) {  // rows r0..r1 as requests of one token: row m = b*T + t
       RopeArgs r;
       r.B = r1 - r0;
@@ -208,13 +227,12 @@ struct LayerPass {
       r.cos_stride[2] = r.sin_stride[2] = 1;
       rope(r, isa);
     });
-    attend();
-    project(w.o, att.data(), Hq * D, H, proj.data());
-    add_norm(proj.data(), w.post_norm, h.data());
-    project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
+  }
+  // act = act(gate) * up of gate_up, rowwise.
+  void gated(GatedAct kind) {
     split_rows([&](int64_t r0, int64_t r1) {
       GatedMulArgs s;
-      s.act = GatedAct::Silu;
+      s.act = kind;
       s.M = r1 - r0;
       s.I = I;
       s.dtype = dt;
@@ -224,8 +242,70 @@ struct LayerPass {
       s.out_stride = I;
       gated_mul(s, isa);
     });
+  }
+
+  // One layer on the residual stream x, whose input norm is in h: the qkv projection, RoPE
+  // of the q and k heads (angles cos/sin [M, D]), attend() (reads the heads in qkv, writes
+  // att [M, Hq D]), the output projection, the MLP. Leaves next_norm(x) in `out`.
+  template <class Attend>
+  void layer(const DecoderLayer& w, const float* cos, const float* sin, Attend&& attend, const void* next_norm,
+             void* out) {
+    project(w.qkv, h.data(), H, width(), qkv.data());
+    rope_heads(cos, sin);
+    attend();
+    project(w.o, att.data(), Hq * D, H, proj.data());
+    add_norm(proj.data(), w.post_norm, h.data());
+    project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
+    gated(GatedAct::Silu);
     project(w.down, act.data(), I, H, proj.data());
     add_norm(proj.data(), next_norm, out);
+  }
+
+  // Gemma 3's layer (LayerKind::Gemma3) on the residual stream x, whose input norm is in h, as
+  // the op-by-op path runs it: the qkv projection, RMS norms of each q head (q_norm [D]) and k
+  // head (k_norm [D]) into a copy of qkv (v copied as is), RoPE of the q and k heads, attend(),
+  // the output projection and its norm, x += that (add_norm with the pre-feedforward norm),
+  // the GELU-tanh-gated MLP, its norm, x += that. Leaves next_norm(x) in `out`.
+  template <class Attend>
+  void gemma3_layer(const DecoderLayer& w, const float* cos, const float* sin, Attend&& attend, const void* next_norm,
+                    void* out) {
+    if (qkv_normed.size() != qkv.size()) qkv_normed.resize(qkv.size());
+    if (normed.empty()) normed = buffer(M * H);
+    project(w.qkv, h.data(), H, width(), qkv.data());
+    const int64_t es = dtype_size(dt);
+    split_rows([&](int64_t r0, int64_t r1) {
+      for (int64_t m = r0; m < r1; ++m) {
+        const char* in = reinterpret_cast<const char*>(qkv.data()) + m * width() * es;
+        char* to = reinterpret_cast<char*>(qkv_normed.data()) + m * width() * es;
+        for (int part = 0; part < 2; ++part) {  // the q heads, then the k heads
+          RmsNormArgs n;
+          n.M = part == 0 ? Hq : Hkv;
+          n.H = D;
+          n.dtype = dt;
+          const int64_t first = part == 0 ? 0 : Hq;
+          n.x = in + first * D * es;
+          n.x_stride = D;
+          n.out = to + first * D * es;
+          n.out_stride = D;
+          n.weight = part == 0 ? w.q_norm : w.k_norm;
+          n.w_dtype = dt;
+          n.eps = eps;
+          rms_norm(n, isa);
+        }
+        std::copy_n(in + (Hq + Hkv) * D * es, Hkv * D * es, to + (Hq + Hkv) * D * es);  // v as projected
+      }
+    });
+    qkv.swap(qkv_normed);
+    rope_heads(cos, sin);
+    attend();
+    project(w.o, att.data(), Hq * D, H, proj.data());
+    norm(proj.data(), nullptr, nullptr, w.post_attention_norm, normed.data());
+    add_norm(normed.data(), w.post_norm, h.data());
+    project(w.gate_up, h.data(), H, 2 * I, gate_up.data());
+    gated(GatedAct::GeluTanh);
+    project(w.down, act.data(), I, H, proj.data());
+    norm(proj.data(), nullptr, nullptr, w.post_feedforward_norm, normed.data());
+    add_norm(normed.data(), next_norm, out);
   }
 
   // Writes the k and v heads of qkv into a cache [B, Hkv, L, D] view at positions lens[b] + t
@@ -288,6 +368,15 @@ void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf
       a.tree_parents ? TreePaths(a.tree_parents, a.B, a.T).depth : std::vector<int64_t>();
   gather_angles(a.rope_cos, a.cache_lens, 0, a.B, a.T, D, cos.data(), a.tree_parents ? depth.data() : nullptr);
   gather_angles(a.rope_sin, a.cache_lens, 0, a.B, a.T, D, sin.data(), a.tree_parents ? depth.data() : nullptr);
+  std::vector<float> cos_local, sin_local;  // Gemma 3's layers with a window
+  if (a.rope_cos_local) {
+    cos_local.resize(size_t(M * D));
+    sin_local.resize(size_t(M * D));
+    gather_angles(a.rope_cos_local, a.cache_lens, 0, a.B, a.T, D, cos_local.data(),
+                  a.tree_parents ? depth.data() : nullptr);
+    gather_angles(a.rope_sin_local, a.cache_lens, 0, a.B, a.T, D, sin_local.data(),
+                  a.tree_parents ? depth.data() : nullptr);
+  }
   std::vector<int64_t> new_lens(size_t(a.B));  // the lengths once the tokens are in
   for (int64_t b = 0; b < a.B; ++b) new_lens[b] = a.cache_lens[b] + a.T;
   p.x = a.x;
@@ -295,16 +384,28 @@ void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf
   for (int64_t i = 0; i < a.layers; ++i) {
     char* const k_layer = static_cast<char*>(a.k_cache) + i * a.k_stride[0] * es;
     char* const v_layer = static_cast<char*>(a.v_cache) + i * a.v_stride[0] * es;
+    const DecoderLayer& w = a.layer[i];
     auto attend = [&] {  // append the new keys/values, then attend causally over the cache
       p.append_heads(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, a.L, a.cache_lens);
       AttentionArgs at = p.attention_args(k_layer, a.k_stride + 1, v_layer, a.v_stride + 1, new_lens.data());
       at.causal = true;
       at.parents = a.tree_parents;
+      if (a.kind == LayerKind::Gemma3) {
+        at.window = w.window;
+        if (a.has_scale) at.scale = a.scale;
+      }
       attention(at, threads, isa, pf);
     };
     const bool last = i + 1 == a.layers;
-    p.layer(a.layer[i], cos.data(), sin.data(), attend, last ? a.final_norm : a.layer[i + 1].input_norm,
-            last ? a.out : p.h.data());
+    const void* next = last ? a.final_norm : a.layer[i + 1].input_norm;
+    void* out = last ? a.out : p.h.data();
+    if (a.kind == LayerKind::Gemma3) {
+      const bool local = w.window > 0;
+      p.gemma3_layer(w, local ? cos_local.data() : cos.data(), local ? sin_local.data() : sin.data(), attend, next,
+                     out);
+    } else {
+      p.layer(w, cos.data(), sin.data(), attend, next, out);
+    }
   }
 }
 

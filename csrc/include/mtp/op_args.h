@@ -332,6 +332,19 @@ inline std::string gguf_weight_error(DType t, int64_t N, int64_t K, int64_t row_
 // per layer, the Q8 scales of its four matrices (qkv, o_proj, gate_up, down_proj).
 constexpr const char* kLayerParts[] = {"input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down_proj"};
 constexpr int64_t kLayerTensors = 6, kLayerMatrices = 4;
+// decoder_layers(layer="gemma3"): Gemma 3's layer, its matrices the same four (weight_scales,
+// weight_types); pre_feedforward_norm is the Llama layer's post_norm.
+constexpr const char* kGemma3LayerParts[] = {"input_norm",
+                                             "qkv",
+                                             "q_norm",
+                                             "k_norm",
+                                             "o_proj",
+                                             "post_attention_norm",
+                                             "pre_feedforward_norm",
+                                             "gate_up",
+                                             "down_proj",
+                                             "post_feedforward_norm"};
+constexpr int64_t kGemma3LayerTensors = 10;
 
 // weights[index] named for messages: `first` named tensors, then `count` layers called
 // `unit`, then `last` ("weights[7] (layer 1's qkv)").
@@ -340,21 +353,22 @@ struct WeightNames {
   int64_t count;
   const char* unit;
   const char* last;
+  const char* const* parts = kLayerParts;  // the names of a layer's tensors, `per` of them
+  int64_t per = kLayerTensors;
   std::string operator()(int64_t index) const {
     std::string s = "weights[" + std::to_string(index) + "] (";
     const int64_t n = int64_t(first.size());
     if (index < n) return s + first[size_t(index)] + ")";
     const int64_t i = index - n;
-    if (i < kLayerTensors * count)
-      return s + unit + " " + std::to_string(i / kLayerTensors) + "'s " + kLayerParts[i % kLayerTensors] + ")";
+    if (i < per * count) return s + unit + " " + std::to_string(i / per) + "'s " + parts[i % per] + ")";
     return s + last + ")";
   }
 };
 
 // The layer count of the caches: its weight lists (6 per layer + 1, 4 scales per layer) must
 // be countable (a stride-0 cache may claim any number of layers).
-inline std::string layers_error(int64_t layers, const char* what) {
-  constexpr int64_t most = (int64_t(1) << 31) / kLayerTensors;
+inline std::string layers_error(int64_t layers, const char* what, int64_t per = kLayerTensors) {
+  const int64_t most = (int64_t(1) << 31) / per;
   if (layers <= most) return "";
   return message(what, " = ", layers, " layers is more than a weight list can hold (at most ", most, ")");
 }
@@ -388,6 +402,42 @@ inline std::string draft_positions_error(const std::vector<int64_t>& lens, int64
     if (k > P - lens[b])  // not lens[b] + k: k is the caller's and may be near 2^63
       return message("request ", b, "'s drafts would pass the RoPE tables: cache_lens[", b, "] + k = ", lens[b], " + ",
                      k, " > P = ", P, " (", p_what, ") positions");
+  return "";
+}
+
+// decoder_layers' layer kind: "llama" or "gemma3"; the Gemma arguments (windows, the local
+// RoPE tables, attention_scale) are the gemma3 kind's only.
+inline std::string layer_kind_error(const std::string& layer, bool windows, bool local_tables, bool scale) {
+  if (layer != "llama" && layer != "gemma3")
+    return message("layer must be \"llama\" or \"gemma3\", got \"", layer, "\"");
+  if (layer == "gemma3") return "";
+  if (windows) return "windows goes with layer=\"gemma3\" only (the llama layer has no window)";
+  if (local_tables) return "rope_cos_local / rope_sin_local go with layer=\"gemma3\" only";
+  if (scale) return "attention_scale goes with layer=\"gemma3\" only (the llama layer's is 1/sqrt(D))";
+  return "";
+}
+
+// The gemma3 kind's windows (one per layer, each window_error's rule) and local RoPE tables
+// (both or neither; needed when a window is set). *any_window: a window > 0 was given.
+inline std::string gemma3_windows_error(const std::vector<int64_t>& windows, bool has_windows, int64_t layers,
+                                        bool has_cos_local, bool has_sin_local, bool* any_window = nullptr) {
+  bool any = false;
+  if (has_windows) {
+    if (int64_t(windows.size()) != layers)
+      return message("windows must hold one sliding window per layer (0: global) for the ", layers,
+                     " layers of k_cache, got ", windows.size(), " values");
+    for (size_t i = 0; i < windows.size(); ++i) {
+      if (std::string e = window_error(windows[i], false); !e.empty()) return message("windows[", i, "]: ", e);
+      any = any || windows[i] > 0;
+    }
+  }
+  if (has_cos_local != has_sin_local)
+    return message("rope_cos_local and rope_sin_local go together, got only ",
+                   has_cos_local ? "rope_cos_local" : "rope_sin_local");
+  if (any && !has_cos_local)
+    return "a layer with a window (windows holds values > 0) takes its RoPE angles from rope_cos_local / "
+           "rope_sin_local [P, D], got None";
+  if (any_window) *any_window = any;
   return "";
 }
 
