@@ -10,8 +10,9 @@ from .checkpoint import CheckpointError
 
 SHIPPED_HEADS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "heads")
 NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that runs the file's own weights
-# Gemma 3's: fp32 measured faster than bf16 over its GGUF weights (the activations are quantized
-# to int8 blocks inside mtp.linear either way; bf16 only adds conversions).
+# Gemma 3's: bf16 measured no faster over its GGUF weights (5.3-5.8 against 5.5-5.8 ms a step,
+# bench/gemma3_step_times.py: the activations are quantized to int8 blocks inside mtp.linear
+# either way), so fp32, nearer the reference.
 GEMMA3_NATIVE_DTYPE = "float32"
 
 
