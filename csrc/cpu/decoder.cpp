@@ -84,35 +84,46 @@ int64_t check_rope(const char* op, const Tensor& rope_cos, const Tensor& rope_si
   return rope_cos.size(0);
 }
 
+// The MLP width I of a gate_up matrix [2I, H], weights[index].
+int64_t mlp_width(const char* op, const TensorList& weights, int64_t index, const WeightNames& names) {
+  const Tensor& gu = weights[index];
+  const std::string name = names(index);
+  check_dim(op, name.c_str(), gu, 2, "[2I, H]");
+  MTP_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
+  return gu.size(0) / 2;
+}
+
+// Layer i's four matrices (qkv, o_proj, gate_up, down_proj: weights[at[0..3]]) into l, each
+// checked, with its Q8 scales (scales[4 i + j]) or GGUF type (types[4 i + j]) if any.
+void parse_matrices(const char* op, const TensorList& weights, const int64_t (&at)[kLayerMatrices], int64_t i,
+                    const TensorList& scales, const WeightNames& names, int64_t H, const HeadWidths& widths, int64_t I,
+                    const std::vector<int64_t>& types, DecoderLayer& l) {
+  const int64_t s0 = kLayerMatrices * i;
+  auto scale = [&](int64_t j) { return scales.empty() ? std::nullopt : std::optional<Tensor>(scales[s0 + j]); };
+  auto type = [&](int64_t j) { return types.empty() ? int64_t(-1) : types[size_t(s0 + j)]; };
+  l.qkv = matrix(op, weights[at[0]], scale(0), names(at[0]), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H", "weight_scales",
+                 type(0));
+  l.o = matrix(op, weights[at[1]], scale(1), names(at[1]), H, "H", widths.q_width, "Hq D", "weight_scales", type(1));
+  l.gate_up = matrix(op, weights[at[2]], scale(2), names(at[2]), 2 * I, "2I", H, "H", "weight_scales", type(2));
+  l.down = matrix(op, weights[at[3]], scale(3), names(at[3]), H, "H", I, "I", "weight_scales", type(3));
+}
+
 // `count` layers of weights from weights[offset] (scales[4 i + j] the Q8 scales of layer i's
 // matrix j, or none), checked; sets I (the MLP width, from the first gate_up).
 std::vector<DecoderLayer> parse_layers(const char* op, const TensorList& weights, int64_t offset, int64_t count,
                                        const TensorList& scales, const WeightNames& names, int64_t H,
                                        const HeadWidths& widths, const Tensor& x, const char* x_name, int64_t* I,
                                        const std::vector<int64_t>& types = {}) {
-  if (count > 0) {
-    const Tensor& gu = weights[offset + 4];
-    const std::string name = names(offset + 4);
-    check_dim(op, name.c_str(), gu, 2, "[2I, H]");
-    MTP_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
-    *I = gu.size(0) / 2;
-  }
-  auto type = [&](int64_t i, int64_t j) { return types.empty() ? int64_t(-1) : types[size_t(kLayerMatrices * i + j)]; };
+  if (count > 0) *I = mlp_width(op, weights, offset + 4, names);
   std::vector<DecoderLayer> layers(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t w0 = offset + kLayerTensors * i, s0 = kLayerMatrices * i;
-    auto scale = [&](int64_t j) { return scales.empty() ? std::nullopt : std::optional<Tensor>(scales[s0 + j]); };
+    const int64_t w0 = offset + kLayerTensors * i;
     check_norm(op, weights[w0], names(w0), H, x, x_name);
     check_norm(op, weights[w0 + 3], names(w0 + 3), H, x, x_name);
     DecoderLayer& l = layers[size_t(i)];
     l.input_norm = weights[w0].data_ptr();
     l.post_norm = weights[w0 + 3].data_ptr();
-    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
-                   "weight_scales", type(i, 0));
-    l.o = matrix(op, weights[w0 + 2], scale(1), names(w0 + 2), H, "H", widths.q_width, "Hq D", "weight_scales",
-                 type(i, 1));
-    l.gate_up = matrix(op, weights[w0 + 4], scale(2), names(w0 + 4), 2 * *I, "2I", H, "H", "weight_scales", type(i, 2));
-    l.down = matrix(op, weights[w0 + 5], scale(3), names(w0 + 5), H, "H", *I, "I", "weight_scales", type(i, 3));
+    parse_matrices(op, weights, {w0 + 1, w0 + 2, w0 + 4, w0 + 5}, i, scales, names, H, widths, *I, types, l);
   }
   return layers;
 }
@@ -124,18 +135,10 @@ std::vector<DecoderLayer> parse_gemma3_layers(const char* op, const TensorList& 
                                               const HeadWidths& widths, const Tensor& x, int64_t* I,
                                               const std::vector<int64_t>& types, const std::vector<int64_t>& windows) {
   constexpr int64_t per = kGemma3LayerTensors;
-  if (count > 0) {
-    const Tensor& gu = weights[7];
-    const std::string name = names(7);
-    check_dim(op, name.c_str(), gu, 2, "[2I, H]");
-    MTP_CHECK(gu.size(0) % 2 == 0, op, ": ", name, ".size(0) must be even [2I, H], got ", gu.size(0));
-    *I = gu.size(0) / 2;
-  }
-  auto type = [&](int64_t i, int64_t j) { return types.empty() ? int64_t(-1) : types[size_t(kLayerMatrices * i + j)]; };
+  if (count > 0) *I = mlp_width(op, weights, 7, names);
   std::vector<DecoderLayer> layers(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t w0 = per * i, s0 = kLayerMatrices * i;
-    auto scale = [&](int64_t j) { return scales.empty() ? std::nullopt : std::optional<Tensor>(scales[s0 + j]); };
+    const int64_t w0 = per * i;
     for (int64_t j : {0, 5, 6, 9}) check_norm(op, weights[w0 + j], names(w0 + j), H, x, "x");
     for (int64_t j : {2, 3}) check_norm(op, weights[w0 + j], names(w0 + j), D, x, "x", "D");
     DecoderLayer& l = layers[size_t(i)];
@@ -146,12 +149,7 @@ std::vector<DecoderLayer> parse_gemma3_layers(const char* op, const TensorList& 
     l.post_norm = weights[w0 + 6].data_ptr();
     l.post_feedforward_norm = weights[w0 + 9].data_ptr();
     l.window = windows.empty() ? 0 : windows[size_t(i)];
-    l.qkv = matrix(op, weights[w0 + 1], scale(0), names(w0 + 1), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
-                   "weight_scales", type(i, 0));
-    l.o = matrix(op, weights[w0 + 4], scale(1), names(w0 + 4), H, "H", widths.q_width, "Hq D", "weight_scales",
-                 type(i, 1));
-    l.gate_up = matrix(op, weights[w0 + 7], scale(2), names(w0 + 7), 2 * *I, "2I", H, "H", "weight_scales", type(i, 2));
-    l.down = matrix(op, weights[w0 + 8], scale(3), names(w0 + 8), H, "H", *I, "I", "weight_scales", type(i, 3));
+    parse_matrices(op, weights, {w0 + 1, w0 + 4, w0 + 7, w0 + 8}, i, scales, names, H, widths, *I, types, l);
   }
   return layers;
 }
