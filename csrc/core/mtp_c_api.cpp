@@ -180,11 +180,13 @@ mtp_status fail_with(Checker& c, mtp_status s, const Parts&... parts) {
 // "name: msg", or "" when msg is.
 std::string named(const std::string& name, const std::string& msg) { return msg.empty() ? msg : name + ": " + msg; }
 
-// A norm weight [H] of a decoder pass: x's dtype, unit stride (read in place).
+// A norm weight [H] of a decoder pass (h_what "H"; Gemma 3's q_norm, k_norm: [D], h_what "D"):
+// x's dtype, unit stride (read in place).
 bool decoder_norm(Checker& c, const std::string& name, const mtp_tensor* w, int64_t H, const mtp_tensor* x,
-                  const void** out) {
+                  const void** out, const char* h_what = "H") {
   const char* nm = name.c_str();
-  if (!c.tensor(nm, w, 1, "[H]", same_as(x)) || !c.size(nm, w, 0, H, "H") ||
+  const std::string shape = std::string("[") + h_what + "]";
+  if (!c.tensor(nm, w, 1, shape.c_str(), same_as(x)) || !c.size(nm, w, 0, H, h_what) ||
       !c.ok(named(name, norm_stride_error(H, w->strides[0]))))
     return false;
   *out = w->data;
@@ -223,33 +225,69 @@ bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bo
   return true;
 }
 
+// The MLP width I of a gate_up matrix [2I, H], weights[index].
+bool mlp_width_of(Checker& c, const mtp_tensor* const* weights, int64_t index, const WeightNames& names, int64_t* I) {
+  const mtp_tensor* gu = weights[index];
+  const std::string name = names(index);
+  if (!c.tensor(name.c_str(), gu, 2, "[2I, H]", kMatrixTypes)) return false;
+  if (gu->sizes[0] % 2)
+    return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
+  *I = gu->sizes[0] / 2;
+  return true;
+}
+
+// Layer i's four matrices (qkv, o_proj, gate_up, down_proj: weights[at[0..3]]) into l, each
+// checked, with its Q8 scales (scales[4 i + j]; scales NULL: float matrices).
+bool decoder_matrices(Checker& c, const mtp_tensor* const* weights, const int64_t (&at)[kLayerMatrices], int64_t i,
+                      const mtp_tensor* const* scales, const WeightNames& names, int64_t H, const HeadWidths& widths,
+                      int64_t I, DecoderLayer& l) {
+  const int64_t s0 = kLayerMatrices * i;
+  auto scale = [&](int64_t j) { return scales ? scales[s0 + j] : nullptr; };
+  const bool q8 = scales != nullptr;
+  return decoder_matrix(c, names(at[0]), weights[at[0]], q8, scale(0), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
+                        &l.qkv) &&
+         decoder_matrix(c, names(at[1]), weights[at[1]], q8, scale(1), H, "H", widths.q_width, "Hq D", &l.o) &&
+         decoder_matrix(c, names(at[2]), weights[at[2]], q8, scale(2), 2 * I, "2I", H, "H", &l.gate_up) &&
+         decoder_matrix(c, names(at[3]), weights[at[3]], q8, scale(3), H, "H", I, "I", &l.down);
+}
+
 // `count` layers from weights[offset] (6 each; scales: 4 per layer, or NULL for float
 // matrices), checked against x's dtype and the head counts; *I from the first gate_up.
 bool decoder_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t offset, int64_t count,
                        const mtp_tensor* const* scales, const WeightNames& names, int64_t H, const HeadWidths& widths,
                        const mtp_tensor* x, int64_t* I, std::vector<DecoderLayer>* out) {
-  if (count > 0) {  // I from the first gate_up [2I, H]
-    const mtp_tensor* gu = weights[offset + 4];
-    const std::string name = names(offset + 4);
-    if (!c.tensor(name.c_str(), gu, 2, "[2I, H]", kMatrixTypes)) return false;
-    if (gu->sizes[0] % 2)
-      return c.fail(MTP_ERROR_INVALID_ARGUMENT, name, ".sizes[0] must be even [2I, H], got ", gu->sizes[0]);
-    *I = gu->sizes[0] / 2;
-  }
+  if (count > 0 && !mlp_width_of(c, weights, offset + 4, names, I)) return false;
   out->assign(size_t(count), DecoderLayer{});
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t w0 = offset + kLayerTensors * i, s0 = kLayerMatrices * i;
-    auto scale = [&](int64_t j) { return scales ? scales[s0 + j] : nullptr; };
+    const int64_t w0 = offset + kLayerTensors * i;
     DecoderLayer& l = (*out)[size_t(i)];
-    const bool q8 = scales != nullptr;
     if (!decoder_norm(c, names(w0), weights[w0], H, x, &l.input_norm) ||
-        !decoder_matrix(c, names(w0 + 1), weights[w0 + 1], q8, scale(0), widths.qkv_rows, "(Hq + 2 Hkv) D", H, "H",
-                        &l.qkv) ||
-        !decoder_matrix(c, names(w0 + 2), weights[w0 + 2], q8, scale(1), H, "H", widths.q_width, "Hq D", &l.o) ||
         !decoder_norm(c, names(w0 + 3), weights[w0 + 3], H, x, &l.post_norm) ||
-        !decoder_matrix(c, names(w0 + 4), weights[w0 + 4], q8, scale(2), 2 * *I, "2I", H, "H", &l.gate_up) ||
-        !decoder_matrix(c, names(w0 + 5), weights[w0 + 5], q8, scale(3), H, "H", *I, "I", &l.down))
+        !decoder_matrices(c, weights, {w0 + 1, w0 + 2, w0 + 4, w0 + 5}, i, scales, names, H, widths, *I, l))
       return false;
+  }
+  return true;
+}
+
+// Gemma 3's `count` layers from weights[0] (kGemma3LayerParts, 10 each), checked like
+// decoder_layers_of (q_norm, k_norm [D]); windows[i] the sliding window of layer i (empty: none).
+bool gemma3_layers_of(Checker& c, const mtp_tensor* const* weights, int64_t count, const mtp_tensor* const* scales,
+                      const WeightNames& names, int64_t H, int64_t D, const HeadWidths& widths, const mtp_tensor* x,
+                      const std::vector<int64_t>& windows, int64_t* I, std::vector<DecoderLayer>* out) {
+  if (count > 0 && !mlp_width_of(c, weights, 7, names, I)) return false;
+  out->assign(size_t(count), DecoderLayer{});
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t w0 = kGemma3LayerTensors * i;
+    DecoderLayer& l = (*out)[size_t(i)];
+    if (!decoder_norm(c, names(w0), weights[w0], H, x, &l.input_norm) ||
+        !decoder_norm(c, names(w0 + 5), weights[w0 + 5], H, x, &l.post_attention_norm) ||
+        !decoder_norm(c, names(w0 + 6), weights[w0 + 6], H, x, &l.post_norm) ||
+        !decoder_norm(c, names(w0 + 9), weights[w0 + 9], H, x, &l.post_feedforward_norm) ||
+        !decoder_norm(c, names(w0 + 2), weights[w0 + 2], D, x, &l.q_norm, "D") ||
+        !decoder_norm(c, names(w0 + 3), weights[w0 + 3], D, x, &l.k_norm, "D") ||
+        !decoder_matrices(c, weights, {w0 + 1, w0 + 4, w0 + 7, w0 + 8}, i, scales, names, H, widths, *I, l))
+      return false;
+    l.window = windows.empty() ? 0 : windows[size_t(i)];
   }
   return true;
 }
@@ -269,11 +307,12 @@ bool token_ids(Checker& c, const char* name, const mtp_tensor* t, int64_t n, con
   return true;
 }
 
-// rope_cos / rope_sin [P, D] fp32, checked; *P their rows.
-bool rope_tables(Checker& c, const mtp_tensor* cos, const mtp_tensor* sin, int64_t D, const char* d_what, int64_t* P) {
+// rope_cos / rope_sin [P, D] fp32 (named cos_name / sin_name), checked; *P their rows.
+bool rope_tables(Checker& c, const mtp_tensor* cos, const mtp_tensor* sin, int64_t D, const char* d_what, int64_t* P,
+                 const char* cos_name = "rope_cos", const char* sin_name = "rope_sin") {
   static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
-  if (!c.tensor("rope_cos", cos, 2, "[P, D]", f32) || !c.size("rope_cos", cos, 1, D, d_what) ||
-      !c.tensor("rope_sin", sin, 2, "[P, D]", f32) || !c.same_sizes("rope_sin", sin, "rope_cos", cos))
+  if (!c.tensor(cos_name, cos, 2, "[P, D]", f32) || !c.size(cos_name, cos, 1, D, d_what) ||
+      !c.tensor(sin_name, sin, 2, "[P, D]", f32) || !c.same_sizes(sin_name, sin, cos_name, cos))
     return false;
   *P = cos->sizes[0];
   return true;
@@ -434,12 +473,21 @@ bool tree_of(Checker& c, const mtp_tensor* t, int64_t B, int64_t T, std::vector<
   return c.ok(tree_parents_error(*out, B, T));
 }
 
+// The arguments of the gemma3 layer kind (mtp_decoder_layers_gemma3).
+struct Gemma3Extras {
+  const mtp_tensor* rope_cos_local;
+  const mtp_tensor* rope_sin_local;
+  const int64_t* windows;  // [layers], or NULL: every layer global
+  float attention_scale;   // 0: 1/sqrt(D)
+};
+
+// mtp_decoder_layers(_tree) (gemma3 NULL: the Llama layer) and mtp_decoder_layers_gemma3.
 mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_tensor* k_cache,
                                const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
                                const mtp_tensor* rope_sin, const mtp_tensor* const* weights, int32_t num_weights,
                                const mtp_tensor* const* weight_scales, int32_t num_weight_scales, int64_t num_heads,
                                float eps, int32_t quantize_x, const mtp_tensor* tree_parents, const mtp_tensor* out,
-                               int32_t num_threads) {
+                               int32_t num_threads, const Gemma3Extras* gemma3 = nullptr) {
   return guarded(op, [&](Checker& c) {
     if (!c.tensor("x", x, 3, "[B, T, H]", kActivationTypes) ||
         !c.tensor("k_cache", k_cache, 5, "[layers, B, Hkv, L, D]", same_as(x)) ||
@@ -468,16 +516,38 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
     std::vector<int64_t> parents;
     if (tree_parents && !tree_of(c, tree_parents, a.B, a.T, &parents)) return c.status;
 
-    if (!c.ok(layers_error(a.layers, "k_cache.sizes[0]"))) return c.status;
-    const int64_t want = kLayerTensors * a.layers + 1;
-    if (num_weights != want || !weights)
-      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", kLayerTensors,
-                       " tensors per layer (input_norm, "
-                       "qkv, o_proj, post_norm, gate_up, down_proj) for the ",
-                       a.layers,
-                       " layers of k_cache, then the "
-                       "final norm: ",
-                       want, " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
+    const int64_t per = gemma3 ? kGemma3LayerTensors : kLayerTensors;
+    if (!c.ok(layers_error(a.layers, "k_cache.sizes[0]", per))) return c.status;
+    const int64_t want = per * a.layers + 1;
+    if (num_weights != want || !weights) {
+      std::string parts;
+      for (int64_t j = 0; j < per; ++j)
+        parts += std::string(j ? ", " : "") + (gemma3 ? kGemma3LayerParts : kLayerParts)[j];
+      return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "weights must hold ", per, " tensors per layer (", parts,
+                       ") for the ", a.layers, " layers of k_cache, then the final norm: ", want,
+                       " tensors, got num_weights = ", num_weights, weights ? "" : " and NULL");
+    }
+    std::vector<int64_t> windows;
+    std::vector<char> cos_local_pack, sin_local_pack;
+    if (gemma3) {
+      a.kind = LayerKind::Gemma3;
+      const Gemma3Extras& g = *gemma3;
+      if (g.windows) windows.assign(g.windows, g.windows + a.layers);
+      if (!c.ok(gemma3_windows_error(windows, g.windows != nullptr, a.layers, g.rope_cos_local != nullptr,
+                                     g.rope_sin_local != nullptr)))
+        return c.status;
+      if (g.rope_cos_local) {
+        if (!rope_tables(c, g.rope_cos_local, g.rope_sin_local, a.D, "D (k_cache.sizes[4])", &a.P_local,
+                         "rope_cos_local", "rope_sin_local") ||
+            !c.ok(positions_error(lens, a.T, a.L, "k_cache.sizes[3]", a.P_local, "rope_cos_local.sizes[0]")))
+          return c.status;
+      }
+      if (g.attention_scale != 0) {  // 0: the default 1/sqrt(D)
+        if (!c.ok(scale_error("attention_scale", g.attention_scale))) return c.status;
+        a.has_scale = true;
+        a.scale = g.attention_scale;
+      }
+    }
     const bool q8 = num_weight_scales != 0;
     if (q8 && (num_weight_scales != kLayerMatrices * a.layers || !weight_scales))
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT,
@@ -490,9 +560,13 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT,
                        "quantize_x = 1 needs int8 weights with their scales, got none "
                        "(num_weight_scales = 0; GGUF block-type matrices quantize the activations anyway)");
-    const WeightNames names{{}, a.layers, "layer", "the final norm"};
+    const WeightNames names = gemma3 ? WeightNames{{}, a.layers, "layer", "the final norm", kGemma3LayerParts, per}
+                                     : WeightNames{{}, a.layers, "layer", "the final norm"};
     std::vector<DecoderLayer> layers;
-    if (!decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, widths, x, &a.I, &layers))
+    if (gemma3 ? !gemma3_layers_of(c, weights, a.layers, q8 ? weight_scales : nullptr, names, a.H, a.D, widths, x,
+                                   windows, &a.I, &layers)
+               : !decoder_layers_of(c, weights, 0, a.layers, q8 ? weight_scales : nullptr, names, a.H, widths, x, &a.I,
+                                    &layers))
       return c.status;
     int threads = 1;
     if (!decoder_norm(c, names(want - 1), weights[want - 1], a.H, x, &a.final_norm) ||
@@ -506,6 +580,8 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
                       {"cache_lens", cache_lens},
                       {"rope_cos", rope_cos},
                       {"rope_sin", rope_sin},
+                      {"rope_cos_local", gemma3 ? gemma3->rope_cos_local : nullptr},
+                      {"rope_sin_local", gemma3 ? gemma3->rope_sin_local : nullptr},
                       {"tree_parents", tree_parents}}) ||
         !disjoint_from(c, written, weights, want, names) ||
         !disjoint_from(c, written, q8 ? weight_scales : nullptr, q8 ? kLayerMatrices * a.layers : 0,
@@ -519,6 +595,10 @@ mtp_status decoder_layers_call(const char* op, const mtp_tensor* x, const mtp_te
     a.x = contiguous3(x, &xpack);
     a.rope_cos = contiguous_table(rope_cos, &cos_pack);
     a.rope_sin = contiguous_table(rope_sin, &sin_pack);
+    if (gemma3 && gemma3->rope_cos_local) {
+      a.rope_cos_local = contiguous_table(gemma3->rope_cos_local, &cos_local_pack);
+      a.rope_sin_local = contiguous_table(gemma3->rope_sin_local, &sin_local_pack);
+    }
     a.k_cache = k_cache->data;
     a.v_cache = v_cache->data;
     std::copy_n(k_cache->strides, 5, a.k_stride);
@@ -1090,6 +1170,20 @@ mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor* k_cach
   return decoder_layers_call("mtp_decoder_layers_tree", x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
                              num_weights, weight_scales, num_weight_scales, num_heads, eps, quantize_x, tree_parents,
                              out, num_threads);
+}
+
+mtp_status mtp_decoder_layers_gemma3(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                     const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                     const mtp_tensor* rope_sin, const mtp_tensor* rope_cos_local,
+                                     const mtp_tensor* rope_sin_local, const int64_t* windows,
+                                     const mtp_tensor* const* weights, int32_t num_weights,
+                                     const mtp_tensor* const* weight_scales, int32_t num_weight_scales,
+                                     int64_t num_heads, float eps, float attention_scale, int32_t quantize_x,
+                                     const mtp_tensor* tree_parents, const mtp_tensor* out, int32_t num_threads) {
+  const Gemma3Extras g{rope_cos_local, rope_sin_local, windows, attention_scale};
+  return decoder_layers_call("mtp_decoder_layers_gemma3", x, k_cache, v_cache, cache_lens, rope_cos, rope_sin, weights,
+                             num_weights, weight_scales, num_weight_scales, num_heads, eps, quantize_x, tree_parents,
+                             out, num_threads, &g);
 }
 
 mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,

@@ -569,6 +569,249 @@ void check_capi_decoder(DType t, bool q8, bool quantize_x) {
   }
 }
 
+// ---- mtp_decoder_layers_gemma3 (the C API): the core's Gemma 3 bits, and bad input
+
+// A tiny Gemma 3 model: layer 0 sliding (window 4, shorter than the cache) on local RoPE tables
+// of another base, layer 1 global; an attention scale other than 1/sqrt(D).
+struct Gemma3Model {
+  DType t;
+  bool quantize_x;
+  std::vector<std::vector<char>> norms;  // per layer input, q, k, post_attention, pre_ff, post_ff
+  std::vector<Matrix> mats;              // per layer qkv, o, gate_up, down
+  std::vector<mtp::DecoderLayer> views;
+  std::vector<char> final_norm;
+  std::vector<float> cos, sin, cos_local, sin_local;
+  std::vector<int64_t> windows = {4, 0};
+  float scale = 0.2f;
+  Gemma3Model(DType t_, bool q8, bool quantize_x_)
+      : t(t_), quantize_x(quantize_x_), final_norm(values(t_, kH, 0.25f, 1.f)) {
+    for (int64_t i = 0; i < kLayers; ++i) {
+      for (int64_t n : {kH, kD, kD, kH, kH, kH}) norms.push_back(values(t, n, 0.25f, 1.f));
+      mats.emplace_back((kHq + 2 * kHkv) * kD, kH, t, q8);
+      mats.emplace_back(kH, kHq * kD, t, q8);
+      mats.emplace_back(2 * kI, kH, t, q8);
+      mats.emplace_back(kH, kI, t, q8);
+    }
+    for (int64_t i = 0; i < kLayers; ++i) {
+      mtp::DecoderLayer l{};
+      auto n = [&](int j) { return norms[size_t(6 * i + j)].data(); };
+      l.input_norm = n(0);
+      l.q_norm = n(1);
+      l.k_norm = n(2);
+      l.post_attention_norm = n(3);
+      l.post_norm = n(4);
+      l.post_feedforward_norm = n(5);
+      l.qkv = mats[size_t(4 * i)].m;
+      l.o = mats[size_t(4 * i + 1)].m;
+      l.gate_up = mats[size_t(4 * i + 2)].m;
+      l.down = mats[size_t(4 * i + 3)].m;
+      l.window = windows[size_t(i)];
+      views.push_back(l);
+    }
+    for (int64_t p = 0; p < kP; ++p)
+      for (int64_t d = 0; d < kD; ++d) {
+        const double e = -double(2 * (d % (kD / 2))) / double(kD);
+        cos.push_back(float(std::cos(p * std::pow(1e6, e))));
+        sin.push_back(float(std::sin(p * std::pow(1e6, e))));
+        cos_local.push_back(float(std::cos(p * std::pow(1e4, e))));
+        sin_local.push_back(float(std::sin(p * std::pow(1e4, e))));
+      }
+  }
+};
+
+std::vector<char> gemma3_pass(const Gemma3Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
+  mtp::DecoderArgs a;
+  a.kind = mtp::LayerKind::Gemma3;
+  a.B = c.B();
+  a.T = T;
+  a.H = kH;
+  a.Hq = kHq;
+  a.Hkv = kHkv;
+  a.D = kD;
+  a.I = kI;
+  a.layers = kLayers;
+  a.L = kL;
+  a.P = kP;
+  a.P_local = kP;
+  a.dtype = m.t;
+  a.x = x.data();
+  a.rope_cos = m.cos.data();
+  a.rope_sin = m.sin.data();
+  a.rope_cos_local = m.cos_local.data();
+  a.rope_sin_local = m.sin_local.data();
+  a.has_scale = true;
+  a.scale = m.scale;
+  a.k_cache = c.k.data();
+  a.v_cache = c.v.data();
+  const int64_t strides[5] = {c.B() * kHkv * kL * kD, kHkv * kL * kD, kL * kD, kD, 1};
+  std::copy_n(strides, 5, a.k_stride);
+  std::copy_n(strides, 5, a.v_stride);
+  a.cache_lens = c.lens.data();
+  a.layer = m.views.data();
+  a.final_norm = m.final_norm.data();
+  a.eps = 1e-6f;
+  a.quantize_x = m.quantize_x;
+  std::vector<char> out(x.size());
+  a.out = out.data();
+  mtp::decoder_layers(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
+  for (auto& n : c.lens) n += T;
+  return out;
+}
+
+// mtp_decoder_layers_gemma3's arguments: views of the model's and the cache's buffers.
+struct Gemma3Call {
+  std::vector<mtp_tensor> w, s;
+  std::vector<const mtp_tensor*> wp, sp;
+  mtp_tensor x, k, v, lens, cos, sin, cos_local, sin_local, out;
+  const mtp_tensor *cl = &cos_local, *sl = &sin_local;
+  std::vector<int64_t> windows;
+  const int64_t* win;
+  int64_t heads = kHq;
+  float eps = 1e-6f, scale;
+  int32_t quantize_x;
+  Gemma3Call(const Gemma3Model& m, Cache& c, const std::vector<char>& xs, int64_t T, std::vector<char>& o)
+      : windows(m.windows), scale(m.scale), quantize_x(m.quantize_x) {
+    win = windows.data();
+    auto matrix = [&](const Matrix& a, int64_t N, int64_t K) {
+      w.push_back(view(a.w.data(), a.m.dtype, {N, K}));
+      if (a.m.dtype == DType::I8) s.push_back(view(a.scale.data(), DType::F32, {N, mtp::q8_blocks(K)}));
+    };
+    for (int64_t i = 0; i < kLayers; ++i) {
+      auto norm = [&](int j, int64_t n) { w.push_back(view(m.norms[size_t(6 * i + j)].data(), m.t, {n})); };
+      norm(0, kH);
+      matrix(m.mats[size_t(4 * i)], (kHq + 2 * kHkv) * kD, kH);
+      norm(1, kD);
+      norm(2, kD);
+      matrix(m.mats[size_t(4 * i + 1)], kH, kHq * kD);
+      norm(3, kH);
+      norm(4, kH);
+      matrix(m.mats[size_t(4 * i + 2)], 2 * kI, kH);
+      matrix(m.mats[size_t(4 * i + 3)], kH, kI);
+      norm(5, kH);
+    }
+    w.push_back(view(m.final_norm.data(), m.t, {kH}));
+    for (auto& t : w) wp.push_back(&t);
+    for (auto& t : s) sp.push_back(&t);
+    x = view(xs.data(), m.t, {c.B(), T, kH});
+    k = view(c.k.data(), m.t, {kLayers, c.B(), kHkv, kL, kD});
+    v = view(c.v.data(), m.t, {kLayers, c.B(), kHkv, kL, kD});
+    lens = view(c.lens.data(), DType::F32, {c.B()});
+    lens.dtype = MTP_INT64;
+    cos = view(m.cos.data(), DType::F32, {kP, kD});
+    sin = view(m.sin.data(), DType::F32, {kP, kD});
+    cos_local = view(m.cos_local.data(), DType::F32, {kP, kD});
+    sin_local = view(m.sin_local.data(), DType::F32, {kP, kD});
+    out = view(o.data(), m.t, {c.B(), T, kH});
+  }
+  mtp_status run(int threads = 2) const {
+    return mtp_decoder_layers_gemma3(&x, &k, &v, &lens, &cos, &sin, cl, sl, win, wp.data(), int32_t(wp.size()),
+                                     sp.data(), int32_t(sp.size()), heads, eps, scale, quantize_x, nullptr, &out,
+                                     threads);
+  }
+};
+
+void check_capi_gemma3(DType t, bool q8, bool quantize_x) {
+  const Gemma3Model m(t, q8, quantize_x);
+  const char* what = q8                        ? (quantize_x ? "gemma3 q8dot" : "gemma3 q8")
+                     : mtp::dtype_size(t) == 4 ? "gemma3 f32"
+                                               : "gemma3 bf16";
+  const int64_t B = 2, T = 9, es = mtp::dtype_size(t);
+  const std::vector<char> x = values(t, B * T * kH, 1.f);
+  Cache core(t, B, {3, 7}), capi(t, B, {3, 7}), one(t, B, {3, 7});
+  const std::vector<char> want = gemma3_pass(m, core, x, T, 2);
+  std::vector<char> got(want.size());
+  Gemma3Call call(m, capi, x, T, got);
+  EXPECT(call.run() == MTP_OK, "%s: %s", what, mtp_last_error());
+  EXPECT(got == want, "%s: mtp_decoder_layers_gemma3 != the core's pass", what);
+  EXPECT(capi.k == core.k && capi.v == core.v, "%s: the caches differ", what);
+  EXPECT(capi.lens[0] == 3 && capi.lens[1] == 7, "%s: cache_lens advanced (the caller owns them)", what);
+  // One thread: the same bits.
+  Cache c1(t, B, {3, 7});
+  std::vector<char> got1(want.size());
+  Gemma3Call call1(m, c1, x, T, got1);
+  EXPECT(call1.run(1) == MTP_OK, "%s 1 thread: %s", what, mtp_last_error());
+  EXPECT(got1 == want && c1.k == core.k && c1.v == core.v, "%s: 1 thread != 2 threads", what);
+  // T one-token passes give the T-token pass's bits (outputs and caches); past the window of 4.
+  const size_t row = size_t(kH * es);
+  for (int64_t i = 0; i < T; ++i) {
+    std::vector<char> xi, oi(size_t(B) * row);
+    for (int64_t b = 0; b < B; ++b) {
+      const std::vector<char> r = rows(x, t, T, b, i, i + 1);
+      xi.insert(xi.end(), r.begin(), r.end());
+    }
+    Gemma3Call ci(m, one, xi, 1, oi);
+    EXPECT(ci.run() == MTP_OK, "%s token %lld: %s", what, (long long)i, mtp_last_error());
+    for (int64_t b = 0; b < B; ++b)
+      EXPECT(std::memcmp(oi.data() + size_t(b) * row, want.data() + size_t(b * T + i) * row, row) == 0,
+             "%s: request %lld token %lld: one-token pass != the %lld-token pass", what, (long long)b, (long long)i,
+             (long long)T);
+    for (auto& n : one.lens) n += 1;
+  }
+  EXPECT(one.k == core.k && one.v == core.v, "%s: one-token passes leave other caches", what);
+  // The global and local tables matter: swapping them changes the bits.
+  {
+    Cache cs(t, B, {3, 7});
+    std::vector<char> os(want.size());
+    Gemma3Call sw(m, cs, x, T, os);
+    std::swap(sw.cos, sw.cos_local);
+    std::swap(sw.sin, sw.sin_local);
+    EXPECT(sw.run() == MTP_OK && os != want, "%s: the local tables are not used", what);
+    Cache cs2(t, B, {3, 7});
+    Gemma3Call sc(m, cs2, x, T, os);
+    sc.scale = 0;  // 1/sqrt(D) = 0.25
+    EXPECT(sc.run() == MTP_OK && os != want, "%s: attention_scale is not used", what);
+  }
+
+  // Bad input: the torch binding's checks and messages, nothing written.
+  using C = Gemma3Call;
+  auto bad = [&](auto&& mutate, mtp_status status, const char* needle) {
+    Cache c(t, B, {3, 7});
+    std::vector<char> o(size_t(B * T * kH * es), char(0x11));
+    const std::vector<char> o0 = o, k0 = c.k;
+    Gemma3Call bc(m, c, x, T, o);
+    mutate(bc);
+    expect_error(bc.run(), status, needle, what);
+    EXPECT(c.k == k0 && c.v == k0 && o == o0, "%s: written on failure (%s)", what, needle);
+  };
+  bad([](C& c) { c.wp.pop_back(); }, MTP_ERROR_INVALID_ARGUMENT,
+      "mtp_decoder_layers_gemma3: weights must hold 10 tensors per layer (input_norm, qkv, q_norm, k_norm, o_proj, "
+      "post_attention_norm, pre_feedforward_norm, gate_up, down_proj, post_feedforward_norm) for the 2 layers of "
+      "k_cache, then the final norm: 21 tensors, got num_weights = 20");
+  bad([](C& c) { c.windows[1] = -1; }, MTP_ERROR_INVALID_ARGUMENT, "windows[1]: window must be >= 0");
+  bad([](C& c) { c.cl = c.sl = nullptr; }, MTP_ERROR_INVALID_ARGUMENT,
+      "a layer with a window (windows holds values > 0) takes its RoPE angles from rope_cos_local");
+  bad([](C& c) { c.sl = nullptr; }, MTP_ERROR_INVALID_ARGUMENT,
+      "rope_cos_local and rope_sin_local go together, got only rope_cos_local");
+  bad([](C& c) { c.cos_local.sizes[0] = c.sin_local.sizes[0] = 12; }, MTP_ERROR_INVALID_ARGUMENT,
+      "request 1 would pass the RoPE tables: cache_lens[1] + T = 7 + 9 > P = 12 (rope_cos_local.sizes[0])");
+  bad([](C& c) { c.sin_local.sizes[1] = 8; }, MTP_ERROR_INVALID_ARGUMENT,
+      "rope_sin_local must have rope_cos_local's sizes");
+  bad([](C& c) { c.w[2].sizes[0] = kH; }, MTP_ERROR_INVALID_ARGUMENT,
+      "weights[2] (layer 0's q_norm).sizes[0] must equal D");
+  bad([](C& c) { c.w[13].sizes[0] = kH; }, MTP_ERROR_INVALID_ARGUMENT,
+      "weights[13] (layer 1's k_norm).sizes[0] must equal D");
+  bad([](C& c) { c.w[15].sizes[0] = kD; }, MTP_ERROR_INVALID_ARGUMENT,
+      "weights[15] (layer 1's post_attention_norm).sizes[0] must equal H");
+  bad([](C& c) { c.w[19].dtype = MTP_INT8; }, MTP_ERROR_UNSUPPORTED_DTYPE,
+      "weights[19] (layer 1's post_feedforward_norm)");
+  bad([](C& c) { c.scale = NAN; }, MTP_ERROR_INVALID_ARGUMENT, "attention_scale must be finite");
+  bad([](C& c) { c.w[7].sizes[0] = 2 * kI - 1; }, MTP_ERROR_INVALID_ARGUMENT,
+      "weights[7] (layer 0's gate_up).sizes[0] must be even");
+  if (!q8)
+    bad([](C& c) { c.quantize_x = 1; }, MTP_ERROR_INVALID_ARGUMENT, "quantize_x = 1 needs int8 weights");
+  else
+    bad([](C& c) { c.sp.pop_back(); }, MTP_ERROR_INVALID_ARGUMENT, "weight_scales must be empty (float weights)");
+  // No windows (NULL) and no local tables: every layer global, fine.
+  {
+    Cache c(t, B, {3, 7});
+    std::vector<char> o(want.size());
+    Gemma3Call g(m, c, x, T, o);
+    g.win = nullptr;
+    g.cl = g.sl = nullptr;
+    EXPECT(g.run() == MTP_OK, "%s global: %s", what, mtp_last_error());
+  }
+}
+
 // The old selection of head_draft's alternatives (m scans, O(n m^2)), kept as the oracle of
 // mtp::argmax_order: the best of the n logits by torch.argmax's rule, leaving out skip[0..m).
 int64_t argmax_skipping(const void* row, DType dt, int64_t n, const int64_t* skip, int64_t m) {
@@ -638,5 +881,7 @@ void test_decoder() {
     check_capi_decoder(t, false, false);
     check_capi_decoder(t, true, false);
     check_capi_decoder(t, true, true);
+    check_capi_gemma3(t, false, false);
+    check_capi_gemma3(t, true, true);
   }
 }

@@ -386,6 +386,35 @@ MTP_API mtp_status mtp_decoder_layers_tree(const mtp_tensor* x, const mtp_tensor
                                            int32_t num_weight_scales, int64_t num_heads, float eps, int32_t quantize_x,
                                            const mtp_tensor* tree_parents, const mtp_tensor* out, int32_t num_threads);
 
+/* Gemma 3's decoder pass (torch.ops.mtp.decoder_layers with layer="gemma3"; the same bits): per
+ * layer RMSNorm, the fused q/k/v projection, RMS norms of each q and k head, RoPE (the local tables
+ * for a layer with a window), the cache append, attention over the cache (the layer's sliding window,
+ * attention_scale), the output projection, its norm and the residual add, then the pre-MLP norm, the
+ * GELU-tanh-gated MLP, its norm and the residual add; then the final norm (norms scale by w, as
+ * mtp_decoder_layers': fold Gemma's 1 + w in when loading). A pass over T tokens gives each token
+ * the bits of T one-token passes.
+ *   rope_cos_local, rope_sin_local [P_local, D] float32, both or NULL: the angles of the layers with
+ *                    a window (needed when one has), with cache_lens[b] + T <= P_local
+ *   windows          [layers] values >= 0, or NULL: layer i's sliding window (the keys a query sees,
+ *                    itself included; 0: global)
+ *   weights          num_weights = 10 * layers + 1 views: per layer input_norm [H], qkv, q_norm [D],
+ *                    k_norm [D], o_proj, post_attention_norm [H], pre_feedforward_norm [H], gate_up,
+ *                    down_proj, post_feedforward_norm [H] (matrices as mtp_decoder_layers'); then the
+ *                    final norm [H]
+ *   weight_scales    0 or 4 * layers views, as mtp_decoder_layers (qkv, o_proj, gate_up, down_proj)
+ *   attention_scale  finite: the scale of q.k (Gemma 3: query_pre_attn_scalar ** -0.5); 0: 1/sqrt(D)
+ *   tree_parents     NULL (a chain) or as mtp_decoder_layers_tree
+ * Other arguments as mtp_decoder_layers. */
+MTP_API mtp_status mtp_decoder_layers_gemma3(const mtp_tensor* x, const mtp_tensor* k_cache, const mtp_tensor* v_cache,
+                                             const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                             const mtp_tensor* rope_sin, const mtp_tensor* rope_cos_local,
+                                             const mtp_tensor* rope_sin_local, const int64_t* windows,
+                                             const mtp_tensor* const* weights, int32_t num_weights,
+                                             const mtp_tensor* const* weight_scales, int32_t num_weight_scales,
+                                             int64_t num_heads, float eps, float attention_scale, int32_t quantize_x,
+                                             const mtp_tensor* tree_parents, const mtp_tensor* out,
+                                             int32_t num_threads);
+
 /* The MTP head's k draft steps in one call (torch.ops.mtp.head_draft, the same drafts): per step
  * the embedding of the current token and the last hidden state, each normed, concatenated and
  * projected; the head's blocks (decoder layers whose attention reads one backbone layer's cache in
