@@ -405,7 +405,7 @@ def cmd_bench(args) -> int:
     methods = select_methods(args.methods, args.model, log)
     torch.set_num_threads(args.threads)
     cfg, model, tok, weights_desc = load_backbone(args.model, args.dtype, log)
-    if not hasattr(model, "decoder_weights"):  # Gemma 3: no head, drafter, Q8 or transformers run yet
+    if model.family == "gemma3":  # no head, drafter, Q8 or transformers run for it yet
         others = [m for m in methods if m not in GEMMA3_METHODS]
         if others and args.methods is not None:
             raise UsageError(

@@ -45,6 +45,8 @@ class Gemma3Backbone(torch.nn.Module):
     same values and bits (gguf.widen_q5_0), faster, for 34/22 of their bytes (+23 MB on the
     270M); False runs them as stored."""
 
+    family = "gemma3"  # no MTP head or standalone drafter for it yet (llama.Backbone.family)
+
     def __init__(self, cfg: Gemma3Config, weights: dict, dtype: torch.dtype = torch.float32, widen: bool = True):
         super().__init__()
         if dtype not in (torch.float32, torch.bfloat16):
@@ -199,8 +201,7 @@ class Gemma3Backbone(torch.nn.Module):
     def layer_weights(self) -> tuple[list[torch.Tensor], list[int] | None]:
         """mtp.decoder_layers(layer="gemma3")'s weights (per layer reference.GEMMA3_DECODER_PARTS,
         then the final norm) and weight_types (per layer the GGML types of qkv, o_proj, gate_up,
-        down_proj, -1 for a float one; None when none is block-quantized). Needs self.fused. (Not
-        called decoder_weights: the runtime takes a backbone with that method for a Llama one.)"""
+        down_proj, -1 for a float one; None when none is block-quantized). Needs self.fused."""
         if not self.fused:
             raise ValueError("Gemma3Backbone: a layer's q/k/v or gate/up are not one matrix: run forward_ops")
         weights, types = [], []

@@ -89,6 +89,8 @@ class Backbone(torch.nn.Module):
     quantize_x: integer dot products; every row keeps its bits whatever the number of rows, so
     speculative decoding still equals this backbone's greedy)."""
 
+    family = "llama"  # the model family; the MTP head and the standalone drafter are this family's
+
     def __init__(
         self,
         cfg: LlamaConfig,

@@ -23,7 +23,7 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
 
     from .head import HeadConfig, MTPHead
 
-    if not hasattr(backbone, "decoder_weights"):  # Gemma 3: the head's layer is a Llama one
+    if backbone.family != "llama":  # Gemma 3: the head's layer is a Llama one
         if path:
             raise CheckpointError(f"--head {path}: no MTP head runs on a Gemma 3 backbone yet")
         log("note: no MTP head for Gemma 3 yet: drafts come from prompt lookup alone")
@@ -52,7 +52,7 @@ def load_drafter(path: str | None, backbone, log):
     ValueError (both one line in the CLI)."""
     from .drafter import StandaloneDrafter
 
-    if not hasattr(backbone, "decoder_weights"):
+    if backbone.family != "llama":
         raise CheckpointError("the standalone drafter is a SmolLM2 model: it cannot draft for a Gemma 3 backbone")
     folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
     if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
