@@ -89,10 +89,12 @@ struct Cache {
   int64_t B() const { return int64_t(lens.size()); }
 };
 
-// One pass of T tokens (x: [B, T, H] in the model's dtype; a tree with parents [B, T]) with
-// `threads`; returns the output and advances the lengths.
-std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads,
-                       const int64_t* parents = nullptr) {
+// One pass of T tokens (x: [B, T, H] in the model's dtype) of model m (Model or Gemma3Model)
+// with `threads`, its other arguments set by more(args); returns the output and advances the
+// lengths.
+template <class M, class More>
+std::vector<char> run_pass(const M& m, Cache& c, const std::vector<char>& x, int64_t T, int threads, float eps,
+                           More&& more) {
   mtp::DecoderArgs a;
   a.B = c.B();
   a.T = T;
@@ -114,16 +116,22 @@ std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int
   std::copy_n(strides, 5, a.k_stride);
   std::copy_n(strides, 5, a.v_stride);
   a.cache_lens = c.lens.data();
-  a.tree_parents = parents;
   a.layer = m.views.data();
   a.final_norm = m.final_norm.data();
-  a.eps = 1e-5f;
+  a.eps = eps;
   a.quantize_x = m.quantize_x;
+  more(a);
   std::vector<char> out(x.size());
   a.out = out.data();
   mtp::decoder_layers(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
   for (auto& n : c.lens) n += T;
   return out;
+}
+
+// A Llama pass (a tree with parents [B, T]).
+std::vector<char> pass(const Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads,
+                       const int64_t* parents = nullptr) {
+  return run_pass(m, c, x, T, threads, 1e-5f, [&](mtp::DecoderArgs& a) { a.tree_parents = parents; });
 }
 
 // Rows [t0, t1) of request b of x [B, T, H] as a [1, t1 - t0, H] input.
@@ -620,42 +628,14 @@ struct Gemma3Model {
 };
 
 std::vector<char> gemma3_pass(const Gemma3Model& m, Cache& c, const std::vector<char>& x, int64_t T, int threads) {
-  mtp::DecoderArgs a;
-  a.kind = mtp::LayerKind::Gemma3;
-  a.B = c.B();
-  a.T = T;
-  a.H = kH;
-  a.Hq = kHq;
-  a.Hkv = kHkv;
-  a.D = kD;
-  a.I = kI;
-  a.layers = kLayers;
-  a.L = kL;
-  a.P = kP;
-  a.P_local = kP;
-  a.dtype = m.t;
-  a.x = x.data();
-  a.rope_cos = m.cos.data();
-  a.rope_sin = m.sin.data();
-  a.rope_cos_local = m.cos_local.data();
-  a.rope_sin_local = m.sin_local.data();
-  a.has_scale = true;
-  a.scale = m.scale;
-  a.k_cache = c.k.data();
-  a.v_cache = c.v.data();
-  const int64_t strides[5] = {c.B() * kHkv * kL * kD, kHkv * kL * kD, kL * kD, kD, 1};
-  std::copy_n(strides, 5, a.k_stride);
-  std::copy_n(strides, 5, a.v_stride);
-  a.cache_lens = c.lens.data();
-  a.layer = m.views.data();
-  a.final_norm = m.final_norm.data();
-  a.eps = 1e-6f;
-  a.quantize_x = m.quantize_x;
-  std::vector<char> out(x.size());
-  a.out = out.data();
-  mtp::decoder_layers(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
-  for (auto& n : c.lens) n += T;
-  return out;
+  return run_pass(m, c, x, T, threads, 1e-6f, [&](mtp::DecoderArgs& a) {
+    a.kind = mtp::LayerKind::Gemma3;
+    a.P_local = kP;
+    a.rope_cos_local = m.cos_local.data();
+    a.rope_sin_local = m.sin_local.data();
+    a.has_scale = true;
+    a.scale = m.scale;
+  });
 }
 
 // mtp_decoder_layers_gemma3's arguments: views of the model's and the cache's buffers.
