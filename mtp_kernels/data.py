@@ -218,6 +218,34 @@ def build(per_task_train: int, per_task_eval: int, seed: int = 0) -> tuple[list[
     return splits[0], splits[1]
 
 
+# ---- continuation prompts (a base model, such as Gemma 3 270M, has no chat template) ---------
+def continuation_prompts(paths: list[str], count: int, seed: int = 0, exclude: list[str] = ()) -> list[dict]:
+    """{"task": "continuation", "prompt"} rows: the text of each task prompt of `paths` (what
+    follows its instruction line: a passage, a thread, a written message), cut after 8 to 48 of
+    its words, as a text to continue; `count` of them (0: all), drawn with `seed`, deduplicated,
+    none sharing an 8-word sequence with the `exclude` sets. Needs only committed files."""
+    from .selfinstruct import shingles
+
+    banned = set().union(set(), *(shingles(p["prompt"]) for path in exclude for p in read_jsonl(path)))
+    rng, seen, out = random.Random(f"continuations-{seed}"), set(), []
+    rows = [r for path in paths for r in read_jsonl(path)]
+    rng.shuffle(rows)
+    for r in rows:
+        text = r["prompt"].split("\n\n", 1)[-1].strip()
+        words = list(re.finditer(r"\S+", text))
+        if len(words) < 12:
+            continue
+        prompt = text[: words[min(len(words) - 4, rng.randint(8, 48)) - 1].end()]
+        key = " ".join(re.findall(r"\w+", prompt.lower()))
+        if key in seen or shingles("\n\n" + prompt) & banned:
+            continue
+        seen.add(key)
+        out.append({"task": "continuation", "prompt": prompt, "source": r.get("source", "corpora")})
+        if len(out) == count:
+            break
+    return out
+
+
 def read_jsonl(path: str) -> list:
     """One JSON value per non-blank line; a line that is not UTF-8 or not JSON (or nested too
     deep) is a ValueError naming path:line."""
@@ -252,10 +280,27 @@ def append_jsonl(path: str, rows: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train", required=True)
-    p.add_argument("--eval", required=True)
+    p.add_argument("--eval", help="the evaluation set to write (not with --continuations)")
     p.add_argument("--per-task-train", type=int, default=600)
     p.add_argument("--per-task-eval", type=int, default=40)
+    p.add_argument(
+        "--continuations",
+        type=int,
+        metavar="N",
+        help="instead: N continuation prompts (a base model's training set) from the texts of "
+        "data/train_prompts.jsonl and data/selfinstruct_prompts.jsonl",
+    )
+    p.add_argument("--exclude", nargs="*", default=[], help="with --continuations: held-out sets to stay apart from")
     a = p.parse_args()
+    if a.continuations:
+        here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+        sources = [os.path.join(here, f) for f in ("train_prompts.jsonl", "selfinstruct_prompts.jsonl")]
+        rows = continuation_prompts(sources, a.continuations, exclude=a.exclude)
+        write_jsonl(a.train, rows)
+        print(f"{len(rows)} continuation prompts -> {a.train}")
+        return
+    if not a.eval:
+        p.error("--eval is required (or --continuations N)")
     train, ev = build(a.per_task_train, a.per_task_eval)
     write_jsonl(a.train, train)
     write_jsonl(a.eval, ev)

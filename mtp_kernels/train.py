@@ -40,8 +40,8 @@ IGNORE = -100
 class Sequence:
     tokens: torch.Tensor  # [N] prompt + answer
     prompt_len: int
-    hidden: torch.Tensor  # [N, H] the backbone's final (normed) hidden states, bf16
-    k: torch.Tensor  # [Hkv, N, D] post-RoPE keys of the head's layer, bf16
+    hidden: torch.Tensor  # [N, H] the backbone's final (normed) hidden states, in its dtype
+    k: torch.Tensor  # [Hkv, N, D] post-RoPE keys of the head's layer, in the backbone's dtype
     v: torch.Tensor
     # [N] the backbone's argmax after each position (its greedy next token given the
     # sequence so far): the targets at prompt positions, where the next token is the user's.
@@ -92,9 +92,9 @@ def distill(
             new[i] = Sequence(
                 torch.tensor(prompt_ids[i] + answers[r]),
                 len(prompt_ids[i]),
-                torch.cat(hidden[r]).bfloat16(),
-                cache.k[layer, r, :, :n].bfloat16().clone(),
-                cache.v[layer, r, :, :n].bfloat16().clone(),
+                torch.cat(hidden[r]),
+                cache.k[layer, r, :, :n].clone(),
+                cache.v[layer, r, :, :n].clone(),
                 torch.cat(picks[r]),
             )
             out[i] = new[i]
@@ -114,9 +114,9 @@ def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: in
     return Sequence(
         torch.tensor(tokens),
         prompt_len,
-        hidden.bfloat16(),
-        cache.k[layer, 0, :, :n].bfloat16(),
-        cache.v[layer, 0, :, :n].bfloat16(),
+        hidden,
+        cache.k[layer, 0, :, :n],
+        cache.v[layer, 0, :, :n],
         backbone.logits(hidden).argmax(-1),
     )
 
@@ -167,7 +167,7 @@ def unrolled_logits(
     A = anchors.shape[1]
     p = anchors.clamp(min=0)
     g, scale = c.num_heads // c.num_kv_heads, c.head_dim**-0.5
-    emb, cos_t, sin_t = backbone.embedding.float(), backbone.rope_cos, backbone.rope_sin
+    emb = backbone.embedding.float()
     visible = (torch.arange(L)[None, None] <= p[:, :, None])[:, None, None]  # backbone keys 0..p: [B,1,1,A,L]
     h = pad_stack([s.hidden for s in batch], 0).float().gather(1, p[:, :, None].expand(B, A, c.hidden_size))
     local_k = [[] for _ in head.blocks]
@@ -175,7 +175,7 @@ def unrolled_logits(
     out = []
     for j in range(steps):
         nxt = tokens.gather(1, (p + 1 + j).clamp(max=L - 1))  # the input token p+1+j
-        cos, sin = cos_t[p + 1 + j], sin_t[p + 1 + j]  # [B, A, D] at position p+1+j
+        cos, sin = backbone.rope_rows(p + 1 + j)  # [B, A, D] at position p+1+j
         x = (
             torch.cat(
                 [rms_norm(emb[nxt], head.embed_norm, c.rms_norm_eps), rms_norm(h, head.hidden_norm, c.rms_norm_eps)],
@@ -284,17 +284,19 @@ def draft_vocabulary(
 
 def init_from_backbone(head: MTPHead, backbone: Backbone) -> None:
     """Start every block from the weights of the backbone layer whose cache it reads: its
-    queries then already match that layer's keys. The projection starts as the sum of
-    the two normed inputs (the next token's embedding plus the hidden state)."""
+    queries then already match that layer's keys (a Gemma 3 layer's q/k norms and GELU have no
+    place in the head's block: its projections start from the layer's all the same). The
+    projection starts as the sum of the two normed inputs (the next token's embedding plus the
+    hidden state)."""
     layer = head.cfg.kv_layer % backbone.cfg.num_layers
-    p = f"model.layers.{layer}."
     names = {
         "attn_norm": "input_layernorm",
         "q_proj": "self_attn.q_proj",
         "k_proj": "self_attn.k_proj",
         "v_proj": "self_attn.v_proj",
         "o_proj": "self_attn.o_proj",
-        "mlp_norm": "post_attention_layernorm",
+        # the norm before the MLP
+        "mlp_norm": "pre_feedforward_layernorm" if backbone.family == "gemma3" else "post_attention_layernorm",
         "gate_proj": "mlp.gate_proj",
         "up_proj": "mlp.up_proj",
         "down_proj": "mlp.down_proj",
@@ -302,7 +304,7 @@ def init_from_backbone(head: MTPHead, backbone: Backbone) -> None:
     with torch.no_grad():
         for blk in head.blocks:
             for mine, theirs in names.items():
-                getattr(blk, mine).copy_(backbone.w(p + theirs + ".weight").float())
+                getattr(blk, mine).copy_(backbone.layer_weight(layer, theirs).float())
         eye = torch.eye(head.cfg.hidden_size)
         head.proj.copy_(torch.cat([eye, eye], dim=1))
 
@@ -502,6 +504,11 @@ def check_draft_vocab(size: int, vocab_size: int) -> int:
 DISTILLED_BY = "stored"
 
 
+def distilled_by(backbone) -> str:
+    """The cache key of a teacher's answers (Llama's keeps the key its caches were written with)."""
+    return DISTILLED_BY if backbone.family == "llama" else f"{DISTILLED_BY}:{backbone.family}"
+
+
 def _prompt_line(path: str, n: int) -> str:
     """'path:line' of prompt n (0-based) of a prompts file, for an error message: data.read_jsonl's
     rows are its non-blank lines (a UTF-8 BOM dropped), so blank lines shift the count."""
@@ -516,24 +523,22 @@ def distilled_rows(
     work_dir: str,
     max_new_tokens: int,
     num_prompts: int,
-    cfg,
-    weights,
+    backbone,
     tok,
     log: Callable[[str], None] = print,
     kv_layer: int | None = None,
 ) -> tuple[list[dict], list[Sequence] | None]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all) of each
-    prompts file, in the files' order: the backbone's greedy answers (cfg, weights, tok: the
-    model as checkpoint.load(native=True) gives it, loaded once by the caller: the file's own
-    weights, run with bf16 activations as `mtp generate` runs them by default), cached in
+    prompts file, in the files' order: the backbone's greedy answers (backbone, tok: the model
+    as `mtp generate` runs it by default, loading.load_backbone(path, None): the file's own
+    weights, bf16 activations for Llama, fp32 for Gemma 3), cached in
     work_dir/distilled.jsonl (an interrupted run resumes; a cached answer is reused when its
     prompt, length cap and backbone are the same). With kv_layer also the head's features of
     each row (distill's; for a cached answer one teacher-forced pass over prompt + answer, the
     same bits), else None."""
     from . import data
-    from .models.llama import DTYPES
-    from .models.loading import NATIVE_DTYPE
 
+    cfg, teacher = backbone.cfg, distilled_by(backbone)
     paths = [prompts_path] if isinstance(prompts_path, str) else list(prompts_path)
     prompts, where = [], []  # where[n]: (file, index in it) of prompt n, for error messages
     for path in paths:
@@ -568,7 +573,7 @@ def distilled_rows(
         # A token covers at most max_token_bytes bytes: a cheap bound before tokenizing.
         nbytes = len(text.encode("utf-8"))
         bound = tok.max_token_bytes if nbytes > 1 << 18 else None  # below, tokenizing is cheaper than the bound
-        if bound and nbytes > room * bound or len(i := tok.encode(text)) > room or not i:
+        if bound and nbytes > room * bound or len(i := tok.prompt_prefix + tok.encode(text)) > room or not i:
             raise ValueError(
                 f"{_prompt_line(path, n)}: prompt {n + 1} plus --max-new-tokens {max_new_tokens} does not "
                 f"fit the model's context of {cfg.max_position} tokens (or it is empty)"
@@ -583,10 +588,9 @@ def distilled_rows(
         if _cached_row_ok(r, cfg.vocab_size)
         and tuple(r["prompt_ids"]) in position
         and r.get("max_new_tokens") == max_new_tokens
-        and r.get("distilled_by") == DISTILLED_BY
+        and r.get("distilled_by") == teacher
     }
     log(f"distill: {len(done)} of {len(ids)} answers found in {cached}")
-    backbone = Backbone(cfg, weights, DTYPES[NATIVE_DTYPE])
     seqs: list[Sequence | None] = [None] * len(ids)
     todo = [i for i in range(len(ids)) if i not in done]
     if todo:
@@ -603,7 +607,7 @@ def distilled_rows(
                                 "prompt_ids": ids[i],
                                 "answer_ids": done[i],
                                 "max_new_tokens": max_new_tokens,
-                                "distilled_by": DISTILLED_BY,
+                                "distilled_by": teacher,
                             }
                         )
                         + "\n"
@@ -654,22 +658,31 @@ def run(
     max_new_tokens: int = 96,
     num_prompts: int = 0,
     log: Callable[[str], None] = print,
+    model: str | None = None,
 ) -> dict:
-    """distill with features (answers cached in work_dir) -> train -> save the head to out_dir."""
-    from .models import checkpoint
+    """distill with features (answers cached in work_dir) -> train -> save the head to out_dir.
+    model: the backbone's file (None: the default SmolLM2; a Gemma 3 GGUF trains its head)."""
+    from .models import loading
 
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    cfg, stored, tok = checkpoint.load(None, native=True)  # the teacher: the default backbone
+    # The teacher: the backbone as `mtp generate` runs it by default (the file's own weights).
+    cfg, teacher, tok, _ = loading.load_backbone(model, None, log)
     check_kv_layer(kv_layer, cfg.num_layers)  # before any work: the head must read a layer that exists
+    if teacher.family == "gemma3" and cfg.sliding_layers[kv_layer]:
+        raise ValueError(
+            f"--kv-layer {kv_layer} is a sliding-window layer: the head reads a global layer's cache "
+            f"(here {[i for i, s in enumerate(cfg.sliding_layers) if not s]})"
+        )
     draft_vocab_size = check_draft_vocab(draft_vocab_size, cfg.vocab_size)
     rows, seqs = distilled_rows(
-        prompts_path, work_dir, max_new_tokens, num_prompts, cfg, stored, tok, log, kv_layer=kv_layer
+        prompts_path, work_dir, max_new_tokens, num_prompts, teacher, tok, log, kv_layer=kv_layer
     )
     t_distill = time.perf_counter() - t0
     split(rows)  # at least 2 rows, else a clear error here
-    # The embedding and LM head rows of the training graph, dequantized to fp32.
-    backbone = Backbone(cfg, checkpoint.load(None)[1], torch.float32)
+    del teacher
+    # The embedding and LM head rows of the training graph, and the head's first weights: fp32.
+    backbone = loading.load_backbone(model, "float32", log)[1]
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
     head.set_draft_vocab(
@@ -685,7 +698,7 @@ def run(
     result.update(
         prompts=[prompts_path] if isinstance(prompts_path, str) else list(prompts_path),
         num_prompts=num_prompts,
-        distilled_by=DISTILLED_BY,
+        distilled_by=distilled_by(backbone),
         distill_seconds=round(t_distill),
         train_config=dataclasses.asdict(tc),
         sequences=len(train_seqs),

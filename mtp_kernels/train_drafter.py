@@ -161,11 +161,11 @@ def run_drafter(
 ) -> dict:
     """The head's distilled data and validation split (train.distilled_rows, train.split)
     -> a default-size drafter over the most frequent answer tokens -> out_dir."""
-    from .models import checkpoint
+    from .models import loading
 
-    cfg, weights, tok = checkpoint.load(model, native=True)  # the teacher: the default backbone
+    cfg, teacher, tok, _ = loading.load_backbone(model, None, log)  # as `mtp generate` runs it
     vocab_size = train.check_draft_vocab(vocab_size, cfg.vocab_size)
-    rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, cfg, weights, tok, log)[0]
+    rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, teacher, tok, log)[0]
     seqs = [
         train.Sequence(torch.tensor(r["prompt_ids"] + r["answer_ids"]), len(r["prompt_ids"]), *[torch.empty(0)] * 3)
         for r in rows

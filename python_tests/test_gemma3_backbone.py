@@ -166,8 +166,8 @@ def test_bad_use_is_refused(loaded):
         Gemma3Backbone(cfg, {k: v for k, v in weights.items() if k != "model.norm.weight"})
     model = Gemma3Backbone(cfg, native)
     cache = model.new_cache(1, 16)
-    with pytest.raises(ValueError, match="tree drafts need an MTP head"):
-        model(torch.tensor([[1, 2]]), cache, torch.tensor([[-1, 0]]))
+    with pytest.raises(ValueError, match="tree drafts run in the one-call pass"):
+        Gemma3Backbone(cfg, native, widen=False)(torch.tensor([[1, 2]]), cache, torch.tensor([[-1, 0]]))
     with pytest.raises(ValueError, match="do not fit the cache"):
         model(torch.tensor([list(range(17))]), cache)
     with pytest.raises(ValueError, match="exceeds the model's context"):
@@ -181,13 +181,13 @@ def generate_json(capsys, *args):
 
 
 def test_mtp_generate_runs_gemma3(tiny_file, capsys):
-    """`mtp generate --model <gemma3 gguf>`: prompt lookup alone (no head for it yet), the same
-    tokens as --no-mtp, as stored and dequantized."""
+    """`mtp generate --model <gemma3 gguf>`: the head (untrained: the shipped 270M head does not
+    fit the tiny model) and prompt lookup, the same tokens as --no-mtp, as stored and dequantized."""
     prompt = "the cat the cat the cat"
     for dtype in ([], ["--dtype", "float32"]):
         rc, spec, err = generate_json(capsys, "--model", tiny_file, "--prompt", prompt, *dtype)
         assert rc == 0, err
-        assert "no MTP head for Gemma 3 yet" in err and "prompt lookup up to 6" in err
+        assert "UNTRAINED MTP head" in err and "prompt lookup up to 6" in err
         rc, plain, err = generate_json(capsys, "--model", tiny_file, "--prompt", prompt, "--no-mtp", *dtype)
         assert rc == 0, err
         assert spec[0]["tokens"] == plain[0]["tokens"] and len(plain[0]["tokens"]) > 0
@@ -197,10 +197,8 @@ def test_mtp_generate_runs_gemma3(tiny_file, capsys):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--head", "somewhere"], "no MTP head runs on a Gemma 3 backbone yet"),
         (["--drafter", "standalone"], "cannot draft for a Gemma 3 backbone"),
         (["--int8"], "--int8 re-quantizes a Llama-family backbone"),
-        (["--branches", "3"], "branches > 1 (tree drafts) needs the MTP head"),
     ],
 )
 def test_mtp_generate_refuses_what_gemma3_lacks(tiny_file, capsys, args, fragment):
@@ -249,21 +247,22 @@ def test_270m_fused_forward_equals_forward_ops_bitwise(dtype):
 
 
 def test_mtp_bench_runs_gemma3(tiny_file, tmp_path, capsys):
-    """`mtp bench --model <gemma3 gguf>`: our greedy and lookup methods (identical outputs), the
-    Llama-only methods refused by name."""
+    """`mtp bench --model <gemma3 gguf>`: our greedy, head and lookup methods (identical outputs),
+    the Llama-only methods refused by name."""
     eval_set = tmp_path / "set.jsonl"
     eval_set.write_text(json.dumps({"task": "story", "prompt": "the cat the cat the cat"}) + "\n")
     common = ["bench", "--model", tiny_file, "--eval-set", str(eval_set), "--per-task", "1", "--max-new-tokens", "6"]
     out = str(tmp_path / "e2e")
-    rc = cli.main([*common, "--methods", "ours_greedy,ours_lookup", "--out", out])
+    rc = cli.main([*common, "--methods", "ours_greedy,ours_mtp,ours_lookup,ours_mtp_lookup_tree", "--out", out])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     res = json.load(open(out + ".json"))
     assert res["setup"].startswith("tiny.gguf, Q5_0 (run as Q8_0, the same bits)")
-    assert res["methods"]["ours_lookup"]["story"]["identical_to_greedy"] == 1
-    rc = cli.main([*common, "--methods", "ours_greedy,ours_mtp", "--out", out])
+    for m in ("ours_mtp", "ours_lookup", "ours_mtp_lookup_tree"):
+        assert res["methods"][m]["story"]["identical_to_greedy"] == 1, m
+    rc = cli.main([*common, "--methods", "ours_greedy,ours_drafter", "--out", out])
     err = capsys.readouterr().err
-    assert rc == 2 and "ours_mtp does not run on a Gemma 3 backbone" in err, err
+    assert rc == 2 and "ours_drafter does not run on a Gemma 3 backbone" in err, err
 
 
 def test_mtp_generate_refuses_a_bad_gemma3_file(tmp_path, capsys):

@@ -5,6 +5,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from mtp_kernels import data, selfinstruct as si, train
 from tiny_model import write_tiny_folder
@@ -108,18 +109,20 @@ def test_build_drops_duplicates_and_texts_near_an_excluded_set(tiny, tmp_path, m
 
 def test_distilled_rows_read_several_prompt_files(tiny, tmp_path):
     from mtp_kernels.models.checkpoint import load
+    from mtp_kernels.models.llama import Backbone
 
     write_tiny_folder(tmp_path / "tiny")
     cfg, weights, tok = load(str(tmp_path / "tiny"))
+    model = Backbone(cfg, weights, torch.bfloat16)
     for name, texts in (("a", "abc"), ("b", "xyz")):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": f"p {c}"}) + "\n" for c in texts))
     paths = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
-    rows, _ = train.distilled_rows(paths, str(tmp_path), 4, 2, cfg, weights, tok, lambda m: None)
+    rows, _ = train.distilled_rows(paths, str(tmp_path), 4, 2, model, tok, lambda m: None)
     want = [tok.encode(tok.apply_chat_template(f"p {c}")) for c in "abxy"]  # the first 2 of each file
     assert [r["prompt_ids"] for r in rows] == want
     (tmp_path / "b.jsonl").write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
     with pytest.raises(ValueError, match=r"b\.jsonl:2: expected JSON lines"):
-        train.distilled_rows(paths, str(tmp_path), 4, 0, cfg, weights, tok, lambda m: None)
+        train.distilled_rows(paths, str(tmp_path), 4, 0, model, tok, lambda m: None)
 
 
 def test_shingles_compare_texts_not_the_shared_instructions():

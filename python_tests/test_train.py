@@ -8,6 +8,7 @@ import torch
 
 from mtp_kernels import data, train
 from mtp_kernels.models.head import HeadConfig, MTPHead
+from mtp_kernels.models.llama import Backbone
 from tiny_model import TINY, tiny_backbone
 
 
@@ -145,7 +146,8 @@ def test_distilled_rows_cache_our_answers_and_ignore_other_backbones(tmp_path, m
     (tmp_path / "distilled.jsonl").write_text(
         json.dumps({"task": "t", "prompt_ids": ids[0], "answer_ids": [9, 9], "max_new_tokens": 6}) + "\n"
     )
-    args = (str(tmp_path / "prompts.jsonl"), str(tmp_path), 6, 0, cfg, weights, tok, lambda m: None)
+    model = Backbone(cfg, weights, torch.bfloat16)  # the teacher as distilled_rows' caller loads it
+    args = (str(tmp_path / "prompts.jsonl"), str(tmp_path), 6, 0, model, tok, lambda m: None)
     rows, seqs = train.distilled_rows(*args, kv_layer=1)
     assert [r["prompt_ids"] for r in rows] == ids and rows[0]["answer_ids"] != [9, 9]
     cached = [json.loads(line) for line in (tmp_path / "distilled.jsonl").read_text().splitlines()]
@@ -323,14 +325,13 @@ def test_distilled_answers_are_the_default_backbones_greedy(tmp_path):
     import json
 
     from mtp_kernels import decoding
-    from mtp_kernels.models import checkpoint, loading
+    from mtp_kernels.models import loading
     from test_native import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    cfg, stored, tok = checkpoint.load(path, native=True)
+    cfg, model, tok, what = loading.load_backbone(path, None, print)
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ab c", "d e f g", "h")))
-    rows, seqs = train.distilled_rows(str(tmp_path / "p.jsonl"), str(tmp_path), 6, 0, cfg, stored, tok, print, 0)
-    _, model, _, what = loading.load_backbone(path, None, print)
+    rows, seqs = train.distilled_rows(str(tmp_path / "p.jsonl"), str(tmp_path), 6, 0, model, tok, print, 0)
     assert "as stored" in what and model.native
     eos = tuple(cfg.eos_token_ids)
     for r, s in zip(rows, seqs):

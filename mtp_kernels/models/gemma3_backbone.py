@@ -45,7 +45,7 @@ class Gemma3Backbone(torch.nn.Module):
     same values and bits (gguf.widen_q5_0), faster, for 34/22 of their bytes (+23 MB on the
     270M); False runs them as stored."""
 
-    family = "gemma3"  # no MTP head or standalone drafter for it yet (llama.Backbone.family)
+    family = "gemma3"  # its MTP head: heads/gemma3-270m (llama.Backbone.family)
 
     def __init__(self, cfg: Gemma3Config, weights: dict, dtype: torch.dtype = torch.float32, widen: bool = True):
         super().__init__()
@@ -93,7 +93,7 @@ class Gemma3Backbone(torch.nn.Module):
         if not cfg.tie_embeddings:
             self._add("lm_head.weight", weights["lm_head.weight"])
         self.embed_scale = math.sqrt(cfg.hidden_size)  # rounded to fp32 with the product (gemma3.Gemma3)
-        self.scale = cfg.query_pre_attn_scalar**-0.5
+        self.attention_scale = cfg.query_pre_attn_scalar**-0.5
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}  # sliding? -> cos, sin [P, D]
         # One mtp.decoder_layers call per pass when every layer's q/k/v and gate/up are one matrix each.
         self.fused = all(len(attn) == 1 and len(mlp) == 1 for attn, mlp, _ in self.layers)
@@ -131,6 +131,56 @@ class Gemma3Backbone(torch.nn.Module):
 
     def gguf_type(self, name: str) -> int | None:
         return self._mats[name][1]
+
+    # ---- what the MTP head reads (llama.Backbone's interface) -------------------------------
+    def w(self, name: str) -> torch.Tensor:
+        """A matrix as stored (uint8 rows of its GGML type: see gguf_type, or a float tensor)."""
+        return self._mats[name][0]
+
+    def scale(self, name: str) -> None:
+        return None  # no Q8 re-quantization here
+
+    @property
+    def rope_cos(self) -> torch.Tensor:
+        """The global layers' RoPE tables (the head reads a global layer's cache), as long as
+        the largest cache made so far (new_cache grows them)."""
+        return self._tables(False, 1)[0]
+
+    @property
+    def rope_sin(self) -> torch.Tensor:
+        return self._tables(False, 1)[1]
+
+    def rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global layers' RoPE cos, sin [*positions.shape, D] at positions (training's)."""
+        cos, sin = self._tables(False, int(positions.max()) + 1)
+        return cos[positions], sin[positions]
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        """The embedding matrix as stored (float rows when the weights were dequantized)."""
+        return self.w("model.embed_tokens.weight")
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.w(self.lm_head_name)
+
+    def layer_weight(self, i: int, part: str) -> torch.Tensor:
+        """Layer i's weight `part` ("self_attn.q_proj", "input_layernorm", ...) as a float tensor
+        (a row view of its fused matrix): what a new MTP head starts from (train.init_from_backbone).
+        Float weights only (a backbone loaded dequantized)."""
+        attn, mlp, norms = self.layers[i]
+        if part in norms:
+            return norms[part]
+        prefix = f"model.layers.{i}."
+        for name, rows in attn + mlp + [(prefix + part + ".weight", [0])]:
+            parts = name[len(prefix) :].removesuffix(".weight").split("+")
+            if part in parts:
+                w, gguf_type = self._mats[name]
+                if gguf_type is not None:
+                    raise ValueError(f"Gemma3Backbone.layer_weight: {name} is block-quantized: load it dequantized")
+                start = sum(rows[: parts.index(part)])
+                return w[start : start + rows[parts.index(part)]] if len(parts) > 1 else w
+        raise KeyError(f"layer {i} has no weight {part!r}")
 
     def gguf_types(self) -> set[int]:
         """The GGML types of the block-quantized matrices (x8 layouts: type + 100)."""
@@ -195,7 +245,9 @@ class Gemma3Backbone(torch.nn.Module):
         v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
         torch.ops.mtp.cache_append(cache.k[i], cache.v[i], k, v, cache.lens)
         window = cfg.sliding_window if cfg.sliding_layers[i] else None
-        a = torch.ops.mtp.head_attention(q, cache.k[i], cache.v[i], lens, None, None, self.scale, True, window=window)
+        a = torch.ops.mtp.head_attention(
+            q, cache.k[i], cache.v[i], lens, None, None, self.attention_scale, True, window=window
+        )
         return self.matmul(a.view(B, T, -1), f"model.layers.{i}.self_attn.o_proj.weight")
 
     def layer_weights(self) -> tuple[list[torch.Tensor], list[int] | None]:
@@ -226,8 +278,11 @@ class Gemma3Backbone(torch.nn.Module):
         return weights, (types if any(t >= 0 for t in types) else None)
 
     def _check_step(self, tokens: torch.Tensor, cache: KVCache, tree_parents) -> None:
-        if tree_parents is not None:
-            raise ValueError("Gemma3Backbone: tree drafts need an MTP head, and Gemma 3 has none yet: verify chains")
+        if tree_parents is not None and not self.fused:
+            raise ValueError(
+                "Gemma3Backbone: tree drafts run in the one-call pass, and this file's layers mix types "
+                "(they run op by op): verify chains (--branches 1)"
+            )
         B, T = tokens.shape
         if B != cache.lens.shape[0]:
             raise ValueError(f"tokens has {B} requests but the cache has {cache.lens.shape[0]}")
@@ -266,7 +321,8 @@ class Gemma3Backbone(torch.nn.Module):
             weight_types=types,
             layer="gemma3",
             windows=[cfg.sliding_window if s else 0 for s in cfg.sliding_layers],
-            attention_scale=self.scale,
+            attention_scale=self.attention_scale,
+            tree_parents=tree_parents,
             **local,
         )
         cache.lens.add_(tokens.shape[1])

@@ -333,6 +333,12 @@ def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
             f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
             f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)"
         )
+    sliding = getattr(backbone_cfg, "sliding_layers", ())  # Gemma 3: a sliding layer's cache is windowed
+    if sliding and sliding[c.kv_layer]:
+        raise ValueError(
+            f"this head reads layer {c.kv_layer % backbone_cfg.num_layers}, a sliding-window layer of the "
+            f"backbone: it must read a global one ({[i for i, s in enumerate(sliding) if not s]})"
+        )
     if c.draft_vocab_size > backbone_cfg.vocab_size:
         raise ValueError(
             f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "

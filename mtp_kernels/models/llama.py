@@ -160,6 +160,10 @@ class Backbone(torch.nn.Module):
         rows [N, row_bytes] for a GGUF block-quantized one: see `gguf_type`)."""
         return getattr(self, self._key(name))
 
+    def layer_weight(self, i: int, part: str) -> torch.Tensor:
+        """Layer i's weight `part` ("self_attn.q_proj", "input_layernorm", ...) as stored."""
+        return self.w(f"model.layers.{i}.{part}.weight")
+
     def gguf_type(self, name: str) -> int | None:
         """The GGML type number of a GGUF block-quantized matrix (its `w` is the file's
         uint8 rows), else None."""
@@ -208,6 +212,10 @@ class Backbone(torch.nn.Module):
     def lm_head_rows(self, index: torch.Tensor | None = None) -> torch.Tensor:
         """LM head rows (all when index is None) in `dtype`, dequantized if need be."""
         return self._rows(self.lm_head_name, index)
+
+    def rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE cos, sin [*positions.shape, D] at positions (what the head's layer uses)."""
+        return self.rope_cos[positions], self.rope_sin[positions]
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         if max_len > self.cfg.max_position:

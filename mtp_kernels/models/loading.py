@@ -16,26 +16,30 @@ NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that 
 GEMMA3_NATIVE_DTYPE = "float32"
 
 
+SHIPPED_HEAD = {"llama": "smollm2-135m", "gemma3": "gemma3-270m"}  # per family, the default model's head
+
+
 def load_head(path: str | None, backbone, log, default_model: bool = True):
-    """The head to draft with: --head PATH, else the one shipped for the default model
-    (when the backbone is that model), else an untrained (random, seeded) head, labelled."""
+    """The head to draft with: --head PATH, else the one shipped for the default model (when
+    the backbone is that model: SmolLM2 when no --model is given, a Gemma 3 file the 270M's
+    head fits), else an untrained (random, seeded) head, labelled."""
     import torch
 
     from .head import HeadConfig, MTPHead
 
-    if backbone.family != "llama":  # Gemma 3: the head's layer is a Llama one
-        if path:
-            raise CheckpointError(f"--head {path}: no MTP head runs on a Gemma 3 backbone yet")
-        log("note: no MTP head for Gemma 3 yet: drafts come from prompt lookup alone")
-        return None
-    shipped = os.path.join(SHIPPED_HEADS, "smollm2-135m")
-    has_shipped = default_model and os.path.isfile(os.path.join(shipped, "config.json"))
-    folder = path or (shipped if has_shipped else None)
-    if folder:
-        head = MTPHead.load(folder, dtype=backbone.dtype, backbone_cfg=backbone.cfg)
-    else:
+    shipped = os.path.join(SHIPPED_HEADS, SHIPPED_HEAD[backbone.family])
+    has_shipped = os.path.isfile(os.path.join(shipped, "config.json"))
+    head = None
+    if path or (has_shipped and default_model):
+        head = MTPHead.load(path or shipped, dtype=backbone.dtype, backbone_cfg=backbone.cfg)
+    elif has_shipped and backbone.family == "gemma3":  # --model is always given: the 270M's head where it fits
+        try:
+            head = MTPHead.load(shipped, dtype=backbone.dtype, backbone_cfg=backbone.cfg)
+        except CheckpointError as e:
+            log(f"note: the shipped Gemma 3 head does not fit this model ({e})")
+    if head is None:
         torch.manual_seed(0)
-        head = MTPHead(HeadConfig.for_backbone(backbone.cfg))
+        head = MTPHead(HeadConfig.for_backbone(backbone.cfg, kv_layer=_global_layer(backbone.cfg)))
     head.check_fits(backbone.cfg)
     head.to(backbone.dtype)  # once here: draft() would otherwise cast every weight per call
     if not head.cfg.trained:
@@ -44,6 +48,13 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
             "the output is still exactly the backbone's own (greedy, or sampled with the same seed)"
         )
     return head
+
+
+def _global_layer(cfg) -> int:
+    """The last layer whose cache holds every position (a Gemma 3 sliding layer's does not
+    serve the head: it was written to be read through a window); -1 for Llama."""
+    sliding = getattr(cfg, "sliding_layers", ())
+    return max((i for i, s in enumerate(sliding) if not s), default=-1) if sliding else -1
 
 
 def load_drafter(path: str | None, backbone, log):
