@@ -352,6 +352,7 @@ GEMMA3_METHODS = (
     "ours_lookup",
     "ours_mtp_lookup",
     "ours_mtp_lookup_tree",
+    "ours_drafter",
     "llamacpp_greedy",
 )
 

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from . import train
 from .models.config import LlamaConfig
-from .models.drafter import StandaloneDrafter, default_config
+from .models.drafter import StandaloneDrafter, config_near, default_config, parameter_counts
+from .models.head import HeadConfig
 from .models.llama import rope_tables
 from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
 
@@ -174,7 +175,11 @@ def run_drafter(
     vocab = train.draft_vocabulary(
         [r["answer_ids"] for r in train_rows], vocab_size, cfg.vocab_size, always=tuple(cfg.eos_token_ids)
     )
-    drafter = StandaloneDrafter(default_config(len(vocab), cfg.max_position), vocab, seed=tc.seed)
+    # About the MTP head's size (its parameters for this backbone and vocabulary): a fair baseline.
+    head_params = parameter_counts(default_config(len(vocab), cfg.max_position), HeadConfig.for_backbone(cfg))["head"]
+    drafter = StandaloneDrafter(
+        config_near(len(vocab), cfg.max_position, head_params), vocab, seed=tc.seed, family=teacher.family
+    )
     result = train_drafter(drafter, train_seqs, val_seqs, tc, log=log)
     drafter.save(out_dir)
     result.update(

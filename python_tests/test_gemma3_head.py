@@ -148,6 +148,31 @@ def test_mtp_generate_with_a_head_on_gemma3(tiny_file, tmp_path, capsys):
     assert rc == 2 and err.splitlines()[-1].startswith("mtp: error: ") and "not an MTP head checkpoint" in err
 
 
+def test_standalone_drafters_draft_their_own_family(tiny_file, tmp_path, capsys):
+    """A drafter records the family whose token ids it drafts: SmolLM2's shipped one is refused
+    on a Gemma 3 backbone (exit 2, one line); a drafter made for gemma3 drafts, and decoding with
+    it equals plain greedy; a config.json with an unknown family is refused."""
+    from mtp_kernels.models.drafter import StandaloneDrafter
+
+    smollm2 = loading.os.path.join(loading.SHIPPED_HEADS, "smollm2-135m-drafter")
+    args = ["generate", "--model", tiny_file, "--prompt", "hi", "--max-new-tokens", "2", "--drafter", "standalone"]
+    rc = cli.main([*args, "--drafter-path", smollm2])
+    err = capsys.readouterr().err
+    assert rc == 2 and "drafts llama token ids: it cannot draft for a gemma3 backbone" in err, err
+    drafter = StandaloneDrafter.create(torch.arange(4, 40), 64, seed=0)
+    drafter.family = "gemma3"
+    drafter.save(str(tmp_path / "d"))
+    _, model, _, _ = loading.load_backbone(tiny_file, None, print)
+    loaded = loading.load_drafter(str(tmp_path / "d"), model, print)
+    plain = decoding.generate(model, [PROMPT], 12, lookup=0)
+    spec = decoding.generate(model, [PROMPT], 12, head=loaded, k=3)
+    assert plain[0].tokens == spec[0].tokens
+    config = tmp_path / "d" / "config.json"
+    config.write_text(config.read_text().replace('"gemma3"', '"mistral"'))
+    with pytest.raises(CheckpointError, match='"family" must be one of'):
+        loading.load_drafter(str(tmp_path / "d"), model, print)
+
+
 def test_mtp_train_with_model_needs_out(tiny_file, capsys):
     rc = cli.main(["train", "--model", tiny_file])
     err = capsys.readouterr().err

@@ -28,6 +28,7 @@ from .head import HeadConfig, MTPHead
 from .llama import Backbone, KVCache
 
 KIND = "mtp-standalone-drafter"
+FAMILIES = ("llama", "gemma3")  # the backbones whose token ids a drafter can draft
 WEIGHTS_FILE = "drafter.safetensors"
 
 
@@ -48,6 +49,27 @@ def default_config(vocab_len: int, max_position: int, **overrides) -> LlamaConfi
     return LlamaConfig(**{**kw, **overrides})
 
 
+def config_near(vocab_len: int, max_position: int, params: int) -> LlamaConfig:
+    """The default drafter when its parameters are within 25% of `params` (the head's), else the
+    one nearest to them among widths 256..768 (heads of 64, MLP 3x, 2 layers): the head and the
+    drafter are compared at about the same size."""
+    from .checkpoint import expected_shapes
+
+    def size(c: LlamaConfig) -> int:
+        return sum(math.prod(s) for s in expected_shapes(c).values())
+
+    default = default_config(vocab_len, max_position)
+    if abs(size(default) / params - 1) <= 0.25:
+        return default
+    widths = [
+        default_config(
+            vocab_len, max_position, hidden_size=h, intermediate_size=3 * h, num_heads=h // 64, num_kv_heads=h // 128
+        )
+        for h in range(256, 769, 128)
+    ]
+    return min(widths, key=lambda c: abs(size(c) - params))
+
+
 def parameter_counts(drafter_cfg: LlamaConfig, head_cfg: HeadConfig) -> dict:
     """Parameters of the drafter (its embedding included) and of the MTP head (which has
     none: it shares the backbone's), and their ratio."""
@@ -64,6 +86,7 @@ class StandaloneDrafter:
         weights: dict[str, torch.Tensor] | None = None,
         trained: bool = False,
         seed: int = 0,
+        family: str = "llama",
     ):
         vocab = torch.as_tensor(vocab, dtype=torch.int64)
         if vocab.dim() != 1 or not 0 < vocab.numel() == cfg.vocab_size - 1 or not cfg.tie_embeddings:
@@ -73,7 +96,8 @@ class StandaloneDrafter:
             )
         if int(vocab.min()) < 0 or vocab.unique().numel() != vocab.numel():
             raise ValueError("the drafter's vocabulary must hold distinct non-negative token ids")
-        self.cfg, self.vocab, self.trained = cfg, vocab, trained
+        # family: the backbone family whose token ids `vocab` holds (its tokenizer's).
+        self.cfg, self.vocab, self.trained, self.family = cfg, vocab, trained, family
         if weights is None:
             g = torch.Generator().manual_seed(seed)
             weights = {
@@ -111,7 +135,9 @@ class StandaloneDrafter:
         self.model = Backbone(self.cfg, {n: w.detach() for n, w in self.weights.items()}, dtype)
         return self
 
-    def check_fits(self, backbone_cfg: LlamaConfig) -> None:
+    def check_fits(self, backbone_cfg: LlamaConfig, family: str = "llama") -> None:
+        if family != self.family:
+            raise ValueError(f"this drafter drafts {self.family} token ids: it cannot draft for a {family} backbone")
         if int(self.vocab.max()) >= backbone_cfg.vocab_size:
             raise ValueError(
                 f"the drafter's vocabulary has token id {int(self.vocab.max())}, outside the "
@@ -124,7 +150,8 @@ class StandaloneDrafter:
 
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump({"kind": KIND, "trained": self.trained, "model": dataclasses.asdict(self.cfg)}, f, indent=2)
+            meta = {"kind": KIND, "trained": self.trained, "family": self.family, "model": dataclasses.asdict(self.cfg)}
+            json.dump(meta, f, indent=2)
         tensors = {n: w.detach().float().contiguous() for n, w in self.weights.items()}
         save_file({**tensors, "draft_vocab": self.vocab.contiguous()}, os.path.join(folder, WEIGHTS_FILE))
 
@@ -146,6 +173,9 @@ class StandaloneDrafter:
             raise CheckpointError(
                 f'{config_path}: not a standalone drafter config (an object with "kind": "{KIND}" and "model")'
             )
+        family = meta.get("family", "llama")  # drafters saved before Gemma 3 were SmolLM2's
+        if not isinstance(family, str) or family not in FAMILIES:
+            raise CheckpointError(f'{config_path}: "family" must be one of {list(FAMILIES)}')
         try:
             cfg = LlamaConfig.from_json(json.dumps(meta["model"]))
         except ValueError as e:
@@ -175,7 +205,8 @@ class StandaloneDrafter:
         check_float_tensors(weights_path, state)
         _check_weights(folder, cfg, state)
         try:
-            return cls(cfg, vocab, {n: w.float() for n, w in state.items()}, trained=bool(meta.get("trained")))
+            weights = {n: w.float() for n, w in state.items()}
+            return cls(cfg, vocab, weights, trained=bool(meta.get("trained")), family=family)
         except ValueError as e:
             raise CheckpointError(f"{folder}: {e}") from e
 

@@ -63,16 +63,14 @@ def load_drafter(path: str | None, backbone, log):
     ValueError (both one line in the CLI)."""
     from .drafter import StandaloneDrafter
 
-    if backbone.family != "llama":
-        raise CheckpointError("the standalone drafter is a SmolLM2 model: it cannot draft for a Gemma 3 backbone")
-    folder = path or os.path.join(SHIPPED_HEADS, "smollm2-135m-drafter")
+    folder = path or os.path.join(SHIPPED_HEADS, SHIPPED_HEAD[backbone.family] + "-drafter")
     if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
         raise CheckpointError(
             f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` or pass --drafter-path"
         )
     drafter = StandaloneDrafter.load(folder)
     try:
-        drafter.check_fits(backbone.cfg)
+        drafter.check_fits(backbone.cfg, backbone.family)
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from None
     drafter.to(backbone.dtype)
