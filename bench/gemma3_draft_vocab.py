@@ -49,8 +49,10 @@ for _ in range(30):
     model(token[:, None], cache)
     times["step"].append(time.perf_counter() - t0)
     cache.lens.sub_(1)
-print(f"{len(train_rows)} training answers, {val.numel()} validation answer tokens; backbone step "
-      f"{statistics.median(times['step']) * 1e3:.2f} ms (layers only, no LM head)")
+print(
+    f"{len(train_rows)} training answers, {val.numel()} validation answer tokens; backbone step "
+    f"{statistics.median(times['step']) * 1e3:.2f} ms (layers only, no LM head)"
+)
 print("| draft vocabulary | validation tokens covered | head_draft, K = 3 |")
 print("|---:|---:|---:|")
 for n in sizes:
