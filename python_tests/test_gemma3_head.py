@@ -43,15 +43,24 @@ def random_head(cfg, dtype, vocab=None, seed=0, kv_layer=GLOBAL):
     return head.to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype, matrices",
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16)],
+    ids=["fp32", "bf16", "fp32_bf16_matrices"],
+)
 @pytest.mark.parametrize("vocab", [None, 17])
-def test_head_draft_on_gemma3_is_the_reference_bitwise(native, dtype, vocab):
+def test_head_draft_on_gemma3_is_the_reference_bitwise(native, dtype, matrices, vocab):
     """mtp.head_draft over the Gemma backbone's own matrices (its Q8_0 x8 embedding and LM head,
     its global layer's cache, the global RoPE tables): reference.head_draft's drafts, batched
-    and ragged, with alternatives."""
+    and ragged, with alternatives; also with the head's matrices in bf16 beside fp32
+    activations and norms (what load_head runs on Gemma 3)."""
     cfg, weights, _ = native
     model = Gemma3Backbone(cfg, weights, dtype)
-    head = random_head(cfg, dtype, vocab)
+    head = random_head(cfg, matrices or dtype, vocab)
+    head.matrix_dtype = matrices
+    if matrices is not None:
+        ws = head.draft_weights(dtype)
+        assert {w.dtype for w in ws if w.dim() == 2} == {matrices} and {w.dtype for w in ws if w.dim() == 1} == {dtype}
     cache = model.new_cache(2, 48)
     h0 = model(torch.tensor([PROMPT]), cache.select(0))[:, -1]
     h1 = model(torch.tensor([PROMPT[:6]]), cache.select(1))[:, -1]
@@ -121,6 +130,7 @@ def test_load_head_for_gemma3(tiny_file, capsys):
     notes = []
     head = loading.load_head(None, model, notes.append)
     assert not head.cfg.trained and head.cfg.kv_layer == GLOBAL
+    assert head.matrix_dtype == torch.bfloat16 and model.dtype == torch.float32  # bf16 matrices, fp32 norms
     assert any("UNTRAINED" in n for n in notes)
     smollm2 = loading.os.path.join(loading.SHIPPED_HEADS, "smollm2-135m")
     with pytest.raises(CheckpointError, match="does not fit the backbone"):

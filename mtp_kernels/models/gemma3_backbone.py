@@ -34,10 +34,10 @@ import torch
 
 from ..gguf import TYPE_NUMBERS, QuantTensor, can_x8, widen_q5_0
 from .gemma3 import Gemma3Config, expected_shapes
-from .llama import KVCache, MixedTypesError, _fuse, block_rows
+from .llama import KVCache, MixedTypesError, TiedMatrices, _fuse, block_rows
 
 
-class Gemma3Backbone(torch.nn.Module):
+class Gemma3Backbone(TiedMatrices, torch.nn.Module):
     """The frozen Gemma 3 backbone: forward(tokens, cache) -> final normed hidden states,
     logits(hidden) -> logits, the interface decoding.generate drives. weights: gemma3.load's
     dict (QuantTensors with native=True, else fp32 tensors); activations, norms and the KV
@@ -154,15 +154,6 @@ class Gemma3Backbone(torch.nn.Module):
         """The global layers' RoPE cos, sin [*positions.shape, D] at positions (training's)."""
         cos, sin = self._tables(False, int(positions.max()) + 1)
         return cos[positions], sin[positions]
-
-    @property
-    def embedding(self) -> torch.Tensor:
-        """The embedding matrix as stored (float rows when the weights were dequantized)."""
-        return self.w("model.embed_tokens.weight")
-
-    @property
-    def lm_head(self) -> torch.Tensor:
-        return self.w(self.lm_head_name)
 
     def layer_weight(self, i: int, part: str) -> torch.Tensor:
         """Layer i's weight `part` ("self_attn.q_proj", "input_layernorm", ...) as a float tensor

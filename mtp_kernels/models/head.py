@@ -123,6 +123,8 @@ class MTPHead(torch.nn.Module):
         self.out_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
         # Token ids of the draft vocabulary (empty: full vocabulary).
         self.register_buffer("draft_vocab", torch.zeros(0, dtype=torch.int64))
+        # The dtype its matrices are read in when drafting (None: the backbone's; see draft_weights).
+        self.matrix_dtype: torch.dtype | None = None
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         self.draft_vocab = ids.to(torch.int64).contiguous()
@@ -244,29 +246,31 @@ class MTPHead(torch.nn.Module):
 
     # ---- drafting ----------------------------------------------------------------------
     def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
-        """mtp.head_draft's weights in `dtype`: embed_norm, hidden_norm, proj, per block its
-        decoder-layer parts (q/k/v and gate/up fused into one matrix each), out_norm. Cached
-        until a parameter changes (in place or replaced) or the dtype does. When the head is
-        already in `dtype` (models.loading.load_head puts it there) nothing is copied: the fused
+        """mtp.head_draft's weights: embed_norm, hidden_norm, proj, per block its decoder-layer
+        parts (q/k/v and gate/up fused into one matrix each), out_norm; the norms in `dtype` (the
+        backbone's), the matrices in `matrix_dtype` when it is set (else `dtype`). Cached until a
+        parameter changes (in place or replaced) or a dtype does. When the head is already in
+        that dtype (models.loading.load_head puts it there) nothing is copied: the fused
         matrices become the parameters' storage (each projection a row view of its fused one)."""
+        mats = self.matrix_dtype or dtype
         if getattr(self, "_draft_weights", (None,))[0] != self._draft_key(dtype):
             with torch.no_grad():
-                out = [self.embed_norm, self.hidden_norm, self.proj]
+                out = [self.embed_norm.to(dtype), self.hidden_norm.to(dtype), self.proj.to(mats)]
                 for b in self.blocks:
                     out += [
-                        b.attn_norm,
-                        _fused(dtype, b.q_proj, b.k_proj, b.v_proj),
-                        b.o_proj,
-                        b.mlp_norm,
-                        _fused(dtype, b.gate_proj, b.up_proj),
-                        b.down_proj,
+                        b.attn_norm.to(dtype),
+                        _fused(mats, b.q_proj, b.k_proj, b.v_proj),
+                        b.o_proj.to(mats),
+                        b.mlp_norm.to(dtype),
+                        _fused(mats, b.gate_proj, b.up_proj),
+                        b.down_proj.to(mats),
                     ]
-                out.append(self.out_norm)
-                self._draft_weights = (self._draft_key(dtype), [w.detach().to(dtype).contiguous() for w in out])
+                out.append(self.out_norm.to(dtype))
+                self._draft_weights = (self._draft_key(dtype), [w.detach().contiguous() for w in out])
         return self._draft_weights[1]
 
     def _draft_key(self, dtype: torch.dtype) -> tuple:
-        return dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
+        return dtype, self.matrix_dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
 
     def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> dict:
         """mtp.head_draft's arguments (by name) for `draft`'s inputs."""

@@ -80,7 +80,20 @@ def rope_tables(cfg: LlamaConfig, max_len: int) -> tuple[torch.Tensor, torch.Ten
     return angles.cos().float(), angles.sin().float()
 
 
-class Backbone(torch.nn.Module):
+class TiedMatrices:
+    """The embedding and LM head as stored (`w`), for a backbone with `w` and `lm_head_name`:
+    what the head's training reads (Backbone, gemma3_backbone.Gemma3Backbone)."""
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        return self.w("model.embed_tokens.weight")
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.w(self.lm_head_name)
+
+
+class Backbone(TiedMatrices, torch.nn.Module):
     """The frozen backbone. Weights are buffers (never trained), in `dtype`; with
     quantize=True every weight matrix (projections, embedding = LM head) is kept in the Q8
     format of `mtp_kernels.quant` (int8, one fp32 scale per 32 weights: ~1.1 bytes per weight)
@@ -185,14 +198,6 @@ class Backbone(torch.nn.Module):
     @property
     def lm_head_name(self) -> str:
         return "model.embed_tokens.weight" if self.cfg.tie_embeddings else "lm_head.weight"
-
-    @property
-    def embedding(self) -> torch.Tensor:
-        return self.w("model.embed_tokens.weight")
-
-    @property
-    def lm_head(self) -> torch.Tensor:
-        return self.w(self.lm_head_name)
 
     def _rows(self, name: str, index) -> torch.Tensor:
         w, scale, gguf_type = self.w(name), self.scale(name), self.gguf_type(name)
