@@ -186,6 +186,8 @@ def cmd_generate(args) -> int:
         )
     )
     release_freed_memory()
+    if head is None and not args.no_mtp and args.lookup is None:  # Gemma 3 by default: lookup alone
+        args.lookup = DEFAULT_LOOKUP
     # The defaults decoding.generate resolves for the same backbone and drafter (config.py).
     config = DecodeConfig.resolve(
         model,
@@ -463,7 +465,7 @@ def cmd_bench(args) -> int:
     # One head drafts for every backbone (same config and dtype; it reads each one's LM head in place).
     head_on_plain = "ours_mtp" in methods or bool(lenient)
     head = (
-        load_head(args.head, model, log, args.model is None)
+        load_head(args.head, model, log, args.model is None or model.family == "gemma3")
         if head_on_plain or any(m.startswith("ours_mtp") for m in methods)
         else None
     )

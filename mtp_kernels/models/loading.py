@@ -21,8 +21,10 @@ SHIPPED_HEAD = {"llama": "smollm2-135m", "gemma3": "gemma3-270m"}  # per family,
 
 def load_head(path: str | None, backbone, log, default_model: bool = True):
     """The head to draft with: --head PATH, else the one shipped for the default model (when
-    the backbone is that model: SmolLM2 when no --model is given, a Gemma 3 file the 270M's
-    head fits), else an untrained (random, seeded) head, labelled."""
+    the backbone is that model: SmolLM2 when no --model is given; on a Gemma 3 file, only when
+    default_model asks for it, the 270M's head where it fits), else an untrained (random,
+    seeded) head, labelled. On Gemma 3 without --head and default_model False: None (prompt
+    lookup alone, the faster default there)."""
     import torch
 
     from .head import HeadConfig, MTPHead
@@ -33,9 +35,13 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     # bytes of a draft step (a K = 3 draft 24 -> 16 ms on the 270M), reference.head_draft's bits.
     dtype = torch.bfloat16 if backbone.family == "gemma3" else backbone.dtype
     head = None
-    if path or (has_shipped and default_model):
+    if backbone.family == "gemma3" and not path and not default_model:
+        # Measured slower than prompt lookup alone (bench/RESULTS.md, 2026-12-02): not the default.
+        log(f"note: Gemma 3 drafts by prompt lookup alone by default (its MTP head: --head {shipped})")
+        return None
+    if path or (has_shipped and default_model and backbone.family == "llama"):
         head = MTPHead.load(path or shipped, dtype=dtype, backbone_cfg=backbone.cfg)
-    elif has_shipped and backbone.family == "gemma3":  # --model is always given: the 270M's head where it fits
+    elif has_shipped:  # Gemma 3 (its --model is always given): the 270M's head where it fits
         try:
             head = MTPHead.load(shipped, dtype=dtype, backbone_cfg=backbone.cfg)
         except CheckpointError as e:
