@@ -1,9 +1,8 @@
 """Gemma 3 (GGUF architecture `gemma3`): config, weights and tokenizer from its GGUF, and a
 plain-torch fp32 forward, the reference of the second model family.
 
-Nothing here runs on the kernels yet: `mtp generate` refuses a Gemma file (checkpoint.load_gguf)
-until `head_attention` has a sliding window and a head is trained for it. What this module
-defines is what those later steps must reproduce:
+Nothing here runs on the kernels: models/gemma3_backbone.py does, and is held to this module's
+forward. What this module defines is what the kernels' backbone must reproduce:
 
 - hidden = embedding[token] * sqrt(hidden_size) (fp32);
 - each layer: x + post_attention_norm(attn(attn_norm(x))), then
