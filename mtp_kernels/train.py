@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .models.head import HeadConfig, MTPHead
+from .models.head import HeadConfig, MTPHead, check_global_layer
 from .models.llama import Backbone
 from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
 
@@ -396,9 +396,10 @@ def train_head(
                 save()  # the same command resumes here
             elif checkpoint and os.path.isfile(checkpoint):
                 os.remove(checkpoint)
-            curve.append(
-                {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
-            )
+            if not curve or curve[-1]["step"] != step:  # not again when the last step was just validated
+                curve.append(
+                    {"step": step, "seconds": round(elapsed), **evaluate(head, backbone, val, tc.steps, rows, index)}
+                )
             log(f"train: done after {step} steps, {elapsed:.0f} s; {curve[-1]}")
             return {
                 "curve": curve,
@@ -669,11 +670,7 @@ def run(
     # The teacher: the backbone as `mtp generate` runs it by default (the file's own weights).
     cfg, teacher, tok, _ = loading.load_backbone(model, None, log)
     check_kv_layer(kv_layer, cfg.num_layers)  # before any work: the head must read a layer that exists
-    if teacher.family == "gemma3" and cfg.sliding_layers[kv_layer]:
-        raise ValueError(
-            f"--kv-layer {kv_layer} is a sliding-window layer: the head reads a global layer's cache "
-            f"(here {[i for i, s in enumerate(cfg.sliding_layers) if not s]})"
-        )
+    check_global_layer(kv_layer, cfg, f"--kv-layer {kv_layer} reads layer")
     draft_vocab_size = check_draft_vocab(draft_vocab_size, cfg.vocab_size)
     rows, seqs = distilled_rows(
         prompts_path, work_dir, max_new_tokens, num_prompts, teacher, tok, log, kv_layer=kv_layer

@@ -107,7 +107,8 @@ def test_train_a_gemma3_head_then_draft_with_it(tiny_file, tmp_path):
     prompts.write_text("".join(json.dumps({"prompt": "ab cd ef " * (1 + i % 3) + str(i)}) + "\n" for i in range(10)))
     tc = train.TrainConfig(steps=2, batch=4, max_steps=30, minutes=5, lr=3e-3)
     common = dict(draft_vocab_size=40, max_new_tokens=8, model=tiny_file, log=lambda m: None)
-    with pytest.raises(ValueError, match="--kv-layer -1 is a sliding-window layer"):
+    sliding = r"--kv-layer -1 reads layer 6, a sliding-window layer of the backbone: it must read a global one \(\[5"
+    with pytest.raises(ValueError, match=sliding):
         train.run(str(prompts), str(tmp_path / "head"), str(tmp_path / "work"), tc, kv_layer=-1, **common)
     result = train.run(str(prompts), str(tmp_path / "head"), str(tmp_path / "work"), tc, kv_layer=GLOBAL, **common)
     assert result["distilled_by"] == "stored:gemma3" and result["steps"] == 30

@@ -61,8 +61,9 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
         self.cfg, self.dtype = cfg, dtype
         q5_0 = TYPE_NUMBERS["Q5_0"]
         self.widened = widen and any(isinstance(w, QuantTensor) and w.gguf_type == q5_0 for w in weights.values())
-        if widen:  # Q5_0 as Q8_0 (x8): the same bits, faster; see gguf.widen_q5_0
-            weights = {n: _widened(w) for n, w in weights.items()}
+        # Q5_0 as Q8_0 (x8): the same bits, faster (gguf.widen_q5_0); each matrix as it is
+        # taken (_stored), so that one layer's widened parts at a time precede its fused copies.
+        self._widen = widen
         self.native = any(isinstance(w, QuantTensor) for w in weights.values())
         self.quantized = self.int8_dot = False  # the Llama backbone's Q8 options: not offered here
         self.loaded_as_stored = False  # set by loading.load_backbone
@@ -84,20 +85,24 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
                     "post_feedforward_layernorm",
                 )
             }
-            self._add(p + "self_attn.o_proj.weight", weights[p + "self_attn.o_proj.weight"])
-            self._add(p + "mlp.down_proj.weight", weights[p + "mlp.down_proj.weight"])
+            self._add(p + "self_attn.o_proj.weight", self._stored(weights[p + "self_attn.o_proj.weight"]))
+            self._add(p + "mlp.down_proj.weight", self._stored(weights[p + "mlp.down_proj.weight"]))
             self.layers.append((attn, mlp, norms))
         self.final_norm = self._norm(weights, "model.norm.weight")
         self.lm_head_name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
-        self._add("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
+        self._add("model.embed_tokens.weight", self._stored(weights["model.embed_tokens.weight"]))
         if not cfg.tie_embeddings:
-            self._add("lm_head.weight", weights["lm_head.weight"])
+            self._add("lm_head.weight", self._stored(weights["lm_head.weight"]))
         self.embed_scale = math.sqrt(cfg.hidden_size)  # rounded to fp32 with the product (gemma3.Gemma3)
         self.attention_scale = cfg.query_pre_attn_scalar**-0.5
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}  # sliding? -> cos, sin [P, D]
         # One mtp.decoder_layers call per pass when every layer's q/k/v and gate/up are one matrix each.
         self.fused = all(len(attn) == 1 and len(mlp) == 1 for attn, mlp, _ in self.layers)
         self._decoder_weights: tuple[list[torch.Tensor], list[int] | None] | None = None
+
+    def _stored(self, w):
+        """A matrix as this backbone keeps it: Q5_0 widened to Q8_0 when asked, else as given."""
+        return _widened(w) if self._widen else w
 
     def _add(self, name: str, w) -> None:
         if isinstance(w, QuantTensor):
@@ -116,7 +121,7 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
         input read once; a float or mixed-type set: each part alone, as stored). Returns
         [(matrix name, rows of each part in it)]."""
         names = [f"{prefix}{part}.weight" for part in parts]
-        ws = [weights[n] for n in names]
+        ws = [self._stored(weights[n]) for n in names]
         quant = [isinstance(w, QuantTensor) for w in ws]
         if all(quant) or not any(quant):  # float parts: one new tensor (llama._fuse)
             try:

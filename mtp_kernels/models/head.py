@@ -329,6 +329,17 @@ class MTPHead(torch.nn.Module):
         )
 
 
+def check_global_layer(kv_layer: int, backbone_cfg, what: str) -> None:
+    """Refuses a head reading a sliding-window layer (Gemma 3): that cache was written to be
+    read through a window. Llama configs have no global_layers: every layer serves."""
+    layers = getattr(backbone_cfg, "global_layers", None)
+    if layers is not None and kv_layer % backbone_cfg.num_layers not in layers:
+        raise ValueError(
+            f"{what} {kv_layer % backbone_cfg.num_layers}, a sliding-window layer of the backbone: "
+            f"it must read a global one ({layers})"
+        )
+
+
 def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
     mine = (c.hidden_size, c.num_kv_heads, c.head_dim)
     theirs = (backbone_cfg.hidden_size, backbone_cfg.num_kv_heads, backbone_cfg.head_dim)
@@ -337,12 +348,7 @@ def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
             f"this head (hidden, kv heads, head dim = {mine}, kv_layer {c.kv_layer}) does not fit "
             f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)"
         )
-    sliding = getattr(backbone_cfg, "sliding_layers", ())  # Gemma 3: a sliding layer's cache is windowed
-    if sliding and sliding[c.kv_layer]:
-        raise ValueError(
-            f"this head reads layer {c.kv_layer % backbone_cfg.num_layers}, a sliding-window layer of the "
-            f"backbone: it must read a global one ({[i for i, s in enumerate(sliding) if not s]})"
-        )
+    check_global_layer(c.kv_layer, backbone_cfg, "this head reads layer")
     if c.draft_vocab_size > backbone_cfg.vocab_size:
         raise ValueError(
             f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "

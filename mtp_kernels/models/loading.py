@@ -5,8 +5,9 @@ entry points the CLI uses; each logs its notes through `log` (one line per note)
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, release_freed_memory  # noqa: F401 (re-exported)
 
 SHIPPED_HEADS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "heads")
 NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that runs the file's own weights
@@ -16,7 +17,25 @@ NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that 
 GEMMA3_NATIVE_DTYPE = "float32"
 
 
-SHIPPED_HEAD = {"llama": "smollm2-135m", "gemma3": "gemma3-270m"}  # per family, the default model's head
+@dataclass(frozen=True)
+class FamilyDefaults:
+    """A family's defaults: its default model's shipped head (folder under SHIPPED_HEADS; the
+    drafter's is `<head>-drafter`), whether `mtp generate` drafts with it when no --head is
+    given, and the dtype of the head's matrices (None: the backbone's)."""
+
+    head: str
+    head_by_default: bool
+    head_matrix_dtype: str | None
+
+
+DEFAULTS = {
+    "llama": FamilyDefaults("smollm2-135m", True, None),
+    # Gemma 3: its head measured slower than prompt lookup alone (bench/RESULTS.md, 2026-12-02),
+    # so lookup alone by default. Its activations are fp32, the head's matrices bf16 (the dtype
+    # they ship in): half the bytes of a draft step (a K = 3 draft 24 -> 16 ms on the 270M),
+    # reference.head_draft's bits.
+    "gemma3": FamilyDefaults("gemma3-270m", False, "bfloat16"),
+}
 
 
 def load_head(path: str | None, backbone, log, default_model: bool = True):
@@ -28,24 +47,23 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     import torch
 
     from .head import HeadConfig, MTPHead
+    from .llama import DTYPES
 
-    shipped = os.path.join(SHIPPED_HEADS, SHIPPED_HEAD[backbone.family])
+    family = DEFAULTS[backbone.family]
+    shipped = os.path.join(SHIPPED_HEADS, family.head)
     has_shipped = os.path.isfile(os.path.join(shipped, "config.json"))
-    # Gemma 3 runs fp32 activations, its head's matrices bf16 (the dtype they ship in): half the
-    # bytes of a draft step (a K = 3 draft 24 -> 16 ms on the 270M), reference.head_draft's bits.
-    dtype = torch.bfloat16 if backbone.family == "gemma3" else backbone.dtype
+    dtype = DTYPES[family.head_matrix_dtype] if family.head_matrix_dtype else backbone.dtype
     head = None
-    if backbone.family == "gemma3" and not path and not default_model:
-        # Measured slower than prompt lookup alone (bench/RESULTS.md, 2026-12-02): not the default.
-        log(f"note: Gemma 3 drafts by prompt lookup alone by default (its MTP head: --head {shipped})")
+    if not path and not default_model and not family.head_by_default:
+        log(f"note: a {backbone.family} model drafts by prompt lookup alone by default (its head: --head {shipped})")
         return None
-    if path or (has_shipped and default_model and backbone.family == "llama"):
+    if path or (has_shipped and default_model and family.head_by_default):
         head = MTPHead.load(path or shipped, dtype=dtype, backbone_cfg=backbone.cfg)
-    elif has_shipped:  # Gemma 3 (its --model is always given): the 270M's head where it fits
+    elif has_shipped:  # another model of the family (or Gemma 3's, asked for): the shipped head where it fits
         try:
             head = MTPHead.load(shipped, dtype=dtype, backbone_cfg=backbone.cfg)
         except CheckpointError as e:
-            log(f"note: the shipped Gemma 3 head does not fit this model ({e})")
+            log(f"note: the shipped {family.head} head does not fit this model ({e})")
     if head is None:
         torch.manual_seed(0)
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg, kv_layer=_global_layer(backbone.cfg)))
@@ -63,8 +81,8 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
 def _global_layer(cfg) -> int:
     """The last layer whose cache holds every position (a Gemma 3 sliding layer's does not
     serve the head: it was written to be read through a window); -1 for Llama."""
-    sliding = getattr(cfg, "sliding_layers", ())
-    return max((i for i, s in enumerate(sliding) if not s), default=-1) if sliding else -1
+    layers = getattr(cfg, "global_layers", None)
+    return layers[-1] if layers else -1
 
 
 def load_drafter(path: str | None, backbone, log):
@@ -73,7 +91,7 @@ def load_drafter(path: str | None, backbone, log):
     ValueError (both one line in the CLI)."""
     from .drafter import StandaloneDrafter
 
-    folder = path or os.path.join(SHIPPED_HEADS, SHIPPED_HEAD[backbone.family] + "-drafter")
+    folder = path or os.path.join(SHIPPED_HEADS, DEFAULTS[backbone.family].head + "-drafter")
     if path is None and not os.path.isfile(os.path.join(folder, "config.json")):
         raise CheckpointError(
             f"no standalone drafter at {folder}: train one with `mtp train --drafter standalone` or pass --drafter-path"
@@ -163,15 +181,3 @@ def _load_gemma3(path: str, dtype: str | None, int8: bool):
         names = f"Q5_0 (run as Q8_0, the same bits)/{names}" if model.widened else names
         return cfg, model, tok, f"{names} weights as stored{x8}, {GEMMA3_NATIVE_DTYPE} activations"
     return cfg, model, tok, f"dequantized, {dtype}"
-
-
-def release_freed_memory() -> None:
-    """Hands the heap pages freed by loading (the loader's and the head's transient copies, the
-    fp64 RoPE tables) back to the OS (glibc's malloc_trim; elsewhere nothing): ~15 MB of the
-    peak RSS of `mtp generate`."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
