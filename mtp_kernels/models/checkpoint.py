@@ -325,18 +325,6 @@ def _our_name(gguf_name: str) -> str | None:
     return None  # e.g. rope_freqs: not used by this model family
 
 
-def release_freed_memory() -> None:
-    """Hands the heap pages freed by loading (the loader's and the head's transient copies, the
-    fp64 RoPE tables) back to the OS (glibc's malloc_trim; elsewhere nothing): ~15 MB of the
-    peak RSS of `mtp generate`."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _map_file(path: str, size: int) -> torch.Tensor:
     """The whole file as a uint8 tensor over a private, read-on-demand memory map (nothing is
     read until touched; every view keeps the map alive through its storage). Private: a write

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .checkpoint import CheckpointError, release_freed_memory  # noqa: F401 (re-exported)
+from .checkpoint import CheckpointError
 
 SHIPPED_HEADS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "heads")
 NATIVE_DTYPE = "bfloat16"  # activations, norms and KV cache of a backbone that runs the file's own weights
@@ -30,7 +30,7 @@ class FamilyDefaults:
 
 DEFAULTS = {
     "llama": FamilyDefaults("smollm2-135m", True, None),
-    # Gemma 3: its head measured slower than prompt lookup alone (bench/RESULTS.md, 2026-12-02),
+    # Gemma 3: its head measured slower than prompt lookup alone (bench/RESULTS.md, 2026-12-02/03),
     # so lookup alone by default. Its activations are fp32, the head's matrices bf16 (the dtype
     # they ship in): half the bytes of a draft step (a K = 3 draft 24 -> 16 ms on the 270M),
     # reference.head_draft's bits.
@@ -181,3 +181,15 @@ def _load_gemma3(path: str, dtype: str | None, int8: bool):
         names = f"Q5_0 (run as Q8_0, the same bits)/{names}" if model.widened else names
         return cfg, model, tok, f"{names} weights as stored{x8}, {GEMMA3_NATIVE_DTYPE} activations"
     return cfg, model, tok, f"dequantized, {dtype}"
+
+
+def release_freed_memory() -> None:
+    """Hands the heap pages freed by loading (the loader's and the head's transient copies, the
+    fp64 RoPE tables) back to the OS (glibc's malloc_trim; elsewhere nothing): ~15 MB of the
+    peak RSS of `mtp generate`."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
