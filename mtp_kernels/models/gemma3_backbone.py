@@ -60,10 +60,9 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
                 )
         self.cfg, self.dtype = cfg, dtype
         q5_0 = TYPE_NUMBERS["Q5_0"]
-        self.widened = widen and any(isinstance(w, QuantTensor) and w.gguf_type == q5_0 for w in weights.values())
         # Q5_0 as Q8_0 (x8): the same bits, faster (gguf.widen_q5_0); each matrix as it is
         # taken (_stored), so that one layer's widened parts at a time precede its fused copies.
-        self._widen = widen
+        self.widened = widen and any(isinstance(w, QuantTensor) and w.gguf_type == q5_0 for w in weights.values())
         self.native = any(isinstance(w, QuantTensor) for w in weights.values())
         self.quantized = self.int8_dot = False  # the Llama backbone's Q8 options: not offered here
         self.loaded_as_stored = False  # set by loading.load_backbone
@@ -102,7 +101,7 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
 
     def _stored(self, w):
         """A matrix as this backbone keeps it: Q5_0 widened to Q8_0 when asked, else as given."""
-        return _widened(w) if self._widen else w
+        return _widened(w) if self.widened else w
 
     def _add(self, name: str, w) -> None:
         if isinstance(w, QuantTensor):
