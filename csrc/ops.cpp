@@ -49,12 +49,17 @@ STABLE_TORCH_LIBRARY(mtp, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
   // A whole decoder pass (decoder_layers.h): the ops above, every layer, in one call.
+  // taps (layer indices, strictly increasing, each in [0, layers)) with tap_out [len(taps), B, T,
+  // H] (x's dtype and device, contiguous; both or neither, an empty list taps nothing): after
+  // layer taps[j], tap_out[j] receives the residual stream (the sum after that layer's MLP add,
+  // before the next input norm or the final norm: HF's hidden_states[taps[j] + 1]), the bits
+  // the pass carries on.
   m.def(
       "decoder_layers(Tensor x, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_lens, Tensor rope_cos,"
       " Tensor rope_sin, Tensor[] weights, Tensor[] weight_scales, int num_heads, float eps, *,"
       " bool quantize_x=False, Tensor? tree_parents=None, int[]? weight_types=None, str layer=\"llama\","
       " int[]? windows=None, Tensor? rope_cos_local=None, Tensor? rope_sin_local=None,"
-      " float? attention_scale=None) -> Tensor");
+      " float? attention_scale=None, int[]? taps=None, Tensor(c!)? tap_out=None) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
   m.def(
       "head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"

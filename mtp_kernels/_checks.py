@@ -638,6 +638,46 @@ def check_tree_parents(op, parents, B: int, T: int):
             check(p == -1 if i == 0 else 0 <= p < i, op, f"tree_parents[{b}][{i}] must be {want}, got {p}")
 
 
+def check_taps(op, taps, tap_out, x, layers: int):
+    """decoder_layers' taps and tap_out [len(taps), B, T, H] (taps_error in mtp/op_args.h, then
+    the tensor checks of csrc/cpu/decoder.cpp); the overlaps are the caller's check_written."""
+    check(
+        (taps is None) == (tap_out is None),
+        op,
+        f"taps and tap_out go together, got only {'taps' if taps is not None else 'tap_out'}",
+    )
+    if taps is None:
+        return
+    for j, i in enumerate(taps):
+        check(
+            0 <= i < layers,
+            op,
+            f"taps must hold layer indices in [0, layers (k_cache.size(0))) = [0, {layers}), got taps[{j}] = {i}",
+        )
+        check(
+            j == 0 or i > taps[j - 1],
+            op,
+            f"taps must be strictly increasing, got taps[{j - 1}] = {taps[j - 1]} then taps[{j}] = {i}",
+        )
+    check_same_dtype(op, "tap_out", tap_out, "x", x)
+    check_dim(op, "tap_out", tap_out, 4, "[len(taps), B, T, H]")
+    for d, (want, what) in enumerate(
+        (
+            (len(taps), "len(taps)"),
+            (x.size(0), "B (x.size(0))"),
+            (x.size(1), "T (x.size(1))"),
+            (x.size(2), "H (x.size(2))"),
+        )
+    ):
+        check_size(op, "tap_out", tap_out, d, want, what)
+    check(
+        tap_out.is_contiguous(),
+        op,
+        f"tap_out must be contiguous (it is written in place), got strides {list(tap_out.stride())} "
+        f"for shape {list(tap_out.shape)}",
+    )
+
+
 def check_alternatives(op, alternatives: int, Vd: int, k: int):
     """head_draft's alternatives (the messages of alternatives_error in mtp/op_args.h)."""
     check(

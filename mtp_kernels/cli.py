@@ -149,6 +149,14 @@ def encode_prompt(tokenizer, where: str, prompt: str, beside: int, ctx: int, wha
     return ids
 
 
+def layer_list(text: str) -> tuple[int, ...]:
+    """'1,14,26' -> (1, 14, 26) (argparse type: a bad list exits 2 with this message)."""
+    try:
+        return tuple(int(x) for x in text.split(",")) if text.strip() else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices such as 1,14,26, got '{text}'")
+
+
 def parse_lenient(text: str) -> tuple[int, float]:
     """'top_k=K[,min_ratio=R]' -> (K, R); R defaults to 0 (no ratio test)."""
     fields = dict(part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
@@ -310,6 +318,7 @@ def cmd_train(args) -> int:
             tc,
             draft_vocab_size=args.draft_vocab or 8192,
             kv_layer=args.kv_layer,
+            fuse_layers=args.fuse_layers,
             **common,
         )
     return 0
@@ -720,6 +729,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--draft-vocab", type=int, help="draft vocabulary size, most frequent tokens (default 8192)")
     t.add_argument("--kv-layer", type=int, default=-1, help="backbone layer whose cache the head reads")
+    t.add_argument(
+        "--fuse-layers",
+        type=layer_list,
+        default=(),
+        metavar="I,J,...",
+        help="head only: backbone layers whose residual streams the head's first step also reads "
+        "(EAGLE-3's low, middle and high layers, e.g. 1,14,26 of 30); default: none",
+    )
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train)
 

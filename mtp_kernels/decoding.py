@@ -118,18 +118,18 @@ class _Sampler:
 
 
 def _prefill(
-    model: Backbone, cache: KVCache, prompts: list[list[int]], pick: _Sampler
+    model: Backbone, cache: KVCache, prompts: list[list[int]], pick: _Sampler, taps: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs each prompt into its own cache row; returns the last hidden states [B, H] and
-    the first generated tokens [B]."""
-    hidden = []
+    """Runs each prompt into its own cache row; returns the features of the last positions
+    [B, 1 + len(taps), H] (Backbone.features) and the first generated tokens [B]."""
+    feats = []
     for b, ids in enumerate(prompts):
         if not ids:
             raise ValueError(f"prompt {b} is empty")
-        h = model(torch.tensor([ids]), cache.select(b))
-        hidden.append(h[0, -1])
-    hidden = torch.stack(hidden)
-    return hidden, pick(model.logits(hidden), cache.lens)  # the new token's index: the prompt length
+        feats.append(model.features(torch.tensor([ids]), cache.select(b), layers=taps)[1][0, -1])
+    feats = torch.stack(feats)
+    hidden = feats[:, 0].contiguous()
+    return feats, pick(model.logits(hidden), cache.lens)  # the new token's index: the prompt length
 
 
 def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: int, extra: int) -> int:
@@ -229,7 +229,10 @@ class _Decoding:
         self.eos = set(eos_token_ids)
         self.out = [Generation(tokens=[], drafted=[0] * self.width, accepted=[0] * self.width) for _ in range(B)]
         self.done = [False] * B
-        self.hidden = self.token = None  # each request's last hidden state [B, H] and pending token [B]
+        # The backbone layers whose residual streams an MTP head fuses into its input (HeadConfig).
+        self.taps = tuple(getattr(getattr(head, "cfg", None), "fuse_layers", ()))
+        # each request's last features [B, 1 + len(taps), H] (Backbone.features) and pending token [B]
+        self.hidden = self.token = None
 
     def run(self) -> list[Generation]:
         t0 = time.perf_counter()
@@ -245,7 +248,7 @@ class _Decoding:
     def prefill(self) -> None:
         """The prompts into the cache, the first token of each request (and the standalone
         drafter's own prefill)."""
-        self.hidden, self.token = _prefill(self.model, self.cache, self.prompts, self.pick)
+        self.hidden, self.token = _prefill(self.model, self.cache, self.prompts, self.pick, self.taps)
         if hasattr(self.head, "begin"):
             self.head.begin(self.prompts, self.cache.capacity)
         for b in range(self.B):
@@ -270,14 +273,14 @@ class _Decoding:
             self.plain_step(active, start)
             return
         drafts, num, leaves = self.propose()
-        h, logits, accepted, tokens = self.verify(drafts, num, leaves, start)
-        self.accept(active, start, drafts.shape[1], num, leaves, h, logits, accepted, tokens)
+        feats, logits, accepted, tokens = self.verify(drafts, num, leaves, start)
+        self.accept(active, start, drafts.shape[1], num, leaves, feats, logits, accepted, tokens)
 
     def plain_step(self, active: torch.Tensor, start: torch.Tensor) -> None:
         """One token per request, no drafts."""
         hidden = self.model(self.token[:, None], self.cache)[:, 0]
         self.cache.truncate(torch.where(active, self.cache.lens, start))  # finished requests stay put
-        self.hidden, self.token = hidden, self.pick(self.model.logits(hidden), start + 1)
+        self.hidden, self.token = hidden[:, None], self.pick(self.model.logits(hidden), start + 1)
         for b in range(self.B):
             if not self.done[b]:
                 self.commit(b, [int(self.token[b])])
@@ -309,24 +312,24 @@ class _Decoding:
         )
 
     def verify(self, drafts: torch.Tensor, num: torch.Tensor, leaves: list[list[int]], start: torch.Tensor):
-        """One backbone pass over [t0, chain, leaves] (a tree when there are leaves): its hidden
-        states and logits, and the verify op's accepted counts and tokens over the chain."""
+        """One backbone pass over [t0, chain, leaves] (a tree when there are leaves): its
+        features (Backbone.features) and logits, and the verify op's accepted counts and tokens over the chain."""
         W, leaf_count = drafts.shape[1], max(map(len, leaves))
         parts = [self.token[:, None], drafts]
         if leaf_count:  # a tree: the chain, then the leaves (children of t0)
             parts.append(torch.tensor([ls + [0] * (leaf_count - len(ls)) for ls in leaves], dtype=torch.long))
         parents = tree_parents(self.B, W, leaf_count) if leaf_count else None
-        h = self.model(torch.cat(parts, dim=1), self.cache, parents)
+        h, feats = self.model.features(torch.cat(parts, dim=1), self.cache, parents, self.taps)
         logits = self.model.logits(h)
         accepted, tokens = self.pick.verify(drafts, logits[:, : W + 1], num, start + 1)
-        return h, logits, accepted, tokens
+        return feats, logits, accepted, tokens
 
-    def accept(self, active, start, W, num, leaves, h, logits, accepted, tokens) -> None:
+    def accept(self, active, start, W, num, leaves, feats, logits, accepted, tokens) -> None:
         """Keeps t0 and the accepted drafts in the cache (the rejected ones dropped by length,
         an accepted leaf moved after t0), counts the drafts and commits the tokens."""
         B, cache = self.B, self.cache
         cache.truncate(torch.where(active, start + 1 + accepted, start))
-        self.hidden = h[torch.arange(B), accepted]
+        self.hidden = feats[torch.arange(B), accepted]
         self.token = tokens[torch.arange(B), accepted]
         # A leaf that is the backbone's token (the chain's first draft was not): its row
         # (0: none) is accepted with its own next token, and its K/V moves after t0.
@@ -345,7 +348,7 @@ class _Decoding:
             if leaf_row[b]:
                 row, s = leaf_row[b], int(start[b])
                 cache.move(b, s + row, s + 1)
-                n, self.hidden[b], self.token[b] = 1, h[b, row], after_leaf[b]
+                n, self.hidden[b], self.token[b] = 1, feats[b, row], after_leaf[b]
                 out.leaves_accepted += 1
                 committed.append(int(self.token[b]))
             for j in range(int(num[b])):

@@ -76,6 +76,8 @@ def decoder_layers(
     rope_cos_local=None,
     rope_sin_local=None,
     attention_scale=None,
+    taps=None,
+    tap_out=None,
 ):
     op = "mtp.decoder_layers"
     local = rope_cos_local is not None or rope_sin_local is not None
@@ -106,6 +108,29 @@ def decoder_layers(
         },
         list_name=lambda _, k: _decoder_weight_name(k, len(weights), parts),
     )
+    C.check_taps(op, taps, tap_out, x, k_cache.shape[0])
+    if tap_out is not None:
+        C.check_written(
+            op,
+            "it is written in place",
+            {"tap_out": tap_out},
+            {
+                "x": x,
+                "k_cache": k_cache,
+                "v_cache": v_cache,
+                "cache_lens": cache_lens,
+                "rope_cos": rope_cos,
+                "rope_sin": rope_sin,
+                "tree_parents": tree_parents,
+                "rope_cos_local": rope_cos_local,
+                "rope_sin_local": rope_sin_local,
+                "weights": weights,
+                "weight_scales": weight_scales,
+            },
+            list_name=lambda name, k: (
+                _decoder_weight_name(k, len(weights), parts) if name == "weights" else f"{name}[{k}]"
+            ),
+        )
     lens = C.checked_counts(op, "cache_lens", cache_lens, x.shape[0], "B (x.size(0))", L, "L (k_cache.size(3))")
     if lens is not None:
         C.check_positions(op, lens, T, L, "k_cache.size(3)", rope_cos.shape[0], "rope_cos.size(0)")
@@ -133,6 +158,8 @@ def decoder_layers(
         rope_cos_local=rope_cos_local,
         rope_sin_local=rope_sin_local,
         attention_scale=attention_scale,
+        taps=taps,
+        tap_out=tap_out,
         ops=ops.KERNELS,
     )
 

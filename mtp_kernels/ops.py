@@ -426,6 +426,8 @@ def decoder_layers(
     rope_cos_local: Optional[torch.Tensor] = None,
     rope_sin_local: Optional[torch.Tensor] = None,
     attention_scale: Optional[float] = None,
+    taps: Optional[list[int]] = None,
+    tap_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """A whole Llama-family decoder pass over the embeddings x [B, T, H] in one call (CPU):
     per layer input_norm, qkv, o_proj, post_norm, gate_up, down_proj in ``weights`` (then the
@@ -439,7 +441,12 @@ def decoder_layers(
     layer) the GGML type number of a GGUF block-type matrix given as its uint8 bytes, or -1.
     layer="gemma3": Gemma 3's layer, 10 tensors per layer (``reference.GEMMA3_DECODER_PARTS``),
     windows per layer (0: global), the sliding layers' RoPE tables rope_cos_local /
-    rope_sin_local, the attention scale attention_scale (None: 1/sqrt(D))."""
+    rope_sin_local, the attention scale attention_scale (None: 1/sqrt(D)).
+    taps (layer indices, strictly increasing, each in [0, layers)) with tap_out [len(taps), B,
+    T, H] (x's dtype and device, contiguous; both or neither, an empty list taps nothing):
+    after layer taps[j], tap_out[j] receives (in place) the residual stream of every row, the
+    sum after that layer's MLP add and before the next norm (HF's hidden_states[taps[j] + 1]),
+    bitwise what the pass carries on (EAGLE-3-style low / middle / high features)."""
     return torch.ops.mtp.decoder_layers.default(
         x,
         k_cache,
@@ -459,6 +466,8 @@ def decoder_layers(
         rope_cos_local=rope_cos_local,
         rope_sin_local=rope_sin_local,
         attention_scale=attention_scale,
+        taps=taps,
+        tap_out=tap_out,
     )
 
 
@@ -482,10 +491,26 @@ def _decoder_layers_fake(
     rope_cos_local=None,
     rope_sin_local=None,
     attention_scale=None,
+    taps=None,
+    tap_out=None,
 ):
-    torch._check(x.dim() == 3, lambda: "mtp.decoder_layers: x must be 3-D [B, T, H]")
-    torch._check(k_cache.dim() == 5, lambda: "mtp.decoder_layers: k_cache must be 5-D [layers, B, Hkv, L, D]")
-    _check_same_device("mtp.decoder_layers", "x", x, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens)
+    op = "mtp.decoder_layers"
+    torch._check(x.dim() == 3, lambda: f"{op}: x must be 3-D [B, T, H]")
+    torch._check(k_cache.dim() == 5, lambda: f"{op}: k_cache must be 5-D [layers, B, Hkv, L, D]")
+    _check_same_device(op, "x", x, k_cache=k_cache, v_cache=v_cache, cache_lens=cache_lens, tap_out=tap_out)
+    torch._check(
+        (taps is None) == (tap_out is None),
+        lambda: f"{op}: taps and tap_out go together, got only {'taps' if taps is not None else 'tap_out'}",
+    )
+    if tap_out is not None:
+        want = (len(taps), *x.shape)
+        torch._check(
+            tuple(tap_out.shape) == want and tap_out.dtype == x.dtype,
+            lambda: (
+                f"{op}: tap_out must be [len(taps), B, T, H] = {list(want)} in x's dtype {x.dtype}, "
+                f"got {list(tap_out.shape)} {tap_out.dtype}"
+            ),
+        )
     return x.new_empty(x.shape)
 
 

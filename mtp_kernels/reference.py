@@ -878,6 +878,8 @@ def decoder_layers(
     rope_cos_local: Optional[torch.Tensor] = None,
     rope_sin_local: Optional[torch.Tensor] = None,
     attention_scale: Optional[float] = None,
+    taps: Optional[list[int]] = None,
+    tap_out: Optional[torch.Tensor] = None,
     ops=None,
 ) -> torch.Tensor:
     """A Llama-family decoder pass over the embeddings x [B, T, H] (fp32|bf16): the composition
@@ -904,6 +906,12 @@ def decoder_layers(
     windows[i] positions and whose RoPE angles come from rope_cos_local / rope_sin_local [P, D]
     (Gemma 3's other base on its sliding layers); the attention scale attention_scale (None:
     1/sqrt(D)).
+
+    taps (layer indices, strictly increasing, each in [0, layers)) with tap_out [len(taps), B, T,
+    H] (x's dtype and device, contiguous; both or neither, an empty list taps nothing): after layer
+    taps[j] has run, tap_out[j] holds the residual stream x of every row (the sum after that
+    layer's MLP add, before the next layer's input norm or the final norm; what HF calls
+    hidden_states[taps[j] + 1]), the very bits the pass carries on. Written in place.
 
     ``ops`` supplies linear, rope, cache_append, head_attention, rms_norm, add_rms_norm,
     silu_mul and gelu_tanh_mul (default: this module's). With the kernels (``mtp_kernels.ops``,
@@ -956,23 +964,25 @@ def decoder_layers(
                 attend,
                 types,
             )
-            continue
-        x, h = _layer(
-            ops,
-            x,
-            h,
-            weights[6 * i : 6 * i + 6],
-            scales,
-            weights[6 * i + 6],
-            cos,
-            sin,
-            num_heads,
-            k_cache.shape[2],
-            eps,
-            quantize_x,
-            attend,
-            types,
-        )
+        else:
+            x, h = _layer(
+                ops,
+                x,
+                h,
+                weights[6 * i : 6 * i + 6],
+                scales,
+                weights[6 * i + 6],
+                cos,
+                sin,
+                num_heads,
+                k_cache.shape[2],
+                eps,
+                quantize_x,
+                attend,
+                types,
+            )
+        if taps and i in taps:
+            tap_out[taps.index(i)] = x
     return h
 
 

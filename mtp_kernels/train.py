@@ -46,6 +46,7 @@ class Sequence:
     # [N] the backbone's argmax after each position (its greedy next token given the
     # sequence so far): the targets at prompt positions, where the next token is the user's.
     greedy: torch.Tensor | None = None
+    taps: torch.Tensor | None = None  # [N, n, H] the residual streams of the head's fuse_layers, or None
 
 
 @torch.no_grad()
@@ -58,13 +59,15 @@ def distill(
     batch: int = 16,
     on_batch: Callable[[dict[int, Sequence]], None] | None = None,
     log: Callable[[str], None] = print,
+    fuse_layers: tuple[int, ...] = (),
 ) -> list[Sequence]:
     """Our backbone answers every prompt greedily, `batch` prompts of similar length at a
     time, and what it computes on the way is kept: per position its final hidden state, its
-    argmax, and the K/V of layer kv_layer. Those are exactly what the head sees and must
-    predict at inference (a row has the same bits whatever the batch and the rows beside
-    it), and no second pass is needed. An answer ends with EOS when the backbone stopped.
-    on_batch sees each batch's sequences by prompt index (to cache the answers)."""
+    argmax, the K/V of layer kv_layer and the residual streams of fuse_layers. Those are
+    exactly what the head sees and must predict at inference (a row has the same bits
+    whatever the batch and the rows beside it), and no second pass is needed. An answer ends
+    with EOS when the backbone stopped. on_batch sees each batch's sequences by prompt index
+    (to cache the answers)."""
     layer, eos = kv_layer % backbone.cfg.num_layers, set(eos_ids)
     out: list[Sequence | None] = [None] * len(prompt_ids)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
@@ -72,30 +75,36 @@ def distill(
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
         cache = backbone.new_cache(len(idx), max(len(prompt_ids[i]) for i in idx) + max_new_tokens)
-        hidden = [[backbone(torch.tensor([prompt_ids[i]]), cache.select(r))[0]] for r, i in enumerate(idx)]
-        picks = [[backbone.logits(h[0]).argmax(-1)] for h in hidden]
+        hidden = [
+            [backbone.features(torch.tensor([prompt_ids[i]]), cache.select(r), layers=fuse_layers)[1][0]]
+            for r, i in enumerate(idx)
+        ]
+        picks = [[backbone.logits(h[0][:, 0].contiguous()).argmax(-1)] for h in hidden]
         answers: list[list[int]] = [[] for _ in idx]
         token, live = torch.stack([p[0][-1] for p in picks]), list(range(len(idx)))
         while live:
             for r in live:
                 answers[r].append(int(token[r]))
             # Every row runs (one batched pass); a finished row's extra positions are never read.
-            h = backbone(token[:, None], cache)[:, 0]
+            h, f = backbone.features(token[:, None], cache, layers=fuse_layers)
+            h, f = h[:, 0], f[:, 0]
             token = backbone.logits(h).argmax(-1)
             for r in live:
-                hidden[r].append(h[r : r + 1])
+                hidden[r].append(f[r : r + 1])
                 picks[r].append(token[r : r + 1])
             live = [r for r in live if answers[r][-1] not in eos and len(answers[r]) < max_new_tokens]
         new = {}
         for r, i in enumerate(idx):
             n = len(prompt_ids[i]) + len(answers[r])
+            feats = torch.cat(hidden[r])  # [n, 1 + len(fuse_layers), H]
             new[i] = Sequence(
                 torch.tensor(prompt_ids[i] + answers[r]),
                 len(prompt_ids[i]),
-                torch.cat(hidden[r]),
+                feats[:, 0].contiguous(),
                 cache.k[layer, r, :, :n].clone(),
                 cache.v[layer, r, :, :n].clone(),
                 torch.cat(picks[r]),
+                feats[:, 1:].contiguous() if fuse_layers else None,
             )
             out[i] = new[i]
         if on_batch:
@@ -105,10 +114,13 @@ def distill(
 
 
 @torch.no_grad()
-def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: int, kv_layer: int) -> Sequence:
+def sequence_from_backbone(
+    backbone: Backbone, tokens: list[int], prompt_len: int, kv_layer: int, fuse_layers: tuple[int, ...] = ()
+) -> Sequence:
     """The same features from our own backbone (exact, one sequence at a time)."""
     cache = backbone.new_cache(1, len(tokens))
-    hidden = backbone(torch.tensor([tokens]), cache)[0]
+    hidden, feats = backbone.features(torch.tensor([tokens]), cache, layers=fuse_layers)
+    hidden = hidden[0]
     layer = kv_layer % backbone.cfg.num_layers
     n = len(tokens)
     return Sequence(
@@ -118,6 +130,7 @@ def sequence_from_backbone(backbone: Backbone, tokens: list[int], prompt_len: in
         cache.k[layer, 0, :, :n],
         cache.v[layer, 0, :, :n],
         backbone.logits(hidden).argmax(-1),
+        feats[0, :, 1:].contiguous() if fuse_layers else None,
     )
 
 
@@ -170,6 +183,10 @@ def unrolled_logits(
     emb = backbone.embedding.float()
     visible = (torch.arange(L)[None, None] <= p[:, :, None])[:, None, None]  # backbone keys 0..p: [B,1,1,A,L]
     h = pad_stack([s.hidden for s in batch], 0).float().gather(1, p[:, :, None].expand(B, A, c.hidden_size))
+    if c.fuse_layers:  # the first step's input: the hidden state and the tapped layers' (MTPHead.first_hidden)
+        n = len(c.fuse_layers)
+        taps = pad_stack([s.taps for s in batch], 0).gather(1, p[:, :, None, None].expand(B, A, n, c.hidden_size))
+        h = head.first_hidden(torch.cat([h[:, :, None], taps.float()], dim=2))
     local_k = [[] for _ in head.blocks]
     local_v = [[] for _ in head.blocks]
     out = []
@@ -364,6 +381,7 @@ def train_head(
     # What must match for a checkpoint to be resumed: the configuration and the data.
     config = {k: v for k, v in dataclasses.asdict(tc).items() if k != "minutes"}  # a new time cap may resume
     key = [config, len(train), len(val), [len(s.tokens) for s in train[:64]], vocab.tolist()[:64]]
+    key.append(dataclasses.asdict(head.cfg))  # another head shape (fuse_layers, ...) starts over
     if checkpoint and os.path.isfile(checkpoint):
         saved = torch.load(checkpoint, weights_only=False)
         if saved.get("key") == key:
@@ -491,6 +509,13 @@ def check_kv_layer(kv_layer: int, num_layers: int) -> None:
         )
 
 
+def check_fuse_layers(layers: tuple[int, ...], num_layers: int) -> None:
+    if list(layers) != sorted(set(layers)) or any(not 0 <= i < num_layers for i in layers):
+        raise ValueError(
+            f"--fuse-layers {','.join(map(str, layers))}: distinct layers 0..{num_layers - 1}, in increasing order"
+        )
+
+
 def check_draft_vocab(size: int, vocab_size: int) -> int:
     """The draft vocabulary size to use: at least 1, at most the whole vocabulary (a larger
     request is the whole vocabulary, and the head's config says so)."""
@@ -528,6 +553,7 @@ def distilled_rows(
     tok,
     log: Callable[[str], None] = print,
     kv_layer: int | None = None,
+    fuse_layers: tuple[int, ...] = (),
 ) -> tuple[list[dict], list[Sequence] | None]:
     """{"task", "prompt_ids", "answer_ids"} for the first num_prompts prompts (0: all) of each
     prompts file, in the files' order: the backbone's greedy answers (backbone, tok: the model
@@ -535,8 +561,8 @@ def distilled_rows(
     weights, bf16 activations for Llama, fp32 for Gemma 3), cached in
     work_dir/distilled.jsonl (an interrupted run resumes; a cached answer is reused when its
     prompt, length cap and backbone are the same). With kv_layer also the head's features of
-    each row (distill's; for a cached answer one teacher-forced pass over prompt + answer, the
-    same bits), else None."""
+    each row, with the residual streams of fuse_layers (distill's; for a cached answer one
+    teacher-forced pass over prompt + answer, the same bits), else None."""
     from . import data
 
     cfg, teacher = backbone.cfg, distilled_by(backbone)
@@ -623,6 +649,7 @@ def distilled_rows(
             cfg.num_layers - 1 if kv_layer is None else kv_layer,
             on_batch=append,
             log=log,
+            fuse_layers=fuse_layers if kv_layer is not None else (),
         )
     rows = [
         {"task": p.get("task", ""), "prompt_ids": i, "answer_ids": done[n]}
@@ -633,7 +660,7 @@ def distilled_rows(
     for n, r in enumerate(rows):
         if seqs[n] is None:
             seqs[n] = sequence_from_backbone(
-                backbone, r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"]), kv_layer
+                backbone, r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"]), kv_layer, fuse_layers
             )
     return rows, seqs  # type: ignore[return-value]
 
@@ -660,9 +687,11 @@ def run(
     num_prompts: int = 0,
     log: Callable[[str], None] = print,
     model: str | None = None,
+    fuse_layers: tuple[int, ...] = (),
 ) -> dict:
     """distill with features (answers cached in work_dir) -> train -> save the head to out_dir.
-    model: the backbone's file (None: the default SmolLM2; a Gemma 3 GGUF trains its head)."""
+    model: the backbone's file (None: the default SmolLM2; a Gemma 3 GGUF trains its head).
+    fuse_layers: backbone layers whose residual streams the head also reads (HeadConfig)."""
     from .models import loading
 
     torch.manual_seed(tc.seed)
@@ -671,9 +700,18 @@ def run(
     cfg, teacher, tok, _ = loading.load_backbone(model, None, log)
     check_kv_layer(kv_layer, cfg.num_layers)  # before any work: the head must read a layer that exists
     check_global_layer(kv_layer, cfg, f"--kv-layer {kv_layer} reads layer")
+    check_fuse_layers(fuse_layers, cfg.num_layers)
     draft_vocab_size = check_draft_vocab(draft_vocab_size, cfg.vocab_size)
     rows, seqs = distilled_rows(
-        prompts_path, work_dir, max_new_tokens, num_prompts, teacher, tok, log, kv_layer=kv_layer
+        prompts_path,
+        work_dir,
+        max_new_tokens,
+        num_prompts,
+        teacher,
+        tok,
+        log,
+        kv_layer=kv_layer,
+        fuse_layers=fuse_layers,
     )
     t_distill = time.perf_counter() - t0
     split(rows)  # at least 2 rows, else a clear error here
@@ -681,7 +719,11 @@ def run(
     # The embedding and LM head rows of the training graph, and the head's first weights: fp32.
     backbone = loading.load_backbone(model, "float32", log)[1]
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
-    head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True))
+    head = MTPHead(
+        HeadConfig.for_backbone(
+            cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True, fuse_layers=tuple(fuse_layers)
+        )
+    )
     head.set_draft_vocab(
         draft_vocabulary(
             [r["answer_ids"] for r in train_rows], draft_vocab_size, cfg.vocab_size, always=tuple(cfg.eos_token_ids)
@@ -702,6 +744,7 @@ def run(
         val_sequences=len(val_seqs),
         draft_vocab_size=draft_vocab_size,
         kv_layer=kv_layer,
+        fuse_layers=list(fuse_layers),
         head_parameters=sum(p.numel() for p in head.parameters()),
     )
     save_json(os.path.join(out_dir, "training.json"), result)

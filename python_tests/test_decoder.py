@@ -35,9 +35,10 @@ class Pass:
     """The arguments of one decoder pass of the tiny backbone, with caches holding random
     history, so that several calls can start from the same state."""
 
-    def __init__(self, dtype, quantize, int8_dot, lens, T, seed=0, capacity=32):
+    def __init__(self, dtype, quantize, int8_dot, lens, T, seed=0, capacity=32, layers=TINY.num_layers):
         g = torch.Generator().manual_seed(seed)
-        cfg = dataclasses.replace(TINY, max_position=max(TINY.max_position, capacity))  # same weights
+        # same weights (layers: a deeper stack of the same kind)
+        cfg = dataclasses.replace(TINY, max_position=max(TINY.max_position, capacity), num_layers=layers)
         self.model = m = tiny_backbone(dtype, cfg, quantize=quantize, int8_dot=int8_dot)
         self.cache = m.new_cache(len(lens), capacity)
         self.cache.k.copy_(torch.randn(self.cache.k.shape, generator=g))
@@ -346,6 +347,150 @@ def test_head_draft_bad_input_raises_clear_errors():
     )
 
 
+# ---- taps: the residual stream after chosen layers ------------------------------------------
+
+TAP_VARIANTS = [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[5]]  # float and int8-dot weights, fp32 and bf16
+# (lens, T, taps) over a 3-layer stack: one-token steps, a verify pass, ragged requests with an
+# empty cache, a prefill of >= 16 rows; every layer, the first and the last, a middle one.
+TAP_CASES = [([5], 1, [0, 1, 2]), ([3, 7], 5, [0, 2]), ([0, 4, 9], 1, [1]), ([0, 4], 12, [0, 2])]
+
+
+def with_taps(p, taps, fn=torch.ops.mtp.decoder_layers, **kwargs):
+    """fn's pass with taps: (hidden, tap_out, args); tap_out starts as NaN, so an entry left
+    unwritten shows."""
+    args = p.args()
+    tap_out = torch.full((len(taps), *p.x.shape), float("nan")).to(p.x.dtype)
+    hidden = fn(*args, quantize_x=p.quantize_x, taps=taps, tap_out=tap_out, **kwargs)
+    return hidden, tap_out, args
+
+
+def composed_with_taps(*args, **kwargs):
+    return reference.decoder_layers(*args, **kwargs, ops=KERNEL_OPS)
+
+
+@pytest.mark.parametrize("dtype,quantize,int8_dot", TAP_VARIANTS)
+@pytest.mark.parametrize("lens,T,taps", TAP_CASES)
+def test_taps_are_the_op_by_op_composition_residuals_bitwise(isa, dtype, quantize, int8_dot, lens, T, taps):
+    p = Pass(dtype, quantize, int8_dot, lens, T, layers=3)
+    got, tap_out, (_, k, v, *_) = with_taps(p, taps)
+    want, want_out, _ = with_taps(p, taps, composed_with_taps)
+    assert torch.equal(tap_out, want_out) and torch.equal(got, want)
+    plain, (_, k_plain, v_plain, *_) = p.fused()  # asking for taps changes nothing else
+    assert torch.equal(got, plain) and torch.equal(k, k_plain) and torch.equal(v, v_plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_split_at_a_tap_continues_from_it(isa, dtype):
+    """A tap is the residual the pass carries on: layers 0..i with taps=[i], then layers i+1..
+    from tap_out[0] (as their x), give the whole pass's hidden states and cache entries bitwise;
+    the last layer's tap is what the final norm normalizes."""
+    p = Pass(dtype, False, False, [3, 7], 4, layers=3)
+    whole, (_, k, v, *_) = p.fused()
+    for i in range(2):
+        x, k2, v2, lens, cos, sin, w, s, heads, eps = p.args()
+        n = 6 * (i + 1)
+        tap = torch.empty(1, *x.shape, dtype=dtype)
+        first = (x, k2[: i + 1], v2[: i + 1], lens, cos, sin, w[:n] + w[-1:], s, heads, eps)
+        torch.ops.mtp.decoder_layers(*first, taps=[i], tap_out=tap)
+        rest = torch.ops.mtp.decoder_layers(tap[0], k2[i + 1 :], v2[i + 1 :], lens, cos, sin, w[n:], s, heads, eps)
+        assert torch.equal(rest, whole) and torch.equal(k2, k) and torch.equal(v2, v), i
+    _, last, args = with_taps(p, [2])
+    assert torch.equal(ops.rms_norm(last[0], args[6][-1], args[9]), whole)
+
+
+@pytest.mark.parametrize("dtype,quantize,int8_dot", TAP_VARIANTS)
+def test_taps_with_tree_parents(isa, dtype, quantize, int8_dot):
+    """Rows in storage order (b*T + t): the composition's bits, and each row the taps of the
+    chain of its path."""
+    p = Pass(dtype, quantize, int8_dot, [5, 0], 6, layers=3)
+    tree = torch.tensor([[-1, 0, 1, 2, 0, 0], [-1, 0, 0, 2, 1, 4]])
+    got, tap_out, _ = with_taps(p, [0, 2], tree_parents=tree)
+    want, want_out, _ = with_taps(p, [0, 2], composed_with_taps, tree_parents=tree)
+    assert torch.equal(tap_out, want_out) and torch.equal(got, want)
+    assert torch.equal(got, torch.ops.mtp.decoder_layers(*p.args(), quantize_x=p.quantize_x, tree_parents=tree))
+    for b, rows in enumerate(reference.tree_paths(tree)):
+        for t, path in enumerate(rows):
+            chain = list(p.args(x=p.x[b : b + 1, path]))
+            chain[1], chain[2], chain[3] = chain[1][:, b : b + 1], chain[2][:, b : b + 1], chain[3][b : b + 1]
+            chain_out = torch.empty(2, 1, len(path), TINY.hidden_size, dtype=dtype)
+            torch.ops.mtp.decoder_layers(*chain, quantize_x=p.quantize_x, taps=[0, 2], tap_out=chain_out)
+            assert torch.equal(tap_out[:, b, t], chain_out[:, 0, -1]), (b, t)
+
+
+def test_empty_taps_and_empty_passes():
+    """An empty list with a [0, B, T, H] tap_out taps nothing; T = 0 and zero layers work."""
+    p = Pass(torch.float32, False, False, [3, 7], 2, layers=3)
+    got, tap_out, _ = with_taps(p, [])
+    assert tap_out.shape == (0, 2, 2, TINY.hidden_size) and torch.equal(got, p.fused()[0])
+    p = Pass(torch.float32, False, False, [3, 7], 0, layers=3)
+    got, tap_out, (_, k, *_) = with_taps(p, [1, 2])
+    assert got.shape == (2, 0, TINY.hidden_size) and tap_out.shape == (2, 2, 0, TINY.hidden_size)
+    assert torch.equal(k, p.cache.k)
+    p = Pass(torch.float32, False, False, [3, 7], 2)
+    empty = p.cache.k[:0]
+    args = (p.x, empty, empty.clone(), p.cache.lens, p.model.rope_cos, p.model.rope_sin, p.weights[-1:], [])
+    got = torch.ops.mtp.decoder_layers(
+        *args, TINY.num_heads, TINY.rms_norm_eps, taps=[], tap_out=torch.empty(0, *p.x.shape)
+    )
+    assert torch.equal(got, ops.rms_norm(p.x, p.weights[-1], TINY.rms_norm_eps))
+
+
+@pytest.mark.parametrize("quantize,int8_dot", [(False, False), (True, True)])
+def test_opcheck_with_taps(quantize, int8_dot):
+    p = Pass(torch.float32, quantize, int8_dot, [3, 7], 2, layers=3)
+    kwargs = {"quantize_x": int8_dot, "taps": [0, 2], "tap_out": torch.empty(2, 2, 2, TINY.hidden_size)}
+    torch.library.opcheck(torch.ops.mtp.decoder_layers.default, p.args(), kwargs)
+
+
+def test_bad_taps_raise_clear_errors():
+    """Checked before any write (the caches and tap_out untouched), with the same words in the
+    CUDA fallback (run here on CPU tensors)."""
+    from mtp_kernels import fallback
+
+    p = Pass(torch.float32, False, False, [3, 7], 2, layers=3)
+    shape = (2, *p.x.shape)
+
+    def bad(message, taps=(0, 2), tap_out=None, fns=(torch.ops.mtp.decoder_layers, fallback.decoder_layers), **kw):
+        for fn in fns:
+            args = p.args(x=kw.get("x"), k=kw.get("k"))
+            out = torch.zeros(shape) if tap_out is None else tap_out
+            before = out.clone() if out is not False and not out.is_meta else None
+            with pytest.raises(RuntimeError, match=re.escape(message)):
+                fn(*args, taps=None if taps is None else list(taps), tap_out=None if out is False else out)
+            assert torch.equal(args[1], p.cache.k) and torch.equal(args[2], p.cache.v)  # nothing written
+            assert before is None or torch.equal(out, before)
+
+    op = "mtp.decoder_layers: "
+    bad(op + "taps and tap_out go together, got only taps", tap_out=False)
+    bad(op + "taps and tap_out go together, got only tap_out", taps=None)
+    bad(op + "taps must hold layer indices in [0, layers (k_cache.size(0))) = [0, 3), got taps[1] = 3", taps=(0, 3))
+    bad(op + "taps must hold layer indices in [0, layers (k_cache.size(0))) = [0, 3), got taps[0] = -1", taps=(-1, 2))
+    bad(op + "taps must be strictly increasing, got taps[0] = 1 then taps[1] = 1", taps=(1, 1))
+    bad(op + "taps must be strictly increasing, got taps[0] = 2 then taps[1] = 0", taps=(2, 0))
+    bad(op + "tap_out must have x's dtype Float, got BFloat16", tap_out=torch.zeros(shape, dtype=torch.bfloat16))
+    bad(op + "tap_out must be 4-D [len(taps), B, T, H], got shape [2, 2, 64]", tap_out=torch.zeros(shape[1:]))
+    bad(op + "tap_out.size(0) must equal len(taps) = 2, got 1", tap_out=torch.zeros(1, *shape[1:]))
+    bad(op + "tap_out.size(1) must equal B (x.size(0)) = 2, got 1", tap_out=torch.zeros(2, 1, 2, 64))
+    bad(op + "tap_out.size(2) must equal T (x.size(1)) = 2, got 3", tap_out=torch.zeros(2, 2, 3, 64))
+    bad(op + "tap_out.size(3) must equal H (x.size(2)) = 64, got 32", tap_out=torch.zeros(2, 2, 2, 32))
+    bad(
+        op + "tap_out must be contiguous (it is written in place), got strides [1, 2, 4, 8]",
+        tap_out=torch.zeros(64, 2, 2, 2).permute(3, 2, 1, 0),
+    )
+    bad(op + "tap_out must be on", tap_out=torch.zeros(shape, device="meta"), fns=(torch.ops.mtp.decoder_layers,))
+    # written in place: no memory shared with any other argument
+    k = p.cache.k.clone()
+    bad(op + "tap_out and k_cache overlap in memory", tap_out=k.view(-1)[: 2 * 2 * 2 * 64].view(shape), k=k)
+    both = torch.zeros(shape)
+    both[1] = p.x
+    bad(op + "tap_out and x overlap in memory", tap_out=both, x=both[1])
+    qkv = p.weights[1]
+    bad(
+        op + "tap_out and weights[1] (layer 0's qkv) overlap in memory",
+        tap_out=qkv.view(-1)[: 2 * 2 * 2 * 64].view(shape),
+    )
+
+
 def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
     """On CUDA both ops run fallback.py's composition of the kernels; here on CPU tensors it
     gives the fused ops' bits."""
@@ -355,6 +500,10 @@ def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
     assert torch.equal(fallback.decoder_layers(*p.args()), p.fused()[0])
     d = Draft(torch.float32, True, [3, 9], 1, 40)
     assert torch.equal(fallback.head_draft(**d.args(3)), torch.ops.mtp.head_draft(**d.args(3)))
+    p = Pass(torch.bfloat16, False, False, [3, 7], 3, layers=3)
+    got, tap_out, _ = with_taps(p, [0, 2], fallback.decoder_layers)
+    want, want_out, _ = with_taps(p, [0, 2])
+    assert torch.equal(got, want) and torch.equal(tap_out, want_out)
 
 
 def to_cuda(args) -> list:

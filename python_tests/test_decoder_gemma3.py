@@ -192,6 +192,75 @@ def test_cuda_fallback_is_the_kernel_composition_on_cpu_tensors():
     assert torch.equal(fallback.decoder_layers(*a2, **kw), got) and torch.equal(a1[1], a2[1])
 
 
+# ---- taps: the residual stream after chosen layers ------------------------------------------
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["float", "gguf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,T,taps", [([5], 1, [0, 1, 2]), ([3, 9], 4, [0, 2]), ([0, 2], 17, [1, 2])])
+def test_taps_are_the_op_by_op_composition_residuals_bitwise(isa, dtype, block, lens, T, taps):
+    """Sliding and global layers: tap_out is the composition's residual stream bitwise; the
+    hidden states and the caches are those of a pass without taps."""
+    args, kwargs = case(dtype, lens, T, block)
+    got_out, want_out = (torch.full((len(taps), *args[0].shape), float("nan")).to(dtype) for _ in range(2))
+    a1, a2, a3 = fresh(args), fresh(args), fresh(args)
+    got = torch.ops.mtp.decoder_layers(*a1, **kwargs, taps=taps, tap_out=got_out)
+    want = reference.decoder_layers(*a2, **kwargs, taps=taps, tap_out=want_out, ops=ops.KERNELS)
+    assert torch.equal(got_out, want_out) and torch.equal(got, want)
+    plain = torch.ops.mtp.decoder_layers(*a3, **kwargs)
+    assert torch.equal(got, plain) and torch.equal(a1[1], a3[1]) and torch.equal(a1[2], a3[2])
+
+
+def test_a_pass_split_at_a_tap_continues_from_it(isa):
+    """Layers 0..i with taps=[i], then layers i+1.. from tap_out[0]: the whole pass's bits."""
+    args, kwargs = case(torch.bfloat16, [3, 9], 4)
+    whole_args = fresh(args)
+    whole = torch.ops.mtp.decoder_layers(*whole_args, **kwargs)
+    for i in range(2):
+        x, k, v, lens, cos, sin, w, *rest = fresh(args)
+        n = 10 * (i + 1)
+        tap = torch.empty(1, *x.shape, dtype=x.dtype)
+        kw1 = {**kwargs, "windows": WINDOWS[: i + 1], "taps": [i], "tap_out": tap}
+        torch.ops.mtp.decoder_layers(x, k[: i + 1], v[: i + 1], lens, cos, sin, w[:n] + w[-1:], *rest, **kw1)
+        kw2 = {**kwargs, "windows": WINDOWS[i + 1 :]}
+        out = torch.ops.mtp.decoder_layers(tap[0], k[i + 1 :], v[i + 1 :], lens, cos, sin, w[n:], *rest, **kw2)
+        assert torch.equal(out, whole) and torch.equal(k, whole_args[1]) and torch.equal(v, whole_args[2]), i
+
+
+def test_taps_with_trees(isa):
+    args, kwargs = case(torch.float32, [6], 4)
+    parents = torch.tensor([[-1, 0, 0, 2]])
+    got_out, want_out = torch.empty(2, 1, 4, H), torch.empty(2, 1, 4, H)
+    a1, a2 = fresh(args), fresh(args)
+    got = torch.ops.mtp.decoder_layers(*a1, **kwargs, tree_parents=parents, taps=[0, 2], tap_out=got_out)
+    want = reference.decoder_layers(*a2, **kwargs, tree_parents=parents, taps=[0, 2], tap_out=want_out, ops=ops.KERNELS)
+    assert torch.equal(got_out, want_out) and torch.equal(got, want)
+    chain_out = torch.empty(2, 1, 3, H)
+    torch.ops.mtp.decoder_layers(
+        args[0][:, [0, 2, 3]].contiguous(), *fresh(args)[1:], **kwargs, taps=[0, 2], tap_out=chain_out
+    )
+    assert torch.equal(chain_out[:, 0, -1], got_out[:, 0, 3]) and torch.equal(chain_out[:, 0, 1], got_out[:, 0, 2])
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["float", "gguf"])
+def test_opcheck_with_taps(block):
+    args, kwargs = case(torch.float32, [3, 9], 2, block)
+    kwargs = {**kwargs, "taps": [1], "tap_out": torch.empty(1, 2, 2, H)}
+    torch.library.opcheck(torch.ops.mtp.decoder_layers.default, fresh(args), kwargs)
+
+
+def test_bad_taps_raise_clear_errors():
+    args, kw = case(torch.float32, [3, 9], 2)
+    op = "mtp.decoder_layers: "
+    for fn in (torch.ops.mtp.decoder_layers, fallback.decoder_layers):
+        kw_f = kw if fn is torch.ops.mtp.decoder_layers else {k: v for k, v in kw.items() if k != "weight_types"}
+        out = torch.zeros(2, 2, 2, H)
+        _raises(args, {**kw_f, "taps": [0, 3], "tap_out": out}, op + "taps must hold layer indices in [0, layers", fn)
+        _raises(args, {**kw_f, "taps": [2, 1], "tap_out": out}, op + "taps must be strictly increasing", fn)
+        _raises(args, {**kw_f, "tap_out": out}, op + "taps and tap_out go together, got only tap_out", fn)
+        _raises(args, {**kw_f, "taps": [0, 2], "tap_out": out[:1]}, op + "tap_out.size(0) must equal len(taps) = 2", fn)
+
+
 def _raises(args, kwargs, message, fn=torch.ops.mtp.decoder_layers):
     a = fresh(args)
     with pytest.raises(RuntimeError, match=re.escape(message)):

@@ -175,7 +175,8 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
                           const std::optional<std::vector<int64_t>>& weight_types, std::string layer,
                           const std::optional<std::vector<int64_t>>& windows,
                           const std::optional<Tensor>& rope_cos_local, const std::optional<Tensor>& rope_sin_local,
-                          std::optional<double> attention_scale) {
+                          std::optional<double> attention_scale, const std::optional<std::vector<int64_t>>& taps,
+                          const std::optional<Tensor>& tap_out) {
   check_ok(kDecoder,
            layer_kind_error(layer, windows.has_value(), rope_cos_local.has_value() || rope_sin_local.has_value(),
                             attention_scale.has_value()));
@@ -276,9 +277,37 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
              : parse_layers(kDecoder, weights, 0, a.layers, weight_scales, names, a.H, widths, x, "x", &a.I, types);
   const Tensor& final_norm = weights[want - 1];
   check_norm(kDecoder, final_norm, names(want - 1), a.H, x, "x");
-  check_disjoint(kDecoder, k_cache, v_cache, weights, names);
-  check_disjoint(kDecoder, k_cache, v_cache, weight_scales,
-                 [](int64_t i) { return "weight_scales[" + std::to_string(i) + "]"; });
+  const auto scale_names = [](int64_t i) { return "weight_scales[" + std::to_string(i) + "]"; };
+  check_disjoint(kDecoder, {{"k_cache", &k_cache}, {"v_cache", &v_cache}}, weights, names);
+  check_disjoint(kDecoder, {{"k_cache", &k_cache}, {"v_cache", &v_cache}}, weight_scales, scale_names);
+  std::vector<int64_t> tap_list;
+  if (taps.has_value()) tap_list = *taps;
+  check_ok(kDecoder, taps_error(tap_list, taps.has_value(), tap_out.has_value(), a.layers));
+  if (tap_out.has_value()) {  // [len(taps), B, T, H] in x's dtype, written in place as one block
+    const Tensor& t = *tap_out;
+    check_cpu(kDecoder, "tap_out", t);
+    check_same_dtype(kDecoder, "tap_out", t, "x", x);
+    check_dim(kDecoder, "tap_out", t, 4, "[len(taps), B, T, H]");
+    check_size(kDecoder, "tap_out", t, 0, int64_t(tap_list.size()), "len(taps)");
+    check_size(kDecoder, "tap_out", t, 1, a.B, "B (x.size(0))");
+    check_size(kDecoder, "tap_out", t, 2, a.T, "T (x.size(1))");
+    check_size(kDecoder, "tap_out", t, 3, a.H, "H (x.size(2))");
+    MTP_CHECK(t.is_contiguous(), kDecoder, ": tap_out must be contiguous (it is written in place), got strides ",
+              Shape{t.strides()}, " for shape ", shape_of(t));
+    check_written(kDecoder, "it is written in place", {{"tap_out", &t}},
+                  {{"x", &x},
+                   {"k_cache", &k_cache},
+                   {"v_cache", &v_cache},
+                   {"cache_lens", &cache_lens},
+                   {"rope_cos", &rope_cos},
+                   {"rope_sin", &rope_sin}});
+    for (auto [name, o] : {std::pair<const char*, const std::optional<Tensor>*>{"tree_parents", &tree_parents},
+                           {"rope_cos_local", &rope_cos_local},
+                           {"rope_sin_local", &rope_sin_local}})
+      if (o->has_value()) check_written(kDecoder, "it is written in place", {{"tap_out", &t}}, {{name, &**o}});
+    check_disjoint(kDecoder, {{"tap_out", &t}}, weights, names);
+    check_disjoint(kDecoder, {{"tap_out", &t}}, weight_scales, scale_names);
+  }
 
   const Tensor xc = torch::stable::contiguous(x), cos = torch::stable::contiguous(rope_cos),
                sin = torch::stable::contiguous(rope_sin);
@@ -308,6 +337,9 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
   a.eps = float(eps);  // eps_error checked it as a float
   a.quantize_x = quantize_x;
   a.out = out.data_ptr();
+  a.taps = tap_list.data();
+  a.n_taps = int64_t(tap_list.size());
+  a.tap_out = tap_out.has_value() ? tap_out->data_ptr() : nullptr;
   decoder_layers(a, int(torch::stable::get_num_threads()), current_isa(), TorchParallelFor{});
   return out;
 }

@@ -232,13 +232,16 @@ inline void check_written(const char* op, const char* why, std::initializer_list
   check_ok(op, aliasing_error(views, n, outputs.size(), why));
 }
 
-// The written caches against a pass's weights (~180 tensors): names built only on a hit.
+// The written outputs (a pass's caches, its tap_out) against its weights (~180 tensors): names
+// built only on a hit.
 template <class Name>
-void check_disjoint(const char* op, const Tensor& k_cache, const Tensor& v_cache, const TensorList& inputs,
-                    Name&& name) {
-  const View outs[2] = {view_of("k_cache", k_cache), view_of("v_cache", v_cache)};
+void check_disjoint(const char* op, std::initializer_list<NamedTensor> outputs, const TensorList& inputs, Name&& name) {
+  View outs[kMaxAliasViews];
+  MTP_CHECK(outputs.size() <= kMaxAliasViews, op, ": internal error: too many views in one aliasing check");
+  size_t n = 0;
+  for (const NamedTensor& t : outputs) outs[n++] = view_of(t.first, *t.second);
   check_ok(op, disjoint_error(
-                   outs, 2, int64_t(inputs.size()),
+                   outs, n, int64_t(inputs.size()),
                    [&](int64_t i, View* v) {
                      *v = view_of("", inputs[size_t(i)]);
                      return true;

@@ -285,12 +285,21 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
             raise ValueError(f"{T} more tokens do not fit the cache: {int(cache.lens.max())} used of {cache.capacity}")
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        tree_parents: torch.Tensor | None = None,
+        taps: list[int] | None = None,
+        tap_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the cache
         and advances cache.lens by T. Returns the final normed hidden states [B, T, hidden].
         One mtp.decoder_layers(layer="gemma3") call when self.fused (the bits of forward_ops),
-        else forward_ops."""
+        else forward_ops. taps, tap_out: mtp.decoder_layers' (fused only)."""
         if not self.fused:
+            if taps:
+                raise ValueError("the residual streams of chosen layers (taps) need the fused pass")
             return self.forward_ops(tokens, cache, tree_parents)
         self._check_step(tokens, cache, tree_parents)
         cfg = self.cfg
@@ -319,6 +328,7 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
             attention_scale=self.attention_scale,
             tree_parents=tree_parents,
             **local,
+            **({"taps": taps, "tap_out": tap_out} if taps else {}),
         )
         cache.lens.add_(tokens.shape[1])
         return h

@@ -7,6 +7,11 @@ small local segment holding the head's own K/V of the draft steps so far. Recurr
 steps: step j feeds its own hidden state and its own draft token to step j + 1. It shares
 the backbone's frozen embedding and LM head (optionally restricted to the N most frequent
 tokens, a draft vocabulary, to cut the cost of the draft LM head).
+
+Optionally (fuse_layers, EAGLE-3's idea) the first step's hidden input also carries the
+residual streams of a few backbone layers (low, middle, high; the pass computes them anyway,
+`mtp.decoder_layers(taps=...)`): hidden + fuse @ [norm(tap_1); ...; norm(tap_n)], the
+projection starting at zero, so such a head starts as the plain one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import torch
 
 from .config import MAX_DIM, MAX_LAYERS, ConfigError, LlamaConfig, check_int, check_positive_float
+from ..reference import rms_norm
 from .llama import Backbone, KVCache
 
 MAX_BLOCKS = 64  # dense blocks of one head (the shipped one has 1)
@@ -35,8 +41,17 @@ class HeadConfig:
     rms_norm_eps: float = 1e-5
     draft_vocab_size: int = 0  # 0: the full vocabulary
     trained: bool = False  # False: random weights, drafts are noise (labelled in every output)
+    fuse_layers: tuple[int, ...] = ()  # backbone layers whose residual streams feed the first step
 
     def __post_init__(self):
+        if isinstance(self.fuse_layers, list):  # as config.json stores it
+            object.__setattr__(self, "fuse_layers", tuple(self.fuse_layers))
+        if not isinstance(self.fuse_layers, tuple):
+            raise ConfigError("fuse_layers", self.fuse_layers, "must be a list of layer indices")
+        for i in self.fuse_layers:
+            check_int("fuse_layers", i, 0, MAX_LAYERS - 1)
+        if list(self.fuse_layers) != sorted(set(self.fuse_layers)):
+            raise ConfigError("fuse_layers", list(self.fuse_layers), "must be strictly increasing")
         for f in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"):
             check_int(f, getattr(self, f))
         check_int("num_blocks", self.num_blocks, 1, MAX_BLOCKS)
@@ -60,6 +75,9 @@ class HeadConfig:
             self.intermediate_size,
         )
         out = {"embed_norm": (h,), "hidden_norm": (h,), "proj": (h, 2 * h), "out_norm": (h,)}
+        if self.fuse_layers:
+            n = len(self.fuse_layers)
+            out.update(fuse_norm=(n, h), fuse=(h, n * h))
         for b in range(self.num_blocks):
             out.update(
                 {
@@ -121,6 +139,10 @@ class MTPHead(torch.nn.Module):
         )
         self.blocks = torch.nn.ModuleList(HeadBlock(c, init) for _ in range(c.num_blocks))
         self.out_norm = torch.nn.Parameter(torch.ones(c.hidden_size))
+        if c.fuse_layers:  # zero: the tapped layers add nothing until training finds a use
+            n = len(c.fuse_layers)
+            self.fuse_norm = torch.nn.Parameter(torch.ones(n, c.hidden_size))
+            self.fuse = torch.nn.Parameter(torch.zeros(c.hidden_size, n * c.hidden_size))
         # Token ids of the draft vocabulary (empty: full vocabulary).
         self.register_buffer("draft_vocab", torch.zeros(0, dtype=torch.int64))
         # The dtype its matrices are read in when drafting (None: the backbone's; see draft_weights).
@@ -272,13 +294,29 @@ class MTPHead(torch.nn.Module):
     def _draft_key(self, dtype: torch.dtype) -> tuple:
         return dtype, self.matrix_dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())
 
+    def first_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """The first step's hidden input [..., H] from the backbone's features [..., 1 + n, H]:
+        its final hidden state, then the residual streams of the n fuse_layers (what
+        `Backbone.features` returns). In fp32 and differentiable: training runs it too."""
+        n = len(self.cfg.fuse_layers)
+        if features.dim() < 2 or features.shape[-2] != 1 + n:
+            raise ValueError(
+                f"this head fuses {n} backbone layer(s) {list(self.cfg.fuse_layers)}: its features are "
+                f"[..., {1 + n}, H], got {list(features.shape)}"
+            )
+        hidden = features[..., 0, :].float()
+        if not n:
+            return hidden
+        normed = rms_norm(features[..., 1:, :].float(), self.fuse_norm.float(), self.cfg.rms_norm_eps)
+        return hidden + normed.flatten(-2) @ self.fuse.float().T
+
     def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> dict:
         """mtp.head_draft's arguments (by name) for `draft`'s inputs."""
         c, dt = self.cfg, backbone.dtype
         layer = c.kv_layer % backbone.cfg.num_layers
         name = "model.embed_tokens.weight"
         return dict(
-            hidden=hidden.to(dt),
+            hidden=(self.first_hidden(hidden) if hidden.dim() == 3 or self.cfg.fuse_layers else hidden).to(dt),
             token=token,
             k_cache=cache.k[layer],
             v_cache=cache.v[layer],
@@ -308,9 +346,10 @@ class MTPHead(torch.nn.Module):
     ) -> torch.Tensor:
         """K draft tokens [B, K] after `token` [B] (the backbone's next token, not yet in
         the cache), from the backbone's last hidden state `hidden` [B, H] at position
-        cache.lens - 1, then `alternatives` more columns: the first step's next best drafts
-        (a tree's other first drafts). Reads the cache in place and changes nothing in it: one
-        mtp.head_draft call (reference.head_draft is its op-by-op composition)."""
+        cache.lens - 1 (or its features [B, 1 + n, H], see first_hidden), then `alternatives`
+        more columns: the first step's next best drafts (a tree's other first drafts). Reads
+        the cache in place and changes nothing in it: one mtp.head_draft call
+        (reference.head_draft is its op-by-op composition)."""
         return torch.ops.mtp.head_draft(
             **self.draft_args(backbone, cache, hidden, token, k),
             alternatives=alternatives,
@@ -349,6 +388,10 @@ def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
             f"the backbone ({theirs}, {backbone_cfg.num_layers} layers)"
         )
     check_global_layer(c.kv_layer, backbone_cfg, "this head reads layer")
+    if c.fuse_layers and c.fuse_layers[-1] >= backbone_cfg.num_layers:
+        raise ValueError(
+            f"this head fuses layer {c.fuse_layers[-1]}; the backbone has {backbone_cfg.num_layers} layers"
+        )
     if c.draft_vocab_size > backbone_cfg.vocab_size:
         raise ValueError(
             f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "

@@ -92,6 +92,18 @@ class TiedMatrices:
     def lm_head(self) -> torch.Tensor:
         return self.w(self.lm_head_name)
 
+    def features(self, tokens: torch.Tensor, cache, tree_parents=None, layers: tuple[int, ...] = ()):
+        """forward() that also keeps the residual streams of `layers` (an MTP head's
+        fuse_layers), from the same one pass (mtp.decoder_layers' taps): the final hidden
+        states [B, T, H] and the features [B, T, 1 + n, H], those, then each layer's."""
+        if not layers:
+            h = self(tokens, cache, tree_parents)
+            return h, h[:, :, None]
+        B, T = tokens.shape
+        taps = torch.empty(len(layers), B, T, self.cfg.hidden_size, dtype=self.dtype)
+        h = self(tokens, cache, tree_parents, taps=list(layers), tap_out=taps)
+        return h, torch.cat([h[:, :, None], taps.permute(1, 2, 0, 3)], dim=2)
+
 
 class Backbone(TiedMatrices, torch.nn.Module):
     """The frozen backbone. Weights are buffers (never trained), in `dtype`; with
@@ -266,12 +278,20 @@ class Backbone(TiedMatrices, torch.nn.Module):
         ]
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, tree_parents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        tree_parents: torch.Tensor | None = None,
+        taps: list[int] | None = None,
+        tap_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Runs tokens [B, T] at positions cache.lens[b] + t, appends their K/V to the
         cache and advances cache.lens by T. Returns the final normed hidden states
         [B, T, hidden] (the LM head's input; `logits()` turns them into logits).
         tree_parents [B, T]: the tokens form a tree instead (mtp.decoder_layers); token t
         still goes to cache.lens[b] + t, with the bits a chain of its path would give.
+        taps, tap_out: mtp.decoder_layers' (the residual streams of those layers; `features`).
         All layers run in one mtp.decoder_layers call (reference.decoder_layers: the same
         bits as the op-by-op composition, without ~11 dispatches per layer)."""
         B, T = tokens.shape
@@ -283,6 +303,8 @@ class Backbone(TiedMatrices, torch.nn.Module):
             self._decoder_weights = self.decoder_weights() + (self.decoder_weight_types(),)
         weights, scales, types = self._decoder_weights
         extra = {} if types is None else {"weight_types": types}
+        if taps:
+            extra.update(taps=taps, tap_out=tap_out)
         h = torch.ops.mtp.decoder_layers(
             self.embed(tokens),
             cache.k,

@@ -83,6 +83,12 @@ struct DecoderArgs {
   const float* rope_sin_local = nullptr;
   bool has_scale = false;  // false: the attention scale is default_attention_scale(D)
   float scale = 1.f;
+  // Taps: after layer taps[j] (strictly increasing, each < layers; the caller checks), the
+  // residual stream [B, T, H] (the sum after its MLP add, before the next norm) is copied to
+  // tap_out + j B T H elements (contiguous [n_taps, B, T, H] in dtype). n_taps = 0: none.
+  const int64_t* taps = nullptr;
+  int64_t n_taps = 0;
+  void* tap_out = nullptr;
 };
 
 // The buffers and steps of M rows (B requests x T tokens) through decoder layers, shared by
@@ -354,9 +360,10 @@ inline void gather_angles(const float* table, const int64_t* lens, int64_t offse
       std::copy_n(table + (lens[b] + offset + (depth ? depth[b * T + t] : t)) * D, D, out + (b * T + t) * D);
 }
 
-// out = the final norm of the last layer's residual stream. Writes the new keys/values into
-// the caches. parallel_for runs the projections and the attention (see linear.h,
-// attention.h); `threads` only shapes the attention's work split.
+// out = the final norm of the last layer's residual stream; tap_out[j] the residual stream
+// after layer taps[j]. Writes the new keys/values into the caches. parallel_for runs the
+// projections and the attention (see linear.h, attention.h); `threads` only shapes the
+// attention's work split.
 template <class ParallelFor>
 void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf) {
   const int64_t M = a.B * a.T, D = a.D;
@@ -380,6 +387,7 @@ void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf
   std::vector<int64_t> new_lens(size_t(a.B));  // the lengths once the tokens are in
   for (int64_t b = 0; b < a.B; ++b) new_lens[b] = a.cache_lens[b] + a.T;
   p.x = a.x;
+  int64_t tap = 0;  // the next of a.taps
   p.norm(a.x, nullptr, nullptr, a.layers > 0 ? a.layer[0].input_norm : a.final_norm, a.layers > 0 ? p.h.data() : a.out);
   for (int64_t i = 0; i < a.layers; ++i) {
     char* const k_layer = static_cast<char*>(a.k_cache) + i * a.k_stride[0] * es;
@@ -405,6 +413,11 @@ void decoder_layers(const DecoderArgs& a, int threads, Isa isa, ParallelFor&& pf
                      out);
     } else {
       p.layer(w, cos.data(), sin.data(), attend, next, out);
+    }
+    if (tap < a.n_taps && a.taps[tap] == i) {  // p.x: the residual stream after layer i (add_norm's sum)
+      const int64_t bytes = M * a.H * es;
+      std::copy_n(static_cast<const char*>(p.x), bytes, static_cast<char*>(a.tap_out) + tap * bytes);
+      ++tap;
     }
   }
 }

@@ -454,6 +454,21 @@ inline std::string tree_parents_error(const std::vector<int64_t>& parents, int64
   return "";
 }
 
+// decoder_layers' taps (given with tap_out, or neither): layer indices in [0, layers),
+// strictly increasing; an empty list taps nothing.
+inline std::string taps_error(const std::vector<int64_t>& taps, bool has_taps, bool has_tap_out, int64_t layers) {
+  if (has_taps != has_tap_out) return message("taps and tap_out go together, got only ", has_taps ? "taps" : "tap_out");
+  for (size_t j = 0; j < taps.size(); ++j) {
+    if (taps[j] < 0 || taps[j] >= layers)
+      return message("taps must hold layer indices in [0, layers (k_cache.size(0))) = [0, ", layers, "), got taps[", j,
+                     "] = ", taps[j]);
+    if (j > 0 && taps[j] <= taps[j - 1])
+      return message("taps must be strictly increasing, got taps[", j - 1, "] = ", taps[j - 1], " then taps[", j,
+                     "] = ", taps[j]);
+  }
+  return "";
+}
+
 // head_draft's alternatives: the first step's next best drafts, fewer than the Vd tokens.
 inline std::string alternatives_error(int64_t alternatives, int64_t Vd, int64_t k) {
   if (alternatives < 0 || alternatives >= Vd)
