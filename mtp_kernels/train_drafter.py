@@ -183,6 +183,9 @@ def run_drafter(
     result = train_drafter(drafter, train_seqs, val_seqs, tc, log=log)
     drafter.save(out_dir)
     result.update(
+        prompts=[prompts_path] if isinstance(prompts_path, str) else list(prompts_path),
+        num_prompts=num_prompts,
+        distilled_by=train.distilled_by(teacher),
         train_config=dataclasses.asdict(tc),
         sequences=len(train_seqs),
         val_sequences=len(val_seqs),

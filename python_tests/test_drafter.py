@@ -220,6 +220,8 @@ def test_run_drafter_trains_on_the_cached_distilled_rows(tmp_path):
         model=str(tmp_path / "tiny"),
     )
     assert result["val_sequences"] == 1 and result["sequences"] == 7 and result["steps"] == 3
+    saved = json.loads((tmp_path / "out" / "training.json").read_text())  # what it was trained on
+    assert saved["prompts"] == [str(tmp_path / "prompts.jsonl")] and saved["distilled_by"] == train.DISTILLED_BY
     d = StandaloneDrafter.load(tmp_path / "out")
     assert d.trained and d.cfg.vocab_size == 7 and 3 in d.vocab.tolist()  # EOS always in the vocabulary
     (tmp_path / "bad.jsonl").write_text('{"task": "t"}\n')
