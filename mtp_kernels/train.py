@@ -117,7 +117,8 @@ def distill(
 def sequence_from_backbone(
     backbone: Backbone, tokens: list[int], prompt_len: int, kv_layer: int, fuse_layers: tuple[int, ...] = ()
 ) -> Sequence:
-    """The same features from our own backbone (exact, one sequence at a time)."""
+    """The same features from our own backbone (exact, one sequence at a time). Keeps copies
+    of the head's layer's K/V: views would keep every layer's cache alive (~30x the memory)."""
     cache = backbone.new_cache(1, len(tokens))
     hidden, feats = backbone.features(torch.tensor([tokens]), cache, layers=fuse_layers)
     hidden = hidden[0]
@@ -127,8 +128,8 @@ def sequence_from_backbone(
         torch.tensor(tokens),
         prompt_len,
         hidden,
-        cache.k[layer, 0, :, :n],
-        cache.v[layer, 0, :, :n],
+        cache.k[layer, 0, :, :n].clone(),
+        cache.v[layer, 0, :, :n].clone(),
         backbone.logits(hidden).argmax(-1),
         feats[0, :, 1:].contiguous() if fuse_layers else None,
     )

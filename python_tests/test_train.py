@@ -104,6 +104,8 @@ def test_sequence_greedy_is_the_backbones_argmax():
     model = tiny_backbone()
     seq = [5, 9, 3, 7, 11, 2]
     s = train.sequence_from_backbone(model, seq, 3, -1)
+    for t in (s.k, s.v, s.hidden):  # its own bytes, not a view keeping every layer's cache alive
+        assert t.untyped_storage().nbytes() == t.nbytes
     cache = model.new_cache(1, 16)
     assert torch.equal(s.greedy, model.logits(model(torch.tensor([seq]), cache)[0]).argmax(-1))
 
