@@ -122,14 +122,15 @@ def _prefill(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs each prompt into its own cache row; returns the features of the last positions
     [B, 1 + len(taps), H] (Backbone.features) and the first generated tokens [B]."""
-    feats = []
+    hidden, feats = [], []
     for b, ids in enumerate(prompts):
         if not ids:
             raise ValueError(f"prompt {b} is empty")
-        feats.append(model.features(torch.tensor([ids]), cache.select(b), layers=taps)[1][0, -1])
-    feats = torch.stack(feats)
-    hidden = feats[:, 0].contiguous()
-    return feats, pick(model.logits(hidden), cache.lens)  # the new token's index: the prompt length
+        h, f = model.features(torch.tensor([ids]), cache.select(b), layers=taps)
+        hidden.append(h[0, -1])
+        feats.append(f[0, -1])
+    # The new token's index: the prompt length.
+    return torch.stack(feats), pick(model.logits(torch.stack(hidden)), cache.lens)
 
 
 def _check_prompts(model: Backbone, prompts: list[list[int]], max_new_tokens: int, extra: int) -> int:

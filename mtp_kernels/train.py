@@ -75,11 +75,12 @@ def distill(
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
         cache = backbone.new_cache(len(idx), max(len(prompt_ids[i]) for i in idx) + max_new_tokens)
-        hidden = [
-            [backbone.features(torch.tensor([prompt_ids[i]]), cache.select(r), layers=fuse_layers)[1][0]]
+        first = [
+            backbone.features(torch.tensor([prompt_ids[i]]), cache.select(r), layers=fuse_layers)
             for r, i in enumerate(idx)
         ]
-        picks = [[backbone.logits(h[0][:, 0].contiguous()).argmax(-1)] for h in hidden]
+        hidden = [[f[0]] for _, f in first]  # per row its features [n, 1 + len(fuse_layers), H]
+        picks = [[backbone.logits(h[0]).argmax(-1)] for h, _ in first]
         answers: list[list[int]] = [[] for _ in idx]
         token, live = torch.stack([p[0][-1] for p in picks]), list(range(len(idx)))
         while live:

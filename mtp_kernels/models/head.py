@@ -297,18 +297,18 @@ class MTPHead(torch.nn.Module):
     def first_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """The first step's hidden input [..., H] from the backbone's features [..., 1 + n, H]:
         its final hidden state, then the residual streams of the n fuse_layers (what
-        `Backbone.features` returns). In fp32 and differentiable: training runs it too."""
+        `Backbone.features` returns). Without fuse_layers the hidden state as it is; with them
+        in fp32 and differentiable: training runs it too."""
         n = len(self.cfg.fuse_layers)
         if features.dim() < 2 or features.shape[-2] != 1 + n:
             raise ValueError(
                 f"this head fuses {n} backbone layer(s) {list(self.cfg.fuse_layers)}: its features are "
                 f"[..., {1 + n}, H], got {list(features.shape)}"
             )
-        hidden = features[..., 0, :].float()
-        if not n:
-            return hidden
+        if not n:  # no copy nor cast on the drafting path of a plain head
+            return features[..., 0, :]
         normed = rms_norm(features[..., 1:, :].float(), self.fuse_norm.float(), self.cfg.rms_norm_eps)
-        return hidden + normed.flatten(-2) @ self.fuse.float().T
+        return features[..., 0, :].float() + normed.flatten(-2) @ self.fuse.float().T
 
     def draft_args(self, backbone: Backbone, cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, k: int) -> dict:
         """mtp.head_draft's arguments (by name) for `draft`'s inputs."""
