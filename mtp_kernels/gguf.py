@@ -8,7 +8,8 @@ A quantized matrix ``[N, K]`` is a ``QuantTensor``: ``data``, a uint8 tensor ``[
 
 The x8 layouts (type numbers 100 + the file's: ``X8_TYPES``) hold the same bytes with 8 rows
 interleaved (``repack_x8``), which the SIMD kernels read 8 columns per vector; the product's
-bits are the file layout's. The loader repacks the Q4_0 / Q4_1 / Q8_0 matrices in place.
+bits are the file layout's. The loaders repack the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices in
+place.
 """
 
 from __future__ import annotations
@@ -28,8 +29,17 @@ BLOCK_TYPES = {
     14: ("Q6_K", 256, 210),
 }
 TYPE_NUMBERS = {name: code for code, (name, _, _) in BLOCK_TYPES.items()}
+# A file block's fields in the file's order, each (piece bytes, pieces): an x8 block holds field
+# after field, in a field piece k of the 8 rows in turn (gguf.h: x8_fields).
+X8_FIELDS = {
+    2: ((2, 1), (4, 4)),  # Q4_0: d, 4 chunks of nibbles
+    3: ((2, 1), (2, 1), (4, 4)),  # Q4_1: d, m, 4 chunks
+    8: ((2, 1), (4, 8)),  # Q8_0: d, 8 chunks of int8
+    12: ((2, 1), (2, 1), (1, 12), (4, 32)),  # Q4_K: d, dmin, 12 scale bytes, 32 chunks of nibbles
+    14: ((4, 32), (4, 16), (1, 16), (2, 1)),  # Q6_K: 32 chunks of low nibbles, 16 of high bits, 16 scales, d
+}
 # The x8 layout of a file type -> (name, elements per block, bytes per block and row).
-X8_TYPES = {100 + code: (BLOCK_TYPES[code][0] + "_X8", 32, BLOCK_TYPES[code][2]) for code in (2, 3, 8)}
+X8_TYPES = {100 + code: (BLOCK_TYPES[code][0] + "_X8",) + BLOCK_TYPES[code][1:] for code in X8_FIELDS}
 LAYOUTS = {**BLOCK_TYPES, **X8_TYPES}  # every type number the ops take
 X8_ROWS = 8
 
@@ -120,29 +130,24 @@ _REPACK_CHUNK_BYTES = 1 << 20
 
 
 def can_x8(w) -> bool:
-    """Whether repack_x8 takes this matrix: Q4_0, Q4_1 or Q8_0 with rows in groups of 8."""
+    """Whether repack_x8 takes this matrix: Q4_0, Q4_1, Q8_0, Q4_K or Q6_K with rows in groups of 8."""
     return isinstance(w, QuantTensor) and w.gguf_type + 100 in X8_TYPES and w.data.shape[0] % X8_ROWS == 0
 
 
-def _x8_parts(code: int) -> tuple[int, int]:
-    """Bytes of a file block's scales (and offset) and of its 4-byte value chunks."""
-    name, _, nbytes = LAYOUTS[code]
-    head = 4 if name.startswith("Q4_1") else 2
-    return head, (nbytes - head) // 4
-
-
 def repack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
-    """File-layout rows [N, row_bytes] of type ``code`` (Q4_0, Q4_1, Q8_0; N a multiple of 8)
+    """File-layout rows [N, row_bytes] of type ``code`` (a key of X8_FIELDS; N a multiple of 8)
     -> the x8 layout (csrc/include/mtp/gguf.h), a new contiguous tensor of the same shape: per
-    group of 8 rows and block, the 8 scales (and offsets), then chunk j's 4 bytes of each row."""
+    group of 8 rows and block, each field's pieces, piece k of the 8 rows in turn."""
     N, rb = data.shape
     nbytes = LAYOUTS[code][2]
-    head, chunks = _x8_parts(code)
     G, nb = N // X8_ROWS, rb // nbytes
     blocks = data.reshape(G, X8_ROWS, nb, nbytes)  # [g, c, b, byte]
-    scales = blocks[..., :head].reshape(G, X8_ROWS, nb, head // 2, 2).permute(0, 2, 3, 1, 4)  # [g, b, d|m, c, 2]
-    values = blocks[..., head:].reshape(G, X8_ROWS, nb, chunks, 4).permute(0, 2, 3, 1, 4)  # [g, b, j, c, 4]
-    return torch.cat([scales.reshape(G, nb, -1), values.reshape(G, nb, -1)], -1).reshape(N, rb)
+    parts, at = [], 0
+    for size, count in X8_FIELDS[code]:
+        field = blocks[..., at : at + size * count].reshape(G, X8_ROWS, nb, count, size)
+        parts.append(field.permute(0, 2, 3, 1, 4).reshape(G, nb, -1))  # [g, b, k, c, byte]
+        at += size * count
+    return torch.cat(parts, -1).reshape(N, rb)
 
 
 def file_rows(data: torch.Tensor, code: int, index) -> tuple[torch.Tensor, int]:
@@ -162,12 +167,14 @@ def unpack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
     """repack_x8's inverse: x8 bytes [N, row_bytes] -> the file layout's rows (a new tensor)."""
     N, rb = data.shape
     nbytes = LAYOUTS[code][2]
-    head, chunks = _x8_parts(code)
     G, nb = N // X8_ROWS, rb // nbytes
     blocks = data.reshape(G, nb, X8_ROWS * nbytes)
-    scales = blocks[..., : X8_ROWS * head].reshape(G, nb, head // 2, X8_ROWS, 2).permute(0, 3, 1, 2, 4)
-    values = blocks[..., X8_ROWS * head :].reshape(G, nb, chunks, X8_ROWS, 4).permute(0, 3, 1, 2, 4)
-    return torch.cat([scales.reshape(G, X8_ROWS, nb, head), values.reshape(G, X8_ROWS, nb, -1)], -1).reshape(N, rb)
+    parts, at = [], 0
+    for size, count in X8_FIELDS[code - 100]:
+        field = blocks[..., X8_ROWS * at : X8_ROWS * (at + size * count)].reshape(G, nb, count, X8_ROWS, size)
+        parts.append(field.permute(0, 3, 1, 2, 4).reshape(G, X8_ROWS, nb, -1))  # [g, c, b, k, byte]
+        at += size * count
+    return torch.cat(parts, -1).reshape(N, rb)
 
 
 def widen_q5_0(data: torch.Tensor) -> torch.Tensor:

@@ -199,23 +199,34 @@ def _q4k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([lo_sc, hi_sc], -1), torch.cat([lo_m, hi_m], -1)
 
 
+# gguf.h's x8 layout: a file block's fields in the file's order, each (piece bytes, pieces).
+_X8_PIECES = {
+    "Q4_0": [(2, 1), (4, 4)],
+    "Q4_1": [(2, 1), (2, 1), (4, 4)],
+    "Q8_0": [(2, 1), (4, 8)],
+    "Q4_K": [(2, 1), (2, 1), (1, 12), (4, 32)],
+    "Q6_K": [(4, 32), (4, 16), (1, 16), (2, 1)],
+}
+
+
 def x8_file_rows(data: torch.Tensor, gguf_type: int) -> torch.Tensor:
     """An x8 matrix's bytes [N, row_bytes] -> its rows in the file's layout, byte by byte from
-    gguf.h's definition: byte i of row n's block b sits in group n // 8 at block b's
-    8 * bytes * b, then at 2 * (n % 8) + i (the fp16 d; Q4_1's m 16 further on), or in chunk
-    j = (i - head) // 4 of 32 bytes after the 8 heads, at 4 * (n % 8) + (i - head) % 4."""
+    gguf.h's definition: byte i of row n's stored block b lies in group n // 8 at block b's
+    8 * bytes * b; if it is byte w of piece k of a field starting at file byte `start` (pieces
+    of p bytes), it sits at 8 * start + (8 * k + n % 8) * p + w."""
     from .gguf import LAYOUTS
 
-    _, _, nbytes = LAYOUTS[gguf_type]
-    head = 4 if gguf_type == 103 else 2
+    name, _, nbytes = LAYOUTS[gguf_type]
+    where = []  # per file byte i: its offset in an x8 block for row 0, and its piece's bytes
+    for size, count in _X8_PIECES[name.removesuffix("_X8")]:
+        start = len(where)
+        where += [(8 * start + 8 * (j // size) * size + j % size, size) for j in range(size * count)]
+    at = torch.tensor([w for w, _ in where])[None, None, :]
+    size = torch.tensor([p for _, p in where])[None, None, :]
     N, rb = data.shape
     n = torch.arange(N)[:, None, None]
     b = torch.arange(rb // nbytes)[None, :, None]
-    i = torch.arange(nbytes)[None, None, :]
-    c = n % 8
-    in_head = torch.where(i < 2, 2 * c + i, 16 + 2 * c + i - 2)
-    in_chunk = 8 * head + 32 * ((i - head) // 4) + 4 * c + (i - head) % 4
-    pos = n // 8 * 8 * rb + 8 * nbytes * b + torch.where(i < head, in_head, in_chunk)
+    pos = n // 8 * 8 * rb + 8 * nbytes * b + at + (n % 8) * size
     return data.reshape(-1)[pos.reshape(N, rb)]
 
 
@@ -305,7 +316,7 @@ def gguf_linear(
     a finite or infinite sum into NaN); ``y = acc + accm (+ bias)`` in fp32, then x's dtype."""
     from .gguf import LAYOUTS
 
-    offset = LAYOUTS[gguf_type][0] in ("Q4_1", "Q4_1_X8", "Q4_K")
+    offset = LAYOUTS[gguf_type][0].removesuffix("_X8") in ("Q4_1", "Q4_K")
     q, d, m, mul = gguf_blocks(data, gguf_type)  # [N, nb, 32], [N, nb], ...
     K, N, nb = x.shape[-1], data.shape[0], q.shape[1]
     if K != nb * 32:

@@ -49,8 +49,9 @@ def test_native_load_keeps_the_blocks(loaded):
     from mtp_kernels.gguf import QuantTensor, type_name
 
     types = {type_name(w.gguf_type) for w in native.values() if isinstance(w, QuantTensor)}
-    assert types == {"Q8_0_X8", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}, types
+    assert types == {"Q8_0_X8", "Q8_0", "Q5_0", "Q4_K_X8", "Q6_K_X8"}, types
     assert type_name(native["model.layers.0.self_attn.v_proj.weight"].gguf_type) == "Q8_0_X8"  # repacked in place
+    assert type_name(native["model.layers.0.mlp.gate_proj.weight"].gguf_type) == "Q4_K_X8"  # the K-quants too
     assert type_name(native["model.embed_tokens.weight"].gguf_type) == "Q8_0"  # 60 rows: not groups of 8
     assert native["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float16  # F16 as stored
 

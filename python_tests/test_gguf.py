@@ -126,7 +126,7 @@ def test_opcheck_and_compile(gen):
         (
             dict(gguf_type=5),
             "GGML type 5 is not supported: expected 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), "
-            "102 (Q4_0_X8), 103 (Q4_1_X8) or 108 (Q8_0_X8)",
+            "102 (Q4_0_X8), 103 (Q4_1_X8), 108 (Q8_0_X8), 112 (Q4_K_X8) or 114 (Q6_K_X8)",
         ),
         (
             dict(gguf_type=3, w=torch.zeros(4, 40)),

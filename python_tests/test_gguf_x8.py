@@ -8,14 +8,14 @@ import torch
 from test_gguf import decoder_case, random_rows
 
 from mtp_kernels import ops, reference
-from mtp_kernels.gguf import X8_TYPES, QuantTensor, can_x8, file_rows, repack_x8, unpack_x8
+from mtp_kernels.gguf import BLOCK_TYPES, X8_TYPES, QuantTensor, can_x8, file_rows, repack_x8, unpack_x8
 
-FILE_TYPES = [2, 3, 8]  # Q4_0, Q4_1, Q8_0: the types with an x8 layout
+FILE_TYPES = [2, 3, 8, 12, 14]  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: the types with an x8 layout
 
 
 @pytest.mark.parametrize("code", FILE_TYPES)
 def test_layout_is_the_references_definition(gen, code):
-    w = random_rows(gen, code, 24, 96)
+    w = random_rows(gen, code, 24, 3 * BLOCK_TYPES[code][1])
     packed = repack_x8(w, code)
     assert packed.shape == w.shape and not torch.equal(packed, w)
     assert torch.equal(reference.x8_file_rows(packed, code + 100), w)
@@ -36,7 +36,7 @@ def test_layout_is_the_references_definition(gen, code):
 @pytest.mark.parametrize("code", FILE_TYPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_equals_the_file_layout_bitwise(isa, gen, code, dtype):
-    for K in (32, 576):
+    for K in (32, 576) if BLOCK_TYPES[code][1] == 32 else (256, 768):
         w = random_rows(gen, code, 40, K)
         w8 = repack_x8(w, code)
         for M in (1, 2, 5, 9):
@@ -61,7 +61,7 @@ def test_linear_threads_and_opcheck(gen, threads):
 
 
 def x8_weights(weights, flat):
-    """decoder_case's weights with each Q4_0 / Q4_1 / Q8_0 matrix repacked (its type + 100)."""
+    """decoder_case's weights with each matrix that has an x8 layout repacked (its type + 100)."""
     mats = iter(range(len(flat)))
     out, types = [], []
     for i, w in enumerate(weights):
@@ -75,9 +75,10 @@ def x8_weights(weights, flat):
     return out, types
 
 
-@pytest.mark.parametrize("types", [[[3, 3, 3, 3], [8, 2, 3, 8]], [[12, 3, 14, 8]]])
+@pytest.mark.parametrize("types", [[[3, 3, 3, 3], [8, 2, 3, 8]], [[12, 3, 14, 8]], [[6, 12, 8, 14]]])
 def test_decoder_layers_equal_the_file_layout_bitwise(isa, gen, types):
-    H, Hq, Hkv, D, I = (64, 4, 2, 16, 96) if types[0][0] != 12 else (256, 8, 2, 32, 256)
+    small = all(BLOCK_TYPES[t][1] == 32 for t in types[0])
+    H, Hq, Hkv, D, I = (64, 4, 2, 16, 96) if small else (256, 8, 2, 32, 256)
     args, flat = decoder_case(gen, H, Hq, Hkv, D, I, types, torch.bfloat16, [3, 7], 4)
     w8, flat8 = x8_weights(args[6], flat)
     assert any(t in X8_TYPES for t in flat8)
@@ -127,4 +128,9 @@ def test_bad_x8_shapes_raise_clear_errors(gen):
     with pytest.raises(ValueError, match="a Q4_1_X8 matrix is contiguous groups of 8 rows, got 12 rows"):
         QuantTensor(w8[:12], 103)
     assert not can_x8(QuantTensor(random_rows(gen, 3, 12, 64), 3))  # 12 rows: no whole groups
-    assert not can_x8(QuantTensor(random_rows(gen, 14, 16, 256), 14))  # Q6_K: no x8 layout
+    assert not can_x8(QuantTensor(random_rows(gen, 6, 16, 64), 6))  # Q5_0: no x8 layout (widened to Q8_0)
+    k8 = repack_x8(random_rows(gen, 12, 16, 256), 12)
+    with pytest.raises(RuntimeError, match="a Q4_K_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8"):
+        torch.ops.mtp.linear(torch.randn(2, 256, generator=gen), k8[:4], gguf_type=112)
+    with pytest.raises(RuntimeError, match="K = 128 is not a multiple of Q6_K_X8's blocks of 256 elements"):
+        torch.ops.mtp.linear(torch.randn(2, 128, generator=gen), torch.zeros(8, 105, dtype=torch.uint8), gguf_type=114)

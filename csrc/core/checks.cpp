@@ -28,7 +28,9 @@ const char* dtype_name(int32_t dtype) {
     case MTP_Q6_K:
     case MTP_Q4_0_X8:
     case MTP_Q4_1_X8:
-    case MTP_Q8_0_X8: return block_type_name(DType(dtype));
+    case MTP_Q8_0_X8:
+    case MTP_Q4_K_X8:
+    case MTP_Q6_K_X8: return block_type_name(DType(dtype));
     default: return "unknown";
   }
 }

@@ -24,7 +24,8 @@ static_assert(int(MTP_Q4_0) == int(mtp::DType::Q4_0) && int(MTP_Q4_1) == int(mtp
                   int(MTP_Q4_K) == int(mtp::DType::Q4_K) && int(MTP_Q6_K) == int(mtp::DType::Q6_K),
               "mtp_dtype block values must equal mtp::DType (100 + the GGML type number)");
 static_assert(int(MTP_Q4_0_X8) == int(mtp::DType::Q4_0_X8) && int(MTP_Q4_1_X8) == int(mtp::DType::Q4_1_X8) &&
-                  int(MTP_Q8_0_X8) == int(mtp::DType::Q8_0_X8),
+                  int(MTP_Q8_0_X8) == int(mtp::DType::Q8_0_X8) && int(MTP_Q4_K_X8) == int(mtp::DType::Q4_K_X8) &&
+                  int(MTP_Q6_K_X8) == int(mtp::DType::Q6_K_X8),
               "mtp_dtype x8 values must equal mtp::DType (100 + the file type's value)");
 
 namespace mtp::capi {
@@ -145,13 +146,13 @@ void scatter4(const char* src, const mtp_tensor* dst, int64_t es) {
 // Of a decoder pass: the activations, and the matrices (float, int8 with Q8 scales, or GGUF
 // block types in the file's or the x8 layout).
 constexpr std::initializer_list<mtp_dtype> kActivationTypes = {MTP_FLOAT32, MTP_BFLOAT16};
-constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,    MTP_Q4_0,
-                                                           MTP_Q4_1,    MTP_Q5_0,     MTP_Q8_0,    MTP_Q4_K,
-                                                           MTP_Q6_K,    MTP_Q4_0_X8,  MTP_Q4_1_X8, MTP_Q8_0_X8};
+constexpr std::initializer_list<mtp_dtype> kMatrixTypes = {
+    MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,    MTP_Q4_0,    MTP_Q4_1,    MTP_Q5_0,    MTP_Q8_0,
+    MTP_Q4_K,    MTP_Q6_K,     MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8, MTP_Q4_K_X8, MTP_Q6_K_X8};
 // mtp_linear's weights: float, or GGUF block types (int8: mtp_linear_q8).
-constexpr std::initializer_list<mtp_dtype> kLinearWeightTypes = {MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_Q4_0,
-                                                                 MTP_Q4_1,    MTP_Q5_0,     MTP_Q8_0,    MTP_Q4_K,
-                                                                 MTP_Q6_K,    MTP_Q4_0_X8,  MTP_Q4_1_X8, MTP_Q8_0_X8};
+constexpr std::initializer_list<mtp_dtype> kLinearWeightTypes = {
+    MTP_FLOAT32, MTP_BFLOAT16, MTP_FLOAT16, MTP_Q4_0,    MTP_Q4_1,    MTP_Q5_0,    MTP_Q8_0,
+    MTP_Q4_K,    MTP_Q6_K,     MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8, MTP_Q4_K_X8, MTP_Q6_K_X8};
 
 // Copies the [n0, n1, n2] view at src (element strides ss) to dst (element strides ds).
 void copy3(const char* src, const int64_t* ss, char* dst, const int64_t* ds, const int64_t* n, int64_t es) {
@@ -1240,12 +1241,13 @@ mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const
 mtp_status mtp_gguf_repack_x8(int32_t dtype, const void* src, int64_t rows, int64_t cols, void* dst) {
   return guarded("mtp_gguf_repack_x8", [&](Checker& c) {
     const DType t = DType(dtype);
-    if (dtype != MTP_Q4_0 && dtype != MTP_Q4_1 && dtype != MTP_Q8_0)
+    if (!is_block_dtype(dtype) || is_x8(t) || x8_of(t) == t)
       return fail_with(c, MTP_ERROR_UNSUPPORTED_DTYPE,
-                       "dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0, got ",
+                       "dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0 or Q4_K or "
+                       "Q6_K, got ",
                        dtype_name(dtype), " (dtype value ", dtype, ")",
                        is_x8(t)                ? ": already the x8 layout"
-                       : is_block_dtype(dtype) ? ": a K-quant, no x8 layout"
+                       : is_block_dtype(dtype) ? ": no x8 layout"
                                                : "");
     if (rows < 0 || rows % kX8Rows != 0)
       return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "rows must be >= 0 and a multiple of 8 (the x8 layout ",

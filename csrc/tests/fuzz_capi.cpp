@@ -347,10 +347,11 @@ void one_call(Input& in) {
     case 5:
     case 6:
     case 7: {  // linear: float, GGUF block, Q8 (and Q8 with int8 activations)
-      static const int32_t kBlocks[] = {MTP_Q4_0, MTP_Q4_1,    MTP_Q5_0,    MTP_Q8_0,   MTP_Q4_K,
-                                        MTP_Q6_K, MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8};
-      const int32_t wdt = fn == 5 ? (in.u8() & 1 ? fdt : kBlocks[in.u8() % 8]) : MTP_INT8;
-      const int64_t M = c.dim(), N = c.dim(), Kx = wdt == MTP_Q4_K || wdt == MTP_Q6_K ? 256 : 32 * c.dim();
+      static const int32_t kBlocks[] = {MTP_Q4_0,    MTP_Q4_1,    MTP_Q5_0,    MTP_Q8_0,    MTP_Q4_K,   MTP_Q6_K,
+                                        MTP_Q4_0_X8, MTP_Q4_1_X8, MTP_Q8_0_X8, MTP_Q4_K_X8, MTP_Q6_K_X8};
+      const int32_t wdt = fn == 5 ? (in.u8() & 1 ? fdt : kBlocks[in.u8() % 11]) : MTP_INT8;
+      const bool k_quant = wdt == MTP_Q4_K || wdt == MTP_Q6_K || wdt == MTP_Q4_K_X8 || wdt == MTP_Q6_K_X8;
+      const int64_t M = c.dim(), N = c.dim(), Kx = k_quant ? 256 : 32 * c.dim();
       const int32_t xdt = fdt == MTP_FLOAT16 && wdt >= MTP_Q4_0 ? MTP_FLOAT32 : fdt;
       auto *x = c.tensor({M, Kx}, xdt), *w = c.tensor({N, Kx}, wdt),
            *sc = c.tensor({N, (Kx + 31) / 32}, MTP_FLOAT32, I), *b = in.u8() & 1 ? c.tensor({N}, xdt) : nullptr,
@@ -421,17 +422,23 @@ void one_call(Input& in) {
       break;
     }
     case 12: {  // mtp_gguf_repack_x8: file rows -> x8; hostile sizes only where their bytes overflow
-      static const int32_t kTypes[] = {MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K, MTP_Q4_0_X8, MTP_FLOAT32, -1};
-      const int32_t dtype = in.u8() < 200 ? kTypes[in.u8() % 3] : kTypes[in.u8() % 7];
+      static const int32_t kTypes[] = {MTP_Q4_0, MTP_Q4_1,    MTP_Q8_0,    MTP_Q4_K, MTP_Q6_K,
+                                       MTP_Q5_0, MTP_Q4_0_X8, MTP_FLOAT32, -1};
+      const int32_t dtype = in.u8() < 200 ? kTypes[in.u8() % 5] : kTypes[in.u8() % 9];
+      const int64_t elems = dtype == MTP_Q4_K || dtype == MTP_Q6_K ? 256 : 32;
       static const int64_t kRows[] = {-8, 7, int64_t(1) << 62, std::numeric_limits<int64_t>::max() - 7};
       static const int64_t kCols[] = {31, -32, int64_t(1) << 62, std::numeric_limits<int64_t>::max() - 31};
       const bool odd_rows = in.u8() < 20, odd_cols = in.u8() < 20;
       const int64_t rows = odd_rows ? kRows[in.u8() % 4] : 8 * (in.u8() % 9),
-                    cols = odd_cols ? kCols[in.u8() % 4] : 32 * (in.u8() % 9);
-      const int64_t block = dtype == MTP_Q4_0 ? 18 : dtype == MTP_Q4_1 ? 20 : 34;
+                    cols = odd_cols ? kCols[in.u8() % 4] : elems * (in.u8() % 9);
+      const int64_t block = dtype == MTP_Q4_0   ? 18
+                            : dtype == MTP_Q4_1 ? 20
+                            : dtype == MTP_Q4_K ? 144
+                            : dtype == MTP_Q6_K ? 210
+                                                : 34;
       // the caller owns rows * row bytes when both are ordinary; else a small buffer (the call
       // must refuse, or touch nothing: 0 bytes)
-      const int64_t n = odd_rows || odd_cols ? 64 : rows * (cols / 32) * block;
+      const int64_t n = odd_rows || odd_cols ? 64 : rows * (cols / elems) * block;
       uint8_t* src = c.bytes(n);
       const uint8_t mode = in.u8();
       uint8_t* dst = mode < 200 ? c.bytes(n) : mode < 215 ? src : mode < 230 ? src + (n > 1 ? 1 : 0) : nullptr;

@@ -149,11 +149,17 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
   // the x8 layout: the file layout's generic bits, whole groups split between calls
   for (mtp::DType t8 : mtp::kX8Types) {
     const mtp::DType t = mtp::file_type(t8);
-    for (int64_t K : {32, 96})
+    const int64_t e = mtp::block_elems(t);
+    for (int64_t K : {e, 3 * e})
       for (int64_t M : {1, 2, 3, 4, 5, 9}) {
         Case c(t, M, 40, K);
         if (t == mtp::DType::Q8_0 && M == 9)  // the largest lanes: -128 x -127
           for (size_t o = 0; o < c.w.size(); o += 34) std::memset(&c.w[o + 2], 0x80, 32);
+        if (t == mtp::DType::Q6_K && M == 9) {  // -32 x -127 times the multiplier -128
+          for (int64_t i = 0; i < int64_t(c.x.size()); ++i) c.x[size_t(i)] = i % K < K / 2 ? -1.5f : 2.f;
+          for (size_t o = 0; o < c.w.size(); o += 210)
+            std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
+        }
         mtp::QuantRows xq;
         mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
         std::vector<float> want, got;
@@ -168,7 +174,7 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
         ++checked;
       }
     // a row map (gathered groups, a partial last group) gives the file layout's bits
-    Case c(t, 3, 40, 96);
+    Case c(t, 3, 40, 3 * e);
     const std::vector<uint8_t> w8 = x8_bytes(c);
     const int64_t rows[] = {39, 0, 7, 7, 20, 33, 8, 15, 16, 1, 2};
     mtp::QuantRows xq;
@@ -265,7 +271,8 @@ void test_gguf() {
   // its rows dequantize to the file rows' values
   for (mtp::DType t8 : mtp::kX8Types) {
     const mtp::DType t = mtp::file_type(t8);
-    Case c(t, 5, 48, 576);
+    const int64_t K = mtp::block_elems(t) == 256 ? 768 : 576;
+    Case c(t, 5, 48, K);
     const std::vector<uint8_t> w8 = x8_bytes(c);
     std::vector<float> want, got;
     run(c.args(want, true), mtp::Isa::Generic);
@@ -286,10 +293,10 @@ void test_gguf() {
       for (size_t i = 0; i < rows.size(); ++i)
         EXPECT(std::memcmp(&sub[m * r.N + i], &want[size_t(m * c.N + rows[i])], 4) == 0, "%s w_rows",
                mtp::block_type_name(t8));
-    std::vector<float> d8(576), d(576);
+    std::vector<float> d8(static_cast<size_t>(K)), d(static_cast<size_t>(K));
     for (int64_t n : {0, 7, 8, 47}) {
-      mtp::dequantize_row(t, c.w.data(), mtp::block_row_bytes(t, 576), n, 576, d.data());
-      mtp::dequantize_row(t8, w8.data(), mtp::block_row_bytes(t, 576), n, 576, d8.data());
+      mtp::dequantize_row(t, c.w.data(), mtp::block_row_bytes(t, K), n, K, d.data());
+      mtp::dequantize_row(t8, w8.data(), mtp::block_row_bytes(t, K), n, K, d8.data());
       EXPECT(same_bits(d, d8), "%s row %lld dequantizes differently", mtp::block_type_name(t8), (long long)n);
     }
     ++checked;

@@ -719,14 +719,16 @@ void test_gguf_capi_errors() {
   }
 
   // mtp_gguf_repack_x8
-  BAD_CALL(RepackCall, c.dtype = MTP_Q4_K, DTYPE,
-           "mtp_gguf_repack_x8: dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0, "
-           "got Q4_K (dtype value 112): a K-quant, no x8 layout");
-  BAD_CALL(RepackCall, c.dtype = MTP_Q6_K, DTYPE, "got Q6_K (dtype value 114): a K-quant, no x8 layout");
+  BAD_CALL(RepackCall, c.dtype = MTP_Q5_0, DTYPE,
+           "mtp_gguf_repack_x8: dtype must be the file's type of a matrix with an x8 layout: Q4_0 or Q4_1 or Q8_0 or "
+           "Q4_K or Q6_K, got Q5_0 (dtype value 106): no x8 layout");
+  BAD_CALL(RepackCall, c.dtype = MTP_Q6_K_X8, DTYPE, "got Q6_K_X8 (dtype value 214): already the x8 layout");
   BAD_CALL(RepackCall, c.dtype = MTP_Q4_0_X8, DTYPE,
-           "Q4_0 or Q4_1 or Q8_0, got Q4_0_X8 (dtype value 202): already the x8 layout");
-  BAD_CALL(RepackCall, c.dtype = MTP_FLOAT32, DTYPE, "Q4_0 or Q4_1 or Q8_0, got float32 (dtype value 0)");
-  BAD_CALL(RepackCall, c.dtype = 104, DTYPE, "Q4_0 or Q4_1 or Q8_0, got unknown (dtype value 104)");
+           "Q4_K or Q6_K, got Q4_0_X8 (dtype value 202): already the x8 layout");
+  BAD_CALL(RepackCall, c.dtype = MTP_FLOAT32, DTYPE, "Q4_K or Q6_K, got float32 (dtype value 0)");
+  BAD_CALL(RepackCall, c.dtype = 104, DTYPE, "Q4_K or Q6_K, got unknown (dtype value 104)");
+  BAD_CALL(RepackCall, (c.dtype = MTP_Q4_K, c.cols = 64), INVALID,
+           "cols must be >= 0 and a multiple of Q4_K's blocks of 256 elements, got 64");
   BAD_CALL(RepackCall, c.dtype = -1, DTYPE, "got unknown (dtype value -1)");
   BAD_CALL(RepackCall, c.rows = 12, INVALID,
            "mtp_gguf_repack_x8: rows must be >= 0 and a multiple of 8 (the x8 layout interleaves groups of 8 rows), "
@@ -777,8 +779,8 @@ void test_gguf_capi_errors() {
   BAD_CALL(LinearCall, c.w.data = nullptr, MTP_ERROR_NULL_POINTER, "mtp_linear: weight.data is NULL");
   BAD_CALL(LinearCall, c.w.dtype = 107, DTYPE,
            "weight must be float32 or bfloat16 or float16 or Q4_0 or Q4_1 or Q5_0 or Q8_0 or Q4_K or Q6_K or Q4_0_X8 "
-           "or Q4_1_X8 or Q8_0_X8, got unknown (dtype value 107)");
-  BAD_CALL(LinearCall, c.w.dtype = 204, DTYPE, "Q8_0_X8, got unknown (dtype value 204)");
+           "or Q4_1_X8 or Q8_0_X8 or Q4_K_X8 or Q6_K_X8, got unknown (dtype value 107)");
+  BAD_CALL(LinearCall, c.w.dtype = 204, DTYPE, "Q6_K_X8, got unknown (dtype value 204)");
   BAD_CALL(LinearCall, c.w.dtype = 104, DTYPE, "got unknown (dtype value 104)");
   BAD_CALL(LinearCall, c.w.sizes[1] = 32, INVALID, "weight.sizes[1] must equal K (x.sizes[1]) = 64");
   BAD_CALL(LinearCall, c.w.ndim = 3, INVALID, "weight must be 2-D [N, K]");
@@ -828,7 +830,8 @@ void test_gguf_capi_errors() {
              needle("weights[0] (layer 0's input_norm) must be float32, got Q4_1"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[1].dtype = 109), DTYPE,
              needle("weights[1] (layer 0's qkv) must be float32 or bfloat16 or int8 or Q4_0 or Q4_1 or Q5_0 or Q8_0 "
-                    "or Q4_K or Q6_K or Q4_0_X8 or Q4_1_X8 or Q8_0_X8, got unknown (dtype value 109)"));
+                    "or Q4_K or Q6_K or Q4_0_X8 or Q4_1_X8 or Q8_0_X8 or Q4_K_X8 or Q6_K_X8, got unknown (dtype value "
+                    "109)"));
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.w[5].dtype = MTP_Q4_1_X8, c.w[5].strides[0] = 64), INVALID,
              needle("weights[5] (layer 0's down_proj): a Q4_1_X8 matrix must be contiguous (rows 60 bytes apart), "
                     "got strides [64, 1]"));

@@ -33,7 +33,7 @@ namespace mtp {
 // I8: int8, the weights of the linear layer only (Q8 blocks, see linear_args.h); with_dtype and
 // load_f32 cover the three float types, which every other kernel takes. Q4_0 .. Q6_K: GGUF
 // block-quantized weights as stored in the file (gguf.h), 100 + their GGML type number; their
-// strides count bytes (dtype_size 1). Q4_0_X8 .. Q8_0_X8: the same blocks, 8 rows interleaved
+// strides count bytes (dtype_size 1). Q4_0_X8 .. Q6_K_X8: the same blocks, 8 rows interleaved
 // (gguf.h's x8 layout), 200 + the GGML type number.
 enum class DType : int32_t {
   F32 = 0,
@@ -48,7 +48,9 @@ enum class DType : int32_t {
   Q6_K = 114,
   Q4_0_X8 = 202,
   Q4_1_X8 = 203,
-  Q8_0_X8 = 208
+  Q8_0_X8 = 208,
+  Q4_K_X8 = 212,
+  Q6_K_X8 = 214
 };
 
 MTP_HOST_DEVICE inline int64_t dtype_size(DType t) {

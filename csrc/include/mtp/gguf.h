@@ -15,13 +15,21 @@
 // m_b (0 without one), integer values q and an integer multiplier per half-block (Q6_K's
 // scales, 1 elsewhere): element = d_b * (mul * q) + m_b. All of these are exact in fp32.
 //
-// The x8 layout (Q4_0_X8, Q4_1_X8, Q8_0_X8): the same bytes, 8 rows interleaved so that one
-// vector of 8 int32 lanes holds 8 columns' block sums (x86 VPDPBUSD, NEON SDOT: 4 bytes per
-// lane). N is a multiple of 8; rows 8g..8g+7 form group g (8 * row_bytes bytes, groups
-// contiguous); in a group, block b is 8 * block_bytes bytes at 8 * block_bytes * b:
-//   fp16 d[8] (row 8g + c at 2c), Q4_1: fp16 m[8], then chunks j of 32 bytes, the 4 bytes of
-//   row c at 4c: Q4 chunk j = 0..3 holds bytes 4j..4j+3 of the row's 16 nibble bytes (low
-//   nibbles elements 4j.., high 16 + 4j..), Q8_0 chunk j = 0..7 its elements 4j..4j+3.
+// The x8 layout (Q4_0_X8, Q4_1_X8, Q8_0_X8, Q4_K_X8, Q6_K_X8): the same bytes, 8 rows
+// interleaved so that one vector of 8 int32 lanes holds 8 columns' block sums (x86 VPDPBUSD,
+// NEON SDOT: 4 bytes per lane). N is a multiple of 8; rows 8g..8g+7 form group g (8 *
+// row_bytes bytes, groups contiguous); in a group, stored block b (32 elements, K-quants 256)
+// is 8 * block_bytes bytes at 8 * block_bytes * b. x8_fields cuts a file block into its fields
+// in the file's order, each a run of equal pieces; the x8 block holds field after field, and
+// in a field piece k of the 8 rows in turn (row c's at (8k + c) * piece bytes):
+//   Q4_0 / Q4_1 / Q8_0: fp16 d[8] (row c at 2c), Q4_1: fp16 m[8], then chunks of 4 value
+//     bytes, row c's at 4c of a 32-byte chunk: Q4 chunk j = 0..3 holds bytes 4j..4j+3 of the
+//     row's 16 nibble bytes (low nibbles elements 4j.., high 16 + 4j..), Q8_0 chunk j = 0..7
+//     its elements 4j..4j+3;
+//   Q4_K: d[8], dmin[8], the 12 scale bytes one byte at a time (byte i of the 8 rows at 8i:
+//     one 8-byte load holds a sub-block's 8 scales), then the 128 nibble bytes in 32 chunks;
+//   Q6_K: the 128 low-nibble bytes in 32 chunks, the 64 high-bit bytes in 16, the 16 int8
+//     scales one byte at a time, d[8].
 // repack_x8 writes it (the loader does, in place: the same bytes in a new order).
 //
 // The product (linear.h with a block-type weight) quantizes each activation row to int8 in
@@ -48,14 +56,20 @@
 namespace mtp {
 
 constexpr DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q6_K};
-constexpr DType kX8Types[] = {DType::Q4_0_X8, DType::Q4_1_X8, DType::Q8_0_X8};
+constexpr DType kX8Types[] = {DType::Q4_0_X8, DType::Q4_1_X8, DType::Q8_0_X8, DType::Q4_K_X8, DType::Q6_K_X8};
 
-constexpr bool is_x8(DType t) { return t == DType::Q4_0_X8 || t == DType::Q4_1_X8 || t == DType::Q8_0_X8; }
+constexpr bool is_x8(DType t) {
+  return t == DType::Q4_0_X8 || t == DType::Q4_1_X8 || t == DType::Q8_0_X8 || t == DType::Q4_K_X8 ||
+         t == DType::Q6_K_X8;
+}
 // The file's block type of a layout (x8 -> its blocks' type; any other type itself).
 constexpr DType file_type(DType t) { return is_x8(t) ? DType(int32_t(t) - 100) : t; }
-// The x8 layout of a file type, or the type itself where it has none.
+// The x8 layout of a file type, or the type itself where it has none (Q5_0: the backbone
+// widens it to Q8_0).
 constexpr DType x8_of(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 ? DType(int32_t(t) + 100) : t;
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K
+             ? DType(int32_t(t) + 100)
+             : t;
 }
 constexpr int64_t kX8Rows = 8;
 
@@ -70,6 +84,8 @@ inline const char* block_type_name(DType t) {
     case DType::Q4_0_X8: return "Q4_0_X8";
     case DType::Q4_1_X8: return "Q4_1_X8";
     case DType::Q8_0_X8: return "Q8_0_X8";
+    case DType::Q4_K_X8: return "Q4_K_X8";
+    case DType::Q6_K_X8: return "Q6_K_X8";
     default: return "not a block type";
   }
 }
@@ -88,9 +104,10 @@ constexpr int64_t block_bytes(DType t) {
 }
 constexpr bool is_block_type(DType t) { return block_bytes(t) > 0; }
 constexpr int64_t block_elems(DType t) {
-  return t == DType::Q4_K || t == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
+  return file_type(t) == DType::Q4_K || file_type(t) == DType::Q6_K ? 256 : is_block_type(t) ? 32 : 0;
 }
-constexpr bool block_has_offset(DType t) { return file_type(t) == DType::Q4_1 || t == DType::Q4_K; }
+constexpr int64_t kMaxBlockBytes = 210;  // Q6_K's
+constexpr bool block_has_offset(DType t) { return file_type(t) == DType::Q4_1 || file_type(t) == DType::Q4_K; }
 // Bytes of a row of K elements (K a multiple of block_elems(t)).
 constexpr int64_t block_row_bytes(DType t, int64_t K) { return K / block_elems(t) * block_bytes(t); }
 
@@ -194,46 +211,70 @@ inline void block_values(DType t, const uint8_t* row, int64_t b, int8_t* q) {
 
 // ---- the x8 layout (above) ------------------------------------------------------------------
 
-// Bytes of an x8 block before its value chunks: the 8 scales (and Q4_1's 8 offsets).
-constexpr int64_t x8_head_bytes(DType t) { return file_type(t) == DType::Q4_1 ? 32 : 16; }
-// Bytes of a file block before its values (Q4: 16 bytes of nibbles, Q8_0: 32 int8).
-constexpr int64_t file_head_bytes(DType t) { return file_type(t) == DType::Q4_1 ? 4 : 2; }
-// Chunks of 4 value bytes per row in an x8 block.
-constexpr int64_t x8_chunks(DType t) { return file_type(t) == DType::Q8_0 ? 8 : 4; }
+constexpr int64_t kFileBlock = -1;  // copy_block_lane's lane of a file block
 
-// Where one row's part of a block lies: its fp16 scale, Q4_1's fp16 offset, and value chunk j
-// (4 bytes) at chunk + chunk_step * j. A file block holds one row; an x8 block row c's lane.
-struct BlockLane {
-  int64_t d, m, chunk, chunk_step;
+// A file block's fields in the file's order, each `count` pieces of `bytes` (the header above).
+struct X8Field {
+  int64_t bytes, count;
 };
-constexpr BlockLane file_lane(DType t) { return {0, 2, file_head_bytes(t), 4}; }
-constexpr BlockLane x8_lane(DType t, int64_t c) { return {2 * c, 16 + 2 * c, x8_head_bytes(t) + 4 * c, 32}; }
-
-// One row's block from src (at lane s) to dst (at lane d): the one copy behind repack_x8,
-// x8_block and x8_gather.
-inline void copy_block_lane(DType t, const uint8_t* src, BlockLane s, uint8_t* dst, BlockLane d) {
-  std::memcpy(dst + d.d, src + s.d, 2);
-  if (file_type(t) == DType::Q4_1) std::memcpy(dst + d.m, src + s.m, 2);
-  for (int64_t j = 0; j < x8_chunks(t); ++j)
-    std::memcpy(dst + d.chunk + d.chunk_step * j, src + s.chunk + s.chunk_step * j, 4);
+struct X8Fields {
+  X8Field f[4];
+  int n;
+};
+constexpr X8Fields x8_fields(DType t) {
+  switch (file_type(t)) {
+    case DType::Q4_0: return {{{2, 1}, {4, 4}}, 2};
+    case DType::Q4_1: return {{{2, 1}, {2, 1}, {4, 4}}, 3};
+    case DType::Q8_0: return {{{2, 1}, {4, 8}}, 2};
+    case DType::Q4_K: return {{{2, 1}, {2, 1}, {1, 12}, {4, 32}}, 4};
+    case DType::Q6_K: return {{{4, 32}, {4, 16}, {1, 16}, {2, 1}}, 4};
+    default: return {{}, 0};
+  }
 }
+// Where field i starts in an x8 block (8 rows' worth of the fields before it).
+constexpr int64_t x8_field_at(DType t, int i) {
+  int64_t at = 0;
+  for (int j = 0; j < i; ++j) at += kX8Rows * x8_fields(t).f[j].bytes * x8_fields(t).f[j].count;
+  return at;
+}
+// Of the 32-element types: the x8 block's value chunks (after the 8 scales, Q4_1's 8 offsets).
+constexpr int64_t x8_head_bytes(DType t) { return x8_field_at(t, x8_fields(t).n - 1); }
+constexpr int64_t x8_chunks(DType t) { return x8_fields(t).f[x8_fields(t).n - 1].count; }
 
+// Every piece of one row's block: f(offset in the file block, offset in the x8 block as row c,
+// bytes).
+template <class F>
+inline void for_each_piece(DType t, int64_t c, F&& f) {
+  const X8Fields fs = x8_fields(t);
+  int64_t at = 0;
+  for (int i = 0; i < fs.n; ++i) {
+    const X8Field p = fs.f[i];
+    for (int64_t k = 0; k < p.count; ++k) f(at + k * p.bytes, kX8Rows * at + (kX8Rows * k + c) * p.bytes, p.bytes);
+    at += p.bytes * p.count;
+  }
+}
+// One row's block from lane cs of an x8 block (or, cs = kFileBlock, a file block) to lane cd (or
+// a file block): the one copy behind repack_x8, x8_block and x8_gather.
+inline void copy_block_lane(DType t, const uint8_t* src, int64_t cs, uint8_t* dst, int64_t cd) {
+  for_each_piece(t, 0, [&](int64_t file, int64_t x8, int64_t bytes) {  // x8: row 0's; row c's c * bytes on
+    std::memcpy(dst + (cd < 0 ? file : x8 + cd * bytes), src + (cs < 0 ? file : x8 + cs * bytes), size_t(bytes));
+  });
+}
 // Row 8g + c of file type t's rows (rows src_stride bytes apart) into the x8 layout at dst
 // (N a multiple of 8, K of 32; dst holds N * row_bytes bytes and does not overlap src).
 inline void repack_x8(DType t, const uint8_t* src, int64_t src_stride, int64_t N, int64_t K, uint8_t* dst) {
-  const int64_t bb = block_bytes(t), nb = K / 32;
+  const int64_t bb = block_bytes(t), nb = K / block_elems(t);
   for (int64_t n = 0; n < N; ++n) {
     uint8_t* group = dst + n / kX8Rows * kX8Rows * nb * bb;
     for (int64_t b = 0; b < nb; ++b)
-      copy_block_lane(t, src + n * src_stride + b * bb, file_lane(t), group + b * kX8Rows * bb,
-                      x8_lane(t, n % kX8Rows));
+      copy_block_lane(t, src + n * src_stride + b * bb, kFileBlock, group + b * kX8Rows * bb, n % kX8Rows);
   }
 }
 
-// Block b of row c (0..7) of an x8 group, copied back into the file's block layout (out:
-// block_bytes bytes); repack_x8's inverse for one block.
+// Stored block b of row c (0..7) of an x8 group, copied back into the file's block layout
+// (out: block_bytes bytes); repack_x8's inverse for one block.
 inline void x8_block(DType t, const uint8_t* group, int64_t c, int64_t b, uint8_t* out) {
-  copy_block_lane(t, group + b * kX8Rows * block_bytes(t), x8_lane(t, c), out, file_lane(t));
+  copy_block_lane(t, group + b * kX8Rows * block_bytes(t), c, out, kFileBlock);
 }
 
 // Rows rows[n + c] (c = 0..7; past n1 the last row repeats: computed, then dropped) of an x8
@@ -244,8 +285,8 @@ inline void x8_gather(DType t, const uint8_t* w, int64_t stride, int64_t K, cons
   for (int64_t c = 0; c < kX8Rows; ++c) {
     const int64_t row = rows[std::min(n + c, n1 - 1)];
     const uint8_t* group = w + row / kX8Rows * kX8Rows * stride;
-    for (int64_t b = 0; b < K / 32; ++b)
-      copy_block_lane(t, group + b * kX8Rows * bb, x8_lane(t, row % kX8Rows), dst + b * kX8Rows * bb, x8_lane(t, c));
+    for (int64_t b = 0; b < K / block_elems(t); ++b)
+      copy_block_lane(t, group + b * kX8Rows * bb, row % kX8Rows, dst + b * kX8Rows * bb, c);
   }
 }
 
@@ -261,25 +302,27 @@ const uint8_t* x8_columns(const Args& a, int64_t n, int64_t n1, std::vector<uint
   return buf.data();
 }
 
-// Block b of weight row n of a matrix at w (rows `stride` bytes apart; x8: groups of 8 rows
-// 8 * stride apart) in the file's layout: its type, row and block index for block_params /
-// block_values; an x8 block is copied out into buf.
+// Block b (of 32 elements) of weight row n of a matrix at w (rows `stride` bytes apart; x8:
+// groups of 8 rows 8 * stride apart) in the file's layout: its type, row and block index for
+// block_params / block_values; an x8 block (a K-quant's: its superblock) is copied out into buf.
 struct RowBlock {
   DType t;
   const uint8_t* row;
   int64_t b;
 };
-inline RowBlock row_block(DType t, const uint8_t* w, int64_t stride, int64_t n, int64_t b, uint8_t (&buf)[34]) {
+inline RowBlock row_block(DType t, const uint8_t* w, int64_t stride, int64_t n, int64_t b,
+                          uint8_t (&buf)[kMaxBlockBytes]) {
   if (!is_x8(t)) return {t, w + n * stride, b};
-  x8_block(t, w + n / kX8Rows * kX8Rows * stride, n % kX8Rows, b, buf);
-  return {file_type(t), buf, 0};
+  const int64_t per = block_elems(t) / 32;  // blocks of 32 per stored block
+  x8_block(t, w + n / kX8Rows * kX8Rows * stride, n % kX8Rows, b / per, buf);
+  return {file_type(t), buf, b % per};
 }
 
 // Weight row n dequantized to fp32 (K elements): d_b * (mul * q) + m_b, the product exact, one
 // rounding; bitwise what the `gguf` package's dequantizer gives.
 inline void dequantize_row(DType t, const uint8_t* w, int64_t stride, int64_t n, int64_t K, float* out) {
   int8_t q[32];
-  uint8_t buf[34];
+  uint8_t buf[kMaxBlockBytes];
   for (int64_t b = 0; b < K / 32; ++b) {
     const RowBlock rb = row_block(t, w, stride, n, b, buf);
     const Block32 p = block_params(rb.t, rb.row, rb.b);
@@ -378,7 +421,7 @@ void gguf_linear(const Args& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   const bool offset = block_has_offset(a.w_dtype);
   const uint8_t* w = static_cast<const uint8_t*>(a.w);
   int8_t q[32];
-  uint8_t buf[34];
+  uint8_t buf[kMaxBlockBytes];
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < a.M; ++m) {
       const int8_t* x = xq.qrow(m);

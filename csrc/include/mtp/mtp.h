@@ -73,16 +73,18 @@ typedef enum mtp_dtype {
   MTP_Q8_0 = 108, /* 34 bytes per 32: fp16 d, 32 int8 */
   MTP_Q4_K = 112, /* 144 bytes per 256 */
   MTP_Q6_K = 114, /* 210 bytes per 256 */
-  /* The x8 layout of Q4_0, Q4_1, Q8_0 (mtp/gguf.h): the same bytes as the file's rows in a new
-   * order, 8 rows interleaved (rows 8g..8g+7 take 8 x row bytes; in them block b holds the 8
-   * rows' scales, then their values in 4-byte lanes), so the SIMD kernels get 8 columns per
+  /* The x8 layout of Q4_0, Q4_1, Q8_0, Q4_K, Q6_K (mtp/gguf.h): the same bytes as the file's
+   * rows in a new order, 8 rows interleaved (rows 8g..8g+7 take 8 x row bytes; in them block b
+   * holds the 8 rows' scales, then their values in 4-byte lanes), so the SIMD kernels get 8 columns per
    * vector. Made from the file's rows by mtp_gguf_repack_x8. A weight view as above (sizes in
    * elements, strides {row bytes, 1}: mtp_gguf_matrix) with N a multiple of 8 and the rows
    * contiguous (strides[0] = the row's bytes exactly). The product's bits are exactly those of
-   * the file layout (the same weight given as MTP_Q4_0 / MTP_Q4_1 / MTP_Q8_0). */
+   * the file layout (the same weight given as MTP_Q4_0 / ... / MTP_Q6_K). */
   MTP_Q4_0_X8 = 202,
   MTP_Q4_1_X8 = 203,
-  MTP_Q8_0_X8 = 208
+  MTP_Q8_0_X8 = 208,
+  MTP_Q4_K_X8 = 212,
+  MTP_Q6_K_X8 = 214
 } mtp_dtype;
 
 #define MTP_MAX_DIMS 6
@@ -152,10 +154,12 @@ static inline mtp_tensor mtp_gguf_matrix(const void* data, mtp_dtype dtype, int6
       bytes = 34;
       break;
     case MTP_Q4_K:
+    case MTP_Q4_K_X8:
       elems = 256;
       bytes = 144;
       break;
     case MTP_Q6_K:
+    case MTP_Q6_K_X8:
       elems = 256;
       bytes = 210;
       break;
@@ -462,11 +466,12 @@ MTP_API mtp_status mtp_head_draft_alternatives(
  * bytes in a new order, 8 rows interleaved; a weight view of dst (mtp_gguf_matrix(dst,
  * MTP_Q4_0_X8, rows, cols) for MTP_Q4_0, ...) then gives mtp_linear, mtp_decoder_layers(_tree)
  * and mtp_head_draft(_alternatives) the bits of src's view of the file type, faster.
- *   dtype  MTP_Q4_0, MTP_Q4_1 or MTP_Q8_0 (an int32_t holding an mtp_dtype, as mtp_tensor's):
- *          src's type, the file's
- *   src    rows packed rows of cols elements of dtype (row bytes = cols / 32 * block bytes), as a
+ *   dtype  MTP_Q4_0, MTP_Q4_1, MTP_Q8_0, MTP_Q4_K or MTP_Q6_K (an int32_t holding an
+ *          mtp_dtype, as mtp_tensor's): src's type, the file's
+ *   src    rows packed rows of cols elements of dtype (row bytes = cols / block elements *
+ *          block bytes), as a
  *          .gguf file stores the tensor; read only
- *   rows   >= 0, a multiple of 8;  cols >= 0, a multiple of 32
+ *   rows   >= 0, a multiple of 8;  cols >= 0, a multiple of the block (32, K-quants 256)
  *   dst    output, rows * row bytes bytes, sharing no byte with src's rows * row bytes
  * src and dst may be NULL only when rows * row bytes is 0. Sizes whose byte count overflows
  * int64 are MTP_ERROR_INVALID_ARGUMENT; nothing is written on failure. */

@@ -286,7 +286,7 @@ inline void set_q8_weight(LinearArgs& a, const void* w, int64_t w_stride, const 
 // ---- GGUF block-type weights (gguf.h): uint8 [N, row bytes], read in place
 
 // The DType of a GGML type number: 2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K, and of the x8
-// layouts 102 Q4_0_X8, 103 Q4_1_X8, 108 Q8_0_X8 (false otherwise).
+// layouts 102 Q4_0_X8, 103 Q4_1_X8, 108 Q8_0_X8, 112 Q4_K_X8, 114 Q6_K_X8 (false otherwise).
 inline bool gguf_dtype(int64_t ggml_type, DType* out) {
   for (DType t : kBlockTypes)
     if (int64_t(t) - 100 == ggml_type) return *out = t, true;
@@ -295,8 +295,8 @@ inline bool gguf_dtype(int64_t ggml_type, DType* out) {
   return false;
 }
 constexpr const char* kGgufTypes =
-    "2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), 102 (Q4_0_X8), 103 (Q4_1_X8) or 108 "
-    "(Q8_0_X8)";
+    "2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K), 102 (Q4_0_X8), 103 (Q4_1_X8), 108 "
+    "(Q8_0_X8), 112 (Q4_K_X8) or 114 (Q6_K_X8)";
 inline std::string gguf_type_error(int64_t ggml_type) {
   DType t;
   if (gguf_dtype(ggml_type, &t)) return "";

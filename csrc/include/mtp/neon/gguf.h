@@ -283,6 +283,111 @@ inline void x8_tile(const uint8_t* group, const QuantRows& xq, int64_t m0, int64
     for (int h = 0; h < 2; ++h) y[r][h] = vaddq_f32(acc[r][h], accm[r][h]);
 }
 
+// ---- x8 layout of the K-quants (superblocks of 8 blocks of 32)
+
+// Chunk K of a K-quant block as two int8x16 (columns 0-3, 4-7), signed: Q4_K the nibbles at
+// ql shifted down by sl (vshl by a negative count); Q6_K those with qh's two bits (shifted by
+// sh) on top, minus 32. Its dot products go to the half-block sums I[r][K / 4]. A template
+// recursion as x8_chunks_from.
+template <DType T, bool kSdot, int R, int K>
+inline void x8k_chunks_from(const uint8_t* ql, const uint8_t* qh, int8x16_t sl, int8x16_t sh, const int8x16_t (*x)[2],
+                            int32x4_t (*I)[2][2]) {
+  int8x16_t w[2];
+  for (int h = 0; h < 2; ++h) {
+    uint8x16_t v = vandq_u8(vshlq_u8(vld1q_u8(ql + 32 * K + 16 * h), sl), vdupq_n_u8(0x0F));
+    if constexpr (T == DType::Q6_K) {
+      const uint8x16_t top = vandq_u8(vshlq_u8(vld1q_u8(qh + 32 * K + 16 * h), sh), vdupq_n_u8(3));
+      w[h] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v, vshlq_n_u8(top, 4))), vdupq_n_s8(32));
+    } else {
+      w[h] = vreinterpretq_s8_u8(v);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) I[r][K / 4][h] = x8_dot<kSdot, K % 4>(I[r][K / 4][h], w[h], x[r][K / 4]);
+  if constexpr (K + 1 < 8) x8k_chunks_from<T, kSdot, R, K + 1>(ql, qh, sl, sh, x, I);
+}
+
+// 8 bytes (one per column) as two uint32x4 (columns 0-3, 4-7).
+inline void bytes8_u32(const uint8_t* p, uint32x4_t* out) {
+  const uint16x8_t v = vmovl_u8(vld1_u8(p));
+  out[0] = vmovl_u16(vget_low_u16(v));
+  out[1] = vmovl_high_u16(v);
+}
+
+// x8_tile for Q4_K / Q6_K (x86/gguf.h: x8_tile_k): per block, the 8 columns' scales from the
+// x8 layout's per-byte scale rows, the chunks decoded once for the R rows; Q4_K d_b = d * sc_j,
+// m_b = -(dmin * m_j); Q6_K I = mul_0 * I_0 + mul_1 * I_1 over the half blocks (exact).
+template <DType T, bool kSdot, int R>
+inline void x8_tile_k(const uint8_t* group, const QuantRows& xq, int64_t m0, int64_t nb, float32x4_t (*y)[2]) {
+  constexpr int64_t gb = kX8Rows * block_bytes(T);
+  float32x4_t acc[R][2], accm[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = accm[r][0] = accm[r][1] = vdupq_n_f32(0.f);
+  for (int64_t s = 0; s < nb / 8; ++s) {
+    const uint8_t* sb = group + s * gb;
+    __builtin_prefetch(sb + gb);
+    float32x4_t dsb[2], dmin[2];
+    fp16x8(sb + (T == DType::Q4_K ? 0 : x8_field_at(T, 3)), dsb);
+    if constexpr (T == DType::Q4_K) fp16x8(sb + 16, dmin);
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * s + j;
+      int8x16_t x[R][2];
+      int32x4_t I[R][2][2];
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = xq.qrow(m0 + r) + b * 32;
+        x[r][0] = vld1q_s8(xr), x[r][1] = vld1q_s8(xr + 16);
+        I[r][0][0] = I[r][0][1] = I[r][1][0] = I[r][1][1] = vdupq_n_s32(0);
+      }
+      float32x4_t d[2], m[2];
+      int32x4_t sum[R][2];
+      if constexpr (T == DType::Q4_K) {
+        const uint8_t* sc = sb + x8_field_at(T, 2);
+        uint32x4_t scj[2], mj[2], a[2], c[2];
+        if (j < 4) {
+          bytes8_u32(sc + 8 * j, a), bytes8_u32(sc + 8 * (j + 4), c);
+          for (int h = 0; h < 2; ++h)
+            scj[h] = vandq_u32(a[h], vdupq_n_u32(63)), mj[h] = vandq_u32(c[h], vdupq_n_u32(63));
+        } else {
+          uint32x4_t lo_sc[2], lo_m[2];
+          bytes8_u32(sc + 8 * (j + 4), c), bytes8_u32(sc + 8 * (j - 4), lo_sc), bytes8_u32(sc + 8 * j, lo_m);
+          for (int h = 0; h < 2; ++h) {
+            scj[h] = vorrq_u32(vandq_u32(c[h], vdupq_n_u32(15)), vshlq_n_u32(vshrq_n_u32(lo_sc[h], 6), 4));
+            mj[h] = vorrq_u32(vshrq_n_u32(c[h], 4), vshlq_n_u32(vshrq_n_u32(lo_m[h], 6), 4));
+          }
+        }
+        for (int h = 0; h < 2; ++h) {
+          d[h] = vmulq_f32(dsb[h], vcvtq_f32_u32(scj[h]));
+          m[h] = vnegq_f32(vmulq_f32(dmin[h], vcvtq_f32_u32(mj[h])));
+        }
+        const int8x16_t sl = vdupq_n_s8(int8_t(-4 * (j % 2)));
+        x8k_chunks_from<T, kSdot, R, 0>(sb + x8_field_at(T, 3) + 32 * 8 * (j / 2), nullptr, sl, sl, x, I);
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) sum[r][h] = vaddq_s32(I[r][0][h], I[r][1][h]);
+      } else {  // Q6_K
+        const int hh = j / 4, g = j % 4;
+        const int8x16_t sl = vdupq_n_s8(int8_t(g >= 2 ? -4 : 0)), sh = vdupq_n_s8(int8_t(-2 * g));
+        x8k_chunks_from<T, kSdot, R, 0>(sb + 32 * (16 * hh + 8 * (g & 1)), sb + x8_field_at(T, 1) + 32 * 8 * hh, sl, sh,
+                                        x, I);
+        const int16x8_t m0w = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(sb + x8_field_at(T, 2) + 16 * j)));
+        const int16x8_t m1w = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(sb + x8_field_at(T, 2) + 16 * j + 8)));
+        const int32x4_t mul0[2] = {vmovl_s16(vget_low_s16(m0w)), vmovl_high_s16(m0w)};
+        const int32x4_t mul1[2] = {vmovl_s16(vget_low_s16(m1w)), vmovl_high_s16(m1w)};
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) sum[r][h] = vmlaq_s32(vmulq_s32(I[r][0][h], mul0[h]), I[r][1][h], mul1[h]);
+        d[0] = dsb[0], d[1] = dsb[1];
+      }
+      for (int r = 0; r < R; ++r) {
+        const float dx = xq.dxrow(m0 + r)[b];
+        for (int h = 0; h < 2; ++h) {
+          acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(sum[r][h]), vmulq_n_f32(d[h], dx));
+          if constexpr (T == DType::Q4_K) accm[r][h] = vfmaq_n_f32(accm[r][h], m[h], xq.srow(m0 + r)[b]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) y[r][h] = vaddq_f32(acc[r][h], accm[r][h]);
+}
+
 // Columns [n0, n1) in groups of 8 (x8_columns: in place, or gathered through a row map; only
 // then can n1 - n0 end in a partial group).
 template <DType T, bool kSdot, int R>
@@ -291,7 +396,10 @@ inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_
   thread_local std::vector<uint8_t> gathered;
   for (int64_t n = n0; n < n1; n += kX8Rows) {
     float32x4_t y[R][2];
-    x8_tile<T, kSdot, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
+    if constexpr (block_elems(T) == 256)
+      x8_tile_k<T, kSdot, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
+    else
+      x8_tile<T, kSdot, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
     const int64_t cols = std::min<int64_t>(kX8Rows, n1 - n);
     for (int r = 0; r < R; ++r) {
       float out[kX8Rows];
@@ -335,6 +443,8 @@ inline void gguf_linear_variant(const LinearArgs& a, const QuantRows& xq, int64_
     case DType::Q4_0_X8: return gguf_row_groups<DType::Q4_0, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
     case DType::Q4_1_X8: return gguf_row_groups<DType::Q4_1, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
     case DType::Q8_0_X8: return gguf_row_groups<DType::Q8_0, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
+    case DType::Q4_K_X8: return gguf_row_groups<DType::Q4_K, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
+    case DType::Q6_K_X8: return gguf_row_groups<DType::Q6_K, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
     default: return generic::gguf_linear(a, xq, n0, n1);  // not a block type: never reached
   }
 }

@@ -3,7 +3,7 @@
 // so every path gives the generic kernel's bits.
 // x8 layout: a vector lane is one of a group's 8 columns (4 bytes of its block per chunk),
 // so a block's 8 sums come out of the dot products in one vector: one cvt + mul + fma per 8
-// columns. File layout: one block per vector (lane l = products 4l..4l+3), 4 columns' lanes
+// columns (the K-quants: x8_tile_k). File layout: one block per vector (lane l = products 4l..4l+3), 4 columns' lanes
 // summed by a horizontal-add tree into one vector of 4 column sums.
 // VNNI (AVX-512 VNNI + VL, or AVX-VNNI): VPDPBUSD takes the weights as unsigned bytes (Q4: the
 // nibbles; Q5_0 / Q6_K: the 5- / 6-bit values; Q8_0: q ^ 0x80 = q + 128) and starts from the offset
@@ -252,6 +252,106 @@ MTP_TARGET(Avx2) inline void x8_tile(const uint8_t* group, const QuantRows& xq, 
   for (int r = 0; r < R; ++r) y[r] = _mm256_add_ps(acc[r], accm[r]);
 }
 
+// 8 bytes (one per column) widened to int32 lanes: unsigned, or signed (Q6_K's scales).
+MTP_TARGET(Avx2) inline __m256i bytes8(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+// x8_tile for the K-quants (Q4_K, Q6_K: superblocks of 8 blocks of 32): per superblock the
+// 8 columns' scales come from one 8-byte load per scale byte (the x8 layout keeps byte i of
+// the 8 rows together), per block as x8_tile. Q4_K: d_b = d * sc_j, m_b = -(dmin * m_j)
+// (exact, the generic kernel's), the nibbles of chunk pair j / 2; Q6_K: the two half-block
+// sums (each from its offset correction -32 * sum(x)) times their int8 scales.
+template <DType T, int kVnni, int R>
+MTP_TARGET(Avx2) inline void x8_tile_k(const uint8_t* group, const QuantRows& xq, int64_t m0, int64_t nb,
+                                            __m256* y) {
+  constexpr int64_t gb = kX8Rows * block_bytes(T);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R], accm[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nb / 8; ++s) {
+    const uint8_t* sb = group + s * gb;
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * s + j;
+      __m256i I[R];
+      __m256 d, m = _mm256_setzero_ps();
+      if constexpr (T == DType::Q4_K) {
+        constexpr int64_t scales = x8_field_at(T, 2), values = x8_field_at(T, 3);
+        const uint8_t* sc = sb + scales;
+        const __m256i six = _mm256_set1_epi32(63);
+        __m256i scj, mj;
+        if (j < 4) {
+          scj = _mm256_and_si256(bytes8(sc + 8 * j, false), six);
+          mj = _mm256_and_si256(bytes8(sc + 8 * (j + 4), false), six);
+        } else {
+          const __m256i hi = bytes8(sc + 8 * (j + 4), false);
+          scj = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(15)),
+                                _mm256_slli_epi32(_mm256_srli_epi32(bytes8(sc + 8 * (j - 4), false), 6), 4));
+          mj = _mm256_or_si256(_mm256_srli_epi32(hi, 4),
+                               _mm256_slli_epi32(_mm256_srli_epi32(bytes8(sc + 8 * j, false), 6), 4));
+        }
+        d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))),
+                          _mm256_cvtepi32_ps(scj));
+        m = _mm256_xor_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 16))),
+                                        _mm256_cvtepi32_ps(mj)),
+                          _mm256_set1_ps(-0.f));
+        const uint8_t* qs = sb + values + 32 * 8 * (j / 2);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) I[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * k));
+          const __m256i u = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
+#pragma GCC unroll 16
+          for (int r = 0; r < R; ++r) I[r] = dot4<T, kVnni>(I[r], u, bcast4(xq.qrow(m0 + r) + b * 32 + 4 * k));
+        }
+      } else {  // Q6_K
+        constexpr int64_t high = x8_field_at(T, 1), scales = x8_field_at(T, 2), dat = x8_field_at(T, 3);
+        const int h = j / 4, g = j % 4;
+        const uint8_t* ql = sb + 32 * (16 * h + 8 * (g & 1));
+        const uint8_t* qh = sb + high + 32 * 8 * h;
+        const __m128i top_shift = _mm_cvtsi32_si128(2 * g);
+        __m256i I1[R];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const int32_t* s4 = xq.sum4row(m0 + r) + b * 8;
+          I[r] = _mm256_set1_epi32(-(s4[0] + s4[1] + s4[2] + s4[3]) * 32);
+          I1[r] = _mm256_set1_epi32(-(s4[4] + s4[5] + s4[6] + s4[7]) * 32);
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * k));
+          const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * k));
+          const __m256i nib = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(l, 4) : l, low4);
+          const __m256i top = _mm256_and_si256(_mm256_srl_epi16(hb, top_shift), _mm256_set1_epi8(3));
+          const __m256i u = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+#pragma GCC unroll 16
+          for (int r = 0; r < R; ++r) {
+            __m256i& half = k < 4 ? I[r] : I1[r];
+            half = dot4<T, kVnni>(half, u, bcast4(xq.qrow(m0 + r) + b * 32 + 4 * k));
+          }
+        }
+        const __m256i mul0 = bytes8(sb + scales + 8 * (2 * j), true),
+                      mul1 = bytes8(sb + scales + 8 * (2 * j + 1), true);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r)
+          I[r] = _mm256_add_epi32(_mm256_mullo_epi32(I[r], mul0), _mm256_mullo_epi32(I1[r], mul1));
+        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + dat)));
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        acc[r] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(d, _mm256_set1_ps(xq.dxrow(m0 + r)[b])), acc[r]);
+        if constexpr (block_has_offset(T)) accm[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xq.srow(m0 + r)[b]), accm[r]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) y[r] = _mm256_add_ps(acc[r], accm[r]);
+}
+
 // Columns [n0, n1) in groups of 8 (x8_columns: in place, or gathered through a row map; only
 // then can n1 - n0 end in a partial group).
 template <DType T, int kVnni, int R>
@@ -261,7 +361,10 @@ MTP_TARGET(Avx2) inline void x8_rows(const LinearArgs& a, const QuantRows& xq, i
   thread_local std::vector<uint8_t> gathered;
   for (int64_t n = n0; n < n1; n += kX8Rows) {
     __m256 y[R];
-    x8_tile<T, kVnni, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
+    if constexpr (block_elems(T) == 256)
+      x8_tile_k<T, kVnni, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
+    else
+      x8_tile<T, kVnni, R>(x8_columns(a, n, n1, gathered), xq, m0, nb, y);
     const int64_t cols = std::min<int64_t>(kX8Rows, n1 - n);
     for (int r = 0; r < R; ++r) {
       alignas(32) float out[kX8Rows];
@@ -335,6 +438,8 @@ inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n
     case DType::Q6_K: return in_row_groups<Layout<DType::Q6_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q4_0_X8: return in_row_groups<Layout<DType::Q4_0, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
     case DType::Q4_1_X8: return in_row_groups<Layout<DType::Q4_1, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_K_X8: return in_row_groups<Layout<DType::Q4_K, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q6_K_X8: return in_row_groups<Layout<DType::Q6_K, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
     default: return in_row_groups<Layout<DType::Q8_0, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
   }
 }
