@@ -1,9 +1,9 @@
 """The K-quants' x8 layout on the Gemma 3 270M (make gemma): Gemma3Backbone step times with its
 Q4_K / Q6_K matrices (o_proj, down_proj) in the x8 layout, as the loader gives them, against
 the same matrices in the file's layout (copies unpacked from the x8 groups); everything else
-identical. One-token and 4-token steps after a short prompt, the two models interleaved call
-by call so that both see the same minutes of a shared machine; median of 40 after 5 warm-ups,
-2 threads. Also checks that both give the same bits.
+identical. One-token and 4-token steps (the layers and the LM head) after a short prompt, the
+two models interleaved call by call so that both see the same minutes of a shared machine;
+median of 40 after 5 warm-ups, 2 threads. Also checks that both give the same logits, bitwise.
 
     .venv/bin/python bench/gemma3_kquant_x8.py
 """
@@ -38,7 +38,7 @@ for T in (1, 4):
         for n, m in models.items():
             caches[n].lens.copy_(base)
             t0 = time.perf_counter()
-            outs[n] = m(tokens, caches[n])[1]
+            outs[n] = m.logits(m(tokens, caches[n]))
             times[n].append(time.perf_counter() - t0)
     assert torch.equal(outs["x8"], outs["file"]), "the layouts' logits differ"
     x8, f = (statistics.median(times[n][5:]) * 1e3 for n in ("x8", "file"))
