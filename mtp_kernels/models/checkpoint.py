@@ -52,8 +52,8 @@ def default_gguf_path() -> str:
 def load(path: str | None = None, native: bool = False, x8: bool = True) -> tuple[LlamaConfig, dict, Tokenizer]:
     """(config, weights, tokenizer) from a .gguf file or a safetensors folder. Weights: fp32
     tensors; with native=True a GGUF's block-quantized matrices are `gguf.QuantTensor`s over
-    the file's own bytes, in place (load_gguf; x8: Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K in their x8 layout); a
-    safetensors folder gives fp32 either way."""
+    the file's own bytes, in place (load_gguf; x8: Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K in their x8
+    layout); a safetensors folder gives fp32 either way."""
     path = path or default_gguf_path()
     if os.path.isdir(path):
         return load_safetensors_dir(path)
@@ -354,10 +354,10 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     the file's memory map (zero-copy), except Q and K: llama.cpp permutes their rows for its
     RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
     SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors.
-    x8 (native only): the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices (rows in groups of 8) are repacked in
-    place into their x8 layout (gguf.repack_x8: the same bytes in the kernels' order, written
-    over the private map's pages: no new memory, the file unchanged); the kernels gather the
-    embedding's and the draft vocabulary's rows from it."""
+    x8 (native only): the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices (rows in groups of 8) are
+    repacked in place into their x8 layout (gguf.repack_x8: the same bytes in the kernels'
+    order, written over the private map's pages: no new memory, the file unchanged); the
+    kernels gather the embedding's and the draft vocabulary's rows from it."""
     meta, tensors = read_gguf_header(path)
     arch = _field(meta, path, "general.architecture", kind=str)
     if arch == "gemma3":  # its own loader and backbone (models.gemma3, gemma3_backbone)

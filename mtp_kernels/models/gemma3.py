@@ -456,8 +456,8 @@ def load(path: str | None = None, native: bool = False) -> tuple[Gemma3Config, d
     the 270M: Q4_K, Q5_0, Q6_K, Q8_0 and F32). native=True (the kernels' backbone,
     gemma3_backbone): each matrix of a block type the kernels read (gguf.BLOCK_TYPES) is a
     QuantTensor viewing the file's private memory map (zero-copy; Q4_0 / Q4_1 / Q8_0 / Q4_K /
-    Q6_K repacked in place into their x8 layout), F32 / F16 tensors are copies in their own dtype, and a
-    matrix of any other type is dequantized to fp32 (it runs as a float matrix)."""
+    Q6_K repacked in place into their x8 layout), F32 / F16 tensors are copies in their own
+    dtype, and a matrix of any other type is dequantized to fp32 (it runs as a float matrix)."""
     from ..gguf import BLOCK_TYPES, QuantTensor, can_x8
 
     path = path or default_gguf_path()

@@ -326,8 +326,8 @@ inline void x8_tile_k(const uint8_t* group, const QuantRows& xq, int64_t m0, int
     const uint8_t* sb = group + s * gb;
     __builtin_prefetch(sb + gb);
     float32x4_t dsb[2], dmin[2];
-    fp16x8(sb + (T == DType::Q4_K ? 0 : x8_field_at(T, 3)), dsb);
-    if constexpr (T == DType::Q4_K) fp16x8(sb + 16, dmin);
+    fp16x8(sb + x8_field_at(T, T == DType::Q4_K ? 0 : 3), dsb);  // Q4_K: field 0, Q6_K: field 3
+    if constexpr (T == DType::Q4_K) fp16x8(sb + x8_field_at(T, 1), dmin);
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * s + j;
       int8x16_t x[R][2];

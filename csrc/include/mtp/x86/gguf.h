@@ -3,8 +3,8 @@
 // so every path gives the generic kernel's bits.
 // x8 layout: a vector lane is one of a group's 8 columns (4 bytes of its block per chunk),
 // so a block's 8 sums come out of the dot products in one vector: one cvt + mul + fma per 8
-// columns (the K-quants: x8_tile_k). File layout: one block per vector (lane l = products 4l..4l+3), 4 columns' lanes
-// summed by a horizontal-add tree into one vector of 4 column sums.
+// columns (the K-quants: x8_tile_k). File layout: one block per vector (lane l = products
+// 4l..4l+3), 4 columns' lanes summed by a horizontal-add tree into one vector of 4 column sums.
 // VNNI (AVX-512 VNNI + VL, or AVX-VNNI): VPDPBUSD takes the weights as unsigned bytes (Q4: the
 // nibbles; Q5_0 / Q6_K: the 5- / 6-bit values; Q8_0: q ^ 0x80 = q + 128) and starts from the offset
 // correction -offset * (lane sum of x) (QuantRows::sum4), which leaves sum (q - offset) * x.
@@ -273,10 +273,16 @@ MTP_TARGET(Avx2) inline void x8_tile_k(const uint8_t* group, const QuantRows& xq
   for (int r = 0; r < R; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nb / 8; ++s) {
     const uint8_t* sb = group + s * gb;
+    // the superblock's 8 fp16 d (Q4_K: field 0, then dmin; Q6_K: field 3), once for its 8 blocks
+    const __m256 dsb = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + x8_field_at(T, T == DType::Q4_K ? 0 : 3))));
+    const __m256 dmin = T == DType::Q4_K
+                            ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + x8_field_at(T, 1))))
+                            : _mm256_setzero_ps();
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * s + j;
       __m256i I[R];
-      __m256 d, m = _mm256_setzero_ps();
+      __m256 d = dsb, m = _mm256_setzero_ps();
       if constexpr (T == DType::Q4_K) {
         constexpr int64_t scales = x8_field_at(T, 2), values = x8_field_at(T, 3);
         const uint8_t* sc = sb + scales;
@@ -292,11 +298,8 @@ MTP_TARGET(Avx2) inline void x8_tile_k(const uint8_t* group, const QuantRows& xq
           mj = _mm256_or_si256(_mm256_srli_epi32(hi, 4),
                                _mm256_slli_epi32(_mm256_srli_epi32(bytes8(sc + 8 * j, false), 6), 4));
         }
-        d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))),
-                          _mm256_cvtepi32_ps(scj));
-        m = _mm256_xor_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 16))),
-                                        _mm256_cvtepi32_ps(mj)),
-                          _mm256_set1_ps(-0.f));
+        d = _mm256_mul_ps(dsb, _mm256_cvtepi32_ps(scj));
+        m = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mj)), _mm256_set1_ps(-0.f));
         const uint8_t* qs = sb + values + 32 * 8 * (j / 2);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) I[r] = _mm256_setzero_si256();
@@ -308,7 +311,7 @@ MTP_TARGET(Avx2) inline void x8_tile_k(const uint8_t* group, const QuantRows& xq
           for (int r = 0; r < R; ++r) I[r] = dot4<T, kVnni>(I[r], u, bcast4(xq.qrow(m0 + r) + b * 32 + 4 * k));
         }
       } else {  // Q6_K
-        constexpr int64_t high = x8_field_at(T, 1), scales = x8_field_at(T, 2), dat = x8_field_at(T, 3);
+        constexpr int64_t high = x8_field_at(T, 1), scales = x8_field_at(T, 2);
         const int h = j / 4, g = j % 4;
         const uint8_t* ql = sb + 32 * (16 * h + 8 * (g & 1));
         const uint8_t* qh = sb + high + 32 * 8 * h;
@@ -338,7 +341,6 @@ MTP_TARGET(Avx2) inline void x8_tile_k(const uint8_t* group, const QuantRows& xq
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r)
           I[r] = _mm256_add_epi32(_mm256_mullo_epi32(I[r], mul0), _mm256_mullo_epi32(I1[r], mul1));
-        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + dat)));
       }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
