@@ -1077,6 +1077,13 @@ def _gemma3_layer(ops, x, h, w, scales, next_norm, angles, num_heads, num_kv_hea
     return ops.add_rms_norm(x, ops.rms_norm(mlp, w[9], eps), next_norm, eps)
 
 
+def drafted_rows(lm_head: torch.Tensor, draft_vocab: Optional[torch.Tensor], embedding: torch.Tensor) -> bool:
+    """Whether head_draft's lm_head holds the draft vocabulary's rows [Vd, H] (Vd < V, the
+    embedding's rows) rather than the LM head [V, H] they are read from."""
+    Vd = None if draft_vocab is None else draft_vocab.numel()
+    return Vd is not None and Vd < embedding.shape[0] and lm_head.shape[0] == Vd
+
+
 def head_draft(
     hidden: torch.Tensor,
     token: torch.Tensor,
@@ -1109,7 +1116,9 @@ def head_draft(
     of the token) ; norm(h)], the blocks, whose attention reads the cache views k_cache,
     v_cache [B, Hkv, L, D] (keys [0, cache_lens[b]), in place) plus the block's own keys/values
     of steps 0..j; the draft = the token of draft_vocab [Vd] (None: every token, Vd = V) whose
-    row of the LM head lm_head [V, H] gives the largest logit for out_norm(x) (logits in
+    row of the LM head lm_head [V, H] gives the largest logit for out_norm(x) (or, Vd < V, of
+    lm_head [Vd, H]: the draft vocabulary's rows gathered by the caller, row i token
+    draft_vocab[i]'s; see ``drafted_rows``) (logits in
     hidden's dtype, torch.argmax's rules over the draft vocabulary's order); step j+1 takes
     that token and h = x. embedding [V, H]: float rows, or int8 with embedding_scale (Q8 rows:
     q * scale in fp32, then rounded to hidden's dtype); lm_head likewise float, or int8 with
@@ -1139,7 +1148,7 @@ def head_draft(
     if lm_head_type in X8_TYPES:
         lm_head, lm_head_type = x8_file_rows(lm_head, lm_head_type), lm_head_type - 100
     rows, scales = lm_head, lm_head_scale
-    if draft_vocab is not None:  # this composition copies them; the kernel does not
+    if draft_vocab is not None and not drafted_rows(lm_head, draft_vocab, embedding):  # copied here, not by the kernel
         rows, scales = lm_head[draft_vocab], None if lm_head_scale is None else lm_head_scale[draft_vocab]
     for j in range(k):
         positions = cache_lens.long()[:, None] + j

@@ -282,6 +282,24 @@ def test_head_draft_equals_the_op_by_op_composition(isa, dtype, quantize, lens, 
     assert torch.equal(d.head.draft(d.model, d.cache, d.hidden, d.token, k), got)  # MTPHead.draft is this call
 
 
+@pytest.mark.parametrize("dtype,quantize,lens,blocks,vocab", [c for c in DRAFT_CASES if c[-1]])
+def test_head_draft_lm_head_as_the_draft_rows_or_read_through_them(isa, dtype, quantize, lens, blocks, vocab):
+    """MTPHead.draft_args gives lm_head as the draft vocabulary's rows [Vd, H] (gathered once):
+    the same drafts as the backbone's LM head [V, H] read through draft_vocab, alternatives
+    included; a full-size draft vocabulary (Vd == V, a permutation) reads lm_head [V, H] through it."""
+    d = Draft(dtype, quantize, lens, blocks, vocab)
+    name = d.model.lm_head_name
+    rows = d.args(3)
+    full = d.args(3, lm_head=d.model.w(name), lm_head_scale=d.model.scale(name))
+    assert rows["lm_head"].shape[0] == vocab and full["lm_head"].shape[0] == TINY.vocab_size
+    got = torch.ops.mtp.head_draft(**rows, alternatives=2)
+    assert torch.equal(got, torch.ops.mtp.head_draft(**full, alternatives=2))
+    assert torch.equal(reference.head_draft(**rows, alternatives=2, ops=KERNEL_OPS), got)
+    assert d.head.draft_lm_head(d.model)[0] is rows["lm_head"]  # cached: gathered once
+    perm = d.args(3, **{k: full[k] for k in ("lm_head", "lm_head_scale")}, draft_vocab=torch.randperm(TINY.vocab_size))
+    assert torch.equal(torch.ops.mtp.head_draft(**perm), reference.head_draft(**perm, ops=KERNEL_OPS))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_head_draft_picks_the_reference_ops_drafts(seed):
     """fp32: the reference ops (fp64 linear and attention) pick the same drafts (no near-ties
@@ -322,8 +340,11 @@ def test_head_draft_bad_input_raises_clear_errors():
         "draft_vocab must hold token ids in [0, V (embedding.size(0))) = [0, 97), got draft_vocab[0] = -1",
         draft_vocab=torch.cat([torch.tensor([-1]), d.head.draft_vocab[1:]]),
     )
-    lm_head = d.args(2)["lm_head"]
-    bad("lm_head.size(0) must equal V (embedding.size(0))", lm_head=lm_head[:40])
+    lm_head = d.model.w(d.model.lm_head_name)  # [V, H]; d.args gives the draft vocabulary's rows [40, H]
+    assert d.args(2)["lm_head"].shape[0] == 40
+    bad("lm_head.size(0) must equal V (embedding.size(0)) or Vd (draft_vocab.size(0)) = 97, got 39", lm_head=lm_head[:39])
+    bad("lm_head.size(0) must equal V (embedding.size(0)) = 97, got 40", lm_head=lm_head[:40], draft_vocab=None)
+    bad("lm_head must be 2-D [V, H] or [Vd, H]", lm_head=lm_head[0])
     bad("lm_head.size(1) must equal H (hidden.size(1))", lm_head=lm_head[:, :-1])
     bad("lm_head: weight rows must be contiguous (stride 1 along K)", lm_head=lm_head.t().contiguous().t())
     bad("lm_head is Char but lm_head_scale is empty", lm_head=lm_head.to(torch.int8))

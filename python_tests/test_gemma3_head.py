@@ -48,7 +48,7 @@ def random_head(cfg, dtype, vocab=None, seed=0, kv_layer=GLOBAL):
     [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16)],
     ids=["fp32", "bf16", "fp32_bf16_matrices"],
 )
-@pytest.mark.parametrize("vocab", [None, 17])
+@pytest.mark.parametrize("vocab", [None, 17, 16])
 def test_head_draft_on_gemma3_is_the_reference_bitwise(native, dtype, matrices, vocab):
     """mtp.head_draft over the Gemma backbone's own matrices (its Q8_0 x8 embedding and LM head,
     its global layer's cache, the global RoPE tables): reference.head_draft's drafts, batched
@@ -70,6 +70,11 @@ def test_head_draft_on_gemma3_is_the_reference_bitwise(native, dtype, matrices, 
     want = reference.head_draft(**args, alternatives=2, **head.draft_types(model), ops=ops.KERNELS)
     assert torch.equal(got, want) and got.shape == (2, 5)
     assert model.gguf_type("model.embed_tokens.weight") is not None  # the file's blocks, read in place
+    if vocab:  # the draft vocabulary's LM head rows, gathered once: Q8_0 (x8 for whole groups of 8)
+        assert args["lm_head"].shape[0] == vocab and head.draft_types(model)["lm_head_type"] == 8 + 100 * (vocab == 16)
+        through = dict(args, lm_head=model.w(model.lm_head_name))
+        kinds = dict(head.draft_types(model), lm_head_type=model.gguf_type(model.lm_head_name))
+        assert torch.equal(torch.ops.mtp.head_draft(**through, alternatives=2, **kinds), got)
     assert torch.equal(cache.lens, torch.tensor([len(PROMPT), 6]))  # drafting leaves the cache as it was
 
 

@@ -103,7 +103,8 @@ def test_head_draft_equals_the_file_layout_bitwise(isa, gen, emb_type, lm_type):
     weights = [norm(), norm(), (torch.randn(H, 2 * H, generator=gen) / 16).to(dtype)] + block + [norm()]
     emb, lm = random_rows(gen, emb_type, V, H), random_rows(gen, lm_type, V, H)
     hidden, token = torch.randn(B, H, generator=gen).to(dtype), torch.tensor([3, 41])
-    for vocab in (torch.tensor([7, 1, 40, 22, 3, 47, 41]), None):  # a row map over the groups, then none
+    vocabs = (torch.tensor([7, 1, 40, 22, 3, 47, 41]), torch.tensor([7, 1, 40, 22, 3, 47, 41, 30]), None)
+    for vocab in vocabs:  # a row map over the groups (7 rows, then whole groups of 8), then none
         args = (hidden, token, kc[0], vc[0], lens, cos, sin, emb, None, weights, lm, None, vocab, k, Hq, eps)
         want = torch.ops.mtp.head_draft(*args, alternatives=2, embedding_type=emb_type, lm_head_type=lm_type)
         args8 = args[:7] + (repack_x8(emb, emb_type),) + args[8:10] + (repack_x8(lm, lm_type),) + args[11:]
@@ -111,6 +112,14 @@ def test_head_draft_equals_the_file_layout_bitwise(isa, gen, emb_type, lm_type):
         got = torch.ops.mtp.head_draft(*args8, **kw8)
         assert torch.equal(got, want)
         assert torch.equal(reference.head_draft(*args8, **kw8, ops=ops.KERNELS), got)
+        if vocab is None:
+            continue
+        # lm_head as the draft vocabulary's rows [Vd, H] (file layout; x8 when Vd is whole groups)
+        rows, x8 = lm[vocab], len(vocab) % 8 == 0
+        drafted = args8[:10] + (repack_x8(rows, lm_type) if x8 else rows,) + args8[11:]
+        kw = dict(kw8, lm_head_type=lm_type + 100 * x8)
+        assert torch.equal(torch.ops.mtp.head_draft(*drafted, **kw), want)
+        assert torch.equal(reference.head_draft(*drafted, **kw, ops=ops.KERNELS), want)
 
 
 def test_bad_x8_shapes_raise_clear_errors(gen):

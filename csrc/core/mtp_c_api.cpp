@@ -677,10 +677,7 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
         !decoder_norm(c, names(1), weights[1], a.H, hidden, &a.hidden_norm) ||
         !decoder_norm(c, names(n - 1), weights[n - 1], a.H, hidden, &a.out_norm) ||
         !decoder_matrix(c, names(2), weights[2], false, nullptr, a.H, "H", 2 * a.H, "2H", &a.proj) ||
-        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, widths, hidden, &a.I, &blocks) ||
-        !c.tensor("lm_head", lm_head, 2, "[V, H]", kMatrixTypes) ||
-        !decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.V, "V (embedding.sizes[0])",
-                        a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
+        !decoder_layers_of(c, weights, 3, a.blocks, nullptr, names, a.H, widths, hidden, &a.I, &blocks))
       return c.status;
     a.Vd = a.V;
     if (draft_vocab) {
@@ -689,6 +686,16 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
       if (a.Vd < 1) return fail_with(c, MTP_ERROR_INVALID_ARGUMENT, "draft_vocab must hold at least one token id");
       if (!token_ids(c, "draft_vocab", draft_vocab, a.Vd, "Vd", a.V, "V (embedding.sizes[0])", &vocab)) return c.status;
     }
+    // lm_head [V, H], or (Vd < V) the draft vocabulary's rows [Vd, H] in its order, gathered by
+    // the caller once for many drafts.
+    if (!c.tensor("lm_head", lm_head, 2, draft_vocab ? "[V, H] or [Vd, H]" : "[V, H]", kMatrixTypes)) return c.status;
+    a.lm_head_drafted = lm_head_drafted(draft_vocab, a.Vd, a.V, lm_head->sizes[0]);
+    if (!decoder_matrix(c, "lm_head", lm_head, lm_head_scale != nullptr, lm_head_scale, a.lm_head_drafted ? a.Vd : a.V,
+                        a.lm_head_drafted ? "Vd (draft_vocab.sizes[0])"
+                        : draft_vocab     ? "V (embedding.sizes[0]) or Vd (draft_vocab.sizes[0])"
+                                          : "V (embedding.sizes[0])",
+                        a.H, "H (hidden.sizes[1])", &a.lm_head, "lm_head_scale"))
+      return c.status;
     // drafts' columns; wraps (no UB) when too large, which alternatives_error then reports
     const int64_t width = int64_t(uint64_t(k) + uint64_t(alternatives));
     if (!c.ok(alternatives_error(alternatives, a.Vd, k)) ||

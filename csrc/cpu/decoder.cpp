@@ -419,9 +419,6 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
   std::vector<DecoderLayer> blocks =
       parse_layers(op, weights, 3, a.blocks, {}, names, a.H, widths, hidden, "hidden", &a.I);
 
-  // The LM head, read in place: the draft vocabulary's rows only (no copy of them).
-  a.lm_head = matrix(op, lm_head, lm_head_scale, "lm_head", a.V, "V (embedding.size(0))", a.H, "H (hidden.size(1))",
-                     "lm_head_scale", lm_head_type);
   a.Vd = a.V;
   std::vector<int64_t> vocab;
   if (draft_vocab.has_value()) {
@@ -429,6 +426,15 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
     MTP_CHECK(a.Vd >= 1, op, ": draft_vocab must hold at least one token id, got shape ", shape_of(*draft_vocab));
     vocab = checked_ids(op, "draft_vocab", *draft_vocab, a.Vd, "Vd (its length)", a.V, "V (embedding.size(0))");
   }
+  // The LM head, read in place (the draft vocabulary's rows only), or those rows as the caller
+  // gathered them once ([Vd, H], Vd < V).
+  check_dim(op, "lm_head", lm_head, 2, draft_vocab.has_value() ? "[V, H] or [Vd, H]" : "[V, H]");
+  a.lm_head_drafted = lm_head_drafted(draft_vocab.has_value(), a.Vd, a.V, lm_head.size(0));
+  a.lm_head = matrix(op, lm_head, lm_head_scale, "lm_head", a.lm_head_drafted ? a.Vd : a.V,
+                     a.lm_head_drafted         ? "Vd (draft_vocab.size(0))"
+                     : draft_vocab.has_value() ? "V (embedding.size(0)) or Vd (draft_vocab.size(0))"
+                                               : "V (embedding.size(0))",
+                     a.H, "H (hidden.size(1))", "lm_head_scale", lm_head_type);
   check_ok(op, alternatives_error(alternatives, a.Vd, k));
   a.alternatives = alternatives;
 

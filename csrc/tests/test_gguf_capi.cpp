@@ -235,6 +235,21 @@ struct Mat {
     return v;
   }
   mtp::DecoderMatrix core() const { return {data(), t, stride, nullptr, 0}; }
+  // Rows `rows` of this matrix (file layout) as a new matrix [rows.size(), K].
+  Mat gathered(const std::vector<int64_t>& rows) const {
+    Mat m = *this;
+    m.N = int64_t(rows.size());
+    const size_t row = bytes.empty() ? size_t(K * mtp::dtype_size(t)) : size_t(stride);
+    auto gather = [&](const auto& src, auto& dst) {
+      dst.resize(rows.size() * row);
+      for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&dst[i * row], &src[size_t(rows[i]) * row], row);
+    };
+    if (bytes.empty())
+      gather(floats, m.floats);
+    else
+      gather(bytes, m.bytes);
+    return m;
+  }
   // Into the x8 layout (mtp_gguf_repack_x8) where the type has one and N is whole groups of 8.
   bool to_x8() {
     if (mtp::x8_of(t) == t || N % mtp::kX8Rows != 0) return false;
@@ -435,7 +450,7 @@ void check_decoder(const char* what, Dims d, DType t, const std::vector<DType>& 
 struct Head {
   Dims d;
   DType t;
-  int64_t B = 2, V = 50, Vd = 20, K = 3;
+  int64_t B = 2, V = 50, Vd = 24, K = 3;
   Mat embedding, proj;
   Model block;  // one block: its 4 matrices and 2 norms (its final norm: the head's out_norm)
   std::vector<char> embed_norm, hidden_norm, hidden, kc, vc;
@@ -443,7 +458,8 @@ struct Head {
   std::vector<int64_t> token = {7, 31}, lens = {3, 6}, vocab;
   std::vector<mtp_tensor> w;
   std::vector<const mtp_tensor*> wp;
-  bool all_vocab = false;  // run with draft_vocab NULL (every row of lm_head)
+  bool all_vocab = false;        // run with draft_vocab NULL (every row of lm_head)
+  const Mat* lm_rows = nullptr;  // lm_head as the draft vocabulary's rows [Vd, H] (else the embedding)
   Head(Dims d_, DType t_, DType emb, DType proj_t, const std::vector<DType>& types, int64_t V_ = 50)
       : d(d_),
         t(t_),
@@ -484,7 +500,8 @@ struct Head {
   mtp_status run(const mtp_tensor& emb, int64_t alternatives, std::vector<int64_t>* drafts) const {
     const mtp_tensor hv = view(hidden.data(), t, {B, d.H}), kv = view(kc.data(), t, {B, d.Hkv, d.L, d.D}),
                      vv = view(vc.data(), t, {B, d.Hkv, d.L, d.D}), cv = view(block.cos.data(), DType::F32, {d.P, d.D}),
-                     sv = view(block.sin.data(), DType::F32, {d.P, d.D}), lm = embedding.view();
+                     sv = view(block.sin.data(), DType::F32, {d.P, d.D}),
+                     lm = lm_rows ? lm_rows->view() : embedding.view();
     mtp_tensor tv = view(token.data(), DType::F32, {B}), lv = view(lens.data(), DType::F32, {B}),
                vocv = view(vocab.data(), DType::F32, {Vd}),
                dv = view(drafts->data(), DType::F32, {B, K + alternatives});
@@ -520,6 +537,19 @@ void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const 
   h.all_vocab = true;
   EXPECT(h.run(h.embedding.view(), 0, &full) == MTP_OK, "%s full vocabulary: %s", what, mtp_last_error());
   h.all_vocab = false;
+  // lm_head given as the draft vocabulary's rows, gathered once by the caller: the same drafts
+  // (in the x8 layout too, below: Vd is whole groups of 8).
+  Mat rows = h.embedding.gathered(h.vocab);
+  auto check_rows = [&](const char* layout) {
+    std::vector<int64_t> got(drafts.size(), -4), got_alt(alt.size(), -4);
+    h.lm_rows = &rows;
+    EXPECT(h.run(h.embedding.view(), 0, &got) == MTP_OK && h.run(h.embedding.view(), 2, &got_alt) == MTP_OK,
+           "%s %s lm_head rows: %s", what, layout, mtp_last_error());
+    h.lm_rows = nullptr;
+    EXPECT(got == drafts && got_alt == alt, "%s: drafts with the %s draft vocabulary's rows != through draft_vocab",
+           what, layout);
+  };
+  check_rows("file layout");
 
   // The x8 layout of the matrices that have one (the embedding's rows gathered by token, the
   // draft vocabulary's lm_head rows, all of them): the same drafts.
@@ -530,6 +560,8 @@ void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const 
   h.all_vocab = true;
   EXPECT(h.run(h.embedding.view(), 0, &full8) == MTP_OK, "%s x8 full vocabulary: %s", what, mtp_last_error());
   EXPECT(drafts8 == drafts && alt8 == alt && full8 == full, "%s: the x8 layout's drafts != the file layout's", what);
+  h.all_vocab = false;
+  if (rows.to_x8()) check_rows("x8");
 }
 
 }  // namespace
@@ -655,9 +687,11 @@ struct HeadCall {
   std::vector<int64_t> drafts = std::vector<int64_t>(size_t(2 * 3), -7);
   std::vector<float> scale = std::vector<float>(50 * 2, 1.f);
   mtp_tensor emb = h.embedding.view(), lm = h.embedding.view(), sc = view(scale.data(), DType::F32, {50, 2});
-  const mtp_tensor *emb_scale = nullptr, *lm_scale = nullptr;
+  const mtp_tensor *emb_scale = nullptr, *lm_scale = nullptr, *voc = nullptr;
+  mtp_tensor vocab = view(h.vocab.data(), DType::F32, {h.Vd});
   HeadCall() {
     for (auto& t : w) wp.push_back(&t);
+    vocab.dtype = MTP_INT64;
   }
   mtp_status run() const {
     const Dims& d = h.d;
@@ -669,7 +703,7 @@ struct HeadCall {
                dv = view(drafts.data(), DType::F32, {h.B, h.K});
     tv.dtype = lv.dtype = dv.dtype = MTP_INT64;
     return mtp_head_draft(&hv, &tv, &kv, &vv, &lv, &cv, &sv, &emb, emb_scale, wp.data(), int32_t(wp.size()), &lm,
-                          lm_scale, nullptr, h.K, d.Hq, 1e-5f, &dv, 1);
+                          lm_scale, voc, h.K, d.Hq, 1e-5f, &dv, 1);
   }
   bool untouched() const {
     return std::all_of(drafts.begin(), drafts.end(), [](int64_t v) { return v == -7; });
@@ -853,6 +887,12 @@ void test_gguf_capi_errors() {
   BAD_CALL(HeadCall, c.emb_scale = &c.sc, DTYPE,
            "mtp_head_draft: embedding is Q8_0 but embedding_scale is not empty: with scales the matrix is int8 (Q8)");
   BAD_CALL(HeadCall, c.lm_scale = &c.sc, DTYPE, "lm_head is Q8_0 but lm_head_scale is not empty");
+  // lm_head's rows: V, or with a draft vocabulary V or Vd (its rows gathered)
+  BAD_CALL(HeadCall, c.lm.sizes[0] = 24, INVALID,
+           "mtp_head_draft: lm_head.sizes[0] must equal V (embedding.sizes[0]) = 50, got 24");
+  BAD_CALL(HeadCall, (c.voc = &c.vocab, c.lm.sizes[0] = 23), INVALID,
+           "lm_head.sizes[0] must equal V (embedding.sizes[0]) or Vd (draft_vocab.sizes[0]) = 50, got 23");
+  BAD_CALL(HeadCall, (c.voc = &c.vocab, c.lm.ndim = 1), INVALID, "lm_head must be 2-D [V, H] or [Vd, H]");
   BAD_CALL(HeadCall, c.emb.dtype = MTP_Q4_K, INVALID,
            "mtp_head_draft: embedding: K = 64 is not a multiple of Q4_K's blocks of 256 elements");
   BAD_CALL(HeadCall, c.lm.strides[0] = 1, INVALID,

@@ -2,7 +2,8 @@
 // current token and the last hidden state, normed and projected, the head's blocks (decoder
 // layers whose attention reads one backbone layer's cache in place, plus the head's own
 // keys/values of the steps so far), the draft LM head (the draft vocabulary's rows of the
-// backbone's LM head, read in place through LinearArgs::w_rows) and its argmax. The same kernels in
+// backbone's LM head, read in place through LinearArgs::w_rows, or those rows gathered once by
+// the caller) and its argmax. The same kernels in
 // the same order as reference.head_draft's composition of the ops, so the same drafts;
 // what it saves is ~25 dispatches per draft step.
 #pragma once
@@ -37,11 +38,19 @@ struct HeadDraftArgs {
   const void* out_norm = nullptr;
   DecoderMatrix lm_head;                 // [V, H]: float, or Q8; only the draft vocabulary's rows are read
   const int64_t* draft_vocab = nullptr;  // [Vd] token ids (rows of lm_head), or nullptr: every token (Vd == V)
+  bool lm_head_drafted = false;          // lm_head is [Vd, H]: row i is token draft_vocab[i]'s (gathered once by the
+                                         // caller, which drafts many times: no per-call gather, contiguous reads)
   float eps = 0.f;
   int64_t alternatives = 0;   // the first step's next best drafts also wanted (K >= 1, < Vd)
   int64_t* drafts = nullptr;  // [B, K + alternatives] contiguous: the K steps, then the first step's
                               // 2nd, 3rd, ... best drafts (torch.argmax's order over the rest)
 };
+
+// Whether an lm_head of `rows` rows is the draft vocabulary's own (lm_head_drafted): a draft
+// vocabulary of Vd < V tokens and exactly Vd rows. (Vd == V rows are the LM head itself.)
+inline bool lm_head_drafted(bool has_vocab, int64_t Vd, int64_t V, int64_t rows) {
+  return has_vocab && Vd < V && rows == Vd;
+}
 
 // The first `count` (<= n) indices of the n logits of `row` in torch.argmax's order
 // (reference.argmax_order): NaNs first, then larger values, equal values (-0.0 == +0.0) and NaNs
@@ -97,8 +106,10 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
   const int64_t local_strides[4] = {a.Hkv * a.K * D, a.K * D, D, 1};
   // An x8 LM head read through the draft vocabulary: its rows gathered into whole x8 groups
   // once per call (x8_gather), not once per step; the same bytes per column, the same bits.
+  // (For Gemma 3's 4096 of 262,144 rows that gather is most of a short draft's time: callers
+  // that draft many times pass the rows gathered, lm_head_drafted.)
   DecoderMatrix lm_head = a.lm_head;
-  const int64_t* vocab = a.draft_vocab;
+  const int64_t* vocab = a.lm_head_drafted ? nullptr : a.draft_vocab;
   thread_local std::vector<uint8_t> draft_rows;
   if (is_x8(lm_head.dtype) && vocab && a.Vd > 0) {
     const int64_t group = kX8Rows * block_row_bytes(lm_head.dtype, H);
