@@ -194,8 +194,6 @@ def cmd_generate(args) -> int:
         )
     )
     release_freed_memory()
-    if head is None and not args.no_mtp and args.lookup is None:  # Gemma 3 by default: lookup alone
-        args.lookup = DEFAULT_LOOKUP
     # The defaults decoding.generate resolves for the same backbone and drafter (config.py).
     config = DecodeConfig.resolve(
         model,
@@ -474,7 +472,7 @@ def cmd_bench(args) -> int:
     # One head drafts for every backbone (same config and dtype; it reads each one's LM head in place).
     head_on_plain = "ours_mtp" in methods or bool(lenient)
     head = (
-        load_head(args.head, model, log, args.model is None or model.family == "gemma3")
+        load_head(args.head, model, log, args.model is None)
         if head_on_plain or any(m.startswith("ours_mtp") for m in methods)
         else None
     )
@@ -660,8 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--head",
-        help="an MTP head folder (config.json + head.safetensors); default: the shipped one "
-        "(a Gemma 3 model drafts by prompt lookup alone unless given its head)",
+        help="an MTP head folder (config.json + head.safetensors); default: the shipped one (the "
+        "SmolLM2-135M's, or on a Gemma 3 file the 270M's where it fits)",
     )
     g.add_argument(
         "--drafter",

@@ -130,21 +130,22 @@ def test_train_a_gemma3_head_then_draft_with_it(tiny_file, tmp_path):
 
 
 def test_load_head_for_gemma3(tiny_file, capsys):
-    """Without --head, `mtp generate` on Gemma 3 drafts by lookup alone (load_head gives None,
-    with a note); `mtp bench` asks for the shipped head (default_model): it does not fit the
-    tiny model, so an untrained head reading the last global layer; a SmolLM2 head given as
-    --head is refused by shape."""
+    """Without --head, `mtp generate` / `mtp bench` on a Gemma 3 file draft with the shipped
+    270M head where it fits: it does not fit the tiny model (a note), so an untrained head
+    reading the last global layer; as the default model (default_model) the shipped head must
+    load; a SmolLM2 head given as --head is refused by shape."""
     _, model, _, _ = loading.load_backbone(tiny_file, None, print)
     notes = []
-    assert loading.load_head(None, model, notes.append, default_model=False) is None
-    assert "drafts by prompt lookup alone by default" in notes[-1]
-    head = loading.load_head(None, model, notes.append, default_model=True)
+    head = loading.load_head(None, model, notes.append, default_model=False)
+    assert any("the shipped gemma3-270m head does not fit this model" in n for n in notes)
     assert not head.cfg.trained and head.cfg.kv_layer == GLOBAL
     assert head.matrix_dtype == torch.bfloat16 and model.dtype == torch.float32  # bf16 matrices, fp32 norms
     assert any("UNTRAINED" in n for n in notes)
     smollm2 = loading.os.path.join(loading.SHIPPED_HEADS, "smollm2-135m")
     with pytest.raises(CheckpointError, match="does not fit the backbone"):
         loading.load_head(smollm2, model, print)
+    with pytest.raises(CheckpointError, match="does not fit the backbone"):
+        loading.load_head(None, model, print, default_model=True)
 
 
 def generate_json(capsys, *args):

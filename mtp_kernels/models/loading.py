@@ -20,30 +20,27 @@ GEMMA3_NATIVE_DTYPE = "float32"
 @dataclass(frozen=True)
 class FamilyDefaults:
     """A family's defaults: its default model's shipped head (folder under SHIPPED_HEADS; the
-    drafter's is `<head>-drafter`), whether `mtp generate` drafts with it when no --head is
-    given, and the dtype of the head's matrices (None: the backbone's)."""
+    drafter's is `<head>-drafter`) and the dtype of the head's matrices (None: the backbone's)."""
 
     head: str
-    head_by_default: bool
     head_matrix_dtype: str | None
 
 
 DEFAULTS = {
-    "llama": FamilyDefaults("smollm2-135m", True, None),
-    # Gemma 3: its head measured slower than prompt lookup alone (bench/RESULTS.md, 2026-12-02/03),
-    # so lookup alone by default. Its activations are fp32, the head's matrices bf16 (the dtype
-    # they ship in): half the bytes of a draft step (a K = 3 draft 24 -> 16 ms on the 270M),
-    # reference.head_draft's bits.
-    "gemma3": FamilyDefaults("gemma3-270m", False, "bfloat16"),
+    "llama": FamilyDefaults("smollm2-135m", None),
+    # Gemma 3: activations fp32, the head's matrices bf16 (the dtype they ship in): half the
+    # bytes of a draft step, reference.head_draft's bits. Its head drafts by default since its
+    # draft LM head is gathered once (MTPHead.draft_lm_head): head + lookup measured faster than
+    # lookup alone (bench/RESULTS.md, 2026-12-03).
+    "gemma3": FamilyDefaults("gemma3-270m", "bfloat16"),
 }
 
 
 def load_head(path: str | None, backbone, log, default_model: bool = True):
-    """The head to draft with: --head PATH, else the one shipped for the default model (when
-    the backbone is that model: SmolLM2 when no --model is given; on a Gemma 3 file, only when
-    default_model asks for it, the 270M's head where it fits), else an untrained (random,
-    seeded) head, labelled. On Gemma 3 without --head and default_model False: None (prompt
-    lookup alone, the faster default there)."""
+    """The head to draft with: --head PATH, else the family's shipped head (strictly when the
+    backbone is the default model, default_model: SmolLM2 when no --model is given; else where
+    it fits, e.g. Gemma 3 270M's on that file), else an untrained (random, seeded) head,
+    labelled."""
     import torch
 
     from .head import HeadConfig, MTPHead
@@ -54,12 +51,9 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     has_shipped = os.path.isfile(os.path.join(shipped, "config.json"))
     dtype = DTYPES[family.head_matrix_dtype] if family.head_matrix_dtype else backbone.dtype
     head = None
-    if not path and not default_model and not family.head_by_default:
-        log(f"note: a {backbone.family} model drafts by prompt lookup alone by default (its head: --head {shipped})")
-        return None
-    if path or (has_shipped and default_model and family.head_by_default):
+    if path or (has_shipped and default_model):
         head = MTPHead.load(path or shipped, dtype=dtype, backbone_cfg=backbone.cfg)
-    elif has_shipped:  # another model of the family (or Gemma 3's, asked for): the shipped head where it fits
+    elif has_shipped:  # another model of the family: the shipped head where it fits
         try:
             head = MTPHead.load(shipped, dtype=dtype, backbone_cfg=backbone.cfg)
         except CheckpointError as e:
