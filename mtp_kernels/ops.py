@@ -538,7 +538,8 @@ def head_draft(
 ) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
     k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
-    draft_vocab of the backbone's lm_head [V, H] in place. alternatives = m appends the first
+    draft_vocab of the backbone's lm_head [V, H] in place (or lm_head [Vd, H], Vd < V: those
+    rows gathered once by the caller, MTPHead.draft_lm_head). alternatives = m appends the first
     step's 2nd..(m+1)-th best drafts: [B, k + m] (a tree's other first drafts); see
     ``reference.head_draft``. embedding_type / lm_head_type: the GGML type number of an
     embedding / LM head given as GGUF block-type bytes (``mtp_kernels.gguf``), or -1."""

@@ -1116,15 +1116,14 @@ def head_draft(
     of the token) ; norm(h)], the blocks, whose attention reads the cache views k_cache,
     v_cache [B, Hkv, L, D] (keys [0, cache_lens[b]), in place) plus the block's own keys/values
     of steps 0..j; the draft = the token of draft_vocab [Vd] (None: every token, Vd = V) whose
-    row of the LM head lm_head [V, H] gives the largest logit for out_norm(x) (or, Vd < V, of
-    lm_head [Vd, H]: the draft vocabulary's rows gathered by the caller, row i token
-    draft_vocab[i]'s; see ``drafted_rows``) (logits in
+    row of the LM head lm_head [V, H] gives the largest logit for out_norm(x) (logits in
     hidden's dtype, torch.argmax's rules over the draft vocabulary's order); step j+1 takes
     that token and h = x. embedding [V, H]: float rows, or int8 with embedding_scale (Q8 rows:
     q * scale in fp32, then rounded to hidden's dtype); lm_head likewise float, or int8 with
     lm_head_scale (Q8 weights of mtp.linear). The kernel reads the draft vocabulary's rows of
-    lm_head in place (no copy of them). alternatives = m (k >= 1) appends the first step's next
-    m best drafts, [B, k + m]: its logits in torch.argmax's order (NaN first, then larger
+    lm_head in place (no copy of them); lm_head [Vd, H] with Vd < V is those rows gathered by
+    the caller (row i token draft_vocab[i]'s; ``drafted_rows``). alternatives = m (k >= 1)
+    appends the first step's next m best drafts, [B, k + m]: its logits in torch.argmax's order (NaN first, then larger
     values, ties to the lower draft-vocabulary index), the first draft left out.
     embedding_type / lm_head_type >= 0: that matrix is a GGUF block type's bytes (embedding
     rows ``gguf_dequantize`` in fp32, then rounded; logits ``gguf_linear``).

@@ -342,7 +342,10 @@ def test_head_draft_bad_input_raises_clear_errors():
     )
     lm_head = d.model.w(d.model.lm_head_name)  # [V, H]; d.args gives the draft vocabulary's rows [40, H]
     assert d.args(2)["lm_head"].shape[0] == 40
-    bad("lm_head.size(0) must equal V (embedding.size(0)) or Vd (draft_vocab.size(0)) = 97, got 39", lm_head=lm_head[:39])
+    bad(
+        "lm_head.size(0) must equal V (embedding.size(0)) or Vd (draft_vocab.size(0)) = 97, got 39",
+        lm_head=lm_head[:39],
+    )
     bad("lm_head.size(0) must equal V (embedding.size(0)) = 97, got 40", lm_head=lm_head[:40], draft_vocab=None)
     bad("lm_head must be 2-D [V, H] or [Vd, H]", lm_head=lm_head[0])
     bad("lm_head.size(1) must equal H (hidden.size(1))", lm_head=lm_head[:, :-1])

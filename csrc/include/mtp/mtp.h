@@ -423,7 +423,7 @@ MTP_API mtp_status mtp_decoder_layers_gemma3(const mtp_tensor* x, const mtp_tens
  * the embedding of the current token and the last hidden state, each normed, concatenated and
  * projected; the head's blocks (decoder layers whose attention reads one backbone layer's cache in
  * place, plus the head's own keys/values of the steps so far); the draft LM head (only the draft
- * vocabulary's rows of lm_head, read in place) and its argmax.
+ * vocabulary's rows of lm_head, read in place, or those rows gathered once by the caller) and its argmax.
  *   hidden           [B, H] float32 | bfloat16, any strides: the backbone's last hidden state
  *   token            [B] int32 | int64 in [0, V): the backbone's next token (at cache_lens[b])
  *   k_cache, v_cache [B, Hkv, L, D] hidden's dtype, any strides: the backbone layer the head reads
@@ -436,7 +436,9 @@ MTP_API mtp_status mtp_decoder_layers_gemma3(const mtp_tensor* x, const mtp_tens
  *   weights          num_weights = 4 + 6 * blocks views: embed_norm [H], hidden_norm [H], proj
  *                    [H, 2H], each block's 6 tensors as in mtp_decoder_layers, then out_norm [H];
  *                    matrices float or GGUF block dtypes (no int8); norms in hidden's dtype, unit stride
- *   lm_head          [V, H] as embedding, with lm_head_scale (or NULL)
+ *   lm_head          [V, H] as embedding, with lm_head_scale (or NULL); or, with a draft_vocab of
+ *                    Vd < V tokens, [Vd, H]: its rows gathered once (row i is token draft_vocab[i]'s), so
+ *                    that a caller drafting many times does not pay for the gather on every call
  *   draft_vocab      [Vd] int32 | int64 token ids in [0, V) (rows of lm_head), or NULL: all V
  *   k                draft steps >= 0;  num_heads, eps as mtp_decoder_layers
  *   drafts           [B, k] output int32 | int64, any strides: token ids
