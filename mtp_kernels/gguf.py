@@ -14,6 +14,7 @@ place.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -152,15 +153,22 @@ def repack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
 
 def file_rows(data: torch.Tensor, code: int, index) -> tuple[torch.Tensor, int]:
     """Rows ``index`` (an int tensor, any shape) of a matrix of type ``code`` in the file's
-    layout: (bytes [*index.shape, row_bytes], their type). An x8 matrix gives up only the
-    groups holding those rows, unpacked (8 rows' bytes per row asked)."""
+    layout: (bytes [*index.shape, row_bytes], their type). An x8 matrix's rows are read byte
+    by byte from their groups (one gather through _lane_bytes: a decode step's embedding row
+    costs one indexing op, not an unpack of its group)."""
     if code not in X8_TYPES:
         return data[index], code
-    flat = torch.as_tensor(index).reshape(-1)
-    rb = data.shape[1]
-    groups = data.view(-1, X8_ROWS * rb)[flat // X8_ROWS].view(-1, rb)
-    rows = unpack_x8(groups, code)[torch.arange(flat.numel()) * X8_ROWS + flat % X8_ROWS]
-    return rows.view(*torch.as_tensor(index).shape, rb), code - 100
+    index = torch.as_tensor(index)
+    flat, rb = index.reshape(-1), data.shape[1]
+    at = (flat // X8_ROWS * (X8_ROWS * rb))[:, None] + _lane_bytes(code, rb)[flat % X8_ROWS]
+    return data.view(-1)[at].view(*index.shape, rb), code - 100
+
+
+@functools.lru_cache(maxsize=32)
+def _lane_bytes(code: int, rb: int) -> torch.Tensor:
+    """[8, rb]: where byte j of row c's file-layout bytes lies in its x8 group (unpack_x8 of the
+    group's byte positions: the layout is a permutation of bytes)."""
+    return unpack_x8(torch.arange(X8_ROWS * rb).view(X8_ROWS, rb), code)
 
 
 def unpack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
