@@ -454,10 +454,14 @@ def test_fuzz_gguf_briefly(tmp_path):
     tiny GGUF: any input that escapes as another exception, hangs or crashes fails the run
     (libFuzzer exits non-zero and writes the input); `make fuzz` runs it for 10 minutes."""
     import os
+    import resource
     import subprocess
     import sys
 
     target = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_gguf.py")
+    # libFuzzer's RSS is the process's peak, which a child inherits from this one across exec
+    # (6 GB after the Gemma 270M tests): its default limit of 2 GB counts from that peak.
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     r = subprocess.run(
         [
             sys.executable,
@@ -465,6 +469,7 @@ def test_fuzz_gguf_briefly(tmp_path):
             "-max_total_time=20",
             "-seed=1",
             "-timeout=30",
+            f"-rss_limit_mb={2048 + peak_mb}",
             f"-artifact_prefix={tmp_path}/",
             str(tmp_path / "corpus"),
         ],
