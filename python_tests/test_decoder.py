@@ -296,6 +296,12 @@ def test_head_draft_lm_head_as_the_draft_rows_or_read_through_them(isa, dtype, q
     assert torch.equal(got, torch.ops.mtp.head_draft(**full, alternatives=2))
     assert torch.equal(reference.head_draft(**rows, alternatives=2, ops=KERNEL_OPS), got)
     assert d.head.draft_lm_head(d.model)[0] is rows["lm_head"]  # cached: gathered once
+    other = torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(9))[:vocab]
+    d.head.set_draft_vocab(other)  # a new vocabulary (same size): gathered again
+    assert torch.equal(d.head.draft_lm_head(d.model)[0], d.model.w(name)[other])
+    with torch.no_grad():
+        d.model.w(name)[other[0]] += 1  # the LM head changed in place: gathered again
+    assert torch.equal(d.head.draft_lm_head(d.model)[0], d.model.w(name)[other])
     perm = d.args(3, **{k: full[k] for k in ("lm_head", "lm_head_scale")}, draft_vocab=torch.randperm(TINY.vocab_size))
     assert torch.equal(torch.ops.mtp.head_draft(**perm), reference.head_draft(**perm, ops=KERNEL_OPS))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import weakref
 
 import torch
 
@@ -316,6 +317,7 @@ class MTPHead(torch.nn.Module):
         c, dt = self.cfg, backbone.dtype
         layer = c.kv_layer % backbone.cfg.num_layers
         name = "model.embed_tokens.weight"
+        lm_head, lm_head_scale, _ = self.draft_lm_head(backbone)
         return dict(
             hidden=(self.first_hidden(hidden) if hidden.dim() == 3 or self.cfg.fuse_layers else hidden).to(dt),
             token=token,
@@ -327,8 +329,8 @@ class MTPHead(torch.nn.Module):
             embedding=backbone.w(name),
             embedding_scale=backbone.scale(name),
             weights=self.draft_weights(dt),
-            lm_head=self.draft_lm_head(backbone)[0],
-            lm_head_scale=self.draft_lm_head(backbone)[1],
+            lm_head=lm_head,
+            lm_head_scale=lm_head_scale,
             draft_vocab=self.draft_vocab if self.draft_vocab.numel() else None,
             k=k,
             num_heads=c.num_heads,
@@ -361,23 +363,27 @@ class MTPHead(torch.nn.Module):
         """mtp.head_draft's lm_head, lm_head_scale and the GGUF type of lm_head (None: not a
         block type): with a draft vocabulary (Vd < V), its rows of the backbone's LM head
         gathered once (row i token draft_vocab[i]'s; in the x8 layout when the type has one
-        and Vd is a multiple of 8) and cached while the LM head and the vocabulary stay unchanged, so that no draft
-        gathers them again: on Gemma 3 that gather (4096 of 262,144 rows of an x8 LM head) was
-        ~5 ms of a ~6 ms draft. Else the backbone's own. The same logits, so the same drafts."""
-        w, name, vocab = backbone.w(backbone.lm_head_name), backbone.lm_head_name, self.draft_vocab
-        scale, code = backbone.scale(name), backbone.gguf_type(name)
+        and Vd is a multiple of 8) and cached while the same LM head, scales and vocabulary
+        tensors are unchanged (weak references and versions), so that no draft gathers them
+        again: on Gemma 3 that gather (4096 of 262,144 rows of an x8 LM head) was ~5 ms of a
+        ~6 ms draft. Else the backbone's own. The same logits, so the same drafts."""
+        name, vocab = backbone.lm_head_name, self.draft_vocab
+        w, scale, code = backbone.w(name), backbone.scale(name), backbone.gguf_type(name)
         if not 0 < vocab.numel() < w.shape[0]:
             return w, scale, code
-        key = (w.data_ptr(), w._version, tuple(w.shape), code, vocab.data_ptr(), vocab._version, vocab.numel())
-        if getattr(self, "_draft_lm_head", (None,))[0] != key:
+        sources = (w, scale, vocab)
+        key = (code, *(None if t is None else t._version for t in sources))
+        cached = getattr(self, "_draft_lm_head", None)
+        if cached is None or cached[1] != key or any(r() is not t for r, t in zip(cached[0], sources)):
             if code is None:
                 rows = (w[vocab].contiguous(), None if scale is None else scale[vocab].contiguous(), None)
             else:
                 data, file_code = file_rows(w, code, vocab)
                 x8 = file_code + 100 in X8_TYPES and vocab.numel() % X8_ROWS == 0
                 rows = (repack_x8(data, file_code) if x8 else data.contiguous(), None, file_code + 100 * x8)
-            self._draft_lm_head = (key, rows)
-        return self._draft_lm_head[1]
+            refs = tuple((lambda: None) if t is None else weakref.ref(t) for t in sources)
+            self._draft_lm_head = (refs, key, rows)
+        return self._draft_lm_head[2]
 
     def draft_types(self, backbone: Backbone) -> dict:
         """mtp.head_draft's embedding_type / lm_head_type for a native backbone (its embedding
