@@ -1123,8 +1123,9 @@ def head_draft(
     lm_head_scale (Q8 weights of mtp.linear). The kernel reads the draft vocabulary's rows of
     lm_head in place (no copy of them); lm_head [Vd, H] with Vd < V is those rows gathered by
     the caller (row i token draft_vocab[i]'s; ``drafted_rows``). alternatives = m (k >= 1)
-    appends the first step's next m best drafts, [B, k + m]: its logits in torch.argmax's order (NaN first, then larger
-    values, ties to the lower draft-vocabulary index), the first draft left out.
+    appends the first step's next m best drafts, [B, k + m]: its logits in torch.argmax's
+    order (NaN first, then larger values, ties to the lower draft-vocabulary index), the first
+    draft left out.
     embedding_type / lm_head_type >= 0: that matrix is a GGUF block type's bytes (embedding
     rows ``gguf_dequantize`` in fp32, then rounded; logits ``gguf_linear``).
 
