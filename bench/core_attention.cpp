@@ -3,7 +3,7 @@
 // caches in turn, 96 MB streamed past the caches before each pass (the layers' weights evict
 // them in decoding), on the C API's thread pool (mtp/parallel.h; the torch ops use torch's
 // parallel_for). Prints the mean and best microseconds per layer over `passes` passes.
-// bench/ab_attention.sh builds it against two commits and alternates them.
+// bench/ab_core.sh A B attention ... builds it against two commits and alternates them.
 //   core_attention n T threads passes
 #include <chrono>
 #include <cstdio>
