@@ -2,8 +2,9 @@
 stored, the shipped head, K = 2) spends its time, on this machine: the backbone's layers over
 T = 1 (a plain step) and T = 3 (the verify pass of a K = 2 chain) with 1 and 2 threads, the LM
 head over those rows right after the layers (its 30 MB out of cache, as in decoding), and the
-head's draft both hot (called again and again) and right after a backbone pass (its 8 MB of
-bf16 weights evicted, as in decoding). Each figure the median of ROUNDS rounds of 30 calls,
+head's draft both hot (called again and again) and right after a backbone pass (its weights
+evicted, as in decoding), with its matrices as shipped by default (Q8_0, 4.5 MB) and in bf16
+(8.4 MB). Each figure the median of ROUNDS rounds of 30 calls,
 the variants interleaved round by round on this shared machine; prints the read bandwidth the
 layers reach (their matrices' bytes / time) beside the read bandwidth of a torch sum measured in the same run.
 
@@ -25,6 +26,8 @@ def main():
     args = p.parse_args()
     _, model, _, what = load_backbone(None, None, print)
     head = load_head(None, model, print)
+    bf16_head = load_head(None, model, lambda _: None)  # the same head with its matrices in bf16 (the
+    bf16_head.matrix_dtype = torch.bfloat16  # default before 2026-12-03's Q8_0): both timed
     cache = model.new_cache(1, 512)
     hidden = model(torch.randint(0, 49152, (1, 200), generator=torch.Generator().manual_seed(0)), cache)[:, -1]
     base, token = cache.lens.clone(), torch.tensor([100])
@@ -53,13 +56,13 @@ def main():
         _, h = seconds(model, torch.tensor([[100 + t for t in range(T)]]), cache)
         return seconds(model.logits, h)[0]
 
-    def draft():
-        return seconds(head.draft, model, cache, hidden, token, 2)[0]
+    def draft(h=head):
+        return seconds(h.draft, model, cache, hidden, token, 2)[0]
 
-    def draft_after_pass():  # the head's weights evicted by a verify pass and its logits
+    def draft_after_pass(h=head):  # the head's weights evicted by a verify pass and its logits
         model.logits(model(torch.tensor([[5, 6, 7]]), cache))
         cache.truncate(base)
-        return draft()
+        return draft(h)
 
     big = torch.ones(64 << 20)  # 256 MB, beyond the caches: the read bandwidth of a torch sum, 2 threads
     gbs = []
@@ -73,8 +76,9 @@ def main():
                     f"LM head over T={T} rows after the layers, {threads} thread(s)", lambda T=T: logits_after_layers(T)
                 )
         torch.set_num_threads(2)
-        record("head draft K=2, hot", draft)
-        record("head draft K=2, after a backbone pass", draft_after_pass)
+        for name, h in ((head.matrix_dtype, head), ("bf16", bf16_head)):
+            record(f"head draft K=2, {name} matrices, hot", lambda h=h: draft(h))
+            record(f"head draft K=2, {name} matrices, after a backbone pass", lambda h=h: draft_after_pass(h))
         gbs.append(big.numel() * 4 / min(seconds(big.sum)[0] for _ in range(5)) / 1e9)
     print(f"{what}; layers' matrices {layer_bytes / 1e6:.1f} MB, LM head {lm.numel() * lm.element_size() / 1e6:.1f} MB")
     print("| part | ms (median of rounds) | rounds |\n|---|---:|---|")

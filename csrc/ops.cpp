@@ -65,7 +65,7 @@ STABLE_TORCH_LIBRARY(mtp, m) {
       "head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
       " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
       " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0,"
-      " int embedding_type=-1, int lm_head_type=-1) -> Tensor");
+      " int embedding_type=-1, int lm_head_type=-1, int[]? weight_types=None) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

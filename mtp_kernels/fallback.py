@@ -185,9 +185,11 @@ def head_draft(
     alternatives=0,
     embedding_type=-1,
     lm_head_type=-1,
+    weight_types=None,
 ):
     op = "mtp.head_draft"
     C.check(embedding_type == -1 and lm_head_type == -1, op, C.GGUF_CPU_ONLY)
+    C.check(not weight_types or all(t == -1 for t in weight_types), op, C.GGUF_CPU_ONLY)
     C.check_dim(op, "hidden", hidden, 2, "[B, H]")
     C.check(k >= 0, op, f"k (draft steps) must be >= 0, got {k}")
     C.check_dim(op, "k_cache", k_cache, 4, "[B, Hkv, L, D]")

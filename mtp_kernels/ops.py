@@ -535,6 +535,7 @@ def head_draft(
     alternatives: int = 0,
     embedding_type: int = -1,
     lm_head_type: int = -1,
+    weight_types: Optional[list[int]] = None,
 ) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
     k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
@@ -542,7 +543,10 @@ def head_draft(
     rows gathered once by the caller, MTPHead.draft_lm_head). alternatives = m appends the first
     step's 2nd..(m+1)-th best drafts: [B, k + m] (a tree's other first drafts); see
     ``reference.head_draft``. embedding_type / lm_head_type: the GGML type number of an
-    embedding / LM head given as GGUF block-type bytes (``mtp_kernels.gguf``), or -1."""
+    embedding / LM head given as GGUF block-type bytes (``mtp_kernels.gguf``), or -1.
+    weight_types: the same per matrix of the head's own (proj, then qkv, o_proj, gate_up,
+    down_proj of each block; -1 a float one), or None: all float (MTPHead's matrices in 8 bits
+    as Q8_0, half a draft's bytes)."""
     return torch.ops.mtp.head_draft.default(
         hidden,
         token,
@@ -563,6 +567,7 @@ def head_draft(
         alternatives=alternatives,
         embedding_type=embedding_type,
         lm_head_type=lm_head_type,
+        weight_types=weight_types,
     )
 
 
@@ -587,6 +592,7 @@ def _head_draft_fake(
     alternatives=0,
     embedding_type=-1,
     lm_head_type=-1,
+    weight_types=None,
 ):
     torch._check(hidden.dim() == 2, lambda: "mtp.head_draft: hidden must be 2-D [B, H]")
     _check_same_device(

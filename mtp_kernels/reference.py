@@ -1105,6 +1105,7 @@ def head_draft(
     alternatives: int = 0,
     embedding_type: int = -1,
     lm_head_type: int = -1,
+    weight_types: Optional[list[int]] = None,
     ops=None,
 ) -> torch.Tensor:
     """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
@@ -1127,7 +1128,9 @@ def head_draft(
     order (NaN first, then larger values, ties to the lower draft-vocabulary index), the first
     draft left out.
     embedding_type / lm_head_type >= 0: that matrix is a GGUF block type's bytes (embedding
-    rows ``gguf_dequantize`` in fp32, then rounded; logits ``gguf_linear``).
+    rows ``gguf_dequantize`` in fp32, then rounded; logits ``gguf_linear``). weight_types: the
+    same for the head's own matrices (proj, then qkv, o_proj, gate_up, down_proj of each block;
+    -1 a float one; None: all float): their products ``gguf_linear``.
 
     ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
     drafts exactly."""
@@ -1136,6 +1139,7 @@ def head_draft(
     Hkv = k_cache.shape[1]
     blocks = [weights[3 + 6 * i : 9 + 6 * i] for i in range((len(weights) - 4) // 6)]
     embed_norm, hidden_norm, proj, out_norm = weights[0], weights[1], weights[2], weights[-1]
+    types = list(weight_types) if weight_types is not None else [-1] * (1 + 4 * len(blocks))
     local = [
         (k_cache.new_zeros(B, Hkv, k, k_cache.shape[3]), k_cache.new_zeros(B, Hkv, k, k_cache.shape[3])) for _ in blocks
     ]
@@ -1162,6 +1166,7 @@ def head_draft(
                 [ops.rms_norm(e.to(hidden.dtype)[:, None], embed_norm, eps), ops.rms_norm(h, hidden_norm, eps)], dim=-1
             ),
             proj,
+            gguf_type=types[0] if types[0] >= 0 else None,
         )
         a = ops.rms_norm(x, blocks[0][0] if blocks else out_norm, eps)
         for i, w in enumerate(blocks):
@@ -1174,7 +1179,8 @@ def head_draft(
                 )
 
             after = blocks[i + 1][0] if i + 1 < len(blocks) else out_norm
-            x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend)
+            block_types = tuple(types[1 + 4 * i : 5 + 4 * i])
+            x, a = _layer(ops, x, a, w, (None,) * 4, after, cos, sin, num_heads, Hkv, eps, False, attend, block_types)
         h = x
         logits = (
             ops.linear(a, rows, None, None, gguf_type=lm_head_type)

@@ -306,6 +306,65 @@ def test_head_draft_lm_head_as_the_draft_rows_or_read_through_them(isa, dtype, q
     assert torch.equal(torch.ops.mtp.head_draft(**perm), reference.head_draft(**perm, ops=KERNEL_OPS))
 
 
+@pytest.mark.parametrize("dtype,quantize,lens,blocks,vocab", DRAFT_CASES)
+def test_head_draft_q8_0_matrices_equal_the_op_by_op_composition(isa, dtype, quantize, lens, blocks, vocab):
+    """MTPHead.matrix_dtype = "q8_0": the head's own matrices as GGUF Q8_0 (x8 where the rows
+    come in 8s, the file layout else), their types in weight_types; the drafts are the
+    composition's bitwise, the x8 and file layouts give the same, and the Q8_0 values are the
+    float matrices' within half a step (plus the fp16 rounding of the step: <= 127 x 2^-11 steps)."""
+    d = Draft(dtype, quantize, lens, blocks, vocab)
+    d.head.matrix_dtype = torch.float32  # the parameters' own values, which Q8_0 is made from
+    floats = d.args(3)["weights"]
+    d.head.matrix_dtype = "q8_0"
+    args = dict(d.args(3), **d.head.draft_types(d.model))  # weight_types: keyword-only, as draft_types gives it
+    types = args["weight_types"]
+    assert len(types) == 1 + 4 * blocks and set(types) <= {8, 108} and 108 in types
+    got = torch.ops.mtp.head_draft(**args, alternatives=2)
+    assert torch.equal(got, reference.head_draft(**args, alternatives=2, ops=KERNEL_OPS))
+    matrices = [2] + [3 + 6 * i + j for i in range(blocks) for j in (1, 2, 4, 5)]
+    file_layout = list(args["weights"])
+    for t, i in zip(types, matrices):
+        w = args["weights"][i]
+        assert w.dtype == torch.uint8
+        rows = reference.x8_file_rows(w, t) if t == 108 else w
+        file_layout[i] = rows
+        values = reference.gguf_dequantize(rows, 8)
+        assert values.shape == floats[i].shape
+        step = floats[i].float().abs().reshape(values.shape[0], -1, 32).amax(-1, keepdim=True) / 127
+        assert ((values - floats[i].float()).reshape(step.shape[0], -1, 32).abs() <= step * (0.5 + 127 / 2048)).all()
+    same = torch.ops.mtp.head_draft(**dict(args, weights=file_layout, weight_types=[8] * len(types)), alternatives=2)
+    assert torch.equal(same, got)
+    assert torch.equal(d.head.draft(d.model, d.cache, d.hidden, d.token, 3, alternatives=2), got)
+    d.head.matrix_dtype = None  # back to float: the float weights and no types again
+    assert d.head.draft_types(d.model) == {} and torch.equal(d.args(3)["weights"][2], floats[2].to(dtype))
+
+
+def test_head_draft_weight_types_bad_input_raises_clear_errors():
+    d = Draft(torch.float32, False, [3, 9], 1, 40)
+    d.head.matrix_dtype = "q8_0"
+    args = dict(d.args(2), **d.head.draft_types(d.model))
+
+    def bad(message, **changes):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            torch.ops.mtp.head_draft(**dict(args, **changes))
+
+    bad(
+        "weight_types must hold one GGML type number (or -1: a float or Q8 matrix) per matrix, proj, then 4 per "
+        "block (qkv, o_proj, gate_up, down_proj): 5 values, got 4",
+        weight_types=args["weight_types"][:4],
+    )
+    bad("weight_types[1]: ", weight_types=[108, 99, 108, 108, 108])
+    floats = args["weights"][:2] + [torch.zeros(64, 128)] + args["weights"][3:]
+    bad(
+        "weights[2] (proj) of GGML type 108 (Q8_0_X8) must be its uint8 bytes [N, row bytes], got Float", weights=floats
+    )
+    bad("weights[2] (proj) must be Float or BFloat16 or Char, got Byte", weight_types=None)
+    torch.library.opcheck(torch.ops.mtp.head_draft.default, tuple(d.args(2).values()), d.head.draft_types(d.model))
+    with pytest.raises(ValueError, match="matrix_dtype 'q4_0': a torch dtype or one of"):
+        d.head.matrix_dtype = "q4_0"
+        d.args(2)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_head_draft_picks_the_reference_ops_drafts(seed):
     """fp32: the reference ops (fp64 linear and attention) pick the same drafts (no near-ties

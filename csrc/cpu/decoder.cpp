@@ -168,6 +168,21 @@ std::vector<int64_t> checked_tree(const char* op, const Tensor& t, int64_t B, in
   return parents;
 }
 
+// weight_types (or none: empty), checked: one GGML type number or -1 per matrix, `count` of
+// them (`which`: the matrices in words).
+std::vector<int64_t> checked_types(const char* op, const std::optional<std::vector<int64_t>>& weight_types,
+                                   int64_t count, const std::string& which) {
+  if (!weight_types.has_value()) return {};
+  const std::vector<int64_t>& types = *weight_types;
+  MTP_CHECK(int64_t(types.size()) == count, op,
+            ": weight_types must hold one GGML type number (or -1: a float or Q8 matrix) per matrix, ", which, ": ",
+            count, " values, got ", types.size());
+  for (size_t i = 0; i < types.size(); ++i)
+    MTP_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), op, ": weight_types[", i,
+              "]: ", gguf_type_error(types[i]), " (or -1)");
+  return types;
+}
+
 Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_lens,
                           const Tensor& rope_cos, const Tensor& rope_sin, const TensorList& weights,
                           const TensorList& weight_scales, int64_t num_heads, double eps, bool quantize_x,
@@ -257,18 +272,9 @@ Tensor decoder_layers_cpu(const Tensor& x, const Tensor& k_cache, const Tensor& 
             weight_scales.size());
   MTP_CHECK(!quantize_x || q8, kDecoder,
             ": quantize_x=True needs int8 weights with their scales (mtp_kernels.quantize_q8), got float weights");
-  std::vector<int64_t> types;
-  if (weight_types.has_value()) {
-    types = *weight_types;
-    MTP_CHECK(int64_t(types.size()) == kLayerMatrices * a.layers, kDecoder,
-              ": weight_types must hold one GGML type "
-              "number (or -1: a float or Q8 matrix) per matrix, ",
-              kLayerMatrices, " per layer (qkv, o_proj, gate_up, down_proj): ", kLayerMatrices * a.layers,
-              " values, got ", types.size());
-    for (size_t i = 0; i < types.size(); ++i)
-      MTP_CHECK(types[i] == -1 || gguf_type_error(types[i]).empty(), kDecoder, ": weight_types[", i,
-                "]: ", gguf_type_error(types[i]), " (or -1)");
-  }
+  const std::vector<int64_t> types =
+      checked_types(kDecoder, weight_types, kLayerMatrices * a.layers,
+                    std::to_string(kLayerMatrices) + " per layer (qkv, o_proj, gate_up, down_proj)");
   const WeightNames names = gemma3 ? WeightNames{{}, a.layers, "layer", "the final norm", kGemma3LayerParts, per}
                                    : WeightNames{{}, a.layers, "layer", "the final norm"};
   std::vector<DecoderLayer> layers =
@@ -366,8 +372,8 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
                       const Tensor& cache_lens, const Tensor& rope_cos, const Tensor& rope_sin, const Tensor& embedding,
                       const std::optional<Tensor>& embedding_scale, const TensorList& weights, const Tensor& lm_head,
                       const std::optional<Tensor>& lm_head_scale, const std::optional<Tensor>& draft_vocab, int64_t k,
-                      int64_t num_heads, double eps, int64_t alternatives, int64_t embedding_type,
-                      int64_t lm_head_type) {
+                      int64_t num_heads, double eps, int64_t alternatives, int64_t embedding_type, int64_t lm_head_type,
+                      const std::optional<std::vector<int64_t>>& weight_types) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
   check_dtype(op, "hidden", hidden, {ScalarType::Float, ScalarType::BFloat16});
@@ -415,9 +421,16 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
   check_norm(op, weights[0], names(0), a.H, hidden, "hidden");
   check_norm(op, weights[1], names(1), a.H, hidden, "hidden");
   check_norm(op, weights[n - 1], names(n - 1), a.H, hidden, "hidden");
-  a.proj = matrix(op, weights[2], std::nullopt, names(2), a.H, "H", 2 * a.H, "2H");
+  // weight_types: proj's, then the 4 matrices of each block (a block type: the head's matrices
+  // in 8 bits, half a draft's bytes).
+  const std::vector<int64_t> types =
+      checked_types(op, weight_types, 1 + kLayerMatrices * a.blocks,
+                    "proj, then " + std::to_string(kLayerMatrices) + " per block (qkv, o_proj, gate_up, down_proj)");
+  a.proj = matrix(op, weights[2], std::nullopt, names(2), a.H, "H", 2 * a.H, "2H", "weight_scales",
+                  types.empty() ? -1 : types[0]);
   std::vector<DecoderLayer> blocks =
-      parse_layers(op, weights, 3, a.blocks, {}, names, a.H, widths, hidden, "hidden", &a.I);
+      parse_layers(op, weights, 3, a.blocks, {}, names, a.H, widths, hidden, "hidden", &a.I,
+                   types.empty() ? types : std::vector<int64_t>(types.begin() + 1, types.end()));
 
   a.Vd = a.V;
   std::vector<int64_t> vocab;

@@ -28,6 +28,9 @@ from ..gguf import X8_ROWS, X8_TYPES, file_rows, repack_x8
 from ..reference import rms_norm
 from .llama import Backbone, KVCache
 
+# The GGUF block types a head's matrices can be drafted in (MTPHead.matrix_dtype): GGML numbers.
+HEAD_BLOCK_TYPES = {"q8_0": 8}
+
 MAX_BLOCKS = 64  # dense blocks of one head (the shipped one has 1)
 
 
@@ -147,8 +150,9 @@ class MTPHead(torch.nn.Module):
             self.fuse = torch.nn.Parameter(torch.zeros(c.hidden_size, n * c.hidden_size))
         # Token ids of the draft vocabulary (empty: full vocabulary).
         self.register_buffer("draft_vocab", torch.zeros(0, dtype=torch.int64))
-        # The dtype its matrices are read in when drafting (None: the backbone's; see draft_weights).
-        self.matrix_dtype: torch.dtype | None = None
+        # The dtype its matrices are read in when drafting (None: the backbone's; "q8_0": GGUF
+        # Q8_0 blocks; see draft_weights).
+        self.matrix_dtype: torch.dtype | str | None = None
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         self.draft_vocab = ids.to(torch.int64).contiguous()
@@ -272,25 +276,47 @@ class MTPHead(torch.nn.Module):
     def draft_weights(self, dtype: torch.dtype) -> list[torch.Tensor]:
         """mtp.head_draft's weights: embed_norm, hidden_norm, proj, per block its decoder-layer
         parts (q/k/v and gate/up fused into one matrix each), out_norm; the norms in `dtype` (the
-        backbone's), the matrices in `matrix_dtype` when it is set (else `dtype`). Cached until a
-        parameter changes (in place or replaced) or a dtype does. When the head is already in
-        that dtype (models.loading.load_head puts it there) nothing is copied: the fused
-        matrices become the parameters' storage (each projection a row view of its fused one)."""
+        backbone's), the matrices in `matrix_dtype` when it is set (else `dtype`): a torch dtype,
+        or "q8_0": each matrix quantized once to GGUF Q8_0 blocks (x8 layout; the GGML types in
+        draft_weight_types), half a bf16 draft's bytes. Cached until a parameter changes (in
+        place or replaced) or a dtype does. When the head is already in a torch matrix dtype
+        (models.loading.load_head puts it there) nothing is copied: the fused matrices become
+        the parameters' storage (each projection a row view of its fused one)."""
+        return self._draft_cached(dtype)[0]
+
+    def draft_weight_types(self, dtype: torch.dtype) -> list[int] | None:
+        """mtp.head_draft's weight_types for draft_weights(dtype): per matrix (proj, then qkv,
+        o_proj, gate_up, down_proj of each block) its GGML type; None for float matrices."""
+        return self._draft_cached(dtype)[1]
+
+    def _draft_cached(self, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int] | None]:
         mats = self.matrix_dtype or dtype
+        block = HEAD_BLOCK_TYPES.get(mats) if isinstance(mats, str) else None
+        if isinstance(mats, str) and block is None:
+            raise ValueError(f"matrix_dtype {mats!r}: a torch dtype or one of {sorted(HEAD_BLOCK_TYPES)}")
         if getattr(self, "_draft_weights", (None,))[0] != self._draft_key(dtype):
+            fused = self.proj.dtype if block is not None else mats  # quantized below from the parameters' values
             with torch.no_grad():
-                out = [self.embed_norm.to(dtype), self.hidden_norm.to(dtype), self.proj.to(mats)]
+                matrices = [self.proj.to(fused)]
                 for b in self.blocks:
-                    out += [
-                        b.attn_norm.to(dtype),
-                        _fused(mats, b.q_proj, b.k_proj, b.v_proj),
-                        b.o_proj.to(mats),
-                        b.mlp_norm.to(dtype),
-                        _fused(mats, b.gate_proj, b.up_proj),
-                        b.down_proj.to(mats),
+                    matrices += [
+                        _fused(fused, b.q_proj, b.k_proj, b.v_proj),
+                        b.o_proj.to(fused),
+                        _fused(fused, b.gate_proj, b.up_proj),
+                        b.down_proj.to(fused),
                     ]
+                types = None
+                if block is not None:
+                    matrices, types = zip(*(_gguf_matrix(m, block) for m in matrices))
+                out = [self.embed_norm.to(dtype), self.hidden_norm.to(dtype), matrices[0]]
+                for i, b in enumerate(self.blocks):
+                    out += [b.attn_norm.to(dtype), *matrices[1 + 4 * i : 3 + 4 * i], b.mlp_norm.to(dtype)]
+                    out += matrices[3 + 4 * i : 5 + 4 * i]
                 out.append(self.out_norm.to(dtype))
-                self._draft_weights = (self._draft_key(dtype), [w.detach().contiguous() for w in out])
+                self._draft_weights = (
+                    self._draft_key(dtype),
+                    ([w.detach().contiguous() for w in out], None if types is None else list(types)),
+                )
         return self._draft_weights[1]
 
     def _draft_key(self, dtype: torch.dtype) -> tuple:
@@ -386,15 +412,14 @@ class MTPHead(torch.nn.Module):
         return self._draft_lm_head[2]
 
     def draft_types(self, backbone: Backbone) -> dict:
-        """mtp.head_draft's embedding_type / lm_head_type for a native backbone (its embedding
-        and LM head are the GGUF file's uint8 rows of that GGML type; the LM head's as
-        draft_lm_head gives it); {} otherwise."""
+        """mtp.head_draft's keyword arguments of block-type matrices: embedding_type /
+        lm_head_type for a native backbone (its embedding and LM head are the GGUF file's uint8
+        rows of that GGML type; the LM head's as draft_lm_head gives it), weight_types when the
+        head's own matrices are (matrix_dtype "q8_0"); {} when none is."""
         emb, head = backbone.gguf_type("model.embed_tokens.weight"), self.draft_lm_head(backbone)[2]
-        return (
-            {}
-            if emb is None and head is None
-            else {"embedding_type": -1 if emb is None else emb, "lm_head_type": -1 if head is None else head}
-        )
+        types = {} if emb is None and head is None else {"embedding_type": emb, "lm_head_type": head}
+        mine = self.draft_weight_types(backbone.dtype)
+        return {k: -1 if v is None else v for k, v in types.items()} | ({"weight_types": mine} if mine else {})
 
 
 def check_global_layer(kv_layer: int, backbone_cfg, what: str) -> None:
@@ -426,6 +451,16 @@ def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
             f"this head's draft_vocab_size {c.draft_vocab_size} exceeds the backbone's vocabulary of "
             f"{backbone_cfg.vocab_size}"
         )
+
+
+def _gguf_matrix(w: torch.Tensor, code: int) -> tuple[torch.Tensor, int]:
+    """w [N, K] as the bytes of GGML type `code` (gguf's quantizer, llama.cpp's rule; fp32
+    first) and their type: in the x8 layout when it has one and N is a multiple of 8."""
+    import gguf
+
+    data = torch.from_numpy(gguf.quants.quantize(w.float().cpu().numpy(), gguf.GGMLQuantizationType(code)))
+    x8 = code + 100 in X8_TYPES and w.shape[0] % X8_ROWS == 0
+    return (repack_x8(data, code) if x8 else data.contiguous()), code + 100 * x8
 
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:

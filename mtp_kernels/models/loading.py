@@ -20,14 +20,18 @@ GEMMA3_NATIVE_DTYPE = "float32"
 @dataclass(frozen=True)
 class FamilyDefaults:
     """A family's defaults: its default model's shipped head (folder under SHIPPED_HEADS; the
-    drafter's is `<head>-drafter`) and the dtype of the head's matrices (None: the backbone's)."""
+    drafter's is `<head>-drafter`) and the dtype of the head's matrices (None: the backbone's;
+    a key of head.HEAD_BLOCK_TYPES: that GGUF block type, quantized once at load)."""
 
     head: str
     head_matrix_dtype: str | None
 
 
 DEFAULTS = {
-    "llama": FamilyDefaults("smollm2-135m", None),
+    # SmolLM2: the head's matrices in Q8_0 (x8), quantized at load from the shipped bf16: a
+    # draft right after a backbone pass (its weights evicted, as in decoding) 1.23 -> 0.89 ms,
+    # tau unchanged on bench/eval_set.jsonl (bench/pass_breakdown.py, RESULTS 2026-12-03 night).
+    "llama": FamilyDefaults("smollm2-135m", "q8_0"),
     # Gemma 3: activations fp32, the head's matrices bf16 (the dtype they ship in): half the
     # bytes of a draft step, reference.head_draft's bits. Its head drafts by default since its
     # draft LM head is gathered once (MTPHead.draft_lm_head): head + lookup measured faster than
@@ -43,13 +47,14 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     labelled."""
     import torch
 
-    from .head import HeadConfig, MTPHead
+    from .head import HEAD_BLOCK_TYPES, HeadConfig, MTPHead
     from .llama import DTYPES
 
     family = DEFAULTS[backbone.family]
     shipped = os.path.join(SHIPPED_HEADS, family.head)
     has_shipped = os.path.isfile(os.path.join(shipped, "config.json"))
-    dtype = DTYPES[family.head_matrix_dtype] if family.head_matrix_dtype else backbone.dtype
+    matrices = family.head_matrix_dtype
+    dtype = DTYPES[matrices] if matrices in DTYPES else backbone.dtype
     head = None
     if path or (has_shipped and default_model):
         head = MTPHead.load(path or shipped, dtype=dtype, backbone_cfg=backbone.cfg)
@@ -63,7 +68,7 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg, kv_layer=_global_layer(backbone.cfg)))
     head.check_fits(backbone.cfg)
     head.to(dtype)  # once here: draft() would otherwise cast every weight per call
-    head.matrix_dtype = dtype
+    head.matrix_dtype = matrices if matrices in HEAD_BLOCK_TYPES else dtype
     if not head.cfg.trained:
         log(
             "note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
