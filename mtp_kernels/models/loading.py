@@ -32,11 +32,11 @@ DEFAULTS = {
     # draft right after a backbone pass (its weights evicted, as in decoding) 1.23 -> 0.89 ms,
     # tau unchanged on bench/eval_set.jsonl (bench/pass_breakdown.py, RESULTS 2026-12-03 night).
     "llama": FamilyDefaults("smollm2-135m", "q8_0"),
-    # Gemma 3: activations fp32, the head's matrices bf16 (the dtype they ship in): half the
-    # bytes of a draft step, reference.head_draft's bits. Its head drafts by default since its
-    # draft LM head is gathered once (MTPHead.draft_lm_head): head + lookup measured faster than
-    # lookup alone (bench/RESULTS.md, 2026-12-03).
-    "gemma3": FamilyDefaults("gemma3-270m", "bfloat16"),
+    # Gemma 3: activations fp32, the head's matrices Q8_0 too (bf16 before: half fp32's bytes):
+    # a K = 2 draft 1.23 -> 0.58 ms hot, 1.86 -> 1.38 ms right after a pass, reference.head_draft's
+    # bits. Its head drafts by default since its draft LM head is gathered once
+    # (MTPHead.draft_lm_head): head + lookup measured faster than lookup alone (RESULTS, 2026-12-03).
+    "gemma3": FamilyDefaults("gemma3-270m", "q8_0"),
 }
 
 
@@ -54,7 +54,10 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     shipped = os.path.join(SHIPPED_HEADS, family.head)
     has_shipped = os.path.isfile(os.path.join(shipped, "config.json"))
     matrices = family.head_matrix_dtype
-    dtype = DTYPES[matrices] if matrices in DTYPES else backbone.dtype
+    # The parameters in their matrices' dtype; quantized ones stay in bf16, the dtype heads
+    # ship in (Q8_0 is made from those values; an fp32 copy would only cost memory).
+    quantized = matrices in HEAD_BLOCK_TYPES
+    dtype = DTYPES[matrices] if matrices in DTYPES else torch.bfloat16 if quantized else backbone.dtype
     head = None
     if path or (has_shipped and default_model):
         head = MTPHead.load(path or shipped, dtype=dtype, backbone_cfg=backbone.cfg)
@@ -68,7 +71,7 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg, kv_layer=_global_layer(backbone.cfg)))
     head.check_fits(backbone.cfg)
     head.to(dtype)  # once here: draft() would otherwise cast every weight per call
-    head.matrix_dtype = matrices if matrices in HEAD_BLOCK_TYPES else dtype
+    head.matrix_dtype = matrices if quantized else dtype
     if not head.cfg.trained:
         log(
             "note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
