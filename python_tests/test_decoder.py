@@ -365,6 +365,26 @@ def test_head_draft_weight_types_bad_input_raises_clear_errors():
         d.args(2)
 
 
+def test_q8_0_matrices_need_whole_blocks():
+    """A head whose rows are not whole Q8_0 blocks (H = 48): matrix_dtype "q8_0" is refused
+    with a clear error, and load_head drafts in the backbone's dtype instead, with a note."""
+    import dataclasses
+
+    from mtp_kernels.models import loading
+
+    cfg = dataclasses.replace(TINY, hidden_size=48, num_heads=3, num_kv_heads=1)
+    model = tiny_backbone(torch.bfloat16, cfg)
+    head = MTPHead(HeadConfig.for_backbone(cfg, kv_layer=1))
+    assert not head.fits_block_type("q8_0") and Draft(torch.float32, False, [3]).head.fits_block_type("q8_0")
+    head.matrix_dtype = "q8_0"
+    with pytest.raises(ValueError, match=r"matrix_dtype 'q8_0': this head's matrices have rows of \[48, 96\] values"):
+        head.draft_weights(torch.bfloat16)
+    notes = []
+    head = loading.load_head(None, model, notes.append, default_model=False)
+    assert head.matrix_dtype == torch.bfloat16 and head.draft_types(model) == {}
+    assert any("do not fit q8_0 blocks; it drafts in bfloat16" in n for n in notes)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_head_draft_picks_the_reference_ops_drafts(seed):
     """fp32: the reference ops (fp64 linear and attention) pick the same drafts (no near-ties

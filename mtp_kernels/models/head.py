@@ -24,7 +24,7 @@ import weakref
 import torch
 
 from .config import MAX_DIM, MAX_LAYERS, ConfigError, LlamaConfig, check_int, check_positive_float
-from ..gguf import X8_ROWS, X8_TYPES, file_rows, repack_x8
+from ..gguf import BLOCK_TYPES, X8_ROWS, X8_TYPES, file_rows, repack_x8
 from ..reference import rms_norm
 from .llama import Backbone, KVCache
 
@@ -294,6 +294,11 @@ class MTPHead(torch.nn.Module):
         block = HEAD_BLOCK_TYPES.get(mats) if isinstance(mats, str) else None
         if isinstance(mats, str) and block is None:
             raise ValueError(f"matrix_dtype {mats!r}: a torch dtype or one of {sorted(HEAD_BLOCK_TYPES)}")
+        if block is not None and not self.fits_block_type(mats):
+            raise ValueError(
+                f"matrix_dtype {mats!r}: this head's matrices have rows of {sorted(set(self._matrix_widths()))} "
+                f"values; {mats} needs multiples of {BLOCK_TYPES[block][1]}"
+            )
         if getattr(self, "_draft_weights", (None,))[0] != self._draft_key(dtype):
             fused = self.proj.dtype if block is not None else mats  # quantized below from the parameters' values
             with torch.no_grad():
@@ -318,6 +323,17 @@ class MTPHead(torch.nn.Module):
                     ([w.detach().contiguous() for w in out], None if types is None else list(types)),
                 )
         return self._draft_weights[1]
+
+    def _matrix_widths(self) -> list[int]:
+        """The row length K of each matrix draft_weights gives (proj 2H; qkv H, o_proj Hq D,
+        gate_up H, down_proj I per block)."""
+        c = self.cfg
+        return [2 * c.hidden_size, c.hidden_size, c.num_heads * c.head_dim, c.hidden_size, c.intermediate_size]
+
+    def fits_block_type(self, name: str) -> bool:
+        """Whether matrix_dtype `name` (a key of HEAD_BLOCK_TYPES) takes this head's matrices:
+        every row a whole number of its blocks."""
+        return all(k % BLOCK_TYPES[HEAD_BLOCK_TYPES[name]][1] == 0 for k in self._matrix_widths())
 
     def _draft_key(self, dtype: torch.dtype) -> tuple:
         return dtype, self.matrix_dtype, tuple((id(p), p.data_ptr(), p._version) for p in self.parameters())

@@ -70,6 +70,9 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
         torch.manual_seed(0)
         head = MTPHead(HeadConfig.for_backbone(backbone.cfg, kv_layer=_global_layer(backbone.cfg)))
     head.check_fits(backbone.cfg)
+    if quantized and not head.fits_block_type(matrices):  # rows not whole blocks: the backbone's dtype
+        log(f"note: this head's matrices do not fit {matrices} blocks; it drafts in {str(backbone.dtype)[6:]}")
+        quantized, dtype = False, backbone.dtype
     head.to(dtype)  # once here: draft() would otherwise cast every weight per call
     head.matrix_dtype = matrices if quantized else dtype
     if not head.cfg.trained:
