@@ -37,12 +37,12 @@ def main():
     torch.set_num_threads(args.threads)
     configs = [tuple(int(v) for v in c.split(":")[:2]) + tuple(c.split(":")[2:3]) for c in args.configs]
     cfg, model, tok, what = load_backbone(args.model, None, lambda s: None)
-    heads = {}
-    for c in configs:
-        if c[2:] and c[2] not in heads:  # the shipped head with its matrices in c[2]
-            heads[c[2]] = load_head(None, model, lambda s: None)
-            heads[c[2]].matrix_dtype = torch.bfloat16 if c[2] == "bf16" else c[2]
-    head = load_head(None, model, lambda s: None)
+    heads = {}  # matrices (None: the default) -> the shipped head with its matrices in them
+    for mats in {c[2] if c[2:] else None for c in configs}:
+        heads[mats] = load_head(None, model, lambda s: None)
+        if mats:
+            heads[mats].matrix_dtype = torch.bfloat16 if mats == "bf16" else mats
+            heads[mats].draft_weights(model.dtype)  # prepared here, as load_head does, not in a timed draft
     rows = [json.loads(line) for line in open(args.eval_set)]
     print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
     for task in args.tasks.split(","):
@@ -60,7 +60,7 @@ def main():
                         model,
                         [ids],
                         args.max_new_tokens,
-                        head=heads.get(c[2] if c[2:] else None, head) if k else None,
+                        head=heads[c[2] if c[2:] else None] if k else None,
                         k=k or None,
                         lookup=lookup if k else 0,
                         eos_token_ids=cfg.eos_token_ids,

@@ -135,6 +135,14 @@ def can_x8(w) -> bool:
     return isinstance(w, QuantTensor) and w.gguf_type + 100 in X8_TYPES and w.data.shape[0] % X8_ROWS == 0
 
 
+def as_x8(data: torch.Tensor, code: int) -> tuple[torch.Tensor, int]:
+    """File-layout rows [N, row_bytes] of type ``code`` -> (bytes, their type): in the x8 layout
+    where can_x8 takes them (a new tensor), else as they are; contiguous either way."""
+    q = QuantTensor(data.contiguous(), code)
+    q = q.x8() if can_x8(q) else q
+    return q.data, q.gguf_type
+
+
 def repack_x8(data: torch.Tensor, code: int) -> torch.Tensor:
     """File-layout rows [N, row_bytes] of type ``code`` (a key of X8_FIELDS; N a multiple of 8)
     -> the x8 layout (csrc/include/mtp/gguf.h), a new contiguous tensor of the same shape: per

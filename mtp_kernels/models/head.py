@@ -24,7 +24,7 @@ import weakref
 import torch
 
 from .config import MAX_DIM, MAX_LAYERS, ConfigError, LlamaConfig, check_int, check_positive_float
-from ..gguf import BLOCK_TYPES, X8_ROWS, X8_TYPES, file_rows, repack_x8
+from ..gguf import BLOCK_TYPES, as_x8, file_rows
 from ..reference import rms_norm
 from .llama import Backbone, KVCache
 
@@ -420,9 +420,8 @@ class MTPHead(torch.nn.Module):
             if code is None:
                 rows = (w[vocab].contiguous(), None if scale is None else scale[vocab].contiguous(), None)
             else:
-                data, file_code = file_rows(w, code, vocab)
-                x8 = file_code + 100 in X8_TYPES and vocab.numel() % X8_ROWS == 0
-                rows = (repack_x8(data, file_code) if x8 else data.contiguous(), None, file_code + 100 * x8)
+                data, code = as_x8(*file_rows(w, code, vocab))
+                rows = (data, None, code)
             refs = tuple((lambda: None) if t is None else weakref.ref(t) for t in sources)
             self._draft_lm_head = (refs, key, rows)
         return self._draft_lm_head[2]
@@ -474,9 +473,7 @@ def _gguf_matrix(w: torch.Tensor, code: int) -> tuple[torch.Tensor, int]:
     first) and their type: in the x8 layout when it has one and N is a multiple of 8."""
     import gguf
 
-    data = torch.from_numpy(gguf.quants.quantize(w.float().cpu().numpy(), gguf.GGMLQuantizationType(code)))
-    x8 = code + 100 in X8_TYPES and w.shape[0] % X8_ROWS == 0
-    return (repack_x8(data, code) if x8 else data.contiguous()), code + 100 * x8
+    return as_x8(torch.from_numpy(gguf.quants.quantize(w.float().cpu().numpy(), gguf.GGMLQuantizationType(code))), code)
 
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:
