@@ -42,7 +42,7 @@ def main():
         heads[mats] = load_head(None, model, lambda s: None)
         if mats:
             heads[mats].matrix_dtype = torch.bfloat16 if mats == "bf16" else mats
-            heads[mats].draft_weights(model.dtype)  # prepared here, as load_head does, not in a timed draft
+        heads[mats].draft_weights(model.dtype)  # fused (and quantized) before any timed draft
     rows = [json.loads(line) for line in open(args.eval_set)]
     print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
     for task in args.tasks.split(","):

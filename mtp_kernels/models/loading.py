@@ -76,7 +76,6 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
         quantized, dtype = False, backbone.dtype
     head.to(dtype)  # once here: draft() would otherwise cast every weight per call
     head.matrix_dtype = matrices if quantized else dtype
-    head.draft_weights(backbone.dtype)  # fused (and quantized: ~50 ms) at load, not in the first request's draft
     if not head.cfg.trained:
         log(
             "note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
