@@ -21,14 +21,14 @@ GEMMA3_NATIVE_DTYPE = "float32"
 class FamilyDefaults:
     """A family's defaults: its default model's shipped head (folder under SHIPPED_HEADS; the
     drafter's is `<head>-drafter`) and the dtype of the head's matrices (None: the backbone's;
-    a key of head.HEAD_BLOCK_TYPES: that GGUF block type, quantized once at load)."""
+    a key of head.HEAD_BLOCK_TYPES: that GGUF block type, quantized once at the first draft)."""
 
     head: str
     head_matrix_dtype: str | None
 
 
 DEFAULTS = {
-    # SmolLM2: the head's matrices in Q8_0 (x8), quantized at load from the shipped bf16: a
+    # SmolLM2: the head's matrices in Q8_0 (x8), quantized once from the shipped bf16: a
     # draft right after a backbone pass (its weights evicted, as in decoding) 1.23 -> 0.89 ms,
     # tau unchanged on bench/eval_set.jsonl (bench/pass_breakdown.py, RESULTS 2026-12-03 night).
     "llama": FamilyDefaults("smollm2-135m", "q8_0"),
