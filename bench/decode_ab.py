@@ -50,7 +50,7 @@ def main():
             tok.prompt_prefix + tok.encode(tok.apply_chat_template(r["prompt"])) for r in rows if r["task"] == task
         ]
         seconds = {c: [] for c in configs}
-        tokens, first = dict.fromkeys(configs, 0), {}
+        tokens, passes, first = dict.fromkeys(configs, 0), dict.fromkeys(configs, 0), {}
         for rnd in range(args.rounds):
             total = dict.fromkeys(configs, 0.0)
             for i, ids in enumerate(prompts[: args.per_task]):
@@ -69,13 +69,17 @@ def main():
                         raise SystemExit(f"{task} prompt {i}: K={k} L={lookup} differs from the first configuration")
                     total[c] += g.seconds
                     tokens[c] += (len(g.tokens) - 1) * (rnd == 0)
+                    passes[c] += g.passes * (rnd == 0)
             for c in configs:
                 seconds[c].append(total[c])
         base = statistics.median(seconds[configs[0]])
         for c in configs:
             med = statistics.median(seconds[c])
             mats = f" {c[2]} matrices" if c[2:] else ""
-            print(f"{task} K={c[0]} L={c[1]}{mats}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first")
+            print(
+                f"{task} K={c[0]} L={c[1]}{mats}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first, "
+                f"tau {tokens[c] / max(passes[c], 1):.2f}"
+            )
 
 
 if __name__ == "__main__":

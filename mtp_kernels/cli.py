@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from .config import CHAIN_K, DEFAULT_LOOKUP, TREE_BRANCHES, TREE_K, DecodeConfig
+from .config import CHAIN_K, NARROW_LOOKUP, TREE_BRANCHES, TREE_K, WIDE_LOOKUP, DecodeConfig, default_lookup
 from .models.loading import (  # re-exported: load_* and release_freed_memory lived here
     NATIVE_DTYPE,
     SHIPPED_HEADS,
@@ -435,6 +435,8 @@ def cmd_bench(args) -> int:
             flag = "--lenient" if lenient else "--sweep-per-task"
             raise UsageError(f"{flag} is measured on SmolLM2 only, not on a Gemma 3 backbone")
     act_dtype = DTYPES[args.dtype or NATIVE_DTYPE]
+    if args.lookup is None:  # mtp generate's default on this backbone
+        args.lookup = default_lookup(model)
     fp32_weights = None
 
     def dequantized():  # the file's weights in fp32, for the Q8 backbones (loaded once, if asked for)
@@ -455,6 +457,11 @@ def cmd_bench(args) -> int:
         "setup": f"{name}, {weights_desc}, {args.threads} threads, CPU kernels "
         f"{get_isa()}, 1 request at a time, the methods interleaved prompt by prompt, "
         f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}"
+        + (
+            f", prompt lookup up to {args.lookup}"
+            if any(m.startswith("ours_") and "lookup" in m for m in methods)
+            else ""
+        )
         + (
             f"; *_tree: the head's chain of {args.tree_k} and its {args.branches} best first drafts"
             if any(m.endswith("_tree") for m in methods)
@@ -672,9 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lookup",
         type=int,
         help="also draft by prompt lookup: up to N tokens that followed an earlier occurrence of the "
-        "last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; default "
-        f"{DEFAULT_LOOKUP} with the MTP head, 0 = off; with --no-mtp: lookup alone; not with "
-        "--drafter standalone)",
+        "last 3 (or 2) tokens in the prompt or output, the head elsewhere (exact; default with the "
+        f"MTP head {NARROW_LOOKUP} over a GGUF's own weights, {WIDE_LOOKUP} on a bf16 backbone "
+        "(--dtype bfloat16), 0 = off; with --no-mtp: lookup alone; not with --drafter standalone)",
     )
     g.set_defaults(func=cmd_generate)
 
@@ -769,9 +776,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--lookup",
         type=int,
-        default=DEFAULT_LOOKUP,
         help="most prompt-lookup drafts per pass of ours_lookup / ours_mtp_lookup(_int8dot) "
-        f"(default {DEFAULT_LOOKUP})",
+        f"(default: mtp generate's for the backbone, {NARROW_LOOKUP} over a GGUF's own weights, "
+        f"{WIDE_LOOKUP} on a bf16 one)",
     )
     b.add_argument(
         "--lenient",

@@ -1,10 +1,13 @@
 """The decoding defaults, in one place for the library and the CLI: `decoding.generate(...)`
 and `mtp generate` given the same backbone, drafter and mode resolve the same configuration.
 
-The values are measured (bench/RESULTS.md): prompt lookup of up to 6 tokens beside the MTP
-head ("Prompt lookup beside the head"); trees of the head's chain of 3 and its 3 best first
-drafts where a tree pass costs about a chain's (greedy, the bf16 backbone dequantized on
-request), else chains of 2 ("Tree drafts").
+The values are measured (bench/RESULTS.md). Where a pass of up to 7 rows costs about a
+one-token step (bf16 activations over float weights, the backbone dequantized on request):
+prompt lookup of up to 6 tokens beside the MTP head ("Prompt lookup beside the head"), and
+trees of the head's chain of 3 and its 3 best first drafts (greedy; "Tree drafts"). Over a
+GGUF's own weights each row of a pass costs ~20% of a step (int8 dot products, compute-bound
+past one row): chains of 2 and lookup of up to 3 ("Shorter prompt lookup over the file's own
+weights").
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import dataclasses
 
 import torch
 
-DEFAULT_LOOKUP = 6  # most prompt-lookup drafts per pass beside the MTP head
+# Most prompt-lookup drafts per pass beside the MTP head: where wide passes pay, else.
+WIDE_LOOKUP, NARROW_LOOKUP = 6, 3
 TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 
 
@@ -23,17 +27,24 @@ def is_mtp_head(head) -> bool:
     return head is not None and not hasattr(head, "begin")
 
 
-def trees_pay(backbone) -> bool:
-    """Where a tree pass (6 rows) was measured to cost about a chain's (3 rows): bf16
-    activations over float weights. In fp32 or with Q8 weights it costs 1.3x-1.7x; over the
-    file's own weights (`load_backbone` without a dtype, `loaded_as_stored`) it is not
-    measured yet, so chains there."""
+def wide_passes_pay(backbone) -> bool:
+    """Where a pass of 6-7 rows (a tree, a long lookup chain) was measured to cost about a
+    3-row one: bf16 activations over float weights. In fp32 or with Q8 weights it costs
+    1.3x-1.7x; over the file's own weights (`load_backbone` without a dtype,
+    `loaded_as_stored`) 2.0x-2.4x a step against a 3-row pass's 1.2x, so chains and short
+    lookup there."""
     return (
         backbone.dtype == torch.bfloat16
         and not backbone.native
         and not backbone.quantized
         and not backbone.loaded_as_stored
     )
+
+
+def default_lookup(backbone) -> int:
+    """Most prompt-lookup drafts per pass on this backbone: 6 where wide passes pay, else 3
+    (each extra row costs more than the rarely accepted 4th-6th copied tokens save)."""
+    return WIDE_LOOKUP if wide_passes_pay(backbone) else NARROW_LOOKUP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +75,16 @@ class DecodeConfig:
         lenient: tuple[int, float] | None = None,
     ) -> DecodeConfig:
         """The configuration with every None filled in for this backbone and drafter: trees
-        where they can run (the MTP head, greedy, not lenient) and pay (`trees_pay`), else
-        chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head, off with a
-        standalone drafter and in plain decoding (lookup alone is asked for explicitly).
+        where they can run (the MTP head, greedy, not lenient) and pay (`wide_passes_pay`), else
+        chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head (default_lookup),
+        off with a standalone drafter and in plain decoding (lookup alone is asked for explicitly).
         Values given are kept as they are (generate checks them)."""
         mtp = is_mtp_head(head)
         tree_ok = mtp and temperature == 0 and lenient is None
         if branches is None:
-            branches = TREE_BRANCHES if tree_ok and trees_pay(backbone) else 1
+            branches = TREE_BRANCHES if tree_ok and wide_passes_pay(backbone) else 1
         if k is None:
             k = TREE_K if branches > 1 else CHAIN_K
         if lookup is None:
-            lookup = DEFAULT_LOOKUP if mtp else 0
+            lookup = default_lookup(backbone) if mtp else 0
         return cls(k=k, branches=branches, lookup=lookup, temperature=temperature, seed=seed, lenient=lenient)

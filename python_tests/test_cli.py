@@ -76,8 +76,11 @@ def test_lookup_generate_equals_no_mtp(tiny):
         "prompt lookup up to 4"
         in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--lookup", 4).stderr
     )
-    # On by default beside the MTP head (cli.DEFAULT_LOOKUP), off with --lookup 0 and in plain greedy.
-    assert "prompt lookup up to 6" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2).stderr
+    # On by default beside the MTP head (config.default_lookup: 3 where each row of a pass costs,
+    # here fp32; 6 on the bf16 backbone), off with --lookup 0 and in plain greedy.
+    assert "prompt lookup up to 3" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2).stderr
+    bf16 = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--dtype", "bfloat16")
+    assert "prompt lookup up to 6" in bf16.stderr, bf16.stderr
     for flags in (["--lookup", 0], ["--no-mtp"]):
         r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, *flags)
         assert r.returncode == 0 and "prompt lookup" not in r.stderr, r.stderr
@@ -287,4 +290,6 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     resolved = DecodeConfig.resolve(model, head, **kwargs)
     trees = flags == ["--dtype", "bfloat16"]
     assert (resolved.k, resolved.branches) == ((3, 3) if trees else (2, 1))
-    assert resolved.lookup == (0 if head is None or "--lookup" in opts else 6)
+    assert resolved.lookup == (
+        int(opts["--lookup"]) if "--lookup" in opts else 0 if head is None else 6 if trees else 3
+    )

@@ -124,7 +124,7 @@ def test_bad_head_exits_2(tiny, tmp_path, capsys):
         (["--max-new-tokens", str(10**12)], ["--max-new-tokens 1000000000000: the model's context is 256 tokens"]),
         (
             ["--k", "60", "--max-new-tokens", "200"],
-            ["--k 60, --lookup 6 and --branches 1 verify up to 61 tokens per pass", "leaves no room for a prompt"],
+            ["--k 60, --lookup 3 and --branches 1 verify up to 61 tokens per pass", "leaves no room for a prompt"],
         ),
         (["--lookup", "40", "--no-mtp", "--max-new-tokens", "220"], ["--lookup 40", "leaves no room for a prompt"]),
         (["--no-mtp", "--max-new-tokens", "255"], ["--max-new-tokens 255 leaves no room for a prompt"]),

@@ -347,7 +347,8 @@ def test_lookup_bad_input():
 def test_decode_config_resolves_the_cli_defaults():
     """config.DecodeConfig.resolve: trees of K=3 with 3 first drafts where they go (the MTP
     head, greedy, not lenient) and pay (the bf16 backbone over float weights, not loaded as
-    stored), else chains of K=2; prompt lookup of 6 beside the MTP head only; given values kept."""
+    stored), else chains of K=2; prompt lookup beside the MTP head only, of 6 where wide passes
+    pay (the same backbones as trees), else 3; given values kept."""
     from mtp_kernels.config import DecodeConfig
 
     head = MTPHead(HeadConfig.for_backbone(TINY))
@@ -366,12 +367,13 @@ def test_decode_config_resolves_the_cli_defaults():
 
     assert picked(bf16, head) == (3, 3, 6)
     for model in (fp32, q8, as_stored):
-        assert picked(model, head) == (2, 1, 6)
-    assert picked(bf16, head, temperature=0.5) == (2, 1, 6)
+        assert picked(model, head) == (2, 1, 3)
+    assert picked(bf16, head, temperature=0.5) == (2, 1, 6)  # no trees when sampling; lookup as the backbone's
     assert picked(bf16, head, lenient=(2, 0.5)) == (2, 1, 6)
+    assert picked(fp32, head, temperature=0.5) == (2, 1, 3)
     assert picked(bf16, None) == (2, 1, 0)
     assert picked(bf16, Standalone({0: [1]}, 97)) == (2, 1, 0)
-    assert picked(fp32, head, branches=2) == (3, 2, 6)  # a tree asked for: the tree's K
+    assert picked(fp32, head, branches=2) == (3, 2, 3)  # a tree asked for: the tree's K
     assert picked(bf16, head, k=5, branches=1, lookup=0) == (5, 1, 0)
     c = DecodeConfig.resolve(bf16, head, temperature=0.25, seed=9, lenient=None)
     assert (c.temperature, c.seed, c.lenient) == (0.25, 9, None)

@@ -137,7 +137,7 @@ class Backbone(TiedMatrices, torch.nn.Module):
             )
         self.cfg, self.dtype, self.quantized, self.int8_dot, self.native = cfg, dtype, quantize, int8_dot, native
         # Set by models.loading.load_backbone when no dtype was asked for (the file's own
-        # weights): config.trees_pay keeps chains there until tree passes are measured.
+        # weights): config.wide_passes_pay keeps chains and short lookup there.
         self.loaded_as_stored = False
         self._types: dict[str, int] = {}  # GGML type of each block-quantized matrix (its buffer: uint8 rows)
         weights = dict(weights)
