@@ -39,10 +39,8 @@ def main():
     cfg, model, tok, what = load_backbone(args.model, None, lambda s: None)
     heads = {}  # matrices (None: the default) -> the shipped head with its matrices in them
     for mats in {c[2] if c[2:] else None for c in configs}:
-        heads[mats] = load_head(None, model, lambda s: None)
-        if mats:
-            heads[mats].matrix_dtype = torch.bfloat16 if mats == "bf16" else mats
-        heads[mats].draft_weights(model.dtype)  # fused (and quantized) before any timed draft
+        heads[mats] = load_head(None, model, lambda s: None, matrices={"bf16": "bfloat16"}.get(mats, mats))
+        heads[mats].draft_weights(model.dtype)  # fused (quantized ones at load) before any timed draft
     rows = [json.loads(line) for line in open(args.eval_set)]
     print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
     for task in args.tasks.split(","):

@@ -14,6 +14,7 @@ Scratch = the peak of live bytes allocated by torch during one K-step draft
 """
 
 import argparse
+import math
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -58,13 +59,15 @@ def main():
     head = load_head(None, model, log=lambda m: None)  # in the backbone's dtype
     drafter = load_drafter(None, model, log=lambda m: None)
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
-    head_fixed = nbytes(head.state_dict().values())  # its parameters and draft_vocab
+    # What it drafts with (its matrices as load_head made them, Q8_0: the float ones are freed), draft_vocab.
+    head_fixed = nbytes([*head.draft_weights(model.dtype), head.draft_vocab])
     # Its weights (not its RoPE tables, which it could share with the backbone) and token tables.
     drafter_weights = nbytes(
         [b for n, b in drafter.model.named_buffers() if not n.startswith("rope_")] + [drafter.vocab, drafter._index]
     )
+    params = sum(math.prod(s) for s in head.cfg.shapes().values())  # its config's: drafting frees the float matrices
     print(
-        f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {sum(p.numel() for p in head.parameters())} "
+        f"SmolLM2-135M, {args.dtype}, K={args.k}, 1 request. Head: {params} "
         f"parameters, draft vocabulary {head.draft_vocab.numel() or cfg.vocab_size}; drafter: "
         f"{drafter.num_parameters()} parameters, vocabulary {drafter.cfg.vocab_size}\n"
     )

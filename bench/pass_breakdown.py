@@ -26,8 +26,8 @@ def main():
     args = p.parse_args()
     _, model, _, what = load_backbone(None, None, print)
     head = load_head(None, model, print)
-    bf16_head = load_head(None, model, lambda _: None)  # the same head with its matrices in bf16 (the
-    bf16_head.matrix_dtype = torch.bfloat16  # default before 2026-12-03's Q8_0): both timed
+    # the same head with its matrices in bf16 (the default before 2026-12-03's Q8_0): both timed
+    bf16_head = load_head(None, model, lambda _: None, matrices="bfloat16")
     cache = model.new_cache(1, 512)
     hidden = model(torch.randint(0, 49152, (1, 200), generator=torch.Generator().manual_seed(0)), cache)[:, -1]
     base, token = cache.lens.clone(), torch.tensor([100])

@@ -385,6 +385,53 @@ def test_q8_0_matrices_need_whole_blocks():
     assert any("do not fit q8_0 blocks; it drafts in bfloat16" in n for n in notes)
 
 
+def test_load_head_freezes_a_q8_0_head_for_drafting(tmp_path):
+    """load_head with Q8_0 matrices makes the head drafting_only: its first draft makes them
+    and frees the float matrices (freeze_for_drafting does it at once): the same draft weights
+    and drafts as a head that keeps them; another dtype or matrix type and save are refused
+    with a clear error; the quantizer, run a few rows at a time, gives the bytes of one call
+    over the whole matrix."""
+    import gguf
+
+    from mtp_kernels.models import head as head_module
+    from mtp_kernels.models import loading
+
+    model = tiny_backbone(torch.bfloat16)
+    frozen = loading.load_head(None, model, lambda m: None, default_model=False, matrices="q8_0")
+    assert frozen.drafting_only and frozen.proj.numel() > 0  # not before its first draft
+    torch.manual_seed(0)  # load_head's untrained head, kept whole
+    kept = MTPHead(HeadConfig.for_backbone(TINY, kv_layer=-1)).to(torch.bfloat16)
+    kept.matrix_dtype = "q8_0"
+    assert frozen.matrix_dtype == "q8_0" and frozen.draft_weight_types(model.dtype) == kept.draft_weight_types(
+        model.dtype
+    )
+    for a, b in zip(frozen.draft_weights(model.dtype), kept.draft_weights(model.dtype)):
+        assert torch.equal(a, b)
+    assert frozen.proj.numel() == 0 and all(b.gate_proj.numel() == 0 for b in frozen.blocks)
+    assert kept.proj.numel() > 0
+    eager = MTPHead(HeadConfig.for_backbone(TINY, kv_layer=-1)).to(torch.bfloat16)
+    eager.matrix_dtype = "q8_0"
+    eager.freeze_for_drafting(model.dtype)
+    assert eager.proj.numel() == 0 and eager.draft_weight_types(model.dtype) == kept.draft_weight_types(model.dtype)
+    cache = model.new_cache(2, 32)
+    hidden = model(torch.randint(0, TINY.vocab_size, (2, 9)), cache)[:, -1]
+    token = torch.tensor([3, 5])
+    assert torch.equal(frozen.draft(model, cache, hidden, token, 3), kept.draft(model, cache, hidden, token, 3))
+    with pytest.raises(ValueError, match="this head drafts only with q8_0 matrices and torch.bfloat16 norms"):
+        frozen.draft_weights(torch.float32)
+    frozen.matrix_dtype = torch.bfloat16
+    with pytest.raises(ValueError, match="its float matrices were freed"):
+        frozen.draft_weights(torch.bfloat16)
+    with pytest.raises(ValueError, match="frozen for drafting"):
+        frozen.save(str(tmp_path / "head"))
+    floats = loading.load_head(None, model, lambda m: None, default_model=False, matrices="bfloat16")
+    assert floats.matrix_dtype == torch.bfloat16 and floats.proj.numel() > 0  # float matrices: nothing freed
+    w = torch.randn(2 * head_module._QUANTIZE_ROWS + 24, 64)
+    whole = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    got, code = head_module._gguf_matrix([w[:100], w[100:]], 8)
+    assert code == 108 and torch.equal(reference.x8_file_rows(got, 108), torch.from_numpy(whole))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_head_draft_picks_the_reference_ops_drafts(seed):
     """fp32: the reference ops (fp64 linear and attention) pick the same drafts (no near-ties

@@ -153,6 +153,10 @@ class MTPHead(torch.nn.Module):
         # The dtype its matrices are read in when drafting (None: the backbone's; "q8_0": GGUF
         # Q8_0 blocks; see draft_weights).
         self.matrix_dtype: torch.dtype | str | None = None
+        # Drafting only (models.loading.load_head sets it): block-type matrices, once made,
+        # free the float ones (see freeze_for_drafting); _frozen: (dtype, matrix_dtype) then.
+        self.drafting_only = False
+        self._frozen: tuple | None = None
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         self.draft_vocab = ids.to(torch.int64).contiguous()
@@ -161,6 +165,11 @@ class MTPHead(torch.nn.Module):
     def save(self, folder: str, dtype: torch.dtype = torch.float32) -> None:
         """dtype: of the stored weights (bf16 halves a shipped head; loading casts back)."""
         from safetensors.torch import save_file
+
+        if self._frozen:
+            raise ValueError(
+                "this head was frozen for drafting (its float matrices freed): save the head it was loaded from"
+            )
 
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
@@ -299,20 +308,27 @@ class MTPHead(torch.nn.Module):
                 f"matrix_dtype {mats!r}: this head's matrices have rows of {sorted(set(self._matrix_widths()))} "
                 f"values; {mats} needs multiples of {BLOCK_TYPES[block][1]}"
             )
+        if self._frozen:
+            if self._frozen != (dtype, self.matrix_dtype):
+                raise ValueError(
+                    f"this head drafts only with {self._frozen[1]} matrices and {self._frozen[0]} norms: its float "
+                    "matrices were freed (freeze_for_drafting); load it again for another dtype"
+                )
+            return self._draft_weights[1]
+        free = self.drafting_only and block is not None
         if getattr(self, "_draft_weights", (None,))[0] != self._draft_key(dtype):
-            fused = self.proj.dtype if block is not None else mats  # quantized below from the parameters' values
             with torch.no_grad():
-                matrices = [self.proj.to(fused)]
-                for b in self.blocks:
-                    matrices += [
-                        _fused(fused, b.q_proj, b.k_proj, b.v_proj),
-                        b.o_proj.to(fused),
-                        _fused(fused, b.gate_proj, b.up_proj),
-                        b.down_proj.to(fused),
-                    ]
-                types = None
-                if block is not None:
-                    matrices, types = zip(*(_gguf_matrix(m, block) for m in matrices))
+                parts, types = self._matrix_parts(), None
+                if block is not None:  # from the parameters' values, a few rows at a time
+                    matrices, types = [], []
+                    for ps in parts:
+                        matrix, code = _gguf_matrix(ps, block)
+                        matrices.append(matrix)
+                        types.append(code)
+                        for p in ps if free else ():  # drafting only: one matrix's float values at a time
+                            p.data = torch.empty(0, dtype=p.dtype)
+                else:
+                    matrices = [_fused(mats, *ps) if len(ps) > 1 else ps[0].to(mats) for ps in parts]
                 out = [self.embed_norm.to(dtype), self.hidden_norm.to(dtype), matrices[0]]
                 for i, b in enumerate(self.blocks):
                     out += [b.attn_norm.to(dtype), *matrices[1 + 4 * i : 3 + 4 * i], b.mlp_norm.to(dtype)]
@@ -322,7 +338,29 @@ class MTPHead(torch.nn.Module):
                     self._draft_key(dtype),
                     ([w.detach().contiguous() for w in out], None if types is None else list(types)),
                 )
+        if free:
+            for p in (p for ps in self._matrix_parts() for p in ps):  # (all of them, if drafts had made the weights)
+                p.data = torch.empty(0, dtype=p.dtype)
+            self._frozen = (dtype, self.matrix_dtype)
         return self._draft_weights[1]
+
+    def freeze_for_drafting(self, dtype: torch.dtype) -> None:
+        """Drafting only from here on, now: with block-type matrices (matrix_dtype "q8_0") the
+        draft weights are made and the parameters' float matrices freed, one matrix at a time
+        (SmolLM2's head: 8.4 MB of bf16 beside its 4.5 MB of Q8_0). draft_weights then serves
+        this dtype and matrix_dtype only; save refuses. Float matrices are the parameters' own
+        storage already: nothing to free, nothing frozen. models.loading.load_head sets
+        drafting_only instead, which does this at the first draft (after loading's peak)."""
+        self.drafting_only = True
+        self._draft_cached(dtype)
+
+    def _matrix_parts(self) -> list[list[torch.nn.Parameter]]:
+        """The parameters of each matrix draft_weights gives, stacked in this order: proj, then
+        per block q/k/v, o_proj, gate/up, down_proj."""
+        parts = [[self.proj]]
+        for b in self.blocks:
+            parts += [[b.q_proj, b.k_proj, b.v_proj], [b.o_proj], [b.gate_proj, b.up_proj], [b.down_proj]]
+        return parts
 
     def _matrix_widths(self) -> list[int]:
         """The row length K of each matrix draft_weights gives (proj 2H; qkv H, o_proj Hq D,
@@ -468,12 +506,23 @@ def _check_fits(c: HeadConfig, backbone_cfg: LlamaConfig) -> None:
         )
 
 
-def _gguf_matrix(w: torch.Tensor, code: int) -> tuple[torch.Tensor, int]:
-    """w [N, K] as the bytes of GGML type `code` (gguf's quantizer, llama.cpp's rule; fp32
-    first) and their type: in the x8 layout when it has one and N is a multiple of 8."""
-    import gguf
+_QUANTIZE_ROWS = 256  # rows per call of the quantizer: its fp32 temporaries stay < 1 MB
 
-    return as_x8(torch.from_numpy(gguf.quants.quantize(w.float().cpu().numpy(), gguf.GGMLQuantizationType(code))), code)
+
+def _gguf_matrix(parts: list[torch.Tensor], code: int) -> tuple[torch.Tensor, int]:
+    """The parts' rows stacked [N, K] as the bytes of GGML type `code` (gguf's quantizer,
+    llama.cpp's rule; fp32 first; a block never spans rows, so row chunks give the same bytes)
+    and their type: in the x8 layout when it has one and N is a multiple of 8."""
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType(code)
+    chunks = [
+        gguf.quants.quantize(p.detach()[i : i + _QUANTIZE_ROWS].float().cpu().numpy(), qtype)
+        for p in parts
+        for i in range(0, p.shape[0], _QUANTIZE_ROWS)
+    ]
+    return as_x8(torch.from_numpy(np.concatenate(chunks)), code)
 
 
 def _fused(dtype: torch.dtype, *parts: torch.nn.Parameter) -> torch.Tensor:

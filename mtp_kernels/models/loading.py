@@ -21,7 +21,8 @@ GEMMA3_NATIVE_DTYPE = "float32"
 class FamilyDefaults:
     """A family's defaults: its default model's shipped head (folder under SHIPPED_HEADS; the
     drafter's is `<head>-drafter`) and the dtype of the head's matrices (None: the backbone's;
-    a key of head.HEAD_BLOCK_TYPES: that GGUF block type, quantized once at the first draft)."""
+    a key of head.HEAD_BLOCK_TYPES: that GGUF block type, quantized once at the first draft,
+    the float matrices then freed: MTPHead.drafting_only)."""
 
     head: str
     head_matrix_dtype: str | None
@@ -40,11 +41,12 @@ DEFAULTS = {
 }
 
 
-def load_head(path: str | None, backbone, log, default_model: bool = True):
+def load_head(path: str | None, backbone, log, default_model: bool = True, matrices: str | None = None):
     """The head to draft with: --head PATH, else the family's shipped head (strictly when the
     backbone is the default model, default_model: SmolLM2 when no --model is given; else where
     it fits, e.g. Gemma 3 270M's on that file), else an untrained (random, seeded) head,
-    labelled."""
+    labelled. Its matrices in `matrices` (default: the family's, FamilyDefaults); block-type
+    ones make it drafting_only (MTPHead.freeze_for_drafting at its first draft)."""
     import torch
 
     from .head import HEAD_BLOCK_TYPES, HeadConfig, MTPHead
@@ -53,7 +55,7 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
     family = DEFAULTS[backbone.family]
     shipped = os.path.join(SHIPPED_HEADS, family.head)
     has_shipped = os.path.isfile(os.path.join(shipped, "config.json"))
-    matrices = family.head_matrix_dtype
+    matrices = matrices or family.head_matrix_dtype
     # The parameters in their matrices' dtype; quantized ones stay in bf16, the dtype heads
     # ship in (Q8_0 is made from those values; an fp32 copy would only cost memory).
     quantized = matrices in HEAD_BLOCK_TYPES
@@ -76,6 +78,9 @@ def load_head(path: str | None, backbone, log, default_model: bool = True):
         quantized, dtype = False, backbone.dtype
     head.to(dtype)  # once here: draft() would otherwise cast every weight per call
     head.matrix_dtype = matrices if quantized else dtype
+    # Block-type matrices are made at the first draft, the float ones freed then: after
+    # loading's peak (at load the quantizer's temporaries added ~3 MB to mtp generate's peak RSS).
+    head.drafting_only = quantized
     if not head.cfg.trained:
         log(
             "note: UNTRAINED MTP head (random weights): drafts are rarely accepted, so expect no speedup; "
