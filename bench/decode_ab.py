@@ -40,7 +40,7 @@ def main():
     heads = {}  # matrices (None: the default) -> the shipped head with its matrices in them
     for mats in {c[2] if c[2:] else None for c in configs}:
         heads[mats] = load_head(None, model, lambda s: None, matrices={"bf16": "bfloat16"}.get(mats, mats))
-        heads[mats].draft_weights(model.dtype)  # fused (quantized ones at load) before any timed draft
+        heads[mats].draft_weights(model.dtype)  # fused or quantized here, before any timed draft
     rows = [json.loads(line) for line in open(args.eval_set)]
     print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
     for task in args.tasks.split(","):
