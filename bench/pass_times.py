@@ -1,10 +1,13 @@
-"""Best and median time of one backbone pass (bf16, LM head excluded: a prefill) over T tokens
-from an empty cache, for each T given, with the installed build of the extension: the quantity
-that bench/ab_builds.sh compares between two builds. With --isas A,B the passes run on each
-CPU instruction set in turn, call by call in one process (the same minutes of this shared
-machine), and the line per set ends with its time over the first set's.
+"""Best and median time of one backbone pass (LM head excluded: a prefill) over T tokens from an
+empty cache, for each T given, with the installed build of the extension: the quantity that
+bench/ab_builds.sh compares between two builds. The backbone is the default GGUF's, loaded as
+`mtp generate` loads it: its own 4-/8-bit weights as stored, or with --dtype dequantized to
+bfloat16 / float32. With --isas A,B the passes run on each CPU instruction set in turn, call by
+call in one process (the same minutes of this shared machine), and the line per set ends with
+its time over the first set's.
 
-    .venv/bin/python bench/pass_times.py [--threads 2] [--calls 12] [--isas avx512,avx512_bf16] T [T ...]
+    .venv/bin/python bench/pass_times.py [--dtype bfloat16] [--threads 2] [--calls 12] \
+        [--isas avx512,avx512_bf16] T [T ...]
 """
 
 import argparse
@@ -13,13 +16,13 @@ import time
 import torch
 
 import mtp_kernels
-from mtp_kernels.models import checkpoint
-from mtp_kernels.models.llama import Backbone
+from mtp_kernels.models.loading import load_backbone
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("tokens", type=int, nargs="+", help="tokens per pass")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: the weights as stored")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=12, help="timed passes per T (and instruction set)")
     p.add_argument("--isas", default=None, help="comma-separated instruction sets to alternate (default: the current)")
@@ -30,8 +33,7 @@ def main():
     if missing:
         p.error(f"this CPU lacks {', '.join(missing)} (it has {', '.join(mtp_kernels.supported_isas())})")
     torch.set_num_threads(args.threads)
-    cfg, weights, _ = checkpoint.load(checkpoint.default_gguf_path())
-    model = Backbone(cfg, weights, torch.bfloat16)
+    cfg, model, _, _ = load_backbone(None, args.dtype, lambda *a: None)
     cache = model.new_cache(1, max(args.tokens))
     lines = {isa: [] for isa in isas}
     for T in args.tokens:

@@ -151,7 +151,7 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     const mtp::DType t = mtp::file_type(t8);
     const int64_t e = mtp::block_elems(t);
     for (int64_t K : {e, 3 * e})
-      for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 9, 16, 17, 31}) {  // from 16 rows: 16 columns a tile (AVX-512 VNNI)
         Case c(t, M, 40, K);
         if (t == mtp::DType::Q8_0 && M == 9)  // the largest lanes: -128 x -127
           for (size_t o = 0; o < c.w.size(); o += 34) std::memset(&c.w[o + 2], 0x80, 32);
@@ -208,10 +208,72 @@ void expect_kernel_variants() {
 #endif
 }
 
+// ---- the activation rows: each vector quantize_rows (quantize_rows(set, ...)) against the
+// portable one, every field bitwise, on random bits (NaN, infinities, subnormals, zeros of
+// either sign among them), normal values, exact ties, blocks of zeros, huge and tiny blocks,
+// for fp32 / bf16 / fp16 rows with a stride past K.
+bool same_rows(const mtp::QuantRows& a, const mtp::QuantRows& b) {
+  auto same = [](const auto& u, const auto& v) {
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
+  };
+  return a.M == b.M && a.K == b.K && a.nb == b.nb && same(a.q, b.q) && same(a.dx, b.dx) && same(a.s, b.s) &&
+         same(a.sum, b.sum) && same(a.sum4, b.sum4);
+}
+
+template <class Set>
+int expect_quantize_rows(const char* name, Set set) {
+  const int64_t M = 5, K = 12 * 32, stride = K + 40;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  int checked = 0;
+  for (mtp::DType dt : {mtp::DType::F32, mtp::DType::BF16, mtp::DType::F16}) {
+    const size_t size = size_t(mtp::dtype_size(dt));
+    std::vector<uint8_t> x(size_t(M * stride) * size);
+    auto put = [&](int64_t i, float v) {  // element i as dt (bf16: the top half, fp16: rounded)
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      const uint16_t h = dt == mtp::DType::BF16 ? uint16_t(u >> 16) : mtp::f32_to_f16(v);
+      if (dt == mtp::DType::F32)
+        std::memcpy(&x[size_t(i) * 4], &v, 4);
+      else
+        std::memcpy(&x[size_t(i) * 2], &h, 2);
+    };
+    for (auto& v : x) v = uint8_t(uniform(0, 255));  // row 0 and the padding: random bits
+    for (int64_t m = 1; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t b = k / 32, i = m * stride + k;
+        const float scale = std::ldexp(1.f, int(uniform(-20, 20)));
+        switch ((b + m) % 8) {
+          case 0: put(i, 0.f); break;
+          case 1: put(i, k % 32 == 0 ? 127.f : float(k % 32 - 16) + 0.5f); break;  // scale 1: ties
+          case 2: put(i, (k % 3 ? 1.f : -1.f) * 3.0e38f * nd(rng)); break;         // huge (f16: inf)
+          case 3: put(i, 1e-39f * nd(rng)); break;                                 // subnormal
+          case 4: put(i, k % 2 ? -0.f : 1e-3f); break;
+          default: put(i, scale * nd(rng)); break;
+        }
+      }
+    mtp::QuantRows want, got;
+    mtp::quantize_rows(x.data(), dt, stride, M, K, want);
+    quantize_rows(set, x.data(), dt, stride, M, K, got);
+    EXPECT(same_rows(want, got), "quantize_rows %s dtype %d differs from the portable one", name, int(dt));
+    ++checked;
+  }
+  std::printf("gguf: quantize_rows %s == portable bitwise on %d dtypes\n", name, checked);
+  return checked;
+}
+
+void expect_quantize_rows_variants() {
+#if defined(MTP_X86)
+  if (mtp::isa_supported(mtp::Isa::Avx512)) expect_quantize_rows("avx512", mtp::x86::Avx512{});
+  if (mtp::isa_supported(mtp::Isa::Avx2)) expect_quantize_rows("avx2", mtp::x86::Avx2{});
+#endif
+  expect_quantize_rows("generic", mtp::generic::Generic{});
+}
+
 }  // namespace
 
 void test_gguf() {
   expect_kernel_variants();
+  expect_quantize_rows_variants();
   const mtp::Isa isa = mtp::current_isa();
   int checked = 0;
   for (mtp::DType t : kBlockTypes) {

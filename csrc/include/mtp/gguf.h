@@ -377,18 +377,27 @@ struct QuantRows {
   const float* srow(int64_t m) const { return s.data() + m * nb; }
   const int32_t* sumrow(int64_t m) const { return sum.data() + m * nb; }
   const int32_t* sum4row(int64_t m) const { return sum4.data() + m * nb * 8; }
+  void resize(int64_t rows, int64_t k) {
+    M = rows, K = k, nb = k / 32;
+    q.resize(size_t(M * K));
+    dx.resize(size_t(M * nb));
+    s.resize(size_t(M * nb));
+    sum.resize(size_t(M * nb));
+    sum4.resize(size_t(M * nb * 8));
+  }
+  // Block b of row m, its q and sum4 written: its scale and the sums of its q.
+  void set_block(int64_t m, int64_t b, float scale, int32_t total) {
+    dx[size_t(m * nb + b)] = scale;
+    sum[size_t(m * nb + b)] = total;
+    s[size_t(m * nb + b)] = scale * float(total);
+  }
 };
 
-// x [M, K] (fp32, bf16 or fp16, rows x_stride elements apart), K a multiple of 32.
+// x [M, K] (fp32, bf16 or fp16, rows x_stride elements apart), K a multiple of 32, into out
+// (the rule above, per block). This is the portable form; quantize_rows(set, ...) is the one
+// a linear call takes (x86/gguf.h: the same bits in vectors), below for every other set.
 inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
-  out.M = M;
-  out.K = K;
-  out.nb = K / 32;
-  out.q.resize(size_t(M * K));
-  out.dx.resize(size_t(M * out.nb));
-  out.s.resize(size_t(M * out.nb));
-  out.sum.resize(size_t(M * out.nb));
-  out.sum4.resize(size_t(M * out.nb * 8));
+  out.resize(M, K);
   float v[32];
   for (int64_t m = 0; m < M; ++m) {
     const char* xm = static_cast<const char*>(x) + m * x_stride * dtype_size(dt);
@@ -404,14 +413,17 @@ inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, 
         s4[l] = q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
         total += s4[l];
       }
-      out.dx[size_t(m * out.nb + b)] = dx;
-      out.sum[size_t(m * out.nb + b)] = total;
-      out.s[size_t(m * out.nb + b)] = dx * float(total);
+      out.set_block(m, b, dx, total);
     }
   }
 }
 
 namespace generic {
+
+// The sets without a vector form of quantize_rows (NEON: the compiler vectorises the portable one).
+inline void quantize_rows(Generic, const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
+  mtp::quantize_rows(x, dt, x_stride, M, K, out);
+}
 
 // y[m, n] for the columns [n0, n1) of a block-type weight (either layout), the canonical
 // order (above). w: row n at w + weight_row(n) * w_stride bytes (x8: gguf.h's groups).

@@ -71,7 +71,7 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
   if (is_block_type(a.w_dtype)) {  // GGUF blocks: the rows quantized once (gguf.h), then the columns
     thread_local QuantRows rows;   // reused across calls; the workers read this thread's copy
     QuantRows& xq = rows;          // (a lambda names a thread_local by its own thread's instance)
-    quantize_rows(a.x, a.x_dtype, a.x_stride, a.M, a.K, xq);
+    dispatch(isa, [&](auto set) { quantize_rows(set, a.x, a.x_dtype, a.x_stride, a.M, a.K, xq); });
     parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) {
       gguf_items(a, xq, begin * kLinearBlockN, std::min(a.N, end * kLinearBlockN), isa);
     });
