@@ -39,7 +39,7 @@ def test_linear_equals_the_file_layout_bitwise(isa, gen, code, dtype):
     for K in (32, 576) if BLOCK_TYPES[code][1] == 32 else (256, 768):
         w = random_rows(gen, code, 40, K)
         w8 = repack_x8(w, code)
-        for M in (1, 2, 5, 9):
+        for M in (1, 2, 5, 9, 17):  # 17: a prefill's tile (two groups a vector from 16 rows, AVX-512 VNNI)
             x = torch.randn(M, K, generator=gen).to(dtype)
             bias = torch.randn(40, generator=gen) if M % 2 else None
             got = torch.ops.mtp.linear(x, w8, bias, gguf_type=code + 100)
@@ -52,11 +52,12 @@ def test_linear_equals_the_file_layout_bitwise(isa, gen, code, dtype):
 def test_linear_threads_and_opcheck(gen, threads):
     w = random_rows(gen, 3, 64, 128)
     w8 = repack_x8(w, 3)
-    x = torch.randn(5, 128, generator=gen)
-    want = torch.ops.mtp.linear(x, w, gguf_type=3)
-    for n in (1, 2, 3):
-        torch.set_num_threads(n)
-        assert torch.equal(torch.ops.mtp.linear(x, w8, gguf_type=103), want)
+    for M in (5, 19):  # 19: the two-group tile of many rows
+        x = torch.randn(M, 128, generator=gen)
+        want = torch.ops.mtp.linear(x, w, gguf_type=3)
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(torch.ops.mtp.linear(x, w8, gguf_type=103), want)
     torch.library.opcheck(torch.ops.mtp.linear.default, (x, w8), {"gguf_type": 103})
 
 
