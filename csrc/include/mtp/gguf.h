@@ -336,9 +336,15 @@ inline void dequantize_row(DType t, const uint8_t* w, int64_t stride, int64_t n,
 // v rounded to an integer, ties to even, for |v| <= 2^22: adding 1.5 * 2^23 leaves no
 // fraction bits (the IEEE add rounds to nearest even), subtracting it back is exact. Inline
 // arithmetic where std::nearbyint is a libm call per element on baseline x86-64.
-inline float round_half_even(float v) {
-  constexpr float kShift = 12582912.f;
-  return (v + kShift) - kShift;
+constexpr float kRoundShift = 12582912.f;  // 1.5 * 2^23
+inline float round_half_even(float v) { return (v + kRoundShift) - kRoundShift; }
+
+// A block's scale from the largest magnitude's bits: amax / 127, NaN where the block holds a NaN
+// or an infinity (bits >= 0x7f800000). The one rule of quantize_block_q8 and x86 quantize_rows_of.
+inline float q8_block_scale(uint32_t amax_bits) {
+  float amax;
+  std::memcpy(&amax, &amax_bits, 4);
+  return amax_bits < 0x7f800000u ? amax / 127.f : NAN;
 }
 
 // One block of 32 fp32 values -> q, returns its scale (quantize_x's rule, linear.h:
@@ -350,9 +356,7 @@ inline float quantize_block_q8(const float* v, int8_t* q) {
     std::memcpy(&u, v + i, 4);
     amax_bits = std::max(amax_bits, u & 0x7fffffffu);
   }
-  float amax;
-  std::memcpy(&amax, &amax_bits, 4);
-  const float scale = amax_bits < 0x7f800000u ? amax / 127.f : NAN;
+  const float scale = q8_block_scale(amax_bits);
   if (!(scale > 0.f)) {
     std::fill(q, q + 32, int8_t(0));
     return scale;

@@ -13,7 +13,6 @@
 #pragma once
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 
 #include "mtp/gguf.h"
@@ -181,14 +180,14 @@ MTP_TARGET(Avx2) inline void gguf_tile(const uint8_t* const* w, const QuantRows&
 }
 
 // ---- the activation rows: quantize_rows (gguf.h) in vectors, the same bits ---------------
-// Per block of 32 (4 vectors): amax by the magnitudes' bits, the scale in scalar code as
-// quantize_block_q8 computes it, then q = clamp(round_half_even(v / scale)) lane by lane (an
+// Per block of 32 (4 vectors): amax by the magnitudes' bits, the scale by q8_block_scale (the
+// scalar rule), then q = clamp(round_half_even(v / scale)) lane by lane (an
 // IEEE division and the same add / subtract of 1.5 * 2^23: the scalar results exactly) and
 // the 4-element sums of q by one VPMADDUBSW + VPMADDWD.
 template <DType T>
 MTP_TARGET(Avx2) inline void quantize_rows_of(const void* x, int64_t x_stride, QuantRows& out) {
   const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
-  const __m256 shift = _mm256_set1_ps(12582912.f), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  const __m256 shift = _mm256_set1_ps(kRoundShift), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
   for (int64_t m = 0; m < out.M; ++m) {
     const char* xm = static_cast<const char*>(x) + m * x_stride * int64_t(dtype_size(T));
     for (int64_t b = 0; b < out.nb; ++b) {
@@ -201,10 +200,7 @@ MTP_TARGET(Avx2) inline void quantize_rows_of(const void* x, int64_t x_stride, Q
       __m128i h = _mm_max_epu32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
       h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
       h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
-      const uint32_t amax_bits = uint32_t(_mm_cvtsi128_si32(h));
-      float amax;
-      std::memcpy(&amax, &amax_bits, 4);
-      const float scale = amax_bits < 0x7f800000u ? amax / 127.f : NAN;
+      const float scale = q8_block_scale(uint32_t(_mm_cvtsi128_si32(h)));
       int8_t* q = out.q.data() + m * out.K + b * 32;
       int32_t* s4 = out.sum4.data() + (m * out.nb + b) * 8;
       __m256i qv = _mm256_setzero_si256();
