@@ -3,6 +3,7 @@
 // mtp_kernels/ops.py. Registered through torch's stable C ABI and built on Python's limited
 // API (3.10): one build serves later torch and Python releases (docs/torch-versions.md).
 #include <Python.h>
+#include <string>
 #include <torch/csrc/stable/library.h>
 
 #include "mtp/isa.h"
@@ -97,19 +98,46 @@ static PyObject* supported_isas(PyObject*, PyObject*) {
   return list;
 }
 
+#ifndef MTP_WITH_CUDA
+#define MTP_WITH_CUDA 0
+#endif
+
+#if MTP_WITH_CUDA
+namespace mtp::cuda {
+std::string recorded_error(int index);  // csrc/cuda/ops.cpp
+}
+
+// The bad value an earlier call recorded on CUDA device `index` (and clears it): RuntimeError.
+static PyObject* device_check(PyObject*, PyObject* arg) {
+  const long index = PyLong_AsLong(arg);
+  if (index == -1 && PyErr_Occurred()) return nullptr;
+  std::string msg;
+  try {
+    msg = mtp::cuda::recorded_error(int(index));
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  if (!msg.empty()) {
+    PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef kMethods[] = {
     {"get_isa", get_isa, METH_NOARGS, "The instruction set the CPU kernels use now."},
     {"set_isa", set_isa, METH_O,
      "Select the CPU kernels' instruction set (generic, avx2, avx512, avx512_bf16, neon, neon_fp16)."},
     {"supported_isas", supported_isas, METH_NOARGS, "Instruction sets this CPU supports."},
+#if MTP_WITH_CUDA
+    {"device_check", device_check, METH_O,
+     "Raise what the CUDA kernels recorded on device `index` since the last look (no sync)."},
+#endif
     {nullptr, nullptr, 0, nullptr}};
 
 static PyModuleDef kModule = {
     PyModuleDef_HEAD_INIT, "_C", "mtp_kernels native ops", -1, kMethods, nullptr, nullptr, nullptr, nullptr};
-
-#ifndef MTP_WITH_CUDA
-#define MTP_WITH_CUDA 0
-#endif
 
 // _C.with_cuda: whether the C++ CUDA kernels are compiled in (else Triton serves CUDA).
 PyMODINIT_FUNC PyInit__C(void) {

@@ -53,10 +53,24 @@ __all__ = [
     "get_isa",
     "set_isa",
     "supported_isas",
+    "cuda_check",
 ]
 
 get_isa = _C.get_isa
 set_isa = _C.set_isa
 supported_isas = _C.supported_isas
+
+
+def cuda_check(device=None) -> None:
+    """Waits for `device` (default: the current CUDA device) and raises the RuntimeError of a
+    bad count or length an earlier call of the C++ CUDA kernels met there (their value checks
+    run on the device, without a host sync, and the next call on that device raises; see
+    docs/gpu.md). No-op without the C++ CUDA kernels."""
+    if not _C.with_cuda:
+        return
+    index = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    torch.cuda.synchronize(index)
+    _C.device_check(index.index if index.index is not None else torch.cuda.current_device())
+
 
 _registry.register_all()  # fakes, Triton (with a GPU), fallbacks: every import-time registration

@@ -534,6 +534,8 @@ def test_cache_append_matches_reference(backend, dtype):
 def test_cache_append_overflow_writes_nothing(backend, monkeypatch):
     impl, device = backend
     append = attn_ops(impl)[1]
+    # The C++ CUDA kernels check lengths on the device (test_cuda_checks.py); here at the call.
+    monkeypatch.setenv("MTP_CUDA_SYNC_CHECKS", "1")
     q, k, v, _, _, _ = on(device, *inputs(B=2, L=10))
     kn, vn = torch.randn(2, 3, 2, 64, device=device), torch.randn(2, 3, 2, 64, device=device)
     k0, v0 = k.clone(), v.clone()

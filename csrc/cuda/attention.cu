@@ -3,41 +3,48 @@
 
 namespace mtp::cuda {
 
-AttentionWork attention_work(const AttentionArgs& a, int64_t longest_cache) {
+AttentionWork attention_work(const AttentionArgs& a, int64_t longest_cache, int sm_count) {
   AttentionWork w;
   w.cache_chunks = attn_chunks(longest_cache);
   w.chunks = w.cache_chunks + attn_chunks(a.S);
-  w.row_blocks = ((a.Hq / a.Hkv) * a.T + kAttnRows - 1) / kAttnRows;
-  w.partials = a.B * a.Hkv * w.chunks * w.row_blocks * kAttnRows;
+  const int64_t rows = (a.Hq / a.Hkv) * a.T;
+  w.block_rows = rows <= 4 ? 4 : 8;  // a decode step of GQA groups <= 4 wastes no row; more rows re-read K/V from L2
+  w.row_blocks = (rows + w.block_rows - 1) / w.block_rows;
+  w.partials = a.B * a.Hkv * w.chunks * w.row_blocks * w.block_rows;
+  // About 8 waves of 2 blocks per SM; each block loops over its chunks, so a grid over a
+  // mostly empty capacity costs few block launches.
+  const int64_t tiles = a.B * a.Hkv * w.row_blocks, want = tiles ? (16 * int64_t(sm_count) + tiles - 1) / tiles : 1;
+  w.chunk_blocks = w.chunks < want ? w.chunks : want < 65535 ? want : 65535;
   return w;
 }
 
-// Calls fn(integral_constant<int, DPL>): the head-dim elements per lane for a.D.
+// Calls fn(integral_constant<int, LPK>): the lanes per key row for a.D (D <= kVec * LPK).
 template <class Fn>
-void with_dpl(int64_t D, Fn&& fn) {
+void with_lpk(int64_t D, Fn&& fn) {
   if (D <= 32)
-    fn(std::integral_constant<int, 1>{});
-  else if (D <= 64)
-    fn(std::integral_constant<int, 2>{});
-  else if (D <= 128)
     fn(std::integral_constant<int, 4>{});
-  else
+  else if (D <= 64)
     fn(std::integral_constant<int, 8>{});
+  else if (D <= 128)
+    fn(std::integral_constant<int, 16>{});
+  else
+    fn(std::integral_constant<int, 32>{});
 }
 
 cudaError_t head_attention(const AttentionArgs& a, const AttentionWork& w, cudaStream_t stream) {
   if (a.B == 0 || a.T == 0 || a.Hq == 0 || a.D == 0) return cudaSuccess;
   with_dtype(a.dtype, [&](auto dt) {
-    with_dpl(a.D, [&](auto dpl) {
-      constexpr DType T = decltype(dt)::value;
-      constexpr int DPL = decltype(dpl)::value;
-      if (w.chunks > 0)
-        attention_chunk_kernel<T, DPL>
-            <<<dim3(unsigned(a.B * a.Hkv * w.row_blocks), unsigned(w.chunks)), kAttnThreads, 0, stream>>>(a, w);
-      const int64_t rows = a.B * a.T * a.Hq;
-      attention_merge_kernel<T, DPL>
-          <<<unsigned((rows + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(a, w);
+    constexpr DType T = decltype(dt)::value;
+    with_lpk(a.D, [&](auto lpk) {
+      constexpr int LPK = decltype(lpk)::value;
+      const dim3 grid(unsigned(a.B * a.Hkv * w.row_blocks), unsigned(w.chunk_blocks));
+      if (w.chunks == 0) return;
+      if (w.block_rows == 4)
+        attention_chunk_kernel<T, LPK, 4><<<grid, kAttnThreads, 0, stream>>>(a, w);
+      else
+        attention_chunk_kernel<T, LPK, 8><<<grid, kAttnThreads, 0, stream>>>(a, w);
     });
+    attention_merge_kernel<T><<<unsigned(a.B * a.T * a.Hq), kMergeThreads, 0, stream>>>(a, w);
   });
   return cudaGetLastError();
 }

@@ -6,7 +6,12 @@
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <optional>
+#include <string>
 
 #include "../torch/adapter.h"
 #include "mtp/cuda/launch.h"
@@ -49,31 +54,146 @@ bool capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// A [B] count vector on the device: its shape checked, and its values (in [0, hi]) on the
-// host, which costs one sync; not while a CUDA graph is being captured (no sync is allowed
-// there): nullopt then, and the kernels guard themselves.
+// Value checks (counts, lengths) need the values, which live on the device. By default they
+// run there, without a host sync: the kernels record a bad value in the op's slot of a small
+// array of mapped pinned host memory (one per device, allocated once) and compute on the value
+// clamped; the next mtp call on that device raises (or mtp_kernels.cuda_check() after a sync).
+// MTP_CUDA_SYNC_CHECKS=1 checks them on the host at the call (one sync per call), as the CPU.
+bool sync_checks() {
+  const char* v = std::getenv("MTP_CUDA_SYNC_CHECKS");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceFlags {
+  bool tried = false;
+  unsigned long long* host = nullptr;  // kFlagSlots records, 0: none (nullptr: not available)
+  unsigned long long* dev = nullptr;   // the same memory as the kernels see it
+};
+
+// The device's flags, allocated at its first use outside a capture (allocating is not allowed
+// inside one); nullptr if they are not there (then the values are checked on the host).
+DeviceFlags* flags_of(int index, bool may_allocate) {
+  static std::mutex mu;
+  static std::array<DeviceFlags, kMaxDevices> all;
+  if (index < 0 || index >= kMaxDevices) return nullptr;
+  const std::lock_guard<std::mutex> lock(mu);
+  DeviceFlags& f = all[size_t(index)];
+  if (!f.tried && may_allocate) {
+    f.tried = true;
+    void* p = nullptr;
+    void* d = nullptr;
+    if (cudaHostAlloc(&p, kFlagSlots * sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable) ==
+        cudaSuccess) {
+      std::memset(p, 0, kFlagSlots * sizeof(unsigned long long));
+      if (cudaHostGetDevicePointer(&d, p, 0) == cudaSuccess) {
+        f.host = static_cast<unsigned long long*>(p);
+        f.dev = static_cast<unsigned long long*>(d);
+      }
+    }
+    (void)cudaGetLastError();  // a failure leaves the host checks in place, not a sticky error
+  }
+  return f.host ? &f : nullptr;
+}
+
+// Whether this call's counts and lengths are checked on the host: with MTP_CUDA_SYNC_CHECKS,
+// or when the device cannot record them; never inside a capture (no sync allowed there).
+bool host_checks(const Device& device) {
+  if (capturing()) return false;
+  return sync_checks() || !flags_of(device.index(), true);
+}
+
+// The device pointer of an op's slot, or nullptr when the values were checked on the host.
+unsigned long long* flag_slot(const Device& device, FlagSlot slot, bool checked_on_host) {
+  if (checked_on_host) return nullptr;
+  DeviceFlags* f = flags_of(device.index(), !capturing());
+  return f ? f->dev + slot : nullptr;
+}
+
+struct SlotText {
+  const char* op;
+  const char* name;
+  const char* range;
+  const char* effect;
+};
+constexpr std::array<SlotText, kFlagSlots> kSlotText = {{
+    {"mtp.verify", "num_drafts", "[0, K]", "its rows were verified with the count clamped to [0, K]"},
+    {"mtp.accept_prefix", "num_drafts", "[0, K]", "it counted with the value clamped to [0, K]"},
+    {"mtp.verify_ragged", "cu_num_draft_tokens",
+     "non-decreasing inclusive counts ending at N, at most max_num_drafts per request",
+     "its layout was clamped into range"},
+    {"mtp.head_attention", "cache_lens", "[0, L] ([T, L] when causal)",
+     "its rows were computed with the length clamped to [0, L]"},
+    {"mtp.cache_append", "cache_lens", "[0, L - T]", "it wrote nothing"},
+}};
+
+// The error recorded on a device's flags since the last look (and clears them), "" if none.
+std::string take_recorded(int index) {
+  DeviceFlags* f = flags_of(index, false);
+  if (!f) return "";
+  auto* slots = reinterpret_cast<volatile unsigned long long*>(f->host);
+  for (int s = 0; s < kFlagSlots; ++s) {
+    const unsigned long long v = slots[s];
+    if (!v) continue;
+    slots[s] = 0;
+    const SlotText& t = kSlotText[size_t(s)];
+    std::ostringstream os;
+    os << t.op << ": " << t.name << " must lie in " << t.range << ", got " << t.name << "[" << int64_t(v >> 32) - 1
+       << "] = " << int32_t(uint32_t(v & 0xffffffffu)) << " in an earlier call on cuda:" << index << "; " << t.effect
+       << " (values are checked on the device, without a host sync; MTP_CUDA_SYNC_CHECKS=1 checks them at the "
+          "call)";
+    return os.str();
+  }
+  return "";
+}
+
+// Raises what an earlier call recorded on this device (no sync: what the GPU has run so far).
+void raise_recorded(const Device& device) {
+  const std::string msg = take_recorded(device.index());
+  MTP_CHECK(msg.empty(), msg);
+}
+
+// A [B] count vector on the device: its shape checked, and, with MTP_CUDA_SYNC_CHECKS, its
+// values (in [0, hi]) on the host, which costs one sync; never while a CUDA graph is being
+// captured (no sync is allowed there). nullopt when not read: the kernels check and guard.
 std::optional<std::vector<int64_t>> device_counts(const char* op, const char* name, const Tensor& n, int64_t B,
                                                   const char* b_what, int64_t hi, const char* hi_what,
                                                   const Device& device) {
   check_device(op, name, n, device);
   check_count_vector(op, name, n, B, b_what);
-  if (capturing()) return std::nullopt;
+  if (!host_checks(device)) return std::nullopt;
   return checked_counts(op, name, torch::stable::to(n, kCpu), B, b_what, hi, hi_what);
 }
 
-// num_drafts as a contiguous int64 device tensor (none when absent), its values
-// checked (device_counts); under capture the kernels clamp to [0, K], so nothing is read
-// out of range.
-std::optional<Tensor> device_num_drafts(const char* op, const std::optional<Tensor>& nd, int64_t B, int64_t K,
-                                        const Device& device) {
+// A count vector's values as a contiguous int64 device tensor, clamped to [lo, hi]; values
+// outside `check` recorded in its slot (unless check.flag is null).
+Tensor device_int64(const Tensor& n, int64_t B, int64_t lo, int64_t hi, ValueCheck check) {
+  Tensor out = empty_like_on(n, {B}, ScalarType::Long);
+  dispatch_index(n.scalar_type(), [&](auto index) {
+    using index_t = decltype(index);
+    check_cuda(clamp_to_int64<index_t>(n.mutable_data_ptr<index_t>(), n.stride(0), B, lo, hi,
+                                       out.mutable_data_ptr<int64_t>(), check, current_stream()));
+  });
+  return out;
+}
+
+// num_drafts as a contiguous int64 device tensor clamped to [0, K] (none when absent), its
+// values checked on the host (MTP_CUDA_SYNC_CHECKS) or on the device (slot).
+std::optional<Tensor> device_num_drafts(const char* op, FlagSlot slot, const std::optional<Tensor>& nd, int64_t B,
+                                        int64_t K, const Device& device) {
   if (!nd.has_value()) return std::nullopt;
-  device_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K", device);
-  return torch::stable::contiguous(torch::stable::to(*nd, ScalarType::Long));
+  const bool on_host = device_counts(op, "num_drafts", *nd, B, "B (draft_tokens.size(0))", K, "K", device).has_value();
+  return device_int64(*nd, B, 0, K, ValueCheck{0, K, flag_slot(device, slot, on_host)});
 }
 
 int sm_count(const Device& device) {
+  static std::array<int, kMaxDevices> cached{};  // read once per device (a driver call)
+  const int index = device.index();
+  if (index >= 0 && index < kMaxDevices && cached[size_t(index)]) return cached[size_t(index)];
   int n = 0;
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device.index()));
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, index));
+  if (index >= 0 && index < kMaxDevices) cached[size_t(index)] = n;
   return n;
 }
 
@@ -100,8 +220,9 @@ std::tuple<Tensor, Tensor> verify_cuda(const Tensor& draft_tokens, const Tensor&
   const Device device = target_logits.device();
   check_verify_inputs(kVerify, draft_tokens, target_logits, device);
   const DeviceGuard guard(device.index());
+  raise_recorded(device);
   const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
-  const std::optional<Tensor> nd = device_num_drafts(kVerify, num_drafts, B, K, device);
+  const std::optional<Tensor> nd = device_num_drafts(kVerify, kFlagVerify, num_drafts, B, K, device);
   VerifyArgs a = verify_args(draft_tokens, target_logits);
   a.num_drafts = nd ? nd->mutable_data_ptr<int64_t>() : nullptr;
 
@@ -123,13 +244,17 @@ std::tuple<Tensor, Tensor> verify_ragged_cuda(const Tensor& draft_token_ids, con
   const Device device = target_logits.device();
   check_ragged_inputs(kRagged, draft_token_ids, cu_num_draft_tokens, target_logits, pad_id, max_num_drafts, device);
   const DeviceGuard guard(device.index());
+  raise_recorded(device);
   const int64_t N = draft_token_ids.size(0), B = cu_num_draft_tokens.size(0);
+  // On the host (one sync) with MTP_CUDA_SYNC_CHECKS, or when the width needs cu's values;
+  // else checked on the device.
   int64_t W;
-  if (capturing()) {
+  const bool on_host = !capturing() && (host_checks(device) || !max_num_drafts.has_value());
+  if (on_host) {
+    W = checked_ragged_layout(kRagged, torch::stable::to(cu_num_draft_tokens, kCpu), N, max_num_drafts).width;
+  } else {
     MTP_CHECK(max_num_drafts.has_value(), kRagged, ": ", kRaggedCaptureNeedsMax);
     W = *max_num_drafts + 1;
-  } else {
-    W = checked_ragged_layout(kRagged, torch::stable::to(cu_num_draft_tokens, kCpu), N, max_num_drafts).width;
   }
   Tensor accepted = empty_like_on(draft_token_ids, {B}), out = empty_like_on(draft_token_ids, {B, W});
   if (B == 0) return {accepted, out};
@@ -142,7 +267,8 @@ std::tuple<Tensor, Tensor> verify_ragged_cuda(const Tensor& draft_token_ids, con
   dispatch_index(cu_num_draft_tokens.scalar_type(), [&](auto index) {
     using index_t = decltype(index);
     check_cuda(ragged_layout<index_t>(cu_num_draft_tokens.mutable_data_ptr<index_t>(), cu_num_draft_tokens.stride(0), B,
-                                      N, W, counts, first_row, draft_first, current_stream()));
+                                      N, W, counts, first_row, draft_first, flag_slot(device, kFlagRagged, on_host),
+                                      current_stream()));
   });
   dispatch_index(draft_token_ids.scalar_type(), [&](auto index) {
     using index_t = decltype(index);
@@ -157,8 +283,9 @@ Tensor accept_prefix_cuda(const Tensor& draft_tokens, const Tensor& target_token
   const Device device = draft_tokens.device();
   check_accept_inputs(kAccept, draft_tokens, target_tokens, device);
   const DeviceGuard guard(device.index());
+  raise_recorded(device);
   const int64_t B = draft_tokens.size(0), K = draft_tokens.size(1);
-  const std::optional<Tensor> nd = device_num_drafts(kAccept, num_drafts, B, K, device);
+  const std::optional<Tensor> nd = device_num_drafts(kAccept, kFlagAccept, num_drafts, B, K, device);
   Tensor accepted = empty_like_on(draft_tokens, {B});
   const cudaStream_t stream = current_stream();
   dispatch_index(draft_tokens.scalar_type(), [&](auto index) {
@@ -181,6 +308,7 @@ Tensor linear_cuda(const Tensor& x, const Tensor& weight, const std::optional<Te
             device_str(x.device()));
   MTP_CHECK(!gguf_type.has_value(), kLinear, ": ", kGgufCpuOnly, ", got weight on ", device_str(weight.device()));
   const DeviceGuard guard(x.device().index());
+  raise_recorded(x.device());
   // quantize_x needs an int8 weight (checked here), which is refused below: CPU only.
   LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);
   MTP_CHECK(c.args.w_dtype != DType::I8, kLinear, ": ", kInt8CpuOnly, ", got weight on ", device_str(weight.device()));
@@ -199,24 +327,22 @@ Tensor head_attention_cuda(const Tensor& q, const Tensor& k_cache, const Tensor&
   check_ok(kAttn, set_window(a, window.value_or(0), k_local.has_value()));
   MTP_CHECK(a.D <= kAttnMaxD, kAttn, ": the CUDA kernel takes head dims D <= ", kAttnMaxD, ", got D = ", a.D);
   const DeviceGuard guard(device.index());
+  raise_recorded(device);
   const int64_t L = k_cache.size(2);
   const auto lens =
       device_counts(kAttn, "cache_lens", cache_lens, a.B, "B (q.size(0))", L, "L (k_cache.size(2))", device);
   if (lens) check_attention_lens(kAttn, a, *lens);
-  // The grid covers the longest cache, or the capacity while a graph is captured (no sync);
-  // blocks past a request's length return at once. Lengths are clamped to [0, L] on the
-  // device, so an unchecked one cannot send a read out of range.
+  // The grid covers the longest cache when the lengths were read on the host, else the
+  // capacity (its blocks loop over chunks; chunks past a request's length cost little).
+  // Lengths are clamped to [0, L] on the device, so an unchecked one cannot send a read out of
+  // range, and recorded when outside [0, L] ([T, L] when causal).
   const int64_t longest = lens ? (lens->empty() ? 0 : *std::max_element(lens->begin(), lens->end())) : L;
-  Tensor dlens = empty_like_on(cache_lens, {a.B}, ScalarType::Long);
+  const ValueCheck check{a.causal && a.T > 0 ? a.T : 0, L, flag_slot(device, kFlagAttention, lens.has_value())};
+  Tensor dlens = device_int64(cache_lens, a.B, 0, L, check);
   a.cache_lens = dlens.mutable_data_ptr<int64_t>();
-  dispatch_index(cache_lens.scalar_type(), [&](auto index) {
-    using index_t = decltype(index);
-    check_cuda(clamp_to_int64<index_t>(cache_lens.mutable_data_ptr<index_t>(), cache_lens.stride(0), a.B, 0, L,
-                                       dlens.mutable_data_ptr<int64_t>(), current_stream()));
-  });
   Tensor out = empty_like_on(q, {a.B, a.T, a.Hq, a.D});
   a.out = out.data_ptr();
-  AttentionWork w = attention_work(a, longest);
+  AttentionWork w = attention_work(a, longest, sm_count(device));
   Tensor ml = empty_like_on(q, {w.partials * 2}, ScalarType::Float);
   Tensor acc = empty_like_on(q, {w.partials * a.D}, ScalarType::Float);
   w.ml = ml.mutable_data_ptr<float>();
@@ -230,16 +356,21 @@ void cache_append_cuda(const Tensor& k_cache, const Tensor& v_cache, const Tenso
   const Device device = k_new.device();
   CacheAppendArgs a = cache_append_args(kAppend, k_cache, v_cache, k_new, v_new, device);
   const DeviceGuard guard(device.index());
+  raise_recorded(device);
   const auto lens =
       device_counts(kAppend, "cache_lens", cache_lens, a.B, "B (k_new.size(0))", a.L, "L (k_cache.size(2))", device);
   if (lens) check_append_lens(kAppend, a, *lens);
-  Tensor dlens = torch::stable::contiguous(
-      torch::stable::to(cache_lens, ScalarType::Long));  // the kernel writes nothing if one overflows
+  // Not clamped: the kernel writes nothing if one would pass the capacity (recorded here).
+  const ValueCheck check{0, a.L - a.T, flag_slot(device, kFlagAppend, lens.has_value())};
+  Tensor dlens = device_int64(cache_lens, a.B, INT64_MIN, INT64_MAX, check);
   a.cache_lens = dlens.mutable_data_ptr<int64_t>();
   check_cuda(mtp::cuda::cache_append(a, current_stream()));  // not the CPU template (ADL)
 }
 
 }  // namespace
+
+// For _C.device_check (csrc/ops.cpp): what take_recorded finds on device `index`.
+std::string recorded_error(int index) { return take_recorded(index); }
 
 STABLE_TORCH_LIBRARY_IMPL(mtp, CUDA, m) {
   m.impl("verify", TORCH_BOX(&verify_cuda));

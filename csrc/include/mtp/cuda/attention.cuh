@@ -2,21 +2,25 @@
 //
 // Exactness as on the CPU (mtp/attention.h): each output row (b, t, h) is a function of its
 // own visible keys only.
-//  1. attention_chunk_kernel: one block per (b, kv head, kAttnRows query rows) and chunk of
+//  1. attention_chunk_kernel: one block per (b, kv head, RT query rows) and chunk of
 //     kAttnChunk keys at a fixed absolute position (the local segment's chunks after the
-//     cache's). The rows r = t * G + g of the tile share every K/V load. A row sees keys
-//     [lo, n) of the chunk (lo > 0 only with a sliding window); keys before the tile's first
-//     lo are not read. Per row, in orders that depend only on the head dim and its own range:
-//       score(r, j): lane l sums q[d] * k[j][d] over d = l, l + 32, ... (fmaf), then a fixed
-//                    xor-butterfly (one warp per key);
+//     cache's). The rows r = t * G + g of the tile share every K/V load. The block's 256
+//     threads form NG = 256 / LPK key groups of LPK lanes; lane s of a group holds the head
+//     dims [8s, 8s + 8) of a key or value row (one 16-byte load of bf16/fp16 when the rows
+//     allow it, else 8 element loads: the same values). LPK depends on D alone (D <= 8 * LPK).
+//     A row sees keys [lo, n) of the chunk (lo > 0 only with a sliding window). Per row, in
+//     orders that depend only on D and its own range:
+//       score(r, j): lane s sums its 8 q[d] * k[j][d] in order (fmaf), then a fixed
+//                    xor-butterfly over the group's LPK lanes;
 //       m, l:        max (exact) and the sum of expf(s - m) (lane l: keys lo + l, lo + l + 32,
 //                    ... in order, butterfly);
-//       acc(r, d):   warp w sums p_j * v[j][d] over its keys j = w (mod 8) in order (only
-//                    keys the row sees), then the 8 warps' sums are added in warp order.
-//     Which rows share the block never enters a row's arithmetic.
-//  2. attention_merge_kernel: one warp per output row folds its chunk partials strictly left
-//     to right (cache, then local), then normalises; no visible key: zeros; a non-finite
-//     score or value: the whole row NaN (the contract of reference.head_attention).
+//       acc(r, d):   group g sums p_j * v[j][d] over its keys j = g (mod NG) in order (only
+//                    keys the row sees), then the NG groups' sums are added in group order.
+//     Which rows share the block (and RT) never enters a row's arithmetic.
+//  2. attention_merge_kernel: one block per output row folds its chunk partials strictly left
+//     to right (cache, then local; kMergeChunks at a time staged in shared memory), then
+//     normalises; no visible key: zeros; a non-finite score or value: the whole row NaN (the
+//     contract of reference.head_attention).
 // cache_append: one block per (b, kv head, t) copies the bits of one key and one value row.
 #pragma once
 #include <cuda_bf16.h>
@@ -30,7 +34,9 @@ namespace mtp::cuda {
 
 constexpr int kAttnThreads = 256;
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kMergeWarps = 4;  // output rows per merge block
+constexpr int kVec = 8;  // head-dim elements per lane of a key / value row (16 bytes of bf16)
+constexpr int kMergeThreads = 128;
+constexpr int kMergeChunks = 32;  // chunk partials a merge block stages at a time
 constexpr int kAppendThreads = 128;
 
 template <DType T>
@@ -56,194 +62,284 @@ __device__ __forceinline__ float warp_max(float x) {
 
 // Index of the partial of (bh, chunk c, row r) in the workspace.
 __device__ __forceinline__ int64_t partial_index(const AttentionWork& w, int64_t bh, int64_t c, int64_t r) {
-  return (bh * w.chunks + c) * (w.row_blocks * kAttnRows) + r;
+  return (bh * w.chunks + c) * (w.row_blocks * w.block_rows) + r;
 }
 
-// Lane's elements d = lane, lane + 32, ... of the row at element `offset` of base, as fp32
-// (zero past D).
-template <DType T, int DPL>
-__device__ __forceinline__ void load_row(const void* base, int64_t offset, int64_t d_stride, int64_t D, int lane,
-                                         float (&out)[DPL]) {
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    const int d = i * 32 + lane;
-    out[i] = d < D ? load_f32<T>(base, offset + d * d_stride) : 0.f;
+// Two 16-bit elements of a 32-bit word (little-endian: the lower one first) as fp32, exact.
+template <DType T>
+__device__ __forceinline__ void widen2(uint32_t word, float& lo, float& hi) {
+  if constexpr (T == DType::BF16) {
+    lo = __uint_as_float(word << 16);
+    hi = __uint_as_float(word & 0xffff0000u);
+  } else {
+    lo = __half2float(__ushort_as_half(static_cast<unsigned short>(word & 0xffffu)));
+    hi = __half2float(__ushort_as_half(static_cast<unsigned short>(word >> 16)));
   }
 }
 
-// DPL: head-dim elements per lane (D <= 32 * DPL).
-template <DType T, int DPL>
-__global__ void __launch_bounds__(kAttnThreads) attention_chunk_kernel(AttentionArgs a, AttentionWork w) {
-  __shared__ int cnt[kAttnRows], first[kAttnRows];  // the row sees keys [first, cnt) of this chunk
-  __shared__ float qs[kAttnRows][32 * DPL];         // q rows, fp32, zero past D
-  __shared__ float ps[kAttnRows][kAttnChunk];       // scores, then exp(s - m)
-  __shared__ float red[kAttnWarps][32 * DPL];       // per-warp sums of one row
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t G = a.Hq / a.Hkv, R = G * a.T, D = a.D;
-  const int64_t bh = blockIdx.x / w.row_blocks, r0 = (blockIdx.x % w.row_blocks) * kAttnRows;
-  const int64_t b = bh / a.Hkv, h = bh % a.Hkv, c = blockIdx.y;
-  const bool local = c >= w.cache_chunks;
-  const int64_t c0 = (local ? c - w.cache_chunks : c) * kAttnChunk;
-  if (tid < kAttnRows) {
-    int64_t n = 0, lo = 0;
-    if (r0 + tid < R) {
-      const int64_t t = (r0 + tid) / G, vis = local ? visible_local(a, t) : visible_cache(a, b, t);
-      n = vis - c0;
-      n = n < 0 ? 0 : n > kAttnChunk ? kAttnChunk : n;
-      lo = local ? 0 : first_visible(a, vis) - c0;
-      lo = lo < 0 ? 0 : lo > kAttnChunk ? kAttnChunk : lo;
-      if (n <= lo) n = lo = 0;
+// Elements [d0, d0 + kVec) of the row at `row` (bytes) as fp32, zero past D. vec: the row
+// has unit stride and 16-byte alignment (row and row stride), so whole vectors are loaded
+// with 16-byte loads; either way the values are the same.
+template <DType T>
+__device__ __forceinline__ void load_vec(const char* row, int64_t d_stride, int64_t D, int64_t d0, bool vec,
+                                         float (&out)[kVec]) {
+  if (vec && d0 + kVec <= D) {
+    if constexpr (T == DType::F32) {
+      const float4* p = reinterpret_cast<const float4*>(row) + d0 / 4;
+      const float4 x = p[0], y = p[1];
+      out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+      out[4] = y.x, out[5] = y.y, out[6] = y.z, out[7] = y.w;
+    } else {
+      const uint4 x = *reinterpret_cast<const uint4*>(row + d0 * 2);
+      widen2<T>(x.x, out[0], out[1]);
+      widen2<T>(x.y, out[2], out[3]);
+      widen2<T>(x.z, out[4], out[5]);
+      widen2<T>(x.w, out[6], out[7]);
     }
-    cnt[tid] = int(n);
-    first[tid] = int(lo);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = d0 + e < D ? load_f32<T>(row, (d0 + e) * d_stride) : 0.f;
   }
-  for (int i = tid; i < kAttnRows * 32 * DPL; i += kAttnThreads) {
-    const int64_t r = r0 + i / (32 * DPL), d = i % (32 * DPL);
+}
+
+// Whether every row j of a [.., j, d] view at `base` (bytes) can be read with 16-byte loads.
+__device__ __forceinline__ bool vec_rows(const char* base, const int64_t* stride, int64_t elem) {
+  return stride[3] == 1 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && (stride[2] * elem) % 16 == 0;
+}
+
+// LPK: lanes per key row (D <= 8 * LPK); RT: query rows per block.
+template <DType T, int LPK, int RT>
+__global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(AttentionArgs a, AttentionWork w) {
+  constexpr int NG = kAttnThreads / LPK;          // key groups
+  constexpr int DP = LPK * kVec;                  // head dims held by a group (>= D)
+  constexpr int kKeysInFlight = RT <= 4 ? 4 : 2;  // rows each group loads before it uses the first (registers)
+  __shared__ int cnt[RT], first[RT];              // the row sees keys [first, cnt) of this chunk
+  __shared__ float qs[RT][DP];                    // q rows, fp32, zero past D
+  __shared__ float ps[RT][kAttnChunk];            // scores, then exp(s - m)
+  __shared__ float red[NG][DP];                   // the groups' sums of one row
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = tid / LPK, s = tid % LPK;
+  const int64_t G = a.Hq / a.Hkv, R = G * a.T, D = a.D;
+  const int64_t bh = blockIdx.x / w.row_blocks, r0 = (blockIdx.x % w.row_blocks) * RT;
+  const int64_t b = bh / a.Hkv, h = bh % a.Hkv;
+  for (int i = tid; i < RT * DP; i += kAttnThreads) {
+    const int64_t r = r0 + i / DP, d = i % DP;
     float x = 0.f;
     if (r < R && d < D) {
       const int64_t t = r / G, hq = h * G + r % G;
       x = load_f32<T>(a.q, b * a.q_stride[0] + t * a.q_stride[1] + hq * a.q_stride[2] + d * a.q_stride[3]);
     }
-    qs[i / (32 * DPL)][d] = x;
+    qs[i / DP][d] = x;
   }
   __syncthreads();
-  int nmax = 0, jmin = kAttnChunk;  // the tile reads keys [jmin, nmax)
-  for (int r = 0; r < kAttnRows; ++r) {
-    nmax = cnt[r] > nmax ? cnt[r] : nmax;
-    if (cnt[r] > 0) jmin = first[r] < jmin ? first[r] : jmin;
-  }
-  if (nmax == 0) return;  // no row of the tile reads this chunk (uniform over the block)
-
-  const int64_t* ks = local ? a.kl_stride : a.k_stride;
-  const int64_t* vs = local ? a.vl_stride : a.v_stride;
+  float q[RT][kVec];  // the lane's head dims of every row
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) q[r][e] = qs[r][s * kVec + e];
   const int64_t es = dtype_size(a.dtype);
-  const char* kb = static_cast<const char*>(local ? a.k_local : a.k) + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es;
-  const char* vb = static_cast<const char*>(local ? a.v_local : a.v) + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es;
 
-  // 1. Scores: one warp per key, the key row loaded once for every row of the tile.
-  for (int j = jmin + warp; j < nmax; j += kAttnWarps) {
-    float kr[DPL];
-    load_row<T, DPL>(kb, j * ks[2], ks[3], D, lane, kr);
-    for (int r = 0; r < kAttnRows; ++r) {
-      if (j < first[r] || j >= cnt[r]) continue;  // uniform over the warp
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) s = fmaf(qs[r][i * 32 + lane], kr[i], s);
-      s = warp_sum(s);
-      if (lane == 0) ps[r][j] = s * a.scale;
-    }
-  }
-  __syncthreads();
-
-  // 2. Per row: m, p = exp(s - m) in place, l; l = NaN when a score is not finite (-inf
-  //    included: the row's output is NaN, see the merge).
-  for (int r = warp; r < kAttnRows; r += kAttnWarps) {
-    const int n = cnt[r], lo = first[r];
-    if (n == 0) continue;
-    float m = -__int_as_float(0x7f800000);
-    bool finite = true;
-    for (int j = lo + lane; j < n; j += 32) {
-      m = fmaxf(m, ps[r][j]);
-      finite = finite && isfinite(ps[r][j]);
-    }
-    finite = __all_sync(0xffffffffu, finite);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int j = lo + lane; j < n; j += 32) {
-      const float p = expf(ps[r][j] - m);
-      ps[r][j] = p;
-      l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      float* ml = w.ml + 2 * partial_index(w, bh, c, r0 + r);
-      ml[0] = m;
-      ml[1] = finite ? l : __int_as_float(0x7fc00000);
-    }
-  }
-  __syncthreads();
-
-  // 3. acc = sum_j p_j v_j: warp w takes keys w, w + 8, ...; each value row loaded once.
-  float acc[kAttnRows][DPL];
-#pragma unroll
-  for (int r = 0; r < kAttnRows; ++r)
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
-  // Key j goes to warp j % 8 whatever jmin is (a row's sums never depend on the tile).
-  for (int j = jmin - jmin % kAttnWarps + warp; j < nmax; j += kAttnWarps) {
-    if (j < jmin) continue;
-    float vr[DPL];
-    load_row<T, DPL>(vb, j * vs[2], vs[3], D, lane, vr);
-#pragma unroll
-    for (int r = 0; r < kAttnRows; ++r) {
-      if (j < first[r] || j >= cnt[r]) continue;  // keys the row does not see add nothing (not even 0 * inf)
-      const float p = ps[r][j];
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) acc[r][i] = fmaf(p, vr[i], acc[r][i]);
-    }
-  }
-  // The warps' sums of each row, added in warp order.
-#pragma unroll
-  for (int r = 0; r < kAttnRows; ++r) {
-    if (cnt[r] == 0) continue;  // uniform over the block
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) red[warp][i * 32 + lane] = acc[r][i];
-    __syncthreads();
-    float* out = w.acc + partial_index(w, bh, c, r0 + r) * D;
-    for (int d = tid; d < D; d += kAttnThreads) {
-      float s = red[0][d];
-      for (int k = 1; k < kAttnWarps; ++k) s += red[k][d];
-      out[d] = s;
+  // Chunks y, y + gridDim.y, ...: the grid may cover the capacity (no host sync for the
+  // lengths), so most of a short request's chunks cost one pass over cnt.
+  for (int64_t c = blockIdx.y; c < w.chunks; c += gridDim.y) {
+    const bool local = c >= w.cache_chunks;
+    const int64_t c0 = (local ? c - w.cache_chunks : c) * kAttnChunk;
+    __syncthreads();  // the last chunk's cnt, first and ps are consumed
+    if (tid < RT) {
+      int64_t n = 0, lo = 0;
+      if (r0 + tid < R) {
+        const int64_t t = (r0 + tid) / G, vis = local ? visible_local(a, t) : visible_cache(a, b, t);
+        n = vis - c0;
+        n = n < 0 ? 0 : n > kAttnChunk ? kAttnChunk : n;
+        lo = local ? 0 : first_visible(a, vis) - c0;
+        lo = lo < 0 ? 0 : lo > kAttnChunk ? kAttnChunk : lo;
+        if (n <= lo) n = lo = 0;
+      }
+      cnt[tid] = int(n);
+      first[tid] = int(lo);
     }
     __syncthreads();
+    int nmax = 0, jmin = kAttnChunk;  // the tile reads keys [jmin, nmax)
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      nmax = cnt[r] > nmax ? cnt[r] : nmax;
+      if (cnt[r] > 0) jmin = first[r] < jmin ? first[r] : jmin;
+    }
+    if (nmax == 0) continue;  // no row of the tile reads this chunk (uniform over the block)
+    const int64_t* ks = local ? a.kl_stride : a.k_stride;
+    const int64_t* vs = local ? a.vl_stride : a.v_stride;
+    const char* kb = static_cast<const char*>(local ? a.k_local : a.k) + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es;
+    const char* vb = static_cast<const char*>(local ? a.v_local : a.v) + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es;
+    const bool kvec = vec_rows(kb, ks, es), vvec = vec_rows(vb, vs, es);
+    // 1. Scores: group g takes keys jmin + g, jmin + g + NG, ...; each key row is loaded once
+    //    for every row of the tile. The loop bounds are uniform over the block, so the
+    //    butterflies run in whole warps (a key past nmax is zeros and stored nowhere).
+    for (int jb = jmin; jb < nmax; jb += NG * kKeysInFlight) {
+      float kr[kKeysInFlight][kVec];
+#pragma unroll
+      for (int u = 0; u < kKeysInFlight; ++u) {
+        const int j = jb + u * NG + g;
+        if (j < nmax) {
+          load_vec<T>(kb + j * ks[2] * es, ks[3], D, s * kVec, kvec, kr[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) kr[u][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kKeysInFlight; ++u) {
+        const int j = jb + u * NG + g;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          float x = 0.f;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) x = fmaf(q[r][e], kr[u][e], x);
+#pragma unroll
+          for (int o = LPK / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+          if (s == 0 && j >= first[r] && j < cnt[r]) ps[r][j] = x * a.scale;
+        }
+      }
+    }
+    __syncthreads();
+
+    // 2. Per row: m, p = exp(s - m) in place, l; l = NaN when a score is not finite (-inf
+    //    included: the row's output is NaN, see the merge).
+    for (int r = warp; r < RT; r += kAttnWarps) {
+      const int n = cnt[r], lo = first[r];
+      if (n == 0) continue;
+      float m = -__int_as_float(0x7f800000);
+      bool finite = true;
+      for (int j = lo + lane; j < n; j += 32) {
+        m = fmaxf(m, ps[r][j]);
+        finite = finite && isfinite(ps[r][j]);
+      }
+      finite = __all_sync(0xffffffffu, finite);
+      m = warp_max(m);
+      float l = 0.f;
+      for (int j = lo + lane; j < n; j += 32) {
+        const float p = expf(ps[r][j] - m);
+        ps[r][j] = p;
+        l += p;
+      }
+      l = warp_sum(l);
+      if (lane == 0) {
+        float* ml = w.ml + 2 * partial_index(w, bh, c, r0 + r);
+        ml[0] = m;
+        ml[1] = finite ? l : __int_as_float(0x7fc00000);
+      }
+    }
+    __syncthreads();
+
+    // 3. acc = sum_j p_j v_j: group g takes keys j = g (mod NG) whatever jmin is (a row's sums
+    //    never depend on the tile); each value row is loaded once.
+    float acc[RT][kVec];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[r][e] = 0.f;
+    for (int jb = jmin - jmin % NG; jb < nmax; jb += NG * kKeysInFlight) {
+      float vr[kKeysInFlight][kVec];
+#pragma unroll
+      for (int u = 0; u < kKeysInFlight; ++u) {
+        const int j = jb + u * NG + g;
+        if (j >= jmin && j < nmax) {
+          load_vec<T>(vb + j * vs[2] * es, vs[3], D, s * kVec, vvec, vr[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) vr[u][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kKeysInFlight; ++u) {
+        const int j = jb + u * NG + g;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          if (j < first[r] || j >= cnt[r]) continue;  // keys the row does not see add nothing (not even 0 * inf)
+          const float p = ps[r][j];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[r][e] = fmaf(p, vr[u][e], acc[r][e]);
+        }
+      }
+    }
+    // The groups' sums of each row, added in group order.
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      if (cnt[r] == 0) continue;  // uniform over the block
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) red[g][s * kVec + e] = acc[r][e];
+      __syncthreads();
+      float* out = w.acc + partial_index(w, bh, c, r0 + r) * D;
+      for (int d = tid; d < D; d += kAttnThreads) {
+        float x = red[0][d];
+        for (int k = 1; k < NG; ++k) x += red[k][d];
+        out[d] = x;
+      }
+      __syncthreads();
+    }
   }
 }
 
-template <DType T, int DPL>
-__global__ void __launch_bounds__(kMergeWarps * 32) attention_merge_kernel(AttentionArgs a, AttentionWork w) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;  // (b * T + t) * Hq + hq
-  if (row >= a.B * a.T * a.Hq) return;                                       // whole warps leave together
+// One block per output row (b * T + t) * Hq + hq; thread i owns head dims i, i + 128.
+template <DType T>
+__global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(AttentionArgs a, AttentionWork w) {
+  constexpr int DPT = kAttnMaxD / kMergeThreads;  // head dims per thread
+  __shared__ float ms[kMergeChunks], ls[kMergeChunks];
+  __shared__ float accs[kMergeChunks][kAttnMaxD];
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x, D = a.D;
   const int64_t G = a.Hq / a.Hkv, hq = row % a.Hq, t = (row / a.Hq) % a.T, b = row / (a.Hq * a.T);
   const int64_t bh = b * a.Hkv + hq / G, r = t * G + hq % G;
-  float m = 0.f, l = 0.f, acc[DPL];
-  bool any = false;
-  // Folds chunk partial c (later keys than the state); the first one is copied.
-  auto fold = [&](int64_t c) {
-    const int64_t p = partial_index(w, bh, c, r);
-    const float pm = w.ml[2 * p], pl = w.ml[2 * p + 1];
-    const float* pa = w.acc + p * a.D;
-    const float mn = any ? fmaxf(m, pm) : pm;
-    const float x = any ? expf(m - mn) : 0.f, y = any ? expf(pm - mn) : 1.f;
+  const int64_t vis = visible_cache(a, b, t), cf = first_visible(a, vis) / kAttnChunk;
+  const int64_t nc = attn_chunks(vis) - cf, n = nc + attn_chunks(visible_local(a, t));
+  // The i-th partial of the row: cache chunks [cf, cf + nc), then the local segment's.
+  auto chunk = [&](int64_t i) { return i < nc ? cf + i : w.cache_chunks + (i - nc); };
+  float m = 0.f, l = 0.f, acc[DPT];
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-      const int d = i * 32 + lane;
-      const float v = d < a.D ? pa[d] : 0.f;
-      acc[i] = any ? acc[i] * x + v * y : v;
+  for (int i = 0; i < DPT; ++i) acc[i] = 0.f;
+  for (int64_t i0 = 0; i0 < n; i0 += kMergeChunks) {
+    const int cn = int(n - i0 < kMergeChunks ? n - i0 : kMergeChunks);
+    __syncthreads();  // the last segment is folded
+    for (int64_t i = tid; i < cn * D; i += kMergeThreads) {
+      const int64_t p = partial_index(w, bh, chunk(i0 + i / D), r);
+      accs[i / D][i % D] = w.acc[p * D + i % D];
     }
-    l = any ? l * x + pl * y : pl;
-    m = mn;
-    any = true;
-  };
-  const int64_t vis = visible_cache(a, b, t), nc = attn_chunks(vis), nl = attn_chunks(visible_local(a, t));
-  for (int64_t c = first_visible(a, vis) / kAttnChunk; c < nc; ++c) fold(c);
-  for (int64_t c = 0; c < nl; ++c) fold(w.cache_chunks + c);
+    for (int i = tid; i < cn; i += kMergeThreads) {
+      const int64_t p = partial_index(w, bh, chunk(i0 + i), r);
+      ms[i] = w.ml[2 * p];
+      ls[i] = w.ml[2 * p + 1];
+    }
+    __syncthreads();
+    // Folds partial i (later keys than the state); the row's first one is copied.
+    for (int i = 0; i < cn; ++i) {
+      const bool any = i0 + i > 0;
+      const float pm = ms[i], pl = ls[i];
+      const float mn = any ? fmaxf(m, pm) : pm;
+      const float x = any ? expf(m - mn) : 0.f, y = any ? expf(pm - mn) : 1.f;
+#pragma unroll
+      for (int k = 0; k < DPT; ++k) {
+        const int d = k * kMergeThreads + tid;
+        const float v = d < D ? accs[i][d] : 0.f;
+        acc[k] = any ? acc[k] * x + v * y : v;
+      }
+      l = any ? l * x + pl * y : pl;
+      m = mn;
+    }
+  }
   // A row is finite or all NaN (as write_row in attention.h): a NaN l (a non-finite score) or a
   // non-finite acc element (a non-finite value: inf or 0 * inf = NaN) makes every element NaN.
-  bool finite = !any || isfinite(l);
+  bool finite = n == 0 || isfinite(l);
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) finite = finite && (!any || i * 32 + lane >= a.D || isfinite(acc[i]));
-  finite = __all_sync(0xffffffffu, finite);
+  for (int k = 0; k < DPT; ++k) finite = finite && (n == 0 || k * kMergeThreads + tid >= D || isfinite(acc[k]));
+  finite = __syncthreads_and(finite) != 0;
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    const int d = i * 32 + lane;
-    if (d < a.D) store_f32<T>(a.out, row * a.D + d, !any ? 0.f : finite ? acc[i] / l : __int_as_float(0x7fc00000));
+  for (int k = 0; k < DPT; ++k) {
+    const int d = k * kMergeThreads + tid;
+    if (d < D) store_f32<T>(a.out, row * D + d, n == 0 ? 0.f : finite ? acc[k] / l : __int_as_float(0x7fc00000));
   }
 }
 
 // Block (b * Hkv + h, t) copies k_new[b, t, h] and v_new[b, t, h]. Every block checks every
-// request first and writes nothing if one would pass the capacity (the host check raises
-// before; this guards a CUDA-graph replay with longer lengths).
+// request first and writes nothing if one would pass the capacity (the lengths are checked
+// on the device before, without a host sync, and recorded; see launch.h ValueCheck).
 template <class E>
 __global__ void __launch_bounds__(kAppendThreads) cache_append_kernel(CacheAppendArgs a) {
   if (cache_append_overflow(a) >= 0) return;
