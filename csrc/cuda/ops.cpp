@@ -40,10 +40,17 @@ using DeviceGuard = torch::stable::accelerator::DeviceGuard;
 // C10_CUDA_CHECK's job, in its words.
 void check_cuda(cudaError_t err) { MTP_CHECK(err == cudaSuccess, "CUDA error: ", cudaGetErrorString(err)); }
 
+// torch's current CUDA stream of a device: the C shim's function (libtorch_cuda, declared
+// in shim.h only under USE_CUDA; torch 2.11's stable Stream has no native handle).
+extern "C" int32_t aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
+
 // The current stream of the current device (set by the caller's DeviceGuard).
 cudaStream_t current_stream() {
   const auto index = torch::stable::accelerator::getCurrentDeviceIndex();
-  return static_cast<cudaStream_t>(torch::stable::accelerator::getCurrentStream(index).nativeHandle());
+  void* stream = nullptr;
+  MTP_CHECK(aoti_torch_get_current_cuda_stream(int32_t(index), &stream) == 0,
+            "mtp: torch could not give the current CUDA stream of device ", int(index));
+  return static_cast<cudaStream_t>(stream);
 }
 
 // Whether a CUDA graph is being captured on the current stream (the stable ABI has no

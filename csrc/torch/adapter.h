@@ -64,7 +64,10 @@ inline std::ostream& operator<<(std::ostream& s, const Shape& sh) {
   for (size_t i = 0; i < sh.sizes.size(); ++i) s << (i ? ", " : "") << sh.sizes[i];
   return s << ']';
 }
-inline bool same_shape(const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes(); }
+inline bool same_shape(const Tensor& a, const Tensor& b) {  // no operator== on torch 2.11's size refs
+  const auto x = a.sizes(), y = b.sizes();
+  return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
+}
 
 // A device as torch prints one (c10::Device::str): "cpu", "cuda:0", "meta".
 inline std::string device_str(const Device& d) {
