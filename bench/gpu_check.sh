@@ -31,12 +31,16 @@ summary "triton: $($PY -c 'import triton; print(triton.__version__)' 2>&1 | tail
 
 # 1. Build: CMake directly (no pip, nothing fetched), the module copied next to the package.
 ARCHS="${MTP_CUDA_ARCHS:-90}"   # the GPU at hand; CMake's default is 80;90
+# CMake >= 3.26 (Python's limited API): the Python environment's own (pip's cmake) before the system's.
+CMAKE="$(dirname "$(command -v "$PY")")/cmake"
+[ -x "$CMAKE" ] || CMAKE=cmake
+summary "cmake: $("$CMAKE" --version | head -n 1) ($CMAKE)"
 rm -f mtp_kernels/_C*.so
 JOBS="$(nproc)"
 if timeout "$(cap 165 220)" bash -c "
-    cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMTP_WITH_CUDA=ON \
+    '$CMAKE' -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMTP_WITH_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES='$ARCHS' -DPython_EXECUTABLE='$(command -v "$PY")' &&
-    cmake --build build/gpu -j $JOBS" > "$RES/build.log" 2>&1 \
+    '$CMAKE' --build build/gpu -j $JOBS" > "$RES/build.log" 2>&1 \
    && cp build/gpu/_C*.so mtp_kernels/; then
   summary "build: MTP_WITH_CUDA=ON ok (sm_$ARCHS)"
   export MTP_EXPECT_CUDA_KERNELS=1
@@ -46,8 +50,8 @@ else
   summary "build: MTP_WITH_CUDA=ON FAILED (tail of build.log below); falling back to the CPU build + Triton for CUDA"
   tail -n 30 "$RES/build.log" | tee -a "$RES/summary.txt"
   timeout "$(cap 120 200)" bash -c "
-    cmake -S . -B build/gpu-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE='$(command -v "$PY")' &&
-    cmake --build build/gpu-cpu -j $JOBS" >> "$RES/build.log" 2>&1 && cp build/gpu-cpu/_C*.so mtp_kernels/ \
+    '$CMAKE' -S . -B build/gpu-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE='$(command -v "$PY")' &&
+    '$CMAKE' --build build/gpu-cpu -j $JOBS" >> "$RES/build.log" 2>&1 && cp build/gpu-cpu/_C*.so mtp_kernels/ \
     || { summary "build: the CPU build failed too"; exit 1; }
   export MTP_EXPECT_CUDA_KERNELS=0
 fi
