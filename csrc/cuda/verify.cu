@@ -4,11 +4,16 @@
 
 namespace mtp::cuda {
 
+// Slices of about 16K elements (32 KB of bf16: a few waves of blocks that each move plenty)
+// when rows are many; when they are few, more slices, down to 2048 elements, to fill the GPU
+// (about 4 blocks per SM).
 int verify_splits(int64_t rows, int64_t V, int sm_count) {
   if (rows <= 0) return 1;
+  const int64_t by_size = (V + 16383) / 16384;
   const int64_t want = (4 * int64_t(sm_count) + rows - 1) / rows;
   const int64_t most = (V + 2047) / 2048;
-  const int64_t s = want < most ? want : most;
+  const int64_t fill = want < most ? want : most;
+  const int64_t s = by_size > fill ? by_size : fill;
   return int(s < 1 ? 1 : s > 65535 ? 65535 : s);
 }
 
@@ -16,15 +21,15 @@ template <class I>
 cudaError_t verify(const VerifyArgs& a, IdView<const I> draft, int64_t pad, I* accepted, IdView<I> out,
                    const VerifyWork& work, cudaStream_t stream) {
   if (a.B == 0) return cudaSuccess;
-  const int64_t chunk = (a.V + work.splits - 1) / work.splits;
+  // A multiple of 8 elements, so that the slices of a 16-byte aligned row start aligned.
+  const int64_t chunk = ((a.V + work.splits - 1) / work.splits + 7) / 8 * 8;
   const dim3 grid(unsigned(a.B * (a.K + 1)), unsigned(work.splits));
   with_dtype(a.logits_dtype, [&](auto dt) {
     argmax_partials_kernel<decltype(dt)::value>
         <<<grid, kArgmaxThreads, 0, stream>>>(a, chunk, work.splits, work.partials);
   });
-  const unsigned blocks = unsigned((a.B + kFinishThreads - 1) / kFinishThreads);
-  verify_finish_kernel<I>
-      <<<blocks, kFinishThreads, 0, stream>>>(a, draft, pad, accepted, out, work.splits, work.partials, work.targets);
+  verify_finish_kernel<I><<<unsigned(a.B), kFinishThreads, 0, stream>>>(a, draft, pad, accepted, out, work.splits,
+                                                                        work.partials, work.targets);
   return cudaGetLastError();
 }
 
