@@ -609,6 +609,15 @@ def test_cuda_attention_opcheck_and_graph_capture():
     k_before = k.clone()
     graph.replay()
     assert torch.equal(k, k_before)
+    if mtp_kernels._C.with_cuda:  # the C++ kernels recorded both lengths (test_cuda_checks.py)
+        with pytest.raises(RuntimeError, match=re.escape("mtp.head_attention: cache_lens must lie in")):
+            mtp_kernels.cuda_check()
+        with pytest.raises(
+            RuntimeError,
+            match=re.escape("mtp.cache_append: cache_lens must lie in [0, L - T], got cache_lens[0] = 699"),
+        ):
+            mtp_kernels.cuda_check()
+        mtp_kernels.cuda_check()
 
 
 # ---------------------------------------------------------------- verify_sampled
