@@ -91,15 +91,19 @@ DeviceFlags* flags_of(int index, bool may_allocate) {
     f.tried = true;
     void* p = nullptr;
     void* d = nullptr;
-    if (cudaHostAlloc(&p, kFlagSlots * sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable) ==
-        cudaSuccess) {
+    cudaError_t err =
+        cudaHostAlloc(&p, kFlagSlots * sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err == cudaSuccess) {
       std::memset(p, 0, kFlagSlots * sizeof(unsigned long long));
-      if (cudaHostGetDevicePointer(&d, p, 0) == cudaSuccess) {
+      err = cudaHostGetDevicePointer(&d, p, 0);
+      if (err == cudaSuccess) {
         f.host = static_cast<unsigned long long*>(p);
         f.dev = static_cast<unsigned long long*>(d);
       }
     }
-    (void)cudaGetLastError();  // a failure leaves the host checks in place, not a sticky error
+    // A failure leaves the host checks in place; clear its error (only then: another call's
+    // pending error is not ours to clear), or the next launch check would report it.
+    if (err != cudaSuccess) (void)cudaGetLastError();
   }
   return f.host ? &f : nullptr;
 }
@@ -112,9 +116,11 @@ bool host_checks(const Device& device) {
 }
 
 // The device pointer of an op's slot, or nullptr when the values were checked on the host.
+// Never allocates: values not checked on the host means host_checks found the flags there,
+// or a capture, where allocating is not allowed (so it asks no second time whether it is one).
 unsigned long long* flag_slot(const Device& device, FlagSlot slot, bool checked_on_host) {
   if (checked_on_host) return nullptr;
-  DeviceFlags* f = flags_of(device.index(), !capturing());
+  DeviceFlags* f = flags_of(device.index(), false);
   return f ? f->dev + slot : nullptr;
 }
 
@@ -256,7 +262,7 @@ std::tuple<Tensor, Tensor> verify_ragged_cuda(const Tensor& draft_token_ids, con
   // On the host (one sync) with MTP_CUDA_SYNC_CHECKS, or when the width needs cu's values;
   // else checked on the device.
   int64_t W;
-  const bool on_host = !capturing() && (host_checks(device) || !max_num_drafts.has_value());
+  const bool on_host = host_checks(device) || (!max_num_drafts.has_value() && !capturing());
   if (on_host) {
     W = checked_ragged_layout(kRagged, torch::stable::to(cu_num_draft_tokens, kCpu), N, max_num_drafts).width;
   } else {
