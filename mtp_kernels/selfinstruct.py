@@ -51,6 +51,27 @@ TOPICS = (
     "a road closure", "a friend's new baby", "splitting a restaurant bill", "a flat tire",
     "a late invoice", "a visit from grandparents", "a yoga class", "a museum trip", "snow closing the office",
 )  # fmt: skip
+# Added for the second run (seed 1): the plan of seed 0 draws from the pools above only, so
+# data/selfinstruct_prompts.jsonl stays reproducible; later seeds draw from both.
+MORE_APPS = (
+    "a bike sharing app", "a vet clinic", "a university portal", "a home insurance company",
+    "a car repair shop", "a hotel booking site", "a kindergarten", "a water utility", "a cinema",
+    "a tax office", "a dating app", "a recycling service", "a hospital", "a ferry company",
+    "a language learning app", "a concert ticket site", "a cloud storage app", "a coworking space",
+)  # fmt: skip
+MORE_TOPICS = (
+    "a burst pipe in the kitchen", "a missed bus", "a lost dog found in the park", "a sale ending tonight",
+    "a new baby sitter", "a broken phone screen", "a spare ticket for a game", "a wrong delivery address",
+    "the heating not working", "a cancelled swimming lesson", "a second-hand sofa for sale",
+    "a speeding fine", "an allergy to peanuts", "a visa appointment", "a noisy party upstairs",
+    "a forgotten charger", "a school play rehearsal", "a neighbor's parcel", "a stolen bike",
+    "jury duty", "a tooth that hurts", "a shared shopping list", "a road trip playlist",
+    "a missed call from the bank", "a gift card about to expire", "a kid's fever", "a plumber's visit",
+    "a marathon training plan", "an apartment viewing", "a broken elevator", "a late paycheck",
+    "a farewell lunch for a colleague", "a lost key card", "a camping weekend in the rain",
+    "an exam result", "a delayed bus strike", "a bake sale at school", "the office printer jamming",
+    "a new puppy", "tickets for a play", "a rescheduled video call", "a recycling day change",
+)  # fmt: skip
 RELATIONS = (
     "a friend", "a coworker", "a neighbor", "a sister", "a manager", "a landlord", "a teacher",
     "a roommate", "a customer", "the team", "a cousin", "a client",
@@ -211,12 +232,13 @@ def plan(per_task: int, seed: int = 0) -> list[dict]:
     """What to write for each prompt: {"task", "kind", "seeds": [instruction, ...]} (a thread
     is 2-4 messages on one topic, each written separately)."""
     rng = random.Random(f"selfinstruct-{seed}")
+    apps, topics = (APPS, TOPICS) if seed == 0 else (APPS + MORE_APPS, TOPICS + MORE_TOPICS)
     rows = []
     for n in range(per_task):
         for task in data.TASKS:
             kind = KINDS[task][n % len(KINDS[task])]
-            topic, names = rng.choice(TOPICS), rng.sample(data.NAMES, 4)
-            fill = dict(app=rng.choice(APPS), relation=rng.choice(RELATIONS), topic=topic)
+            topic, names = rng.choice(topics), rng.sample(data.NAMES, 4)
+            fill = dict(app=rng.choice(apps), relation=rng.choice(RELATIONS), topic=topic)
             if kind == "thread":
                 seeds = [
                     WRITE["message"].format(**fill, name=names[j])

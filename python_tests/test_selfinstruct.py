@@ -31,6 +31,20 @@ def test_plan_is_seeded_interleaved_and_a_prefix_of_a_longer_plan():
     assert threads and all(2 <= len(r["seeds"]) <= 4 for r in threads)
 
 
+def test_seed_0_keeps_the_first_pools_and_later_seeds_add_the_new_ones():
+    """data/selfinstruct_prompts.jsonl (seed 0) stays reproducible after MORE_TOPICS/MORE_APPS
+    were added; seed 1 (data/selfinstruct_seed1_prompts.jsonl) draws from both pools."""
+
+    def topics(rows):
+        seeds = " | ".join(s for r in rows for s in r["seeds"])
+        return {t for t in si.TOPICS + si.MORE_TOPICS if f"about {t}." in seeds}
+
+    first, later = topics(si.plan(200, seed=0)), topics(si.plan(200, seed=1))
+    assert first <= set(si.TOPICS) and len(first) > 40
+    assert later & set(si.MORE_TOPICS) and later & set(si.TOPICS)
+    assert not set(si.TOPICS) & set(si.MORE_TOPICS) and not set(si.APPS) & set(si.MORE_APPS)
+
+
 def test_write_rows_do_not_depend_on_the_batch_and_resume_from_the_cache(tiny, tmp_path, monkeypatch):
     backbone, tok = tiny
     seeds = [f"Write a message number {i}." for i in range(5)]
