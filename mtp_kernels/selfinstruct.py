@@ -9,7 +9,7 @@ sequence with an evaluation set is dropped. The targets are still the backbone's
 answers (`mtp train`).
 
     python -m mtp_kernels.selfinstruct --out data/selfinstruct_prompts.jsonl --per-task 500 \
-        --exclude bench/eval_set.jsonl bench/heldout_set.jsonl
+        --exclude bench/eval_set.jsonl bench/heldout_set.jsonl bench/dev_set.jsonl
 
 The seeds below were written without looking at either evaluation set; the sampling is seeded
 per text, so a run is reproducible and a row does not depend on the batch around it.

@@ -1,0 +1,45 @@
+"""The evaluation sets of bench/: well formed, and the two written independently of the
+training sources (heldout_set: reported only; dev_set: where held-out-style levers are
+decided) share no 8-word sequence with each other, with eval_set or with any training file."""
+
+import collections
+import os
+
+import pytest
+
+from mtp_kernels import data, selfinstruct as si
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETS = ("eval_set", "heldout_set", "dev_set")
+INDEPENDENT = ("heldout_set", "dev_set")
+TRAINING = ("train_prompts", "selfinstruct_prompts", "gemma3_train_prompts")
+
+
+def rows(name: str, folder: str = "bench") -> list[dict]:
+    return data.read_jsonl(os.path.join(ROOT, folder, f"{name}.jsonl"))
+
+
+def shingles_of(prompts: list[dict]) -> set:
+    return set().union(*(si.shingles(p["prompt"]) for p in prompts))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_sets_are_well_formed_and_without_duplicates(name):
+    prompts = rows(name)
+    assert all(set(p) >= {"task", "prompt"} and p["task"] in data.TASKS for p in prompts)
+    assert all(isinstance(p["prompt"], str) and p["prompt"].strip() for p in prompts)
+    assert len({p["prompt"] for p in prompts}) == len(prompts)
+    if name in INDEPENDENT:  # the issue's floor: >= 30 prompts per task
+        counts = collections.Counter(p["task"] for p in prompts)
+        assert set(counts) == set(data.TASKS) and min(counts.values()) >= 30, counts
+
+
+@pytest.mark.parametrize("name", INDEPENDENT)
+def test_independent_sets_share_no_text_with_training_or_the_other_sets(name):
+    mine = rows(name)
+    others = [(f"bench/{s}", rows(s)) for s in SETS if s != name]
+    others += [(f"data/{t}", rows(t, "data")) for t in TRAINING]
+    for where, prompts in others:
+        banned = shingles_of(prompts)
+        shared = [p["prompt"][:60] for p in mine if si.shingles(p["prompt"]) & banned]
+        assert not shared, f"{name} shares an 8-word sequence with {where}: {shared}"
