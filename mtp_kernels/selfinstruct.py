@@ -11,7 +11,7 @@ answers (`mtp train`).
     python -m mtp_kernels.selfinstruct --out data/selfinstruct_prompts.jsonl --per-task 500 \
         --exclude bench/eval_set.jsonl bench/heldout_set.jsonl bench/dev_set.jsonl
 
-The seeds below were written without looking at either evaluation set; the sampling is seeded
+The seeds below were written without looking at any evaluation set; the sampling is seeded
 per text, so a run is reproducible and a row does not depend on the batch around it.
 """
 

@@ -33,7 +33,7 @@ def test_plan_is_seeded_interleaved_and_a_prefix_of_a_longer_plan():
 
 def test_seed_0_keeps_the_first_pools_and_later_seeds_add_the_new_ones():
     """data/selfinstruct_prompts.jsonl (seed 0) stays reproducible after MORE_TOPICS/MORE_APPS
-    were added; seed 1 (data/selfinstruct_seed1_prompts.jsonl) draws from both pools."""
+    were added; seed 1 (the second run, bench/RESULTS.md, not shipped) draws from both pools."""
 
     def topics(rows):
         seeds = " | ".join(s for r in rows for s in r["seeds"])
