@@ -279,6 +279,11 @@ def shingles(prompt: str, n: int = 8) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
+def set_shingles(paths: list[str]) -> set[tuple[str, ...]]:
+    """Every 8-word sequence of the prompts of these JSON-lines sets (what no new prompt may share)."""
+    return set().union(*(shingles(p["prompt"]) for path in paths for p in data.read_jsonl(path)))
+
+
 def build(
     backbone, tok, per_task: int, exclude: list[str], seed: int = 0, log: Callable[[str], None] = print, **kw
 ) -> list[dict]:
@@ -287,7 +292,7 @@ def build(
     rows = plan(per_task, seed)
     seeds = [s for r in rows for s in r["seeds"]]
     texts = iter(write(backbone, tok, seeds, seed=seed, log=log, **kw))
-    banned = set().union(*(shingles(p["prompt"]) for path in exclude for p in data.read_jsonl(path)))
+    banned = set_shingles(exclude)
     rng, seen, out, dropped = random.Random(f"typos-{seed}"), set(), [], 0
     for r in rows:
         prompt = make_prompt(r, [next(texts) for _ in r["seeds"]], rng)
