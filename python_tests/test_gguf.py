@@ -98,12 +98,14 @@ def test_strides_threads_and_leading_dims(gen, threads):
     base = random_rows(gen, code, 30, K + 256)  # rows 20 bytes x (K + 256) / 32 apart: a strided view
     w = base[:, : row_bytes(code, K)]
     assert w.stride(0) != w.shape[1]
-    x = torch.randn(4, 3, 2 * K, generator=gen)[..., ::2]  # x with a non-unit inner stride (copied)
+    # x with a non-unit inner stride (copied); 20 rows: from kParallelQuantRows (linear.h) they
+    # are quantized over the threads too
+    x = torch.randn(4, 5, 2 * K, generator=gen)[..., ::2]
     want = reference.gguf_linear(x, w.contiguous(), code)
     for n in (1, 2, 3):
         torch.set_num_threads(n)
         got = torch.ops.mtp.linear(x, w, gguf_type=code)
-        assert got.shape == (4, 3, 30) and torch.equal(got, want)
+        assert got.shape == (4, 5, 30) and torch.equal(got, want)
 
 
 def test_nan_row_stays_in_its_row(gen):

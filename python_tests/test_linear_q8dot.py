@@ -188,13 +188,13 @@ def test_small_and_odd_k_rows_alone(isa, gen, K):
 
 
 def test_threads_and_layout_do_not_change_bits(gen, threads):
-    x = torch.randn(2, 5, 576, generator=gen)
+    x = torch.randn(4, 5, 576, generator=gen)  # 20 rows: quantized over the threads (linear.h kParallelQuantRows)
     q, s = q8_weight(gen, 1536, 576)
     torch.set_num_threads(2)
     full = linear_q8dot(x, q, None, s)
     torch.set_num_threads(1)
     assert torch.equal(linear_q8dot(x, q, None, s), full)
-    strided = torch.randn(2, 5, 1000, generator=gen)[..., 7 : 7 + 576]
+    strided = torch.randn(4, 5, 1000, generator=gen)[..., 7 : 7 + 576]
     strided.copy_(x)
     assert torch.equal(linear_q8dot(strided, q, None, s), full)
     big_q = torch.zeros(1536, 600, dtype=torch.int8)

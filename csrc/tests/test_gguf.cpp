@@ -345,6 +345,19 @@ void test_gguf() {
       EXPECT(same_bits(want, got), "%s: %s with %d threads differs from the file layout", mtp::block_type_name(t8),
              mtp::isa_name(isa), threads);
     }
+    {  // a prefill's rows (>= kParallelQuantRows): quantized over the threads too, the same bits
+      Case tall(t, mtp::kParallelQuantRows + 3, 48, K);
+      const std::vector<uint8_t> tall8 = x8_bytes(tall);
+      std::vector<float> tall_want, tall_got;
+      run(tall.args(tall_want, true), mtp::Isa::Generic);
+      mtp::LinearArgs b = tall.args(tall_got, true);
+      b.w = tall8.data(), b.w_dtype = t8;
+      for (int threads : {1, 2, 3}) {
+        run(b, isa, threads);
+        EXPECT(same_bits(tall_want, tall_got), "%s: %s, %lld rows, %d threads differs from the file layout",
+               mtp::block_type_name(t8), mtp::isa_name(isa), static_cast<long long>(b.M), threads);
+      }
+    }
     std::vector<int64_t> rows = {47, 0, 9, 9, 20};
     std::vector<float> sub(2 * rows.size());
     run(c.args(want, false), mtp::Isa::Generic);

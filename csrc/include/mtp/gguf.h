@@ -397,13 +397,15 @@ struct QuantRows {
   }
 };
 
-// x [M, K] (fp32, bf16 or fp16, rows x_stride elements apart), K a multiple of 32, into out
-// (the rule above, per block). This is the portable form; quantize_rows(set, ...) is the one
-// a linear call takes (x86/gguf.h: the same bits in vectors), below for every other set.
-inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
-  out.resize(M, K);
+// Rows [m0, m1) of x [M, K] (fp32, bf16 or fp16, rows x_stride elements apart), K a multiple
+// of 32, into out, already sized (out.resize(M, K)): the rule above, per block. Row-local, so
+// rows quantized on different threads give the same bits. This is the portable form;
+// quantize_row_range(set, ...) is the one a linear call takes (x86/gguf.h: the same bits in
+// vectors), below for every other set.
+inline void quantize_row_range(const void* x, DType dt, int64_t x_stride, int64_t m0, int64_t m1, QuantRows& out) {
+  const int64_t K = out.K;
   float v[32];
-  for (int64_t m = 0; m < M; ++m) {
+  for (int64_t m = m0; m < m1; ++m) {
     const char* xm = static_cast<const char*>(x) + m * x_stride * dtype_size(dt);
     for (int64_t b = 0; b < out.nb; ++b) {
       with_dtype(dt, [&](auto t) {
@@ -421,12 +423,21 @@ inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, 
     }
   }
 }
+// All M rows (out sized here).
+inline void quantize_rows(const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
+  out.resize(M, K);
+  quantize_row_range(x, dt, x_stride, 0, M, out);
+}
 
 namespace generic {
 
 // The sets without a vector form of quantize_rows (NEON: the compiler vectorises the portable one).
 inline void quantize_rows(Generic, const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
   mtp::quantize_rows(x, dt, x_stride, M, K, out);
+}
+inline void quantize_row_range(Generic, const void* x, DType dt, int64_t x_stride, int64_t m0, int64_t m1,
+                               QuantRows& out) {
+  mtp::quantize_row_range(x, dt, x_stride, m0, m1, out);
 }
 
 // y[m, n] for the columns [n0, n1) of a block-type weight (either layout), the canonical

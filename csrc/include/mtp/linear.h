@@ -64,15 +64,38 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
   }
 }
 
-// a.y = the product. Calls parallel_for(linear_work_items(a), fn) once; fn(begin, end)
-// computes the column blocks [begin, end) of every row, on any thread.
-template <class ParallelFor>
-void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
+// A call that quantizes its rows (block types, quantize_x) does so over the threads from this
+// many rows (a prefill: on the calling thread they took ~7% of its time while the other
+// threads waited), below that on the calling thread (a parallel region costs more than a few
+// rows). Row-local: the same bits.
+constexpr int64_t kParallelQuantRows = 16;
+
+// a.y = the product. Calls parallel_for(linear_work_items(a), fn) once for the columns (and,
+// quantizing kParallelQuantRows rows or more, once before it over the rows); fn(begin, end)
+// computes the column blocks [begin, end) of every row, on any thread, then after(begin, end)
+// runs on that thread (linear_to_bf16's rounding, while the blocks are in its cache).
+template <class ParallelFor, class After>
+void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for, After&& after) {
+  auto rows_over = [&](int64_t M, auto&& fn) {  // the row-local quantization
+    if (M >= kParallelQuantRows)
+      parallel_for(M, fn);
+    else
+      fn(int64_t(0), M);
+  };
+  auto columns = [&](const LinearArgs& l, auto&& fn) {
+    parallel_for(linear_work_items(l), [&](int64_t begin, int64_t end) {
+      fn(begin, end);
+      after(begin, end);
+    });
+  };
   if (is_block_type(a.w_dtype)) {  // GGUF blocks: the rows quantized once (gguf.h), then the columns
     thread_local QuantRows rows;   // reused across calls; the workers read this thread's copy
     QuantRows& xq = rows;          // (a lambda names a thread_local by its own thread's instance)
-    dispatch(isa, [&](auto set) { quantize_rows(set, a.x, a.x_dtype, a.x_stride, a.M, a.K, xq); });
-    parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) {
+    xq.resize(a.M, a.K);
+    rows_over(a.M, [&](int64_t m0, int64_t m1) {
+      dispatch(isa, [&](auto set) { quantize_row_range(set, a.x, a.x_dtype, a.x_stride, m0, m1, xq); });
+    });
+    columns(a, [&](int64_t begin, int64_t end) {
       gguf_items(a, xq, begin * kLinearBlockN, std::min(a.N, end * kLinearBlockN), isa);
     });
     return;
@@ -81,18 +104,25 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
     const int64_t row_bytes = xq_row_bytes(a.K);
     std::vector<float> rows(size_t(a.M * row_bytes / 4));  // float: the scales' alignment
     const int64_t xb = a.x_stride * dtype_size(a.x_dtype);
-    for (int64_t m = 0; m < a.M; ++m)
-      quantize_row_q8(static_cast<const char*>(a.x) + m * xb, a.x_dtype, a.K,
-                      reinterpret_cast<char*>(rows.data()) + m * row_bytes);
+    rows_over(a.M, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m)
+        quantize_row_q8(static_cast<const char*>(a.x) + m * xb, a.x_dtype, a.K,
+                        reinterpret_cast<char*>(rows.data()) + m * row_bytes);
+    });
     LinearArgs q = a;
     q.x = rows.data();
     q.x_dtype = DType::I8;
     q.x_stride = row_bytes;
     q.quantize_x = false;
-    parallel_for(linear_work_items(q), [&](int64_t begin, int64_t end) { linear_items(q, begin, end, isa); });
+    columns(q, [&](int64_t begin, int64_t end) { linear_items(q, begin, end, isa); });
     return;
   }
-  parallel_for(linear_work_items(a), [&](int64_t begin, int64_t end) { linear_items(a, begin, end, isa); });
+  columns(a, [&](int64_t begin, int64_t end) { linear_items(a, begin, end, isa); });
+}
+
+template <class ParallelFor>
+void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
+  linear(a, isa, parallel_for, [](int64_t, int64_t) {});
 }
 
 // linear(), then a.y rounded to bf16 into out [M, N] (rows out_stride apart) as torch's
@@ -101,16 +131,13 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for) {
 // it. Element by element, so any split gives the same bits.
 template <class ParallelFor>
 void linear_to_bf16(const LinearArgs& a, uint16_t* out, int64_t out_stride, Isa isa, ParallelFor&& parallel_for) {
-  linear(a, isa, [&](int64_t items, auto&& fn) {
-    parallel_for(items, [&](int64_t begin, int64_t end) {
-      fn(begin, end);
-      const int64_t n0 = begin * kLinearBlockN, n1 = std::min(a.N, end * kLinearBlockN);
-      for (int64_t m = 0; m < a.M; ++m) {  // a plain loop of selects: it vectorises
-        const float* y = a.y + m * a.y_stride;
-        uint16_t* o = out + m * out_stride;
-        for (int64_t n = n0; n < n1; ++n) o[n] = f32_to_bf16(y[n]);
-      }
-    });
+  linear(a, isa, parallel_for, [&](int64_t begin, int64_t end) {
+    const int64_t n0 = begin * kLinearBlockN, n1 = std::min(a.N, end * kLinearBlockN);
+    for (int64_t m = 0; m < a.M; ++m) {  // a plain loop of selects: it vectorises
+      const float* y = a.y + m * a.y_stride;
+      uint16_t* o = out + m * out_stride;
+      for (int64_t n = n0; n < n1; ++n) o[n] = f32_to_bf16(y[n]);
+    }
   });
 }
 

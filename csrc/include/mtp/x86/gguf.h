@@ -185,10 +185,11 @@ MTP_TARGET(Avx2) inline void gguf_tile(const uint8_t* const* w, const QuantRows&
 // IEEE division and the same add / subtract of 1.5 * 2^23: the scalar results exactly) and
 // the 4-element sums of q by one VPMADDUBSW + VPMADDWD.
 template <DType T>
-MTP_TARGET(Avx2) inline void quantize_rows_of(const void* x, int64_t x_stride, QuantRows& out) {
+MTP_TARGET(Avx2) inline void quantize_rows_of(const void* x, int64_t x_stride, int64_t m0, int64_t m1,
+                                                   QuantRows& out) {
   const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   const __m256 shift = _mm256_set1_ps(kRoundShift), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
-  for (int64_t m = 0; m < out.M; ++m) {
+  for (int64_t m = m0; m < m1; ++m) {
     const char* xm = static_cast<const char*>(x) + m * x_stride * int64_t(dtype_size(T));
     for (int64_t b = 0; b < out.nb; ++b) {
       __m256 v[4];
@@ -226,19 +227,28 @@ MTP_TARGET(Avx2) inline void quantize_rows_of(const void* x, int64_t x_stride, Q
   }
 }
 
-MTP_TARGET(Avx2) inline void quantize_rows_avx2(const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K,
-                                                     QuantRows& out) {
-  out.resize(M, K);
-  if (dt == DType::BF16) return quantize_rows_of<DType::BF16>(x, x_stride, out);
-  if (dt == DType::F16) return quantize_rows_of<DType::F16>(x, x_stride, out);
-  quantize_rows_of<DType::F32>(x, x_stride, out);
+MTP_TARGET(Avx2) inline void quantize_row_range_avx2(const void* x, DType dt, int64_t x_stride, int64_t m0,
+                                                          int64_t m1, QuantRows& out) {
+  if (dt == DType::BF16) return quantize_rows_of<DType::BF16>(x, x_stride, m0, m1, out);
+  if (dt == DType::F16) return quantize_rows_of<DType::F16>(x, x_stride, m0, m1, out);
+  quantize_rows_of<DType::F32>(x, x_stride, m0, m1, out);
 }
 // AVX-512 machines take the same 256-bit code: a block of 32 is 4 vectors either way.
+inline void quantize_row_range(Avx512, const void* x, DType dt, int64_t x_stride, int64_t m0, int64_t m1,
+                               QuantRows& out) {
+  quantize_row_range_avx2(x, dt, x_stride, m0, m1, out);
+}
+inline void quantize_row_range(Avx2, const void* x, DType dt, int64_t x_stride, int64_t m0, int64_t m1,
+                               QuantRows& out) {
+  quantize_row_range_avx2(x, dt, x_stride, m0, m1, out);
+}
 inline void quantize_rows(Avx512, const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
-  quantize_rows_avx2(x, dt, x_stride, M, K, out);
+  out.resize(M, K);
+  quantize_row_range_avx2(x, dt, x_stride, 0, M, out);
 }
 inline void quantize_rows(Avx2, const void* x, DType dt, int64_t x_stride, int64_t M, int64_t K, QuantRows& out) {
-  quantize_rows_avx2(x, dt, x_stride, M, K, out);
+  out.resize(M, K);
+  quantize_row_range_avx2(x, dt, x_stride, 0, M, out);
 }
 
 // ---- x8 layout ----------------------------------------------------------------------------
