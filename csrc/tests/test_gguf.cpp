@@ -334,30 +334,27 @@ void test_gguf() {
   for (mtp::DType t8 : mtp::kX8Types) {
     const mtp::DType t = mtp::file_type(t8);
     const int64_t K = mtp::block_elems(t) == 256 ? 768 : 576;
-    Case c(t, 5, 48, K);
-    const std::vector<uint8_t> w8 = x8_bytes(c);
-    std::vector<float> want, got;
-    run(c.args(want, true), mtp::Isa::Generic);
-    mtp::LinearArgs a = c.args(got, true);
-    a.w = w8.data(), a.w_dtype = t8;
-    for (int threads : {1, 2, 3}) {
-      run(a, isa, threads);
-      EXPECT(same_bits(want, got), "%s: %s with %d threads differs from the file layout", mtp::block_type_name(t8),
-             mtp::isa_name(isa), threads);
-    }
-    {  // a prefill's rows (>= kParallelQuantRows): quantized over the threads too, the same bits
-      Case tall(t, mtp::kParallelQuantRows + 3, 48, K);
-      const std::vector<uint8_t> tall8 = x8_bytes(tall);
-      std::vector<float> tall_want, tall_got;
-      run(tall.args(tall_want, true), mtp::Isa::Generic);
-      mtp::LinearArgs b = tall.args(tall_got, true);
-      b.w = tall8.data(), b.w_dtype = t8;
+    // any thread split, below kParallelQuantRows rows and from it (a prefill's: the rows are
+    // quantized over the threads too)
+    auto on_threads = [&](const Case& cs) {
+      const std::vector<uint8_t> cs8 = x8_bytes(cs);
+      std::vector<float> cs_want, cs_got;
+      run(cs.args(cs_want, true), mtp::Isa::Generic);
+      mtp::LinearArgs b = cs.args(cs_got, true);
+      b.w = cs8.data(), b.w_dtype = t8;
       for (int threads : {1, 2, 3}) {
         run(b, isa, threads);
-        EXPECT(same_bits(tall_want, tall_got), "%s: %s, %lld rows, %d threads differs from the file layout",
+        EXPECT(same_bits(cs_want, cs_got), "%s: %s, %lld rows, %d threads differs from the file layout",
                mtp::block_type_name(t8), mtp::isa_name(isa), static_cast<long long>(b.M), threads);
       }
-    }
+    };
+    Case c(t, 5, 48, K);
+    on_threads(c);
+    on_threads(Case(t, mtp::kParallelQuantRows + 3, 48, K));
+    const std::vector<uint8_t> w8 = x8_bytes(c);
+    std::vector<float> want, got;
+    mtp::LinearArgs a = c.args(got, true);
+    a.w = w8.data(), a.w_dtype = t8;
     std::vector<int64_t> rows = {47, 0, 9, 9, 20};
     std::vector<float> sub(2 * rows.size());
     run(c.args(want, false), mtp::Isa::Generic);
