@@ -98,7 +98,7 @@ def test_strides_threads_and_leading_dims(gen, threads):
     base = random_rows(gen, code, 30, K + 256)  # rows 20 bytes x (K + 256) / 32 apart: a strided view
     w = base[:, : row_bytes(code, K)]
     assert w.stride(0) != w.shape[1]
-    # x with a non-unit inner stride (copied); 20 rows: from kParallelQuantRows (linear.h) they
+    # x with a non-unit inner stride (copied); 20 rows: from kParallelRows (linear.h) they
     # are quantized over the threads too
     x = torch.randn(4, 5, 2 * K, generator=gen)[..., ::2]
     want = reference.gguf_linear(x, w.contiguous(), code)

@@ -188,7 +188,7 @@ def test_small_and_odd_k_rows_alone(isa, gen, K):
 
 
 def test_threads_and_layout_do_not_change_bits(gen, threads):
-    x = torch.randn(4, 5, 576, generator=gen)  # 20 rows: quantized over the threads (linear.h kParallelQuantRows)
+    x = torch.randn(4, 5, 576, generator=gen)  # 20 rows: quantized over the threads (linear.h kParallelRows)
     q, s = q8_weight(gen, 1536, 576)
     torch.set_num_threads(2)
     full = linear_q8dot(x, q, None, s)

@@ -334,7 +334,7 @@ void test_gguf() {
   for (mtp::DType t8 : mtp::kX8Types) {
     const mtp::DType t = mtp::file_type(t8);
     const int64_t K = mtp::block_elems(t) == 256 ? 768 : 576;
-    // any thread split, below kParallelQuantRows rows and from it (a prefill's: the rows are
+    // any thread split, below kParallelRows rows and from it (a prefill's: the rows are
     // quantized over the threads too)
     auto on_threads = [&](const Case& cs) {
       const std::vector<uint8_t> cs8 = x8_bytes(cs);
@@ -350,7 +350,7 @@ void test_gguf() {
     };
     Case c(t, 5, 48, K);
     on_threads(c);
-    on_threads(Case(t, mtp::kParallelQuantRows + 3, 48, K));
+    on_threads(Case(t, mtp::kParallelRows + 3, 48, K));
     const std::vector<uint8_t> w8 = x8_bytes(c);
     std::vector<float> want, got;
     mtp::LinearArgs a = c.args(got, true);

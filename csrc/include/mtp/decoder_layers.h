@@ -167,16 +167,10 @@ struct LayerPass {
     else
       linear_to_bf16(l, static_cast<uint16_t*>(out), N, isa, pf);
   }
-  // fn(r0, r1) over the M rows: on this thread below kParallelRows rows (a parallel region
-  // costs more than a few rows of these row-local steps), else split over the threads
-  // (a prefill: the other thread would wait). Row-local, so any split gives the same bits.
-  static constexpr int64_t kParallelRows = 16;
+  // fn(r0, r1) over the M rows of a row-local step (linear.h: split_rows).
   template <class Fn>
   void split_rows(Fn&& fn) const {
-    if (M < kParallelRows)
-      fn(int64_t(0), M);
-    else
-      pf(M, fn);
+    mtp::split_rows(M, pf, fn);
   }
   // p advanced by r rows of `stride` elements of dt.
   template <class P>

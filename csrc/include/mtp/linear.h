@@ -64,24 +64,26 @@ inline void quantize_row_q8(const void* x, DType dt, int64_t K, void* out) {
   }
 }
 
-// A call that quantizes its rows (block types, quantize_x) does so over the threads from this
-// many rows (a prefill: on the calling thread they took ~7% of its time while the other
-// threads waited), below that on the calling thread (a parallel region costs more than a few
-// rows). Row-local: the same bits.
-constexpr int64_t kParallelQuantRows = 16;
+// fn(r0, r1) over M rows of a row-local step: on the calling thread below kParallelRows rows
+// (a parallel region costs more than a few rows), else split over the threads (a prefill: the
+// other threads would wait). Row-local, so any split gives the same bits. The decoder's
+// row-local steps and linear()'s quantization of its rows (on the calling thread it was ~7%
+// of a prefill's time) both split this way.
+constexpr int64_t kParallelRows = 16;
+template <class ParallelFor, class Fn>
+void split_rows(int64_t M, ParallelFor&& parallel_for, Fn&& fn) {
+  if (M < kParallelRows)
+    fn(int64_t(0), M);
+  else
+    parallel_for(M, fn);
+}
 
 // a.y = the product. Calls parallel_for(linear_work_items(a), fn) once for the columns (and,
-// quantizing kParallelQuantRows rows or more, once before it over the rows); fn(begin, end)
+// quantizing kParallelRows rows or more, once before it over the rows: split_rows); fn(begin, end)
 // computes the column blocks [begin, end) of every row, on any thread, then after(begin, end)
 // runs on that thread (linear_to_bf16's rounding, while the blocks are in its cache).
 template <class ParallelFor, class After>
 void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for, After&& after) {
-  auto rows_over = [&](int64_t M, auto&& fn) {  // the row-local quantization
-    if (M >= kParallelQuantRows)
-      parallel_for(M, fn);
-    else
-      fn(int64_t(0), M);
-  };
   auto columns = [&](const LinearArgs& l, auto&& fn) {
     parallel_for(linear_work_items(l), [&](int64_t begin, int64_t end) {
       fn(begin, end);
@@ -92,7 +94,7 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for, After&& af
     thread_local QuantRows rows;   // reused across calls; the workers read this thread's copy
     QuantRows& xq = rows;          // (a lambda names a thread_local by its own thread's instance)
     xq.resize(a.M, a.K);
-    rows_over(a.M, [&](int64_t m0, int64_t m1) {
+    split_rows(a.M, parallel_for, [&](int64_t m0, int64_t m1) {
       dispatch(isa, [&](auto set) { quantize_row_range(set, a.x, a.x_dtype, a.x_stride, m0, m1, xq); });
     });
     columns(a, [&](int64_t begin, int64_t end) {
@@ -104,7 +106,7 @@ void linear(const LinearArgs& a, Isa isa, ParallelFor&& parallel_for, After&& af
     const int64_t row_bytes = xq_row_bytes(a.K);
     std::vector<float> rows(size_t(a.M * row_bytes / 4));  // float: the scales' alignment
     const int64_t xb = a.x_stride * dtype_size(a.x_dtype);
-    rows_over(a.M, [&](int64_t m0, int64_t m1) {
+    split_rows(a.M, parallel_for, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m)
         quantize_row_q8(static_cast<const char*>(a.x) + m * xb, a.x_dtype, a.K,
                         reinterpret_cast<char*>(rows.data()) + m * row_bytes);
