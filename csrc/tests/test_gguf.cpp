@@ -196,7 +196,10 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
 
 void expect_kernel_variants() {
 #if defined(MTP_X86)
-  if (mtp::has_avx512_vnni()) expect_kernel_variant("avx512_vnni", mtp::x86::gguf_linear_avx512_vnni);
+  if (mtp::has_avx512_vnni()) {  // both thresholds of the two-group tile, whichever this CPU takes
+    expect_kernel_variant("avx512_vnni", mtp::x86::gguf_linear_avx512_vnni);
+    expect_kernel_variant("avx512_vnni_wide", mtp::x86::gguf_linear_avx512_vnni_wide);
+  }
   if (mtp::isa_supported(mtp::Isa::Avx512)) expect_kernel_variant("avx512_madd", mtp::x86::gguf_linear_avx512_madd);
   if (mtp::has_avx_vnni()) expect_kernel_variant("avx2_vnni", mtp::x86::gguf_linear_avx2_vnni);
   if (mtp::isa_supported(mtp::Isa::Avx2)) expect_kernel_variant("avx2_madd", mtp::x86::gguf_linear_avx2_madd);

@@ -330,10 +330,12 @@ MTP_TARGET(Avx2) inline void x8_tile(const uint8_t* group, const QuantRows& xq, 
 // x8_tile over two adjacent groups at once (AVX-512 VNNI, the 32-element types): 16 columns
 // per 512-bit vector, so each activation broadcast, dot product and epilogue instruction serves
 // twice the columns. The lanes are x8_tile's, the same operations in the same order: the same
-// bits. Only for calls of many rows (kWideTileRows): the two groups are two streams that the
-// hardware prefetchers follow poorly from DRAM (bench/core_gguf.cpp, streamed: 2x slower than
-// x8_tile at 1-8 rows; software prefetch did not help), while a prefill's row groups read the
-// matrix again from the caches, where this tile is 1.3-1.6x faster.
+// bits. From how many rows of a call it runs depends on the host (wide_tile_pays): the two
+// groups are two streams, which AMD Zen 4's prefetchers follow poorly from DRAM
+// (bench/core_gguf.cpp, streamed: 2x slower than x8_tile at 1-8 rows; software prefetch did
+// not help), so there only a prefill's row groups take it (kWideTileRows), which read the
+// matrix again from the caches, where it is 1.3-1.6x faster; on Intel Xeon it is faster at
+// every row count, from DRAM too (bench/RESULTS.md, "The two-group tile from one row").
 MTP_TARGET_AVX512_VNNI inline __m512i both_groups(const uint8_t* p0, const uint8_t* p1) {  // 32 bytes of each
   return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0))),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1)), 1);
@@ -343,7 +345,17 @@ MTP_TARGET_AVX512_VNNI inline __m512 both_halves(const uint8_t* p0, const uint8_
                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0))));
 }
 
-constexpr int64_t kWideTileRows = 16;  // x8_tile16 from this many rows of a call (above)
+constexpr int64_t kWideTileRows = 16;  // x8_tile16 from this many rows of a call, where it does not pay from one
+
+// Whether x8_tile16 pays from one row on this CPU (above): on Intel's, not on AMD's.
+inline bool wide_tile_pays() {
+  static const bool yes = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x756e6547 && edx == 0x49656e69 &&
+           ecx == 0x6c65746e;  // "GenuineIntel"
+  }();
+  return yes;
+}
 template <DType T, int R>
 MTP_TARGET_AVX512_VNNI inline void x8_tile16(const uint8_t* g0, const uint8_t* g1, const QuantRows& xq, int64_t m0,
                                              int64_t nb, __m512* y) {
@@ -518,15 +530,16 @@ MTP_TARGET_AVX512_VNNI inline int64_t x8_rows16(const LinearArgs& a, const Quant
 }
 
 // Columns [n0, n1) in groups of 8 (x8_columns: in place, or gathered through a row map; only
-// then can n1 - n0 end in a partial group).
-template <DType T, int kVnni, int R>
+// then can n1 - n0 end in a partial group); two groups at a time (x8_tile16, AVX-512 VNNI) in
+// a call of at least kWideFrom rows.
+template <DType T, int kVnni, int64_t kWideFrom, int R>
 MTP_TARGET(Avx2) inline void x8_rows(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0,
                                           int64_t n1) {
   const int64_t nb = a.K / 32;
   thread_local std::vector<uint8_t> gathered;
   int64_t n = n0;
-  if constexpr (kVnni == 1 && block_elems(T) == 32)  // two groups at a time where they lie in place
-    if (!a.w_rows && a.M >= kWideTileRows) n = x8_rows16<T, R>(a, xq, m0, n0, n1);
+  if constexpr (kVnni == 1 && block_elems(T) == 32)  // where the groups lie in place
+    if (!a.w_rows && a.M >= kWideFrom) n = x8_rows16<T, R>(a, xq, m0, n0, n1);
   for (; n < n1; n += kX8Rows) {
     __m256 y[R];
     if constexpr (block_elems(T) == 256)
@@ -581,52 +594,66 @@ inline void in_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t n0, 
 }
 
 // The R-row pass of a layout (kX8: x8_rows, else gguf_rows) as rows_of's Tile<R>.
-template <DType T, int kVnni, bool kX8>
+template <DType T, int kVnni, bool kX8, int64_t kWideFrom>
 struct Layout {
   template <int R>
   struct Of {
     static void run(const LinearArgs& a, const QuantRows& xq, int64_t m0, int64_t n0, int64_t n1) {
       if constexpr (kX8)
-        x8_rows<T, kVnni, R>(a, xq, m0, n0, n1);
+        x8_rows<T, kVnni, kWideFrom, R>(a, xq, m0, n0, n1);
       else
         gguf_rows<T, kVnni, R>(a, xq, m0, n0, n1);
     }
   };
 };
 
-// kRows: rows sharing a decoded file-layout block; kRowsX8: rows sharing an x8 chunk.
-template <int kVnni, int kRows, int kRowsX8>
+// kRows: rows sharing a decoded file-layout block; kRowsX8: rows sharing an x8 chunk;
+// kWideFrom: x8_rows' threshold.
+template <int kVnni, int kRows, int kRowsX8, int64_t kWideFrom>
 inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   switch (a.w_dtype) {
-    case DType::Q4_0: return in_row_groups<Layout<DType::Q4_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q4_1: return in_row_groups<Layout<DType::Q4_1, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q5_0: return in_row_groups<Layout<DType::Q5_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q8_0: return in_row_groups<Layout<DType::Q8_0, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q4_K: return in_row_groups<Layout<DType::Q4_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q6_K: return in_row_groups<Layout<DType::Q6_K, kVnni, false>::template Of, kRows>(a, xq, n0, n1);
-    case DType::Q4_0_X8: return in_row_groups<Layout<DType::Q4_0, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
-    case DType::Q4_1_X8: return in_row_groups<Layout<DType::Q4_1, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
-    case DType::Q4_K_X8: return in_row_groups<Layout<DType::Q4_K, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
-    case DType::Q6_K_X8: return in_row_groups<Layout<DType::Q6_K, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
-    default: return in_row_groups<Layout<DType::Q8_0, kVnni, true>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_0:
+      return in_row_groups<Layout<DType::Q4_0, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_1:
+      return in_row_groups<Layout<DType::Q4_1, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q5_0:
+      return in_row_groups<Layout<DType::Q5_0, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q8_0:
+      return in_row_groups<Layout<DType::Q8_0, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_K:
+      return in_row_groups<Layout<DType::Q4_K, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q6_K:
+      return in_row_groups<Layout<DType::Q6_K, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
+    case DType::Q4_0_X8:
+      return in_row_groups<Layout<DType::Q4_0, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_1_X8:
+      return in_row_groups<Layout<DType::Q4_1, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q4_K_X8:
+      return in_row_groups<Layout<DType::Q4_K, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+    case DType::Q6_K_X8:
+      return in_row_groups<Layout<DType::Q6_K, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+    default: return in_row_groups<Layout<DType::Q8_0, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
   }
 }
 
 // The entry points: each a flatten function of its target, into which everything above is
 // inlined (the VNNI helpers have their own targets and inline only there).
-#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8)                                                        \
+#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8, WIDE_FROM)                                             \
   TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) { \
-    gguf_linear_vnni<VNNI, ROWS, ROWS_X8>(a, xq, n0, n1);                                                              \
+    gguf_linear_vnni<VNNI, ROWS, ROWS_X8, WIDE_FROM>(a, xq, n0, n1);                                                   \
   }
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx512), gguf_linear_avx512_madd, 0, 4, 8)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2, 4)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx2), gguf_linear_avx2_madd, 0, 2, 4)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8, kWideTileRows)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni_wide, 1, 4, 8, 1)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx512), gguf_linear_avx512_madd, 0, 4, 8, 0)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2, 4, 0)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx2), gguf_linear_avx2_madd, 0, 2, 4, 0)
 
-// AVX-512 (32 vector registers: groups of 4 rows, x8 8) with AVX-512 VNNI where present; AVX2
-// (16 registers: 2 rows, x8 4) with AVX-VNNI where present. The same bits either way.
+// AVX-512 (32 vector registers: groups of 4 rows, x8 8) with AVX-512 VNNI where present (its
+// two-group tile from one row where that pays); AVX2 (16 registers: 2 rows, x8 4) with
+// AVX-VNNI where present. The same bits either way.
 inline void gguf_linear(Avx512, const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
-  has_avx512_vnni() ? gguf_linear_avx512_vnni(a, xq, n0, n1) : gguf_linear_avx512_madd(a, xq, n0, n1);
+  if (!has_avx512_vnni()) return gguf_linear_avx512_madd(a, xq, n0, n1);
+  wide_tile_pays() ? gguf_linear_avx512_vnni_wide(a, xq, n0, n1) : gguf_linear_avx512_vnni(a, xq, n0, n1);
 }
 inline void gguf_linear(Avx2, const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   has_avx_vnni() ? gguf_linear_avx2_vnni(a, xq, n0, n1) : gguf_linear_avx2_madd(a, xq, n0, n1);
