@@ -225,6 +225,17 @@ inline bool prefers_vdpbf16ps() {
 #endif
 }
 
+// Whether the GGUF x8 kernel's two-group AVX-512 VNNI tile (x86/gguf.h: x8_tile16) pays from
+// one row: on Intel (the Xeon measured: faster at every row count, no slower from DRAM), not
+// on AMD (Zen 4 reads its two weight streams from DRAM at half the one-group tile's speed).
+inline bool wide_tile_pays() {
+#if defined(MTP_X86)
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
 // The last supported row; Avx512Bf16 only where VDPBF16PS pays.
 inline Isa best_isa() {
   for (auto i = std::size(kAllIsas); i-- > 1;)

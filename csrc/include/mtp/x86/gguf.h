@@ -335,7 +335,8 @@ MTP_TARGET(Avx2) inline void x8_tile(const uint8_t* group, const QuantRows& xq, 
 // (bench/core_gguf.cpp, streamed: 2x slower than x8_tile at 1-8 rows; software prefetch did
 // not help), so there only a prefill's row groups take it (kWideTileRows), which read the
 // matrix again from the caches, where it is 1.3-1.6x faster; on Intel Xeon it is faster at
-// every row count, from DRAM too (bench/RESULTS.md, "The two-group tile from one row").
+// every row count from the caches and from DRAM no slower at one row, faster at more
+// (bench/RESULTS.md, "The two-group tile from one row").
 MTP_TARGET_AVX512_VNNI inline __m512i both_groups(const uint8_t* p0, const uint8_t* p1) {  // 32 bytes of each
   return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0))),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1)), 1);
@@ -347,15 +348,6 @@ MTP_TARGET_AVX512_VNNI inline __m512 both_halves(const uint8_t* p0, const uint8_
 
 constexpr int64_t kWideTileRows = 16;  // x8_tile16 from this many rows of a call, where it does not pay from one
 
-// Whether x8_tile16 pays from one row on this CPU (above): on Intel's, not on AMD's.
-inline bool wide_tile_pays() {
-  static const bool yes = [] {
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x756e6547 && edx == 0x49656e69 &&
-           ecx == 0x6c65746e;  // "GenuineIntel"
-  }();
-  return yes;
-}
 template <DType T, int R>
 MTP_TARGET_AVX512_VNNI inline void x8_tile16(const uint8_t* g0, const uint8_t* g1, const QuantRows& xq, int64_t m0,
                                              int64_t nb, __m512* y) {
