@@ -164,16 +164,48 @@ def _in_map(t: torch.Tensor, path: str) -> bool:
     )
 
 
-def test_default_native_is_zero_copy_and_equals_dequantized(default_native):
+def _huge_page_advice(t: torch.Tensor) -> bool | None:
+    """Whether the mapping holding t may be backed by transparent huge pages (smaps'
+    THPeligible); None where the system cannot tell (not Linux, THP off)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                return None
+        smaps = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    at = t.data_ptr()
+    for i, line in enumerate(smaps):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if lo <= at < hi:
+                for entry in smaps[i + 1 :]:
+                    if entry.startswith("THPeligible:"):
+                        return entry.split()[1] == "1"
+    return None
+
+
+def test_default_native_is_one_arena_and_equals_dequantized(default_native):
     path = checkpoint.default_gguf_path()
     cfg, native, _ = default_native
     quant = {n: w for n, w in native.items() if isinstance(w, QuantTensor)}
     assert len(quant) == 1 + 7 * cfg.num_layers
-    assert quant["model.embed_tokens.weight"].gguf_type == 108  # Q8_0, repacked in place: x8
-    assert quant["model.layers.0.mlp.up_proj.weight"].gguf_type == 103  # Q4_1, repacked in place: x8
+    assert quant["model.embed_tokens.weight"].gguf_type == 108  # Q8_0, repacked: x8
+    assert quant["model.layers.0.mlp.up_proj.weight"].gguf_type == 103  # Q4_1, repacked: x8
+    # every matrix in one arena (not the file's map), each fused projection's parts back to back
+    arena = quant["model.embed_tokens.weight"].data.untyped_storage()
+    assert arena.nbytes() == sum(w.nbytes for w in quant.values())
     for name, w in quant.items():
-        rope = name.endswith(("q_proj.weight", "k_proj.weight"))
-        assert _in_map(w.data, path) != rope, name  # in place, but for q/k: row-permuted copies
+        assert w.data.untyped_storage().data_ptr() == arena.data_ptr() and not _in_map(w.data, path), name
+    for i in (0, cfg.num_layers - 1):
+        for parts in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            ends = tuple(f"{p}.weight" for p in parts)
+            ws = [quant[n] for n in quant if n.startswith(f"model.layers.{i}.") and n.endswith(ends)]
+            ws = sorted(ws, key=lambda w: w.data.data_ptr())
+            assert len(ws) == len(parts)
+            assert all(b.data.data_ptr() == a.data.data_ptr() + a.nbytes for a, b in zip(ws, ws[1:]))
+    assert _huge_page_advice(quant["model.layers.0.mlp.up_proj.weight"].data) in (True, None)
     cfg32, fp32, _ = checkpoint.load()
     assert cfg32 == cfg
     some = ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.", "model.layers.17.", "model.layers.29.")
@@ -193,11 +225,13 @@ def test_native_backbone_keeps_the_file_in_place(native_backbone):
     model, _ = native_backbone
     path = checkpoint.default_gguf_path()
     assert model.native
+    arena = model.embedding.untyped_storage().data_ptr()  # the loader's (x8_weights), not the map
     for i in (0, model.cfg.num_layers - 1):
-        gate_up = model.w(f"model.layers.{i}.gate_up")  # one view over gate's and up's bytes
-        assert gate_up.dtype == torch.uint8 and _in_map(gate_up, path)
-        assert gate_up.data_ptr() == model.w(f"model.layers.{i}.mlp.gate_proj.weight").data_ptr()
-    assert _in_map(model.embedding, path) and model.gguf_type(model.lm_head_name) == 108
+        for fused, first in (("gate_up", "mlp.gate_proj"), ("qkv", "self_attn.q_proj")):
+            w = model.w(f"model.layers.{i}.{fused}")  # one view over its parts' bytes, no copy
+            assert w.dtype == torch.uint8 and w.untyped_storage().data_ptr() == arena
+            assert w.data_ptr() == model.w(f"model.layers.{i}.{first}.weight").data_ptr()
+    assert not _in_map(model.embedding, path) and model.gguf_type(model.lm_head_name) == 108
     assert model.decoder_weight_types() == [103] * 4 * model.cfg.num_layers  # Q4_1 in its x8 layout
     floats = [b for b in model.buffers() if b.is_floating_point() and b.numel() > 10 * model.cfg.hidden_size]
     assert all(b.numel() <= model.cfg.max_position * model.cfg.head_dim for b in floats)  # rope tables only

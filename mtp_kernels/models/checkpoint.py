@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import mmap
 import os
 import struct
 
@@ -332,11 +333,60 @@ def _map_file(path: str, size: int) -> torch.Tensor:
     return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
 
 
+def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
+    """weights[name] for each name (QuantTensors that can_x8 takes) in their x8 layout, repacked
+    out of the file's map into one anonymous arena, in the order given, back to back (parts of
+    one fused matrix given in a row stay adjacent: the backbone's fused matrix is a view). The
+    arena asks for 2 MB pages (Linux transparent huge pages, also in their madvise mode): a pass
+    streams every matrix, and on 4 KB pages each 4 KB costs a TLB miss (in a VM a two-level page
+    walk); bench/RESULTS.md "Weights on huge pages". The map's pages they were read from are
+    dropped from this process's resident memory as each is done: resident once, as before."""
+    if not names:
+        return
+    arena = mmap.mmap(-1, sum(weights[n].nbytes for n in names), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    arena = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mmap alive
+    at = 0
+    for name in names:
+        w = weights[name]
+        weights[name] = w.x8(out=arena[at : at + w.nbytes].view(w.data.shape))
+        at += w.nbytes
+        if w.data.untyped_storage().data_ptr() == mapped.untyped_storage().data_ptr():
+            _drop_pages(w.data)
+
+
+def fused_order(names: list[str]) -> list[str]:
+    """names with the parts of each fused projection (llama.FUSED) next to each other in row
+    order (for x8_weights)."""
+    from .llama import FUSED
+
+    rank = {f".{part}.weight": (j, k) for j, parts in enumerate(FUSED.values()) for k, part in enumerate(parts)}
+
+    def key(name: str):
+        suffix = next((x for x in rank if name.endswith(x)), None)
+        return (name[: -len(suffix)], rank[suffix]) if suffix else (name, (-1, 0))
+
+    return sorted(names, key=key)
+
+
+def _drop_pages(t: torch.Tensor) -> None:
+    """Drops the whole pages under t (contiguous, in a private file map, read and never written)
+    from this process's resident memory: the kernel would read them from the file again."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    import ctypes
+
+    start, end = t.data_ptr(), t.data_ptr() + t.numel()
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), ctypes.c_int(mmap.MADV_DONTNEED))
+
+
 def read_gguf_header(path: str) -> tuple[dict, list]:
     """(metadata, tensor infos) of a GGUF file, every length and offset checked against the
     file (a CheckpointError naming what is wrong); the file is closed again."""
-    import mmap
-
     size = os.path.getsize(path)
     if size < 24:
         raise CheckpointError(f"{path}: not a readable GGUF file ({size} bytes)")
@@ -355,9 +405,9 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     RoPE, and un-permuting them is a copy of their quantized rows (QuantTensor.rows: ~8 MB for
     SmolLM2-135M Q4_1, never dequantized); F32/F16/BF16 tensors come back as float tensors.
     x8 (native only): the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrices (rows in groups of 8) are
-    repacked in place into their x8 layout (gguf.repack_x8: the same bytes in the kernels'
-    order, written over the private map's pages: no new memory, the file unchanged); the
-    kernels gather the embedding's and the draft vocabulary's rows from it."""
+    repacked into their x8 layout (gguf.repack_x8: the same bytes in the kernels' order) in
+    an arena of huge pages (x8_weights: resident once, the file unchanged); the kernels
+    gather the embedding's and the draft vocabulary's rows from it."""
     meta, tensors = read_gguf_header(path)
     arch = _field(meta, path, "general.architecture", kind=str)
     if arch == "gemma3":  # its own loader and backbone (models.gemma3, gemma3_backbone)
@@ -487,8 +537,7 @@ def load_gguf(path: str, native: bool = False, x8: bool = True) -> tuple[LlamaCo
     # The repack touches every page of those matrices: after the metadata's strings are gone,
     # so that their peak and the weights' pages do not add up.
     del meta, tokens
-    for name in to_x8:
-        weights[name] = weights[name].x8(in_place=True)
+    x8_weights(weights, fused_order(to_x8), mapped)
     return cfg, weights, tokenizer
 
 

@@ -33,7 +33,7 @@ import re
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, _ggml_sizes, _map_file, _one_line, read_gguf_header
+from .checkpoint import CheckpointError, _ggml_sizes, _map_file, _one_line, read_gguf_header, x8_weights
 from .config import MAX_LAYERS, MAX_ROPE_ELEMENTS, ConfigError, check_int, check_positive_float, check_token_id
 from .tokenizer import Tokenizer
 
@@ -456,8 +456,9 @@ def load(path: str | None = None, native: bool = False) -> tuple[Gemma3Config, d
     the 270M: Q4_K, Q5_0, Q6_K, Q8_0 and F32). native=True (the kernels' backbone,
     gemma3_backbone): each matrix of a block type the kernels read (gguf.BLOCK_TYPES) is a
     QuantTensor viewing the file's private memory map (zero-copy; Q4_0 / Q4_1 / Q8_0 / Q4_K /
-    Q6_K repacked in place into their x8 layout), F32 / F16 tensors are copies in their own
-    dtype, and a matrix of any other type is dequantized to fp32 (it runs as a float matrix)."""
+    Q6_K repacked into their x8 layout in an arena of huge pages: checkpoint.x8_weights), F32 /
+    F16 tensors are copies in their own dtype, and a matrix of any other type is dequantized to
+    fp32 (it runs as a float matrix)."""
     from ..gguf import BLOCK_TYPES, QuantTensor, can_x8
 
     path = path or default_gguf_path()
@@ -468,17 +469,19 @@ def load(path: str | None = None, native: bool = False) -> tuple[Gemma3Config, d
     del meta
     sizes = _ggml_sizes()
     mapped = _map_file(path, os.path.getsize(path))
-    weights = {}
+    weights, to_x8 = {}, []
     for t in tensors:
         raw = mapped[t.offset : t.offset + t.nbytes]
         if native and len(t.shape) == 2 and t.type in BLOCK_TYPES:
             _, elems, nbytes = sizes[t.type]
-            w = QuantTensor(raw.view(t.shape[0], t.shape[1] // elems * nbytes), t.type)
-            weights[our_name(t.name)] = w.x8(in_place=True) if can_x8(w) else w
+            weights[our_name(t.name)] = w = QuantTensor(raw.view(t.shape[0], t.shape[1] // elems * nbytes), t.type)
+            if can_x8(w):
+                to_x8.append(our_name(t.name))
         elif native and t.type in _FLOAT_TYPES:
             weights[our_name(t.name)] = torch.from_numpy(raw.numpy().view(_FLOAT_TYPES[t.type]).reshape(t.shape).copy())
         else:
             weights[our_name(t.name)] = _dequantize(path, raw, t, sizes)
+    x8_weights(weights, to_x8, mapped)
     return cfg, weights, tokenizer
 
 
