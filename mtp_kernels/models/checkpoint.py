@@ -341,6 +341,8 @@ def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
     streams every matrix, and on 4 KB pages each 4 KB costs a TLB miss (in a VM a two-level page
     walk); bench/RESULTS.md "Weights on huge pages". The map's pages they were read from are
     dropped from this process's resident memory as each is done: resident once, as before."""
+    from ..gguf import QuantTensor
+
     if not names:
         return
     arena = mmap.mmap(-1, sum(weights[n].nbytes for n in names), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -350,10 +352,18 @@ def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
     at = 0
     for name in names:
         w = weights[name]
-        weights[name] = w.x8(out=arena[at : at + w.nbytes].view(w.data.shape))
+        out = arena[at : at + w.nbytes].view(w.data.shape)
         at += w.nbytes
-        if w.data.untyped_storage().data_ptr() == mapped.untyped_storage().data_ptr():
-            _drop_pages(w.data)
+        in_map = w.data.untyped_storage().data_ptr() == mapped.untyped_storage().data_ptr()
+        slab = max(8, _SLAB_BYTES // w.data.shape[1] // 8 * 8)  # rows: whole x8 groups
+        for r in range(0, w.data.shape[0], slab):
+            QuantTensor(w.data[r : r + slab], w.gguf_type).x8(out=out[r : r + slab])
+            if in_map:  # as it goes: a peak of one slab, not of the largest matrix (an LM head)
+                _drop_pages(w.data[: r + slab])
+        weights[name] = QuantTensor(out, w.gguf_type + 100)
+
+
+_SLAB_BYTES = 8 << 20
 
 
 def fused_order(names: list[str]) -> list[str]:
