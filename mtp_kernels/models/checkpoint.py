@@ -341,7 +341,7 @@ def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
     streams every matrix, and on 4 KB pages each 4 KB costs a TLB miss (in a VM a two-level page
     walk); bench/RESULTS.md "Weights on huge pages". The map's pages they were read from are
     dropped from this process's resident memory as each is done: resident once, as before."""
-    from ..gguf import QuantTensor
+    from ..gguf import X8_ROWS, QuantTensor
 
     if not names:
         return
@@ -355,7 +355,7 @@ def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
         out = arena[at : at + w.nbytes].view(w.data.shape)
         at += w.nbytes
         in_map = w.data.untyped_storage().data_ptr() == mapped.untyped_storage().data_ptr()
-        slab = max(8, _SLAB_BYTES // w.data.shape[1] // 8 * 8)  # rows: whole x8 groups
+        slab = max(X8_ROWS, _SLAB_BYTES // w.data.shape[1] // X8_ROWS * X8_ROWS)  # whole x8 groups
         for r in range(0, w.data.shape[0], slab):
             QuantTensor(w.data[r : r + slab], w.gguf_type).x8(out=out[r : r + slab])
             if in_map:  # as it goes: a peak of one slab, not of the largest matrix (an LM head)
