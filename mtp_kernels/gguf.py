@@ -111,23 +111,22 @@ class QuantTensor:
 
         return gguf_dequantize(self.data, self.gguf_type)
 
-    def x8(self, in_place: bool = False, out: torch.Tensor | None = None) -> "QuantTensor":
-        """This matrix in its x8 layout (repack_x8): a new tensor; with in_place the new order
-        written over data's own bytes (nothing else may read them since), or into ``out``
-        (uint8, data's shape: the loaders' weight arena)."""
+    def x8(self, out: torch.Tensor | None = None) -> "QuantTensor":
+        """This matrix in its x8 layout (repack_x8): a new tensor, or written into ``out``
+        (uint8, data's shape: the loaders' weight arena, or data itself: the new order over its
+        own bytes, which nothing else may read since)."""
         if self.gguf_type in X8_TYPES:
             return self
-        if not in_place and out is None:
+        if out is None:
             return QuantTensor(repack_x8(self.data, self.gguf_type), self.gguf_type + 100)
-        dst = self.data if out is None else out
-        if dst.shape != self.data.shape or dst.dtype != torch.uint8:
+        if out.shape != self.data.shape or out.dtype != torch.uint8:
             raise ValueError(f"QuantTensor.x8: out must be uint8 of shape {list(self.data.shape)}")
         # A few groups at a time: small temporaries, which the allocator reuses, where one
         # matrix-sized temporary (30 MB for the embedding) would stay in the process's heap.
         step = max(X8_ROWS, (_REPACK_CHUNK_BYTES // self.data.shape[1]) // X8_ROWS * X8_ROWS)
         for r in range(0, self.data.shape[0], step):
-            dst[r : r + step].copy_(repack_x8(self.data[r : r + step], self.gguf_type))
-        return QuantTensor(dst, self.gguf_type + 100)
+            out[r : r + step].copy_(repack_x8(self.data[r : r + step], self.gguf_type))
+        return QuantTensor(out, self.gguf_type + 100)
 
 
 _REPACK_CHUNK_BYTES = 1 << 20

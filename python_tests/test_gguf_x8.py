@@ -29,7 +29,7 @@ def test_layout_is_the_references_definition(gen, code):
     assert t == code and torch.equal(got, w[index]) and file_rows(w, code, index)[1] == code
     rows = x8.rows(torch.tensor([17, 0, 9]))  # rows of an x8 matrix: a copy in the file layout
     assert rows.gguf_type == code and torch.equal(rows.data, w[[17, 0, 9]])
-    in_place = q.x8(in_place=True)  # the same storage, the new order
+    in_place = q.x8(out=q.data)  # the same storage, the new order
     assert in_place.data.data_ptr() == q.data.data_ptr() and torch.equal(in_place.data, packed)
 
 

@@ -6,6 +6,8 @@ Weights come back as a dict of torch tensors in transformers' naming and layout.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
 import json
 import mmap
@@ -385,13 +387,16 @@ def _drop_pages(t: torch.Tensor) -> None:
     from this process's resident memory: the kernel would read them from the file again."""
     if not hasattr(mmap, "MADV_DONTNEED"):
         return
-    import ctypes
-
     start, end = t.data_ptr(), t.data_ptr() + t.numel()
     first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), ctypes.c_int(mmap.MADV_DONTNEED))
+    if last > first:  # a failing madvise leaves the pages resident: nothing wrong is read
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), ctypes.c_int(mmap.MADV_DONTNEED))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """This process's C library (madvise), opened once."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def read_gguf_header(path: str) -> tuple[dict, list]:

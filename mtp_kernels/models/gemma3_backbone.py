@@ -370,4 +370,4 @@ def _widened(w):
     if not isinstance(w, QuantTensor) or w.gguf_type != TYPE_NUMBERS["Q5_0"]:
         return w
     wide = QuantTensor(widen_q5_0(w.data), TYPE_NUMBERS["Q8_0"])
-    return wide.x8(in_place=True) if can_x8(wide) else wide
+    return wide.x8(out=wide.data) if can_x8(wide) else wide
