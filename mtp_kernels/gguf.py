@@ -61,10 +61,12 @@ def row_bytes(code: int, K: int) -> int:
 class QuantTensor:
     """A GGUF block-quantized matrix [N, K]: ``data`` uint8 [N, row_bytes(K)] (rows may be
     strided, bytes contiguous within a row; x8: contiguous, N a multiple of 8) and
-    ``gguf_type`` (a key of LAYOUTS)."""
+    ``gguf_type`` (a key of LAYOUTS). ``widened_from``: the file's type where a loader widened
+    the matrix to this one, the same values (Q5_0 -> Q8_0, widen_q5_0); else None."""
 
     data: torch.Tensor
     gguf_type: int
+    widened_from: int | None = None
 
     def __post_init__(self):
         if self.gguf_type not in LAYOUTS:

@@ -56,6 +56,38 @@ def test_native_load_keeps_the_blocks(loaded):
     assert native["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float16  # F16 as stored
 
 
+def assert_widened_into_one_arena(cfg, weights):
+    """gemma3.load(widen=True): no Q5_0 left, each a Q8_0 x8 matrix that says it was one, every x8
+    matrix in one storage (the loader's arena), and the backbone's fused q/k/v and gate/up views
+    of it (adjacent parts), not copies."""
+    from mtp_kernels.gguf import TYPE_NUMBERS, QuantTensor, type_name
+
+    quant = {n: w for n, w in weights.items() if isinstance(w, QuantTensor)}
+    widened = [n for n, w in quant.items() if w.widened_from == TYPE_NUMBERS["Q5_0"]]
+    assert widened and all(type_name(quant[n].gguf_type) == "Q8_0_X8" for n in widened)
+    assert not any(w.gguf_type == TYPE_NUMBERS["Q5_0"] for w in quant.values())
+    x8 = [w for w in quant.values() if w.gguf_type >= 100]
+    arena = x8[0].data.untyped_storage().data_ptr()
+    assert all(w.data.untyped_storage().data_ptr() == arena for w in x8)
+    model = Gemma3Backbone(cfg, weights)
+    assert model.widened and model.fused
+    for name, (data, _) in model._mats.items():
+        if "+" in name:  # a fused matrix: a view of the arena
+            assert data.untyped_storage().data_ptr() == arena, name
+    return model
+
+
+def test_widened_at_load_into_the_arena_gives_the_same_bits(tiny_file, loaded):
+    """Q5_0 widened to Q8_0 by the loader (into its arena, the backbone's fused matrices views)
+    against widened by the backbone (copies): the same logits, bitwise."""
+    (cfg, native, _), _ = loaded
+    model = assert_widened_into_one_arena(cfg, gemma3.load(tiny_file, native=True, widen=True)[1])
+    want = Gemma3Backbone(cfg, native)
+    for m in (model, want):
+        assert m.fused
+    assert torch.equal(run(model, PROMPT)[0], run(want, PROMPT)[0])
+
+
 def test_dequantized_backbone_matches_the_reference(loaded):
     """Float weights: mtp.linear in fp32 against torch's matmul, every layer kind, the window."""
     _, (cfg, weights, _) = loaded
@@ -237,6 +269,20 @@ def test_270m_on_the_kernels():
         assert p.tokens == s.tokens
         want = ref.greedy(ids, 16)
         assert p.tokens[:8] == want[:8], (tok.decode(p.tokens), tok.decode(want))
+
+
+@needs_gemma
+def test_270m_widened_at_load_gives_the_same_bits():
+    """The default Gemma 3 load (models.loading: Q5_0 widened into the arena) against the
+    backbone widening them itself: the same logits of a prompt and a 4-token step."""
+    cfg, native, tok = gemma3.load(native=True, widen=True)
+    model = assert_widened_into_one_arena(cfg, native)
+    want = Gemma3Backbone(cfg, gemma3.load(native=True)[1])
+    ids = gemma3.prompt_ids(tok, cfg, PROMPTS_270M[0])
+    (a, ca), (b, cb) = run(model, ids), run(want, ids)
+    assert torch.equal(a, b)
+    step = torch.tensor([[100, 200, 300, 400]])
+    assert torch.equal(model.logits(model(step, ca)), want.logits(want(step, cb)))
 
 
 @needs_gemma

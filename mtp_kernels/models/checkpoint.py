@@ -336,33 +336,44 @@ def _map_file(path: str, size: int) -> torch.Tensor:
 
 
 def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
-    """weights[name] for each name (QuantTensors that can_x8 takes) in their x8 layout, repacked
+    """weights[name] for each name (QuantTensors that can_x8 takes, or Q5_0 ones, which are
+    widened to Q8_0 on the way: gguf.widen_q5_0, the same values) in their x8 layout, repacked
     out of the file's map into one anonymous arena, in the order given, back to back (parts of
     one fused matrix given in a row stay adjacent: the backbone's fused matrix is a view). The
     arena asks for 2 MB pages (Linux transparent huge pages, also in their madvise mode): a pass
     streams every matrix, and on 4 KB pages each 4 KB costs a TLB miss (in a VM a two-level page
     walk); bench/RESULTS.md "Weights on huge pages". The map's pages they were read from are
     dropped from this process's resident memory as each is done: resident once, as before."""
-    from ..gguf import X8_ROWS, QuantTensor
+    from ..gguf import TYPE_NUMBERS, X8_ROWS, QuantTensor, widen_q5_0
 
     if not names:
         return
-    arena = mmap.mmap(-1, sum(weights[n].nbytes for n in names), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    q5_0, q8_0 = TYPE_NUMBERS["Q5_0"], TYPE_NUMBERS["Q8_0"]
+
+    def stored_bytes(w):  # per row, as the arena keeps it
+        return w.data.shape[1] // 22 * 34 if w.gguf_type == q5_0 else w.data.shape[1]
+
+    size = sum(weights[n].data.shape[0] * stored_bytes(weights[n]) for n in names)
+    arena = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         arena.madvise(mmap.MADV_HUGEPAGE)
     arena = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mmap alive
     at = 0
     for name in names:
         w = weights[name]
-        out = arena[at : at + w.nbytes].view(w.data.shape)
-        at += w.nbytes
+        N, width = w.data.shape[0], stored_bytes(w)
+        out = arena[at : at + N * width].view(N, width)
+        at += N * width
         in_map = w.data.untyped_storage().data_ptr() == mapped.untyped_storage().data_ptr()
-        slab = max(X8_ROWS, _SLAB_BYTES // w.data.shape[1] // X8_ROWS * X8_ROWS)  # whole x8 groups
-        for r in range(0, w.data.shape[0], slab):
-            QuantTensor(w.data[r : r + slab], w.gguf_type).x8(out=out[r : r + slab])
+        slab = max(X8_ROWS, _SLAB_BYTES // width // X8_ROWS * X8_ROWS)  # whole x8 groups
+        for r in range(0, N, slab):
+            rows = w.data[r : r + slab]
+            part = QuantTensor(widen_q5_0(rows), q8_0) if w.gguf_type == q5_0 else QuantTensor(rows, w.gguf_type)
+            part.x8(out=out[r : r + slab])
             if in_map:  # as it goes: a peak of one slab, not of the largest matrix (an LM head)
                 _drop_pages(w.data[: r + slab])
-        weights[name] = QuantTensor(out, w.gguf_type + 100)
+        widened = w.gguf_type if w.gguf_type == q5_0 else None
+        weights[name] = QuantTensor(out, (q8_0 if widened else w.gguf_type) + 100, widened)
 
 
 _SLAB_BYTES = 8 << 20

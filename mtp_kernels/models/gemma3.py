@@ -33,7 +33,15 @@ import re
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, _ggml_sizes, _map_file, _one_line, read_gguf_header, x8_weights
+from .checkpoint import (
+    CheckpointError,
+    _ggml_sizes,
+    _map_file,
+    _one_line,
+    fused_order,
+    read_gguf_header,
+    x8_weights,
+)
 from .config import MAX_LAYERS, MAX_ROPE_ELEMENTS, ConfigError, check_int, check_positive_float, check_token_id
 from .tokenizer import Tokenizer
 
@@ -449,17 +457,18 @@ def build_tokenizer(meta: dict, cfg: Gemma3Config, path: str = "the model") -> T
         raise Gemma3Error(f"{path}: GGUF metadata 'tokenizer.chat_template': {e}") from None
 
 
-def load(path: str | None = None, native: bool = False) -> tuple[Gemma3Config, dict, Tokenizer]:
+def load(path: str | None = None, native: bool = False, widen: bool = False) -> tuple[Gemma3Config, dict, Tokenizer]:
     """(config, weights in transformers' naming, tokenizer) of a Gemma 3 GGUF (default: the
     270M of `make gemma`); the norms are the file's multipliers (1 + w).
     native=False: every tensor dequantized to fp32 (every block type the `gguf` package reads;
     the 270M: Q4_K, Q5_0, Q6_K, Q8_0 and F32). native=True (the kernels' backbone,
     gemma3_backbone): each matrix of a block type the kernels read (gguf.BLOCK_TYPES) is a
     QuantTensor viewing the file's private memory map (zero-copy; Q4_0 / Q4_1 / Q8_0 / Q4_K /
-    Q6_K repacked into their x8 layout in an arena of huge pages: checkpoint.x8_weights), F32 /
+    Q6_K repacked into their x8 layout in an arena of huge pages: checkpoint.x8_weights; with
+    widen, Q5_0 too, widened to Q8_0 on the way: the same values, `widened_from` Q5_0), F32 /
     F16 tensors are copies in their own dtype, and a matrix of any other type is dequantized to
     fp32 (it runs as a float matrix)."""
-    from ..gguf import BLOCK_TYPES, QuantTensor, can_x8
+    from ..gguf import BLOCK_TYPES, TYPE_NUMBERS, X8_ROWS, QuantTensor, can_x8
 
     path = path or default_gguf_path()
     meta, tensors = _read_header(path)
@@ -475,13 +484,13 @@ def load(path: str | None = None, native: bool = False) -> tuple[Gemma3Config, d
         if native and len(t.shape) == 2 and t.type in BLOCK_TYPES:
             _, elems, nbytes = sizes[t.type]
             weights[our_name(t.name)] = w = QuantTensor(raw.view(t.shape[0], t.shape[1] // elems * nbytes), t.type)
-            if can_x8(w):
+            if can_x8(w) or (widen and t.type == TYPE_NUMBERS["Q5_0"] and t.shape[0] % X8_ROWS == 0):
                 to_x8.append(our_name(t.name))
         elif native and t.type in _FLOAT_TYPES:
             weights[our_name(t.name)] = torch.from_numpy(raw.numpy().view(_FLOAT_TYPES[t.type]).reshape(t.shape).copy())
         else:
             weights[our_name(t.name)] = _dequantize(path, raw, t, sizes)
-    x8_weights(weights, to_x8, mapped)
+    x8_weights(weights, fused_order(to_x8), mapped)  # q/k/v and gate/up back to back: views
     return cfg, weights, tokenizer
 
 

@@ -43,7 +43,8 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
     dict (QuantTensors with native=True, else fp32 tensors); activations, norms and the KV
     cache in dtype (float32 or bfloat16). widen: Q5_0 matrices run as Q8_0 (x8 layout), the
     same values and bits (gguf.widen_q5_0), faster, for 34/22 of their bytes (+23 MB on the
-    270M); False runs them as stored."""
+    270M; gemma3.load(widen=True), the default load, has widened them into its arena already);
+    False runs the Q5_0 matrices it is given as stored."""
 
     family = "gemma3"  # its MTP head: heads/gemma3-270m (llama.Backbone.family)
 
@@ -61,8 +62,10 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
         self.cfg, self.dtype = cfg, dtype
         q5_0 = TYPE_NUMBERS["Q5_0"]
         # Q5_0 as Q8_0 (x8): the same bits, faster (gguf.widen_q5_0); each matrix as it is
-        # taken (_stored), so that one layer's widened parts at a time precede its fused copies.
-        self.widened = widen and any(isinstance(w, QuantTensor) and w.gguf_type == q5_0 for w in weights.values())
+        # taken (_stored), so that one layer's widened parts at a time precede its fused copies
+        # (gemma3.load(widen=True) widens them into its arena instead, the fused ones views).
+        quant = [w for w in weights.values() if isinstance(w, QuantTensor)]
+        self.widened = any(w.widened_from == q5_0 for w in quant) or (widen and any(w.gguf_type == q5_0 for w in quant))
         self.native = any(isinstance(w, QuantTensor) for w in weights.values())
         self.quantized = self.int8_dot = False  # the Llama backbone's Q8 options: not offered here
         self.loaded_as_stored = False  # set by loading.load_backbone

@@ -180,7 +180,7 @@ def _load_gemma3(path: str, dtype: str | None, int8: bool):
             f"{path}: --int8 re-quantizes a Llama-family backbone; a Gemma 3 file runs its own weights "
             "(or --dtype float32|bfloat16)"
         )
-    cfg, weights, tok = gemma3.load(path, native=dtype is None)
+    cfg, weights, tok = gemma3.load(path, native=dtype is None, widen=True)  # Q5_0 as Q8_0 in the arena
     model = Gemma3Backbone(cfg, weights, DTYPES[dtype or GEMMA3_NATIVE_DTYPE])
     model.loaded_as_stored = dtype is None
     if dtype is None:
