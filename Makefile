@@ -65,7 +65,7 @@ gemma: setup
 LLAMACPP_PKG := llama-cpp-python==0.3.36
 LLAMACPP_X86 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
                 -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON
-LLAMACPP_FLAGS := $(if $(shell grep -qw amx_tile /proc/cpuinfo 2>/dev/null && echo amx),$(LLAMACPP_X86),-DGGML_NATIVE=ON)
+LLAMACPP_FLAGS = $(if $(shell grep -qw amx_tile /proc/cpuinfo 2>/dev/null && echo amx),$(LLAMACPP_X86),-DGGML_NATIVE=ON)
 llamacpp: setup
 	CMAKE_ARGS="$(LLAMACPP_FLAGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q $(LLAMACPP_PKG)
 

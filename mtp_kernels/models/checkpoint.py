@@ -344,36 +344,32 @@ def x8_weights(weights: dict, names: list[str], mapped: torch.Tensor) -> None:
     streams every matrix, and on 4 KB pages each 4 KB costs a TLB miss (in a VM a two-level page
     walk); bench/RESULTS.md "Weights on huge pages". The map's pages they were read from are
     dropped from this process's resident memory as each is done: resident once, as before."""
-    from ..gguf import TYPE_NUMBERS, X8_ROWS, QuantTensor, widen_q5_0
+    from ..gguf import TYPE_NUMBERS, X8_ROWS, QuantTensor, row_bytes, widen_q5_0
 
     if not names:
         return
     q5_0, q8_0 = TYPE_NUMBERS["Q5_0"], TYPE_NUMBERS["Q8_0"]
-
-    def stored_bytes(w):  # per row, as the arena keeps it
-        return w.data.shape[1] // 22 * 34 if w.gguf_type == q5_0 else w.data.shape[1]
-
-    size = sum(weights[n].data.shape[0] * stored_bytes(weights[n]) for n in names)
+    # each matrix's type in the arena: Q5_0 widened to Q8_0, the others as in the file
+    kept = {n: q8_0 if weights[n].gguf_type == q5_0 else weights[n].gguf_type for n in names}
+    size = sum(weights[n].shape[0] * row_bytes(kept[n], weights[n].shape[1]) for n in names)
     arena = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         arena.madvise(mmap.MADV_HUGEPAGE)
     arena = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mmap alive
     at = 0
     for name in names:
-        w = weights[name]
-        N, width = w.data.shape[0], stored_bytes(w)
+        w, kind = weights[name], kept[name]
+        N, width = w.shape[0], row_bytes(kind, w.shape[1])
         out = arena[at : at + N * width].view(N, width)
         at += N * width
         in_map = w.data.untyped_storage().data_ptr() == mapped.untyped_storage().data_ptr()
         slab = max(X8_ROWS, _SLAB_BYTES // width // X8_ROWS * X8_ROWS)  # whole x8 groups
         for r in range(0, N, slab):
             rows = w.data[r : r + slab]
-            part = QuantTensor(widen_q5_0(rows), q8_0) if w.gguf_type == q5_0 else QuantTensor(rows, w.gguf_type)
-            part.x8(out=out[r : r + slab])
+            QuantTensor(rows if kind == w.gguf_type else widen_q5_0(rows), kind).x8(out=out[r : r + slab])
             if in_map:  # as it goes: a peak of one slab, not of the largest matrix (an LM head)
                 _drop_pages(w.data[: r + slab])
-        widened = w.gguf_type if w.gguf_type == q5_0 else None
-        weights[name] = QuantTensor(out, (q8_0 if widened else w.gguf_type) + 100, widened)
+        weights[name] = QuantTensor(out, kind + 100, None if kind == w.gguf_type else w.gguf_type)
 
 
 _SLAB_BYTES = 8 << 20
