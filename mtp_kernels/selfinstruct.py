@@ -10,8 +10,12 @@ answers (`mtp train`).
 
     python -m mtp_kernels.selfinstruct --out data/selfinstruct_prompts.jsonl --per-task 500 \
         --exclude bench/eval_set.jsonl bench/heldout_set.jsonl bench/dev_set.jsonl
+    # standalone questions (chat prompts; not in the shipped head's data):
+    python -m mtp_kernels.selfinstruct --questions 3000 --out runs/selfinstruct_questions_prompts.jsonl \
+        --exclude bench/eval_set.jsonl bench/heldout_set.jsonl bench/dev_set.jsonl
 
-The seeds below were written without looking at any evaluation set; the sampling is seeded
+The seeds below were written without looking at any evaluation set (the questions' subjects
+after reading eight of bench/dev_set.jsonl's chat prompts); the sampling is seeded
 per text, so a run is reproducible and a row does not depend on the batch around it.
 """
 
@@ -126,6 +130,37 @@ ASK = {
         "Tell me more about the following:",
     ),
 }
+# Standalone everyday questions (chat prompts with no text to explain): the plan above yields
+# few (its "question" kind is half of chat's seeds and often unusable), so `--questions N`
+# writes them on their own, from a subject and an opening (not in the shipped head's data:
+# chat tau rose on dev_set only; bench/RESULTS.md).
+SUBJECTS = (
+    "cooking dinner", "baking bread", "storing leftovers", "keeping houseplants", "growing vegetables",
+    "a dog", "a cat", "a new puppy", "saving money", "a monthly budget", "paying off a credit card",
+    "a job interview", "asking for a raise", "working from home", "a difficult coworker", "writing a resume",
+    "sleeping better", "a cold or the flu", "a headache", "stretching", "running", "losing weight",
+    "drinking coffee", "eating healthy", "packing for a trip", "travelling by plane", "a road trip",
+    "learning a language", "studying for an exam", "a phone that is slow", "a laptop battery",
+    "wifi at home", "passwords", "a smart speaker", "cleaning the kitchen", "doing laundry",
+    "removing a stain", "a leaking tap", "painting a room", "moving house", "renting an apartment",
+    "buying a used car", "a car battery", "riding a bike", "a birthday party", "a wedding gift",
+    "making friends in a new city", "a long distance friendship", "talking to a teenager",
+    "a toddler who won't sleep", "homework help", "a first date", "the weather", "a thunderstorm",
+    "winter clothes", "sunburn", "a bee sting", "camping", "fishing", "a board game night",
+    "reading more books", "a podcast", "taking better photos", "recycling", "saving energy at home",
+    "a noisy neighbor", "a parking fine", "a delayed parcel", "returning a product", "online shopping",
+    "a gym membership", "yoga", "meditation", "stress at work", "time management", "a to-do list",
+    "public speaking", "writing an email", "a thank-you note", "tipping at a restaurant", "a picnic",
+    "a vegetarian diet", "spicy food", "tea", "a smoothie", "breakfast", "a lunch box for school",
+)  # fmt: skip
+OPENINGS = (
+    "How do I", "How can I", "What's the best way to", "What is", "Why does", "Why do I", "Can you explain",
+    "What should I", "Is it okay to", "How long", "How much", "What are some", "Should I", "Which",
+    "When should I", "Any tips for", "What happens if", "Do I need to", "Is it safe to", "How often should I",
+)  # fmt: skip
+WRITE_QUESTION = (
+    'Write one question a person might ask about {subject}. Start it with "{opening}". Output only the question.'
+)
 # Common slips of people typing on a phone, beside data.add_typos' letter errors.
 SLIPS = (
     ("you're", "your"), ("they're", "their"), ("it's", "its"), ("don't", "dont"), ("can't", "cant"),
@@ -257,7 +292,7 @@ def make_prompt(row: dict, texts: list[str], rng: random.Random) -> str | None:
         return None
     task, kind = row["task"], row["kind"]
     if kind == "question":  # the first question asked ("A: \"What ...?" gives "What ...?")
-        q = re.search(r"[A-Z][^?\n\"]{10,200}\?", parts[0])
+        q = _QUESTION.search(parts[0])
         return q.group(0) if q else None
     if kind == "thread":
         text = "\n".join(f"{row['names'][j]}: {' '.join(p.split())}" for j, p in enumerate(parts))
@@ -270,6 +305,28 @@ def make_prompt(row: dict, texts: list[str], rng: random.Random) -> str | None:
         text = typo
     asks = ASK.get((task, kind)) or ASK[(task, "")]
     return f"{asks[int(row['ask'] * len(asks))]}\n\n{text}"
+
+
+_QUESTION = re.compile(r"[A-Z][^?\n\"]{10,200}\?")
+_LABEL = re.compile(r"^(\w[\w-]*: )+")  # "Question: ", "E-mail: "
+
+
+def question_seeds(n: int, seed: int = 0) -> list[str]:
+    """n instructions for standalone questions, each a subject and an opening drawn by seed."""
+    rng = random.Random(f"questions-{seed}")
+    out = []
+    for _ in range(n):
+        subject = rng.choice(SUBJECTS)
+        out.append(WRITE_QUESTION.format(subject=subject, opening=rng.choice(OPENINGS)))
+    return out
+
+
+def first_question(text: str) -> str | None:
+    """The first question of a written text, without a "Question: " label; None when there is
+    none, it is too short, or it asks about the assistant itself."""
+    q = _QUESTION.search(clean(text) or "")
+    p = _LABEL.sub("", q.group(0)) if q else ""
+    return p if len(p) >= 12 and "phone assistant" not in p else None
 
 
 def shingles(prompt: str, n: int = 8) -> set[tuple[str, ...]]:
@@ -306,6 +363,23 @@ def build(
     return out
 
 
+def build_questions(
+    backbone, tok, n: int, exclude: list[str], seed: int = 0, log: Callable[[str], None] = print, **kw
+) -> list[dict]:
+    """{"task": "chat", "prompt"} rows: standalone questions from n written texts (question_seeds),
+    sampled from a seed space of their own (100 + seed: not the plan's generators), deduplicated,
+    none sharing an 8-word sequence with the `exclude` sets."""
+    texts = write(backbone, tok, question_seeds(n, seed), seed=100 + seed, log=log, **kw)
+    banned, seen, out = set_shingles(exclude), set(), []
+    for q in filter(None, map(first_question, texts)):
+        key = " ".join(re.findall(r"\w+", q.lower()))
+        if key not in seen and not shingles(q) & banned:
+            seen.add(key)
+            out.append({"task": "chat", "prompt": q, "source": "selfinstruct"})
+    log(f"selfinstruct: {len(out)} questions kept of {n} texts")
+    return out
+
+
 def main() -> None:
     from .models import checkpoint
     from .models.llama import DTYPES, Backbone
@@ -316,22 +390,39 @@ def main() -> None:
     p.add_argument("--exclude", nargs="*", default=[], help="evaluation sets (JSON lines) no prompt may overlap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--max-new-tokens", type=int, default=100, help="length cap of each written text")
+    p.add_argument(
+        "--questions", type=int, default=0, help="write N standalone everyday questions (chat) instead of the plan"
+    )
+    p.add_argument("--max-new-tokens", type=int, help="length cap of each written text (default 100, questions 40)")
     p.add_argument("--work-dir", default="runs", help="cache of the written texts (an interrupted run resumes)")
     a = p.parse_args()
+    if a.questions < 0 or a.per_task < 1:
+        p.error("--questions must be >= 0 and --per-task >= 1")
     cfg, weights, tok = checkpoint.load(None, native=True)  # the default backbone: the file's own weights
     backbone = Backbone(cfg, weights, DTYPES["bfloat16"])
     os.makedirs(a.work_dir, exist_ok=True)
-    rows = build(
-        backbone,
-        tok,
-        a.per_task,
-        a.exclude,
-        a.seed,
-        temperature=a.temperature,
-        max_new_tokens=a.max_new_tokens,
-        cache_path=os.path.join(a.work_dir, "selfinstruct_texts.jsonl"),
-    )
+    if a.questions:
+        rows = build_questions(
+            backbone,
+            tok,
+            a.questions,
+            a.exclude,
+            a.seed,
+            temperature=a.temperature,
+            max_new_tokens=a.max_new_tokens or 40,
+            cache_path=os.path.join(a.work_dir, "selfinstruct_questions.jsonl"),
+        )
+    else:
+        rows = build(
+            backbone,
+            tok,
+            a.per_task,
+            a.exclude,
+            a.seed,
+            temperature=a.temperature,
+            max_new_tokens=a.max_new_tokens or 100,
+            cache_path=os.path.join(a.work_dir, "selfinstruct_texts.jsonl"),
+        )
     data.write_jsonl(a.out, rows)
     print(f"{len(rows)} prompts -> {a.out}")
 

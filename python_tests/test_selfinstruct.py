@@ -121,6 +121,50 @@ def test_build_drops_duplicates_and_texts_near_an_excluded_set(tiny, tmp_path, m
     assert {r["source"] for r in rows} == {"selfinstruct"} and {r["task"] for r in rows} <= set(data.TASKS)
 
 
+def test_question_seeds_are_seeded_and_a_prefix_of_a_longer_run():
+    a, b = si.question_seeds(4, seed=0), si.question_seeds(40, seed=0)
+    assert a == b[:4] and a != si.question_seeds(4, seed=1)
+    assert all(s.startswith("Write one question a person might ask about ") for s in b)
+    assert {s.split(" about ", 1)[1].split(". Start", 1)[0] for s in b} <= set(si.SUBJECTS)
+    assert len({s.split('"')[1] for s in b}) > 10 and {s.split('"')[1] for s in b} <= set(si.OPENINGS)
+
+
+def test_first_question():
+    assert si.first_question('Sure! Here is one:\n\n"How do I keep basil alive on a windowsill?"') == (
+        "How do I keep basil alive on a windowsill?"
+    )
+    assert si.first_question("Question: What should I bring to a picnic in the park?") == (
+        "What should I bring to a picnic in the park?"
+    )
+    assert si.first_question("A statement long enough to count, with no question at all.") is None
+    assert si.first_question("What can a phone assistant do for my garden today?") is None  # about itself
+    assert si.first_question("Question: Why me now? I keep wondering about it.") is None  # too short
+
+
+def test_build_questions_keeps_distinct_questions_away_from_an_excluded_set(tiny, tmp_path, monkeypatch):
+    backbone, tok = tiny
+    banned = "how do i get the quick brown fox to jump over the lazy dog"
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"task": "chat", "prompt": banned.capitalize() + "?"}) + "\n")
+    seen = {}
+
+    def fake_write(backbone, tok, seeds, seed, **kw):
+        seen.update(seeds=seeds, seed=seed)
+        texts = [
+            "How do I get the quick brown fox to jump over the lazy dog, in short?",  # near the excluded set
+            "What is the best way to store fresh herbs in the fridge?",
+            "What is the best way to store Fresh Herbs in the fridge?",  # the same words: a duplicate
+            "No question in this text, only a statement long enough.",
+        ]
+        return [texts[i % 4] for i in range(len(seeds))]
+
+    monkeypatch.setattr(si, "write", fake_write)
+    rows = si.build_questions(backbone, tok, 8, [str(tmp_path / "eval.jsonl")], seed=2, log=lambda m: None)
+    assert rows == [
+        {"task": "chat", "prompt": "What is the best way to store fresh herbs in the fridge?", "source": "selfinstruct"}
+    ]
+    assert seen == {"seeds": si.question_seeds(8, seed=2), "seed": 102}
+
+
 def test_distilled_rows_read_several_prompt_files(tiny, tmp_path):
     from mtp_kernels.models.checkpoint import load
     from mtp_kernels.models.llama import Backbone
@@ -145,3 +189,12 @@ def test_shingles_compare_texts_not_the_shared_instructions():
     assert not si.shingles(a) & si.shingles(b)  # the same 11-word instruction, different texts
     text = "one two three four five six seven eight nine"
     assert si.shingles(f"Summarize:\n\n{text}") & si.shingles(f"Explain this:\n\nzero {text}")
+
+
+@pytest.mark.parametrize("args", [["--questions", "-1"], ["--per-task", "0"]])
+def test_main_refuses_negative_counts_before_loading_anything(args, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["selfinstruct", "--out", str(tmp_path / "o.jsonl"), *args])
+    with pytest.raises(SystemExit) as e:
+        si.main()
+    assert e.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
