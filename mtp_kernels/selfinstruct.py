@@ -401,28 +401,20 @@ def main() -> None:
     cfg, weights, tok = checkpoint.load(None, native=True)  # the default backbone: the file's own weights
     backbone = Backbone(cfg, weights, DTYPES["bfloat16"])
     os.makedirs(a.work_dir, exist_ok=True)
-    if a.questions:
-        rows = build_questions(
-            backbone,
-            tok,
-            a.questions,
-            a.exclude,
-            a.seed,
-            temperature=a.temperature,
-            max_new_tokens=a.max_new_tokens or 40,
-            cache_path=os.path.join(a.work_dir, "selfinstruct_questions.jsonl"),
-        )
-    else:
-        rows = build(
-            backbone,
-            tok,
-            a.per_task,
-            a.exclude,
-            a.seed,
-            temperature=a.temperature,
-            max_new_tokens=a.max_new_tokens or 100,
-            cache_path=os.path.join(a.work_dir, "selfinstruct_texts.jsonl"),
-        )
+    # questions or the four tasks' plan: how many, each text's default length cap, the texts' cache
+    make, count, cap, cache = (
+        (build_questions, a.questions, 40, "questions") if a.questions else (build, a.per_task, 100, "texts")
+    )
+    rows = make(
+        backbone,
+        tok,
+        count,
+        a.exclude,
+        a.seed,
+        temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens or cap,
+        cache_path=os.path.join(a.work_dir, f"selfinstruct_{cache}.jsonl"),
+    )
     data.write_jsonl(a.out, rows)
     print(f"{len(rows)} prompts -> {a.out}")
 
