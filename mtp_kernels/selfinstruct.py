@@ -314,11 +314,7 @@ _LABEL = re.compile(r"^(\w[\w-]*: )+")  # "Question: ", "E-mail: "
 def question_seeds(n: int, seed: int = 0) -> list[str]:
     """n instructions for standalone questions, each a subject and an opening drawn by seed."""
     rng = random.Random(f"questions-{seed}")
-    out = []
-    for _ in range(n):
-        subject = rng.choice(SUBJECTS)
-        out.append(WRITE_QUESTION.format(subject=subject, opening=rng.choice(OPENINGS)))
-    return out
+    return [WRITE_QUESTION.format(subject=rng.choice(SUBJECTS), opening=rng.choice(OPENINGS)) for _ in range(n)]
 
 
 def first_question(text: str) -> str | None:
