@@ -185,6 +185,8 @@ _PREAMBLE = re.compile(r"^(sure|here|certainly|okay|ok)\b[^\n]*[:!.]\s*\n+", re.
 
 
 _PLACEHOLDER = re.compile(r"\[[^\]\n]{1,40}\]")
+_QUESTION = re.compile(r"[A-Z][^?\n\"]{10,200}\?")
+_LABEL = re.compile(r"^(\w[\w-]*: )+")  # "Question: ", "E-mail: "
 
 
 def clean(text: str, name: str = "Sam") -> str | None:
@@ -307,10 +309,6 @@ def make_prompt(row: dict, texts: list[str], rng: random.Random) -> str | None:
     return f"{asks[int(row['ask'] * len(asks))]}\n\n{text}"
 
 
-_QUESTION = re.compile(r"[A-Z][^?\n\"]{10,200}\?")
-_LABEL = re.compile(r"^(\w[\w-]*: )+")  # "Question: ", "E-mail: "
-
-
 def question_seeds(n: int, seed: int = 0) -> list[str]:
     """n instructions for standalone questions, each a subject and an opening drawn by seed."""
     rng = random.Random(f"questions-{seed}")
@@ -323,6 +321,11 @@ def first_question(text: str) -> str | None:
     q = _QUESTION.search(clean(text) or "")
     p = _LABEL.sub("", q.group(0)) if q else ""
     return p if len(p) >= 12 and "phone assistant" not in p else None
+
+
+def _words(prompt: str) -> str:
+    """What two prompts that differ only in case and punctuation share (the duplicate key)."""
+    return " ".join(re.findall(r"\w+", prompt.lower()))
 
 
 def shingles(prompt: str, n: int = 8) -> set[tuple[str, ...]]:
@@ -349,7 +352,7 @@ def build(
     rng, seen, out, dropped = random.Random(f"typos-{seed}"), set(), [], 0
     for r in rows:
         prompt = make_prompt(r, [next(texts) for _ in r["seeds"]], rng)
-        key = " ".join(re.findall(r"\w+", (prompt or "").lower()))
+        key = _words(prompt or "")
         if prompt is None or key in seen or shingles(prompt) & banned:
             dropped += 1
             continue
@@ -368,7 +371,7 @@ def build_questions(
     texts = write(backbone, tok, question_seeds(n, seed), seed=100 + seed, log=log, **kw)
     banned, seen, out = set_shingles(exclude), set(), []
     for q in filter(None, map(first_question, texts)):
-        key = " ".join(re.findall(r"\w+", q.lower()))
+        key = _words(q)
         if key not in seen and not shingles(q) & banned:
             seen.add(key)
             out.append({"task": "chat", "prompt": q, "source": "selfinstruct"})
