@@ -296,7 +296,13 @@ def cmd_train(args) -> int:
             raise UsageError(f"--prompts {path}: no such file")
     if args.model and not args.out:  # the shipped folders are the default models'
         raise UsageError("--model: say where the head or drafter goes with --out")
-    common = dict(max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts, log=log, model=args.model)
+    common = dict(
+        max_new_tokens=args.max_new_tokens,
+        num_prompts=args.num_prompts,
+        log=log,
+        model=args.model,
+        num_blocks=args.blocks,
+    )
     if args.drafter == "standalone":
         from .train_drafter import run_drafter
 
@@ -741,6 +747,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="I,J,...",
         help="head only: backbone layers whose residual streams the head's first step also reads "
         "(EAGLE-3's low, middle and high layers, e.g. 1,14,26 of 30); default: none",
+    )
+    t.add_argument(
+        "--blocks",
+        type=int,
+        default=1,
+        help="dense blocks of the head (each a backbone-sized layer; default 1, as shipped); the standalone "
+        "drafter is sized to such a head's parameters (the nearest of its widths)",
     )
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train)

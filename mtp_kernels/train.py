@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .models.head import HeadConfig, MTPHead, check_global_layer
+from .models.head import MAX_BLOCKS, HeadConfig, MTPHead, check_global_layer
 from .models.llama import Backbone
 from .reference import rms_norm, rope  # the runtime ops' spec, differentiable
 
@@ -518,6 +518,11 @@ def check_fuse_layers(layers: tuple[int, ...], num_layers: int) -> None:
         )
 
 
+def check_blocks(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BLOCKS:
+        raise ValueError(f"--blocks {n}: the head has 1 to {MAX_BLOCKS} dense blocks")
+
+
 def check_draft_vocab(size: int, vocab_size: int) -> int:
     """The draft vocabulary size to use: at least 1, at most the whole vocabulary (a larger
     request is the whole vocabulary, and the head's config says so)."""
@@ -690,12 +695,15 @@ def run(
     log: Callable[[str], None] = print,
     model: str | None = None,
     fuse_layers: tuple[int, ...] = (),
+    num_blocks: int = 1,
 ) -> dict:
     """distill with features (answers cached in work_dir) -> train -> save the head to out_dir.
     model: the backbone's file (None: the default SmolLM2; a Gemma 3 GGUF trains its head).
-    fuse_layers: backbone layers whose residual streams the head also reads (HeadConfig)."""
+    fuse_layers: backbone layers whose residual streams the head also reads (HeadConfig).
+    num_blocks: the head's dense blocks (each starts as the layer it reads, init_from_backbone)."""
     from .models import loading
 
+    check_blocks(num_blocks)  # before any work
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
     # The teacher: the backbone as `mtp generate` runs it by default (the file's own weights).
@@ -723,7 +731,12 @@ def run(
     (train_rows, _), (train_seqs, val_seqs) = split(rows), split(seqs)
     head = MTPHead(
         HeadConfig.for_backbone(
-            cfg, kv_layer=kv_layer, draft_vocab_size=draft_vocab_size, trained=True, fuse_layers=tuple(fuse_layers)
+            cfg,
+            kv_layer=kv_layer,
+            draft_vocab_size=draft_vocab_size,
+            trained=True,
+            fuse_layers=tuple(fuse_layers),
+            num_blocks=num_blocks,
         )
     )
     head.set_draft_vocab(

@@ -159,11 +159,14 @@ def run_drafter(
     num_prompts: int = 0,
     log: Callable[[str], None] = print,
     model: str | None = None,
+    num_blocks: int = 1,
 ) -> dict:
     """The head's distilled data and validation split (train.distilled_rows, train.split)
-    -> a default-size drafter over the most frequent answer tokens -> out_dir."""
+    -> a drafter of about the size of a head of num_blocks blocks (the default size for the
+    shipped head's one), over the most frequent answer tokens -> out_dir."""
     from .models import loading
 
+    train.check_blocks(num_blocks)  # before any work
     cfg, teacher, tok, _ = loading.load_backbone(model, None, log)  # as `mtp generate` runs it
     vocab_size = train.check_draft_vocab(vocab_size, cfg.vocab_size)
     rows = train.distilled_rows(prompts_path, work_dir, max_new_tokens, num_prompts, teacher, tok, log)[0]
@@ -176,7 +179,9 @@ def run_drafter(
         [r["answer_ids"] for r in train_rows], vocab_size, cfg.vocab_size, always=tuple(cfg.eos_token_ids)
     )
     # About the MTP head's size (its parameters for this backbone and vocabulary): a fair baseline.
-    head_params = parameter_counts(default_config(len(vocab), cfg.max_position), HeadConfig.for_backbone(cfg))["head"]
+    head_params = parameter_counts(
+        default_config(len(vocab), cfg.max_position), HeadConfig.for_backbone(cfg, num_blocks=num_blocks)
+    )["head"]
     drafter = StandaloneDrafter(
         config_near(len(vocab), cfg.max_position, head_params), vocab, seed=tc.seed, family=teacher.family
     )

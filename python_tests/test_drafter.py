@@ -10,7 +10,7 @@ from mtp_kernels import cli, decoding, train, train_drafter
 from mtp_kernels.models import loading
 from mtp_kernels.models.checkpoint import CheckpointError
 from mtp_kernels.models.config import LlamaConfig
-from mtp_kernels.models.drafter import StandaloneDrafter, default_config, parameter_counts
+from mtp_kernels.models.drafter import StandaloneDrafter, config_near, default_config, parameter_counts
 from mtp_kernels.models.head import HeadConfig
 from tiny_model import TINY, tiny_backbone, tiny_weights, write_tiny_folder
 
@@ -151,6 +151,14 @@ def test_default_drafter_is_within_25_percent_of_the_head():
     assert counts["drafter"] == 3_671_552 and counts["head"] == 4_205_376
     assert 0.75 <= counts["ratio"] <= 1.25
     assert StandaloneDrafter.create(torch.arange(8192), 64).num_parameters() == counts["drafter"]
+
+
+def test_drafter_for_a_larger_head_stays_within_25_percent():
+    """`mtp train --blocks 2 --drafter standalone`: the drafter grows with the head it is compared with."""
+    head = parameter_counts(default_config(8192, SMOLLM2.max_position), HeadConfig.for_backbone(SMOLLM2, num_blocks=2))
+    cfg = config_near(8192, SMOLLM2.max_position, head["head"])
+    counts = parameter_counts(cfg, HeadConfig.for_backbone(SMOLLM2, num_blocks=2))
+    assert cfg.hidden_size > 256 and 0.75 <= counts["ratio"] <= 1.25, (cfg, counts)
 
 
 def test_training_forward_matches_the_backbone_run():

@@ -268,6 +268,18 @@ def test_train_tiny_data(tiny_train, tmp_path, capsys, monkeypatch, drafter):
     assert result["steps"] == 3 and result["sequences"] == 1 and result["val_sequences"] == 1
 
 
+def test_train_blocks(tiny_train, tmp_path):
+    """--blocks N trains a head of N dense blocks, saved as such (each block starts as the
+    layer the head reads)."""
+    prompts, base = tiny_train
+    params = {}
+    for n in (1, 2):
+        assert cli.main(base + ["--prompts", prompts(2), "--blocks", str(n), "--out", str(tmp_path / f"h{n}")]) == 0
+        assert json.loads((tmp_path / f"h{n}" / "config.json").read_text())["num_blocks"] == n
+        params[n] = json.loads((tmp_path / f"h{n}" / "training.json").read_text())["head_parameters"]
+    assert params[2] > params[1]
+
+
 def test_train_kv_layer_and_options_checked_before_any_work(tiny_train, capsys, monkeypatch):
     prompts, base = tiny_train
     monkeypatch.setattr(train, "distill", lambda *a, **k: pytest.fail("distilled for a refused run"))
@@ -288,6 +300,9 @@ def test_train_kv_layer_and_options_checked_before_any_work(tiny_train, capsys, 
         (["--unroll", "1000"], "--unroll must be at most 64"),
         (["--seed", "-5"], "--seed"),
         (["--draft-vocab", "0"], "--draft-vocab must be >= 1"),
+        (["--blocks", "0"], "--blocks 0: the head has 1 to 64 dense blocks"),
+        (["--blocks", "65"], "--blocks 65: the head has 1 to 64"),
+        (["--drafter", "standalone", "--blocks", "0"], "--blocks 0: the head has 1 to 64"),
     ]:
         fails(capsys, base + ["--prompts", prompts(4), *args], fragment)
 
