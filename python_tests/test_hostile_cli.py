@@ -268,16 +268,31 @@ def test_train_tiny_data(tiny_train, tmp_path, capsys, monkeypatch, drafter):
     assert result["steps"] == 3 and result["sequences"] == 1 and result["val_sequences"] == 1
 
 
-def test_train_blocks(tiny_train, tmp_path):
+def test_train_blocks(tiny_train, tmp_path, monkeypatch):
     """--blocks N trains a head of N dense blocks, saved as such (each block starts as the
-    layer the head reads)."""
+    layer the head reads); with --drafter standalone the drafter is sized to that head."""
+    from mtp_kernels import train_drafter
+
     prompts, base = tiny_train
-    params = {}
+    params, sized_to = {}, {}
+    near = train_drafter.config_near
     for n in (1, 2):
         assert cli.main(base + ["--prompts", prompts(2), "--blocks", str(n), "--out", str(tmp_path / f"h{n}")]) == 0
         assert json.loads((tmp_path / f"h{n}" / "config.json").read_text())["num_blocks"] == n
         params[n] = json.loads((tmp_path / f"h{n}" / "training.json").read_text())["head_parameters"]
-    assert params[2] > params[1]
+        monkeypatch.setattr(train_drafter, "config_near", lambda v, m, p: sized_to.setdefault(n, p) and near(v, m, p))
+        argv = base + [
+            "--prompts",
+            prompts(2),
+            "--drafter",
+            "standalone",
+            "--blocks",
+            str(n),
+            "--out",
+            str(tmp_path / f"d{n}"),
+        ]
+        assert cli.main(argv) == 0
+    assert params[2] > params[1] and sized_to == params
 
 
 def test_train_kv_layer_and_options_checked_before_any_work(tiny_train, capsys, monkeypatch):
