@@ -280,7 +280,12 @@ def test_train_blocks(tiny_train, tmp_path, monkeypatch):
         assert cli.main(base + ["--prompts", prompts(2), "--blocks", str(n), "--out", str(tmp_path / f"h{n}")]) == 0
         assert json.loads((tmp_path / f"h{n}" / "config.json").read_text())["num_blocks"] == n
         params[n] = json.loads((tmp_path / f"h{n}" / "training.json").read_text())["head_parameters"]
-        monkeypatch.setattr(train_drafter, "config_near", lambda v, m, p: sized_to.setdefault(n, p) and near(v, m, p))
+
+        def sized(vocab_len, max_position, head_params, n=n):  # the head size the drafter is sized to
+            sized_to[n] = head_params
+            return near(vocab_len, max_position, head_params)
+
+        monkeypatch.setattr(train_drafter, "config_near", sized)
         argv = base + [
             "--prompts",
             prompts(2),
