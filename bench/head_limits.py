@@ -36,7 +36,9 @@ def timed(seconds: collections.Counter, label, fn):
 
 
 def load_shipped():
-    """(cfg, tokenizer, the default backbone in bf16, the shipped head), 2 threads: as `mtp bench` runs them."""
+    """(cfg, tokenizer, the default backbone dequantized to bf16, the shipped head), 2 threads: as
+    `mtp bench --dtype bfloat16` runs them (the default backbone until 2026-12-01, when this
+    bench's figures were taken; the default since is the GGUF's own weights)."""
     torch.set_num_threads(2)
     cfg, weights, tok = checkpoint.load(None)
     model = Backbone(cfg, weights, DTYPES["bfloat16"])

@@ -21,7 +21,18 @@ import os
 import sys
 import time
 
-from .config import CHAIN_K, NARROW_LOOKUP, TREE_BRANCHES, TREE_K, WIDE_LOOKUP, DecodeConfig, default_lookup
+from .config import (
+    CHAIN_K,
+    NARROW_LOOKUP,
+    NARROW_LOOKUP_START,
+    TREE_BRANCHES,
+    TREE_K,
+    WIDE_LOOKUP,
+    DecodeConfig,
+    default_lookup,
+    default_lookup_start,
+    lookup_words,
+)
 from .models.loading import (  # re-exported: load_* and release_freed_memory lived here
     NATIVE_DTYPE,
     SHIPPED_HEADS,
@@ -201,6 +212,7 @@ def cmd_generate(args) -> int:
         k=args.k,
         branches=args.branches,
         lookup=args.lookup,
+        lookup_start=args.lookup_start,
         temperature=args.temperature,
         seed=args.seed,
         lenient=args.lenient,
@@ -211,7 +223,8 @@ def cmd_generate(args) -> int:
     if args.branches > 1:
         how += f", {args.branches} first drafts per head pass"
     if args.lookup:
-        how = f"{how}, prompt lookup up to {args.lookup}" if head is not None else f"prompt lookup up to {args.lookup}"
+        words = lookup_words(config.lookup, config.lookup_start)
+        how = f"{how}, {words}" if head is not None else words
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     beside = check_widths(args, cfg, head)
@@ -240,6 +253,7 @@ def cmd_generate(args) -> int:
             lenient=config.lenient,
             lookup=config.lookup,
             branches=config.branches,
+            lookup_start=config.lookup_start,
         )[0]
         if args.json:
             print(
@@ -464,7 +478,7 @@ def cmd_bench(args) -> int:
         f"{get_isa()}, 1 request at a time, the methods interleaved prompt by prompt, "
         f"{args.per_task} prompts per task, up to {args.max_new_tokens} new tokens, K={args.k}"
         + (
-            f", prompt lookup up to {args.lookup}"
+            f", {lookup_words(args.lookup, default_lookup_start(model, args.lookup))}"
             if any(m.startswith("ours_") and "lookup" in m for m in methods)
             else ""
         )
@@ -689,6 +703,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"MTP head {NARROW_LOOKUP} over a GGUF's own weights, {WIDE_LOOKUP} on a bf16 backbone "
         "(--dtype bfloat16), 0 = off; with --no-mtp: lookup alone; not with --drafter standalone)",
     )
+    g.add_argument(
+        "--lookup-start",
+        type=int,
+        help="the lookup drafts of a match no longer than those 3 (or 2) tokens; one more per token "
+        f"it also matches before them, up to --lookup (default: {NARROW_LOOKUP_START} over a GGUF's own "
+        "weights, all of --lookup on a bf16 backbone)",
+    )
     g.set_defaults(func=cmd_generate)
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -791,7 +812,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="most prompt-lookup drafts per pass of ours_lookup / ours_mtp_lookup(_int8dot) "
         f"(default: mtp generate's for the backbone, {NARROW_LOOKUP} over a GGUF's own weights, "
-        f"{WIDE_LOOKUP} on a bf16 one)",
+        f"{WIDE_LOOKUP} on a bf16 one; a short match offers mtp generate's default --lookup-start)",
     )
     b.add_argument(
         "--lenient",
@@ -839,6 +860,7 @@ def check_args(args) -> list[str]:
         "threads",
         "tree_k",
         "branches",
+        "lookup_start",
     ]
     given = {n: getattr(args, n, None) for n in positive}
     bad = [f"--{n.replace('_', '-')} must be >= 1" for n, v in given.items() if v is not None and v < 1]

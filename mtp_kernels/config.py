@@ -6,8 +6,9 @@ one-token step (bf16 activations over float weights, the backbone dequantized on
 prompt lookup of up to 6 tokens beside the MTP head ("Prompt lookup beside the head"), and
 trees of the head's chain of 3 and its 3 best first drafts (greedy; "Tree drafts"). Over a
 GGUF's own weights each row of a pass costs ~20% of a step (int8 dot products, compute-bound
-past one row): chains of 2 and lookup of up to 3 ("Shorter prompt lookup over the file's own
-weights").
+past one row): chains of 2, and a lookup match offers 3 drafts, one more per token it also
+matches before the searched suffix, up to 8 ("Shorter prompt lookup over the file's own weights",
+"Prompt lookup that grows with its match").
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import dataclasses
 import torch
 
 # Most prompt-lookup drafts per pass beside the MTP head: where wide passes pay, else.
-WIDE_LOOKUP, NARROW_LOOKUP = 6, 3
+WIDE_LOOKUP, NARROW_LOOKUP = 6, 8
+# Where passes are narrow, the drafts of a match no longer than the searched suffix (more for a
+# longer match: decoding.lookup_drafts); where they are wide, every match offers the most.
+NARROW_LOOKUP_START = 3
 TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 
 
@@ -31,8 +35,8 @@ def wide_passes_pay(backbone) -> bool:
     """Where a pass of 6-7 rows (a tree, a long lookup chain) was measured to cost about a
     3-row one: bf16 activations over float weights. In fp32 or with Q8 weights it costs
     1.3x-1.7x; over the file's own weights (`load_backbone` without a dtype,
-    `loaded_as_stored`) 2.0x-2.4x a step against a 3-row pass's 1.2x, so chains and short
-    lookup there."""
+    `loaded_as_stored`) 2.0x-2.4x a step against a 3-row pass's 1.2x, so chains there, and
+    lookup drafts beyond 3 only where a match is longer (default_lookup_start)."""
     return (
         backbone.dtype == torch.bfloat16
         and not backbone.native
@@ -42,21 +46,38 @@ def wide_passes_pay(backbone) -> bool:
 
 
 def default_lookup(backbone) -> int:
-    """Most prompt-lookup drafts per pass on this backbone: 6 where wide passes pay, else 3
-    (each extra row costs more than the rarely accepted 4th-6th copied tokens save)."""
+    """Most prompt-lookup drafts per pass on this backbone: 6 where wide passes pay, else 8 (for
+    long matches only: default_lookup_start)."""
     return WIDE_LOOKUP if wide_passes_pay(backbone) else NARROW_LOOKUP
+
+
+def default_lookup_start(backbone, lookup: int) -> int:
+    """The drafts of a lookup match no longer than its searched suffix: all `lookup` where wide
+    passes pay; else 3 (each row of a pass costs ~20% of a step: the 4th-8th copied tokens pay
+    only where the match already goes further back, where a copy is likelier to go on)."""
+    return lookup if wide_passes_pay(backbone) else min(lookup, NARROW_LOOKUP_START)
+
+
+def lookup_words(lookup: int, start: int) -> str:
+    """How `mtp generate` / `mtp bench` name a lookup setting."""
+    if start < lookup:
+        return f"prompt lookup of {start} drafts, up to {lookup} for a longer match"
+    return f"prompt lookup up to {lookup}"
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """How one `generate` call drafts and verifies. k: drafts per pass in the drafter's chain;
     branches: the MTP head's best first drafts verified per pass (> 1: a tree); lookup: most
-    prompt-lookup drafts per pass (0: off); temperature 0: greedy, > 0: lossless sampling
-    keyed by seed; lenient (top_k, min_ratio): NOT lossless verification (greedy only)."""
+    prompt-lookup drafts per pass (0: off); lookup_start: the drafts of a match no longer than its
+    searched suffix, one more per token it matches before it (decoding.lookup_drafts);
+    temperature 0: greedy, > 0: lossless sampling keyed by seed; lenient (top_k, min_ratio): NOT
+    lossless verification (greedy only)."""
 
     k: int = CHAIN_K
     branches: int = 1
     lookup: int = 0
+    lookup_start: int = 0
     temperature: float = 0.0
     seed: int = 0
     lenient: tuple[int, float] | None = None
@@ -70,13 +91,15 @@ class DecodeConfig:
         k: int | None = None,
         branches: int | None = None,
         lookup: int | None = None,
+        lookup_start: int | None = None,
         temperature: float = 0.0,
         seed: int = 0,
         lenient: tuple[int, float] | None = None,
     ) -> DecodeConfig:
         """The configuration with every None filled in for this backbone and drafter: trees
         where they can run (the MTP head, greedy, not lenient) and pay (`wide_passes_pay`), else
-        chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head (default_lookup),
+        chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head (default_lookup,
+        default_lookup_start),
         off with a standalone drafter and in plain decoding (lookup alone is asked for explicitly).
         Values given are kept as they are (generate checks them)."""
         mtp = is_mtp_head(head)
@@ -87,4 +110,14 @@ class DecodeConfig:
             k = TREE_K if branches > 1 else CHAIN_K
         if lookup is None:
             lookup = default_lookup(backbone) if mtp else 0
-        return cls(k=k, branches=branches, lookup=lookup, temperature=temperature, seed=seed, lenient=lenient)
+        if lookup_start is None:
+            lookup_start = default_lookup_start(backbone, lookup)
+        return cls(
+            k=k,
+            branches=branches,
+            lookup=lookup,
+            lookup_start=lookup_start,
+            temperature=temperature,
+            seed=seed,
+            lenient=lenient,
+        )

@@ -14,7 +14,8 @@ place after t0.
 
 Prompt lookup (lookup=N): where the request's last tokens occurred before in its prompt or
 output, the up to N tokens that followed them there are the drafts instead (proofreading and
-summaries copy their input); the head drafts elsewhere. Any drafts keep the output exact.
+summaries copy their input), fewer where the match is short (lookup_start); the head drafts
+elsewhere. Any drafts keep the output exact.
 
 With temperature > 0 both paths sample through `mtp.verify_sampled`, whose RNG is keyed by
 (request seed, absolute position): plain sampling draws each token as the bonus of a
@@ -64,18 +65,25 @@ class Generation:
 LOOKUP_NGRAMS = (3, 2)  # the context suffixes searched for, longest first (1 token matches too often)
 
 
-def lookup_drafts(context: list[int], max_drafts: int) -> list[int]:
-    """Prompt lookup: the up to max_drafts tokens that followed the latest earlier occurrence
-    of the context's last n tokens (n in LOOKUP_NGRAMS, longest first); [] when none occurs."""
+def lookup_drafts(context: list[int], max_drafts: int, start: Optional[int] = None) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
+    last n tokens (n in LOOKUP_NGRAMS, longest first); [] when none occurs. A match offers
+    `start` tokens (None: max_drafts), one more per token it also matches before those n (a
+    longer copy is likelier to go on), at most max_drafts."""
     if max_drafts < 1:
         return []
+    start = max_drafts if start is None else min(start, max_drafts)
+    L = len(context)
     for n in LOOKUP_NGRAMS:
-        if len(context) <= n:
+        if L <= n:
             continue
         pattern = context[-n:]
-        for s in range(len(context) - n - 1, -1, -1):  # s + n < len(context): one token follows
+        for s in range(L - n - 1, -1, -1):  # s + n < L: one token follows
             if context[s : s + n] == pattern:
-                return context[s + n : s + n + max_drafts]
+                more = 0  # how far the match extends before the n tokens (no further than it can use)
+                while start + more < max_drafts and more < s and context[s - 1 - more] == context[L - n - 1 - more]:
+                    more += 1
+                return context[s + n : s + n + start + more]
     return []
 
 
@@ -165,6 +173,7 @@ def generate(
     lenient: Optional[tuple[int, float]] = None,
     lookup: Optional[int] = None,
     branches: Optional[int] = None,
+    lookup_start: Optional[int] = None,
 ) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
@@ -175,12 +184,22 @@ def generate(
     lenient=(top_k, min_ratio) verifies drafts with mtp.verify_lenient (greedy only, with a
     head): NOT lossless, the output may differ from greedy decoding; (1, x) is exact.
     lookup=N > 0 drafts up to N tokens by prompt lookup (lookup_drafts) where the context
-    repeats itself, the head (if any) elsewhere; exact like any drafts. branches=M > 1 (greedy,
+    repeats itself, the head (if any) elsewhere; exact like any drafts; lookup_start=S: a match
+    no longer than the searched suffix offers S of them, one more per token it matches before. branches=M > 1 (greedy,
     an MTP head) verifies the head's M best first drafts in each of its passes: its chain of k
     and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
-    defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve)."""
+    defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve), as
+    does lookup_start."""
     config = DecodeConfig.resolve(
-        model, head, k=k, branches=branches, lookup=lookup, temperature=temperature, seed=seed, lenient=lenient
+        model,
+        head,
+        k=k,
+        branches=branches,
+        lookup=lookup,
+        lookup_start=lookup_start,
+        temperature=temperature,
+        seed=seed,
+        lenient=lenient,
     )
     _check_config(head, config)
     return _Decoding(model, head, config, prompts, max_new_tokens, eos_token_ids, on_tokens).run()
@@ -197,6 +216,8 @@ def _check_config(head, config: DecodeConfig) -> None:
         )
     if config.lookup < 0:
         raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {config.lookup}")
+    if config.lookup and config.lookup_start < 1:
+        raise ValueError(f"lookup_start (drafts of a short lookup match) must be >= 1, got {config.lookup_start}")
     if config.lookup and hasattr(head, "begin"):
         raise ValueError(
             "lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
@@ -220,7 +241,7 @@ class _Decoding:
         on_tokens,
     ):
         self.model, self.head, self.prompts, self.max_new_tokens = model, head, prompts, max_new_tokens
-        self.on_tokens, self.lookup = on_tokens, config.lookup
+        self.on_tokens, self.lookup, self.lookup_start = on_tokens, config.lookup, config.lookup_start
         self.K = config.k if head is not None else 0
         self.A = config.branches - 1  # the leaves beside the head's chain
         self.width = max(self.K, config.lookup)  # the longest chain one pass verifies
@@ -291,7 +312,9 @@ class _Decoding:
         each request's other first drafts (tree leaves; [] for lookup drafts)."""
         B, out, done = self.B, self.out, self.done
         found = [
-            lookup_drafts(self.prompts[b] + out[b].tokens, self.lookup) if self.lookup and not done[b] else []
+            lookup_drafts(self.prompts[b] + out[b].tokens, self.lookup, self.lookup_start)
+            if self.lookup and not done[b]
+            else []
             for b in range(B)
         ]
         rows, leaves = found, [[] for _ in range(B)]

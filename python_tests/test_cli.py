@@ -73,12 +73,24 @@ def test_lookup_generate_equals_no_mtp(tiny):
         assert r.returncode == 0, r.stderr
         runs[tuple(flags)] = json.loads(r.stdout)
     assert (
-        "prompt lookup up to 4"
+        "prompt lookup of 3 drafts, up to 4 for a longer match"
         in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--lookup", 4).stderr
     )
-    # On by default beside the MTP head (config.default_lookup: 3 where each row of a pass costs,
-    # here fp32; 6 on the bf16 backbone), off with --lookup 0 and in plain greedy.
-    assert "prompt lookup up to 3" in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2).stderr
+    assert (
+        "prompt lookup up to 2"
+        in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--lookup", 2).stderr
+    )
+    # On by default beside the MTP head (config.default_lookup: 3 growing to 8 with a longer
+    # match where each row of a pass costs, here fp32; 6 on the bf16 backbone), off with
+    # --lookup 0 and in plain greedy.
+    narrow = "prompt lookup of 3 drafts, up to 8 for a longer match"
+    assert narrow in mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2).stderr
+    assert (
+        "prompt lookup of 2 drafts, up to 4 for a longer match"
+        in mtp(
+            "generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--lookup", 4, "--lookup-start", 2
+        ).stderr
+    )
     bf16 = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--dtype", "bfloat16")
     assert "prompt lookup up to 6" in bf16.stderr, bf16.stderr
     for flags in (["--lookup", 0], ["--no-mtp"]):
@@ -256,6 +268,7 @@ def test_usage_errors():
         ["--temperature", "1", "--seed", "3"],
         ["--no-mtp"],
         ["--lookup", "0"],
+        ["--lookup-start", "1"],
     ],
 )
 def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
@@ -277,6 +290,8 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     kwargs = dict(temperature=float(opts.get("--temperature", 0)), seed=int(opts.get("--seed", 0)))
     if "--lookup" in opts:
         kwargs["lookup"] = int(opts["--lookup"])
+    if "--lookup-start" in opts:
+        kwargs["lookup_start"] = int(opts["--lookup-start"])
     ids = tok.encode(tok.apply_chat_template("abcabcab"))
     got = decoding.generate(model, [ids], 12, head=head, eos_token_ids=tuple(cfg.eos_token_ids), **kwargs)[0]
     assert (got.tokens, got.passes, got.accepted, got.drafted, got.leaves_accepted) == (
@@ -291,5 +306,8 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     trees = flags == ["--dtype", "bfloat16"]
     assert (resolved.k, resolved.branches) == ((3, 3) if trees else (2, 1))
     assert resolved.lookup == (
-        int(opts["--lookup"]) if "--lookup" in opts else 0 if head is None else 6 if trees else 3
+        int(opts["--lookup"]) if "--lookup" in opts else 0 if head is None else 6 if trees else 8
+    )
+    assert resolved.lookup_start == (
+        int(opts["--lookup-start"]) if "--lookup-start" in opts else min(resolved.lookup, 6 if trees else 3)
     )

@@ -221,7 +221,7 @@ def test_mtp_generate_runs_gemma3(tiny_file, capsys):
     for dtype in ([], ["--dtype", "float32"]):
         rc, spec, err = generate_json(capsys, "--model", tiny_file, "--prompt", prompt, *dtype)
         assert rc == 0, err
-        assert "MTP, K=2" in err and "prompt lookup up to 3" in err and "UNTRAINED" in err
+        assert "MTP, K=2" in err and "prompt lookup of 3 drafts, up to 8" in err and "UNTRAINED" in err
         rc, plain, err = generate_json(capsys, "--model", tiny_file, "--prompt", prompt, "--no-mtp", *dtype)
         assert rc == 0, err
         assert spec[0]["tokens"] == plain[0]["tokens"] and len(plain[0]["tokens"]) > 0

@@ -299,6 +299,23 @@ def test_lookup_drafts_follow_the_latest_earlier_occurrence():
     assert decoding.lookup_drafts([], 4) == []
 
 
+def test_lookup_drafts_grow_with_the_match():
+    """A match offers `start` drafts, one more per token it also matches before the searched
+    suffix, at most max_drafts."""
+    # "1 2 3" recurs at 4, and the 3 tokens before it match too ("11 12 13"), the 4th not.
+    ctx = [10, 11, 12, 13, 1, 2, 3, 20, 21, 22, 23, 24, 25, 26, 27, 11, 12, 13, 1, 2, 3]
+    assert decoding.lookup_drafts(ctx, 8, 2) == [20, 21, 22, 23, 24]  # 2 + 3
+    assert decoding.lookup_drafts(ctx, 4, 2) == [20, 21, 22, 23]  # at most max_drafts
+    assert decoding.lookup_drafts(ctx, 8, 6) == [20, 21, 22, 23, 24, 25, 26, 27]
+    assert decoding.lookup_drafts(ctx, 3) == decoding.lookup_drafts(ctx, 3, 3) == [20, 21, 22]  # no start: all
+    assert decoding.lookup_drafts(ctx, 3, 9) == [20, 21, 22]  # a start past the most: the most
+    # No token before the suffix matches: start drafts; the match at the context's start: none before it.
+    assert decoding.lookup_drafts([7, 1, 2, 3, 20, 21, 22, 23, 24, 8, 1, 2, 3], 8, 2) == [20, 21]
+    assert decoding.lookup_drafts([1, 2, 3, 20, 21, 22, 23, 1, 2, 3], 8, 2) == [20, 21]
+    # A 2-token match: the 3-token search would have found a longer one, so it never grows.
+    assert decoding.lookup_drafts([1, 2, 5, 6, 7, 8, 9, 2, 5], 8, 2) == [6, 7]
+
+
 @pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS[:2] + VARIANTS[3:4])
 @pytest.mark.parametrize("with_head", [False, True])
 def test_lookup_drafts_keep_greedy_output(dtype, quantize, int8_dot, with_head):
@@ -314,9 +331,16 @@ def test_lookup_drafts_keep_greedy_output(dtype, quantize, int8_dot, with_head):
     want = greedy_reference(model, prompts, max_new)
     torch.manual_seed(0)
     head = MTPHead(HeadConfig.for_backbone(TINY)) if with_head else None
-    for lookup in (1, 4):
+    for lookup, start in ((1, None), (4, None), (8, 1), (8, 3)):  # (8, start): drafts growing with the match
         got = decoding.generate(
-            model, prompts, max_new, head=head, k=2, eos_token_ids=TINY.eos_token_ids, lookup=lookup
+            model,
+            prompts,
+            max_new,
+            head=head,
+            k=2,
+            eos_token_ids=TINY.eos_token_ids,
+            lookup=lookup,
+            lookup_start=start,
         )
         assert [r.tokens for r in got] == want
         assert len(got[0].drafted) == max(lookup, 2 if with_head else 0)
@@ -335,6 +359,8 @@ def test_lookup_bad_input():
     model = tiny_backbone()
     with pytest.raises(ValueError, match="lookup \\(most drafts by prompt lookup\\) must be >= 0, got -1"):
         decoding.generate(model, [[1, 2]], 4, lookup=-1)
+    with pytest.raises(ValueError, match="lookup_start \\(drafts of a short lookup match\\) must be >= 1, got 0"):
+        decoding.generate(model, [[1, 2]], 4, lookup=3, lookup_start=0)
 
     class Standalone(OracleHead):
         def begin(self, prompts, capacity):
@@ -348,7 +374,8 @@ def test_decode_config_resolves_the_cli_defaults():
     """config.DecodeConfig.resolve: trees of K=3 with 3 first drafts where they go (the MTP
     head, greedy, not lenient) and pay (the bf16 backbone over float weights, not loaded as
     stored), else chains of K=2; prompt lookup beside the MTP head only, of 6 where wide passes
-    pay (the same backbones as trees), else 3; given values kept."""
+    pay (the same backbones as trees), else of 3 growing to 8 with a longer match; given values
+    kept."""
     from mtp_kernels.config import DecodeConfig
 
     head = MTPHead(HeadConfig.for_backbone(TINY))
@@ -363,18 +390,21 @@ def test_decode_config_resolves_the_cli_defaults():
 
     def picked(model, h, **kw):
         c = DecodeConfig.resolve(model, h, **kw)
-        return c.k, c.branches, c.lookup
+        return c.k, c.branches, c.lookup, c.lookup_start
 
-    assert picked(bf16, head) == (3, 3, 6)
+    assert picked(bf16, head) == (3, 3, 6, 6)
     for model in (fp32, q8, as_stored):
-        assert picked(model, head) == (2, 1, 3)
-    assert picked(bf16, head, temperature=0.5) == (2, 1, 6)  # no trees when sampling; lookup as the backbone's
-    assert picked(bf16, head, lenient=(2, 0.5)) == (2, 1, 6)
-    assert picked(fp32, head, temperature=0.5) == (2, 1, 3)
-    assert picked(bf16, None) == (2, 1, 0)
-    assert picked(bf16, Standalone({0: [1]}, 97)) == (2, 1, 0)
-    assert picked(fp32, head, branches=2) == (3, 2, 3)  # a tree asked for: the tree's K
-    assert picked(bf16, head, k=5, branches=1, lookup=0) == (5, 1, 0)
+        assert picked(model, head) == (2, 1, 8, 3)
+    assert picked(bf16, head, temperature=0.5) == (2, 1, 6, 6)  # no trees when sampling; lookup as the backbone's
+    assert picked(bf16, head, lenient=(2, 0.5)) == (2, 1, 6, 6)
+    assert picked(fp32, head, temperature=0.5) == (2, 1, 8, 3)
+    assert picked(bf16, None) == (2, 1, 0, 0)
+    assert picked(bf16, Standalone({0: [1]}, 97)) == (2, 1, 0, 0)
+    assert picked(fp32, head, branches=2) == (3, 2, 8, 3)  # a tree asked for: the tree's K
+    assert picked(bf16, head, k=5, branches=1, lookup=0) == (5, 1, 0, 0)
+    assert picked(as_stored, head, lookup=2) == (2, 1, 2, 2)  # a start past the most asked for: the most
+    assert picked(as_stored, None, lookup=5) == (2, 1, 5, 3)  # lookup alone grows as well
+    assert picked(bf16, head, lookup=8, lookup_start=2) == (3, 3, 8, 2)
     c = DecodeConfig.resolve(bf16, head, temperature=0.25, seed=9, lenient=None)
     assert (c.temperature, c.seed, c.lenient) == (0.25, 9, None)
     with pytest.raises(AttributeError):
@@ -392,7 +422,15 @@ def test_generate_with_defaults_equals_the_resolved_configuration():
     c = DecodeConfig.resolve(model, head)
     a = decoding.generate(model, prompts, 12, head=head, eos_token_ids=TINY.eos_token_ids)
     b = decoding.generate(
-        model, prompts, 12, head=head, k=c.k, branches=c.branches, lookup=c.lookup, eos_token_ids=TINY.eos_token_ids
+        model,
+        prompts,
+        12,
+        head=head,
+        k=c.k,
+        branches=c.branches,
+        lookup=c.lookup,
+        lookup_start=c.lookup_start,
+        eos_token_ids=TINY.eos_token_ids,
     )
     stats = [[(g.tokens, g.passes, g.drafted, g.accepted, g.leaves_accepted) for g in r] for r in (a, b)]
     assert stats[0] == stats[1] and len(a[0].drafted) == 6

@@ -137,7 +137,8 @@ class Backbone(TiedMatrices, torch.nn.Module):
             )
         self.cfg, self.dtype, self.quantized, self.int8_dot, self.native = cfg, dtype, quantize, int8_dot, native
         # Set by models.loading.load_backbone when no dtype was asked for (the file's own
-        # weights): config.wide_passes_pay keeps chains and short lookup there.
+        # weights): config.wide_passes_pay keeps chains there, and lookup drafts
+        # beyond 3 for longer matches only.
         self.loaded_as_stored = False
         self._types: dict[str, int] = {}  # GGML type of each block-quantized matrix (its buffer: uint8 rows)
         weights = dict(weights)

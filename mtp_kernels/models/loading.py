@@ -123,8 +123,9 @@ def load_backbone(model_path: str | None, dtype: str | None, log, int8: bool = F
     as stored (a GGUF's 4-/8-bit blocks, zero-copy from its memory map; bf16 activations);
     a file whose blocks the kernels cannot read runs dequantized instead, with a note. dtype
     'float32'|'bfloat16' (or --int8): every weight dequantized to fp32, then kept in dtype (or Q8).
-    A backbone loaded without a dtype is marked `loaded_as_stored` (its default decode: chains and
-    short lookup, config.wide_passes_pay). A `gemma3` GGUF runs on models.gemma3_backbone instead."""
+    A backbone loaded without a dtype is marked `loaded_as_stored` (its default decode: chains, and
+    lookup drafts beyond 3 for longer matches only: config.wide_passes_pay). A `gemma3` GGUF runs
+    on models.gemma3_backbone instead."""
     from . import checkpoint
 
     try:
