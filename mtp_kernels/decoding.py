@@ -185,9 +185,9 @@ def generate(
     head): NOT lossless, the output may differ from greedy decoding; (1, x) is exact.
     lookup=N > 0 drafts up to N tokens by prompt lookup (lookup_drafts) where the context
     repeats itself, the head (if any) elsewhere; exact like any drafts; lookup_start=S: a match
-    no longer than the searched suffix offers S of them, one more per token it matches before. branches=M > 1 (greedy,
-    an MTP head) verifies the head's M best first drafts in each of its passes: its chain of k
-    and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
+    no longer than the searched suffix offers S of them, one more per token it matches before.
+    branches=M > 1 (greedy, an MTP head) verifies the head's M best first drafts in each of its
+    passes: its chain of k and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
     defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve), as
     does lookup_start."""
     config = DecodeConfig.resolve(
