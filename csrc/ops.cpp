@@ -62,11 +62,13 @@ STABLE_TORCH_LIBRARY(mtp, m) {
       " int[]? windows=None, Tensor? rope_cos_local=None, Tensor? rope_sin_local=None,"
       " float? attention_scale=None, int[]? taps=None, Tensor(c!)? tap_out=None) -> Tensor");
   // The MTP head's k draft steps (head_draft.h): its blocks read one layer's cache in place.
+  // probs_out [B, k] float32 (any strides) receives each draft's probability under the head
+  // (its softmax over the draft vocabulary): how many drafts a caller verifies.
   m.def(
       "head_draft(Tensor hidden, Tensor token, Tensor k_cache, Tensor v_cache, Tensor cache_lens, Tensor rope_cos,"
       " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
       " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0,"
-      " int embedding_type=-1, int lm_head_type=-1, int[]? weight_types=None) -> Tensor");
+      " int embedding_type=-1, int lm_head_type=-1, int[]? weight_types=None, Tensor(a!)? probs_out=None) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

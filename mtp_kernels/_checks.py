@@ -689,6 +689,21 @@ def check_alternatives(op, alternatives: int, Vd: int, k: int):
     check(k + alternatives < 2**63, op, f"k + alternatives = {k} + {alternatives} overflows int64")
 
 
+def check_probs_out(op, probs_out, hidden, k: int):
+    """head_draft's probs_out: None, or [B, k] float32 on hidden's device."""
+    if probs_out is None:
+        return
+    check(
+        probs_out.device == hidden.device,
+        op,
+        f"probs_out must be on hidden's device {hidden.device}, got {probs_out.device}",
+    )
+    check(probs_out.dtype == torch.float32, op, f"probs_out must be Float, got {probs_out.dtype}")
+    check_dim(op, "probs_out", probs_out, 2, "[B, k]")
+    check_size(op, "probs_out", probs_out, 0, hidden.shape[0], "B (hidden.size(0))")
+    check_size(op, "probs_out", probs_out, 1, k, "k")
+
+
 _INT64_MAX = 2**63 - 1
 
 

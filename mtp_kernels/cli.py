@@ -23,12 +23,14 @@ import time
 
 from .config import (
     CHAIN_K,
+    NARROW_DRAFT_CONFIDENCE,
     NARROW_LOOKUP,
     NARROW_LOOKUP_START,
     TREE_BRANCHES,
     TREE_K,
     WIDE_LOOKUP,
     DecodeConfig,
+    default_draft_confidence,
     default_lookup,
     default_lookup_start,
     lookup_words,
@@ -213,6 +215,7 @@ def cmd_generate(args) -> int:
         branches=args.branches,
         lookup=args.lookup,
         lookup_start=args.lookup_start,
+        draft_confidence=args.draft_confidence,
         temperature=args.temperature,
         seed=args.seed,
         lenient=args.lenient,
@@ -222,6 +225,8 @@ def cmd_generate(args) -> int:
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.branches > 1:
         how += f", {args.branches} first drafts per head pass"
+    if config.draft_confidence:
+        how += f", the chain cut below a probability of {config.draft_confidence:g}"
     if args.lookup:
         words = lookup_words(config.lookup, config.lookup_start)
         how = f"{how}, {words}" if head is not None else words
@@ -254,6 +259,7 @@ def cmd_generate(args) -> int:
             lookup=config.lookup,
             branches=config.branches,
             lookup_start=config.lookup_start,
+            draft_confidence=config.draft_confidence,
         )[0]
         if args.json:
             print(
@@ -480,6 +486,12 @@ def cmd_bench(args) -> int:
         + (
             f", {lookup_words(args.lookup, default_lookup_start(model, args.lookup))}"
             if any(m.startswith("ours_") and "lookup" in m for m in methods)
+            else ""
+        )
+        + (
+            f", the MTP head's chain cut below a probability of {default_draft_confidence(model):g}"
+            if default_draft_confidence(model)
+            and any(m.startswith("ours_mtp") and not m.endswith("_tree") for m in methods)
             else ""
         )
         + (
@@ -710,6 +722,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"it also matches before them, up to --lookup (default: {NARROW_LOOKUP_START} over a GGUF's own "
         "weights, all of --lookup on a bf16 backbone)",
     )
+    g.add_argument(
+        "--draft-confidence",
+        type=float,
+        metavar="P",
+        help="the MTP head's chain stops before its first draft whose probability under the head, times "
+        f"its earlier drafts', is below P (exact either way; default: {NARROW_DRAFT_CONFIDENCE} over a GGUF's "
+        "own weights, 0 = every draft on a bf16 backbone or in a tree)",
+    )
     g.set_defaults(func=cmd_generate)
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -900,6 +920,15 @@ def check_args(args) -> list[str]:
             args.lenient = parse_lenient(args.lenient)
         except ValueError as e:
             bad.append(str(e))
+    confidence = getattr(args, "draft_confidence", None)
+    if confidence is not None:
+        if not 0 <= confidence <= 1:
+            bad.append(f"--draft-confidence must be a probability in [0, 1], got {confidence}")
+        elif confidence and (args.no_mtp or args.drafter == "standalone" or (args.branches or 1) > 1):
+            bad.append(
+                "--draft-confidence cuts the MTP head's chain: not with --no-mtp, --drafter standalone "
+                "or --branches > 1"
+            )
     if args.command == "generate":  # trees go with the MTP head in greedy mode (their defaults: config.py)
         tree_ok = not args.no_mtp and args.drafter == "head" and args.temperature == 0 and args.lenient is None
         if (args.branches or 1) > 1 and not tree_ok:

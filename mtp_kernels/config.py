@@ -8,12 +8,14 @@ trees of the head's chain of 3 and its 3 best first drafts (greedy; "Tree drafts
 GGUF's own weights each row of a pass costs ~20% of a step (int8 dot products, compute-bound
 past one row): chains of 2, and a lookup match offers 3 drafts, one more per token it also
 matches before the searched suffix, up to 8 ("Shorter prompt lookup over the file's own weights",
-"Prompt lookup that grows with its match").
+"Prompt lookup that grows with its match"), and the head's chain stops before a draft it
+is unsure of ("The head's chain cut where it is unsure").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 
@@ -23,12 +25,22 @@ WIDE_LOOKUP, NARROW_LOOKUP = 6, 8
 # longer match: decoding.lookup_drafts); where they are wide, every match offers the most.
 NARROW_LOOKUP_START = 3
 TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
+# Where passes are narrow, the MTP head's chain stops before its first draft whose probability
+# under the head, times its earlier drafts', is below this (decoding.confident_drafts): the row
+# costs more than the draft is worth.
+NARROW_DRAFT_CONFIDENCE = 0.4
 
 
 def is_mtp_head(head) -> bool:
     """An MTP head (drafts from the backbone's cache), not a standalone drafter (own cache,
     `begin`) nor no drafter at all."""
     return head is not None and not hasattr(head, "begin")
+
+
+def gives_draft_probs(head) -> bool:
+    """An MTP head whose draft also gives each draft's probability (MTPHead.draft's probs_out),
+    which a chain needs to stop where the head is unsure."""
+    return is_mtp_head(head) and "probs_out" in inspect.signature(head.draft).parameters
 
 
 def wide_passes_pay(backbone) -> bool:
@@ -58,6 +70,12 @@ def default_lookup_start(backbone, lookup: int) -> int:
     return lookup if wide_passes_pay(backbone) else min(lookup, NARROW_LOOKUP_START)
 
 
+def default_draft_confidence(backbone) -> float:
+    """Where the MTP head's chain stops: NARROW_DRAFT_CONFIDENCE over narrow passes; where wide
+    passes pay, every draft is verified (0: a row costs little there)."""
+    return 0.0 if wide_passes_pay(backbone) else NARROW_DRAFT_CONFIDENCE
+
+
 def lookup_words(lookup: int, start: int) -> str:
     """How `mtp generate` / `mtp bench` name a lookup setting."""
     if start < lookup:
@@ -71,6 +89,8 @@ class DecodeConfig:
     branches: the MTP head's best first drafts verified per pass (> 1: a tree); lookup: most
     prompt-lookup drafts per pass (0: off); lookup_start: the drafts of a match no longer than its
     searched suffix, one more per token it matches before it (decoding.lookup_drafts);
+    draft_confidence: the MTP head's chain stops before its first draft whose cumulative
+    probability under the head is below it (0: every draft; decoding.confident_drafts);
     temperature 0: greedy, > 0: lossless sampling keyed by seed; lenient (top_k, min_ratio): NOT
     lossless verification (greedy only)."""
 
@@ -78,6 +98,7 @@ class DecodeConfig:
     branches: int = 1
     lookup: int = 0
     lookup_start: int = 0
+    draft_confidence: float = 0.0
     temperature: float = 0.0
     seed: int = 0
     lenient: tuple[int, float] | None = None
@@ -92,6 +113,7 @@ class DecodeConfig:
         branches: int | None = None,
         lookup: int | None = None,
         lookup_start: int | None = None,
+        draft_confidence: float | None = None,
         temperature: float = 0.0,
         seed: int = 0,
         lenient: tuple[int, float] | None = None,
@@ -100,23 +122,28 @@ class DecodeConfig:
         where they can run (the MTP head, greedy, not lenient) and pay (`wide_passes_pay`), else
         chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head (default_lookup,
         default_lookup_start),
-        off with a standalone drafter and in plain decoding (lookup alone is asked for explicitly).
+        off with a standalone drafter and in plain decoding (lookup alone is asked for explicitly);
+        the MTP head's chain cut where it is unsure (default_draft_confidence).
         Values given are kept as they are (generate checks them)."""
         mtp = is_mtp_head(head)
         tree_ok = mtp and temperature == 0 and lenient is None
-        if branches is None:
-            branches = TREE_BRANCHES if tree_ok and wide_passes_pay(backbone) else 1
+        if branches is None:  # a chain cut asked for (draft_confidence > 0) is a chain
+            branches = TREE_BRANCHES if tree_ok and wide_passes_pay(backbone) and not draft_confidence else 1
         if k is None:
             k = TREE_K if branches > 1 else CHAIN_K
         if lookup is None:
             lookup = default_lookup(backbone) if mtp else 0
         if lookup_start is None:
             lookup_start = default_lookup_start(backbone, lookup)
+        if draft_confidence is None:
+            chain = gives_draft_probs(head) and branches == 1
+            draft_confidence = default_draft_confidence(backbone) if chain else 0.0
         return cls(
             k=k,
             branches=branches,
             lookup=lookup,
             lookup_start=lookup_start,
+            draft_confidence=draft_confidence,
             temperature=temperature,
             seed=seed,
             lenient=lenient,

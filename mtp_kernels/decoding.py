@@ -17,6 +17,10 @@ output, the up to N tokens that followed them there are the drafts instead (proo
 summaries copy their input), fewer where the match is short (lookup_start); the head drafts
 elsewhere. Any drafts keep the output exact.
 
+The head's chain stops where it is unsure (draft_confidence=P): before its first draft whose
+probability under the head, times its earlier drafts', is below P (confident_drafts); a
+request left with no drafts takes a one-token pass. Fewer drafts keep the output exact too.
+
 With temperature > 0 both paths sample through `mtp.verify_sampled`, whose RNG is keyed by
 (request seed, absolute position): plain sampling draws each token as the bonus of a
 zero-draft verify, and speculative sampling accepts a (greedy, one-hot) draft iff it equals
@@ -33,7 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from . import reference
-from .config import DecodeConfig, is_mtp_head
+from .config import DecodeConfig, gives_draft_probs, is_mtp_head
 from .models.head import MTPHead
 from .models.llama import Backbone, KVCache
 
@@ -85,6 +89,19 @@ def lookup_drafts(context: list[int], max_drafts: int, start: Optional[int] = No
                     more += 1
                 return context[s + n : s + n + start + more]
     return []
+
+
+def confident_drafts(drafts: list[int], probs: list[float], confidence: float) -> list[int]:
+    """The leading drafts whose cumulative probability (the product of theirs and their
+    earlier drafts' probabilities under the head, mtp.head_draft's probs_out) is at least
+    `confidence` (a NaN one is not)."""
+    keep, p = 0, 1.0
+    for q in probs[: len(drafts)]:
+        p *= q
+        if not p >= confidence:
+            break
+        keep += 1
+    return drafts[:keep]
 
 
 def request_seeds(seed: int, batch: int) -> torch.Tensor:
@@ -174,6 +191,7 @@ def generate(
     lookup: Optional[int] = None,
     branches: Optional[int] = None,
     lookup_start: Optional[int] = None,
+    draft_confidence: Optional[float] = None,
 ) -> list[Generation]:
     """Greedy generation of every prompt (token id lists); speculative with `head` and K
     drafts per pass when a head is given (an MTPHead, or any drafter with its `draft`;
@@ -186,10 +204,12 @@ def generate(
     lookup=N > 0 drafts up to N tokens by prompt lookup (lookup_drafts) where the context
     repeats itself, the head (if any) elsewhere; exact like any drafts; lookup_start=S: a match
     no longer than the searched suffix offers S of them, one more per token it matches before.
+    draft_confidence=P in [0, 1] (an MTP head's chain): the chain stops before its first draft
+    whose cumulative probability under the head is below P (0: every draft verified).
     branches=M > 1 (greedy, an MTP head) verifies the head's M best first drafts in each of its
     passes: its chain of k and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
     defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve), as
-    does lookup_start."""
+    do lookup_start and draft_confidence."""
     config = DecodeConfig.resolve(
         model,
         head,
@@ -197,6 +217,7 @@ def generate(
         branches=branches,
         lookup=lookup,
         lookup_start=lookup_start,
+        draft_confidence=draft_confidence,
         temperature=temperature,
         seed=seed,
         lenient=lenient,
@@ -218,6 +239,13 @@ def _check_config(head, config: DecodeConfig) -> None:
         raise ValueError(f"lookup (most drafts by prompt lookup) must be >= 0, got {config.lookup}")
     if config.lookup and config.lookup_start < 1:
         raise ValueError(f"lookup_start (drafts of a short lookup match) must be >= 1, got {config.lookup_start}")
+    if not 0 <= config.draft_confidence <= 1:
+        raise ValueError(f"draft_confidence (a probability) must be in [0, 1], got {config.draft_confidence}")
+    if config.draft_confidence and (not gives_draft_probs(head) or config.branches > 1):
+        raise ValueError(
+            "draft_confidence cuts the MTP head's chain: it needs a head whose draft gives its probabilities "
+            "(MTPHead) and branches = 1"
+        )
     if config.lookup and hasattr(head, "begin"):
         raise ValueError(
             "lookup drafts go with the MTP head or alone: a standalone drafter's own cache assumes "
@@ -242,6 +270,7 @@ class _Decoding:
     ):
         self.model, self.head, self.prompts, self.max_new_tokens = model, head, prompts, max_new_tokens
         self.on_tokens, self.lookup, self.lookup_start = on_tokens, config.lookup, config.lookup_start
+        self.confidence = config.draft_confidence
         self.K = config.k if head is not None else 0
         self.A = config.branches - 1  # the leaves beside the head's chain
         self.width = max(self.K, config.lookup)  # the longest chain one pass verifies
@@ -319,11 +348,14 @@ class _Decoding:
         ]
         rows, leaves = found, [[] for _ in range(B)]
         if self.head is not None and not all(found[b] or done[b] for b in range(B)):
-            drafted = (
-                self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, self.A)
-                if self.A
-                else self.head.draft(self.model, self.cache, self.hidden, self.token, self.K)
-            ).tolist()
+            if self.A:
+                drafted = self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, self.A).tolist()
+            elif self.confidence:
+                probs = torch.empty(B, self.K)
+                drafted = self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, probs_out=probs)
+                drafted = [confident_drafts(d, p, self.confidence) for d, p in zip(drafted.tolist(), probs.tolist())]
+            else:
+                drafted = self.head.draft(self.model, self.cache, self.hidden, self.token, self.K).tolist()
             rows = [f or d[: self.K] for f, d in zip(found, drafted)]
             leaves = [[] if f else d[self.K :] for f, d in zip(found, drafted)]
         num = [0 if done[b] else min(len(rows[b]), self.max_new_tokens - len(out[b].tokens) - 1) for b in range(B)]

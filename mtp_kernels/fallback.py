@@ -186,6 +186,7 @@ def head_draft(
     embedding_type=-1,
     lm_head_type=-1,
     weight_types=None,
+    probs_out=None,
 ):
     op = "mtp.head_draft"
     C.check(embedding_type == -1 and lm_head_type == -1, op, C.GGUF_CPU_ONLY)
@@ -202,6 +203,7 @@ def head_draft(
         C.check_draft_positions(op, lens, k, rope_cos.shape[0], "rope_cos.size(0)")
     Vd = lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()
     C.check_alternatives(op, alternatives, Vd, k)
+    C.check_probs_out(op, probs_out, hidden, k)
     return reference.head_draft(
         hidden,
         token,
@@ -220,6 +222,7 @@ def head_draft(
         num_heads,
         eps,
         alternatives=alternatives,
+        probs_out=probs_out,
         ops=ops.KERNELS,
     )
 

@@ -536,6 +536,7 @@ def head_draft(
     embedding_type: int = -1,
     lm_head_type: int = -1,
     weight_types: Optional[list[int]] = None,
+    probs_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The MTP head's k draft steps [B, k] in one call (CPU): its blocks read the cache views
     k_cache, v_cache [B, Hkv, L, D] of one backbone layer in place, its logits the rows
@@ -546,7 +547,9 @@ def head_draft(
     embedding / LM head given as GGUF block-type bytes (``mtp_kernels.gguf``), or -1.
     weight_types: the same per matrix of the head's own (proj, then qkv, o_proj, gate_up,
     down_proj of each block; -1 a float one), or None: all float (MTPHead's matrices in 8 bits
-    as Q8_0, half a draft's bytes)."""
+    as Q8_0, half a draft's bytes). probs_out [B, k] float32 (any strides), when given,
+    receives each draft's probability under the head (its softmax over the draft vocabulary;
+    to rounding, not bitwise: it only steers how many drafts a caller verifies)."""
     return torch.ops.mtp.head_draft.default(
         hidden,
         token,
@@ -568,6 +571,7 @@ def head_draft(
         embedding_type=embedding_type,
         lm_head_type=lm_head_type,
         weight_types=weight_types,
+        probs_out=probs_out,
     )
 
 
@@ -593,6 +597,7 @@ def _head_draft_fake(
     embedding_type=-1,
     lm_head_type=-1,
     weight_types=None,
+    probs_out=None,
 ):
     torch._check(hidden.dim() == 2, lambda: "mtp.head_draft: hidden must be 2-D [B, H]")
     _check_same_device(

@@ -1106,6 +1106,7 @@ def head_draft(
     embedding_type: int = -1,
     lm_head_type: int = -1,
     weight_types: Optional[list[int]] = None,
+    probs_out: Optional[torch.Tensor] = None,
     ops=None,
 ) -> torch.Tensor:
     """The MTP head's k greedy draft steps [B, k] int64 after token [B] (the backbone's next
@@ -1131,6 +1132,9 @@ def head_draft(
     rows ``gguf_dequantize`` in fp32, then rounded; logits ``gguf_linear``). weight_types: the
     same for the head's own matrices (proj, then qkv, o_proj, gate_up, down_proj of each block;
     -1 a float one; None: all float): their products ``gguf_linear``.
+    probs_out [B, k] float32, when given, receives each step's draft probability: the softmax
+    (in fp32) of that step's logits at the draft (NaN where a logit is NaN or the largest is
+    infinite). The kernel's sum of exponentials runs in another order: equal to rounding.
 
     ``ops`` as in ``decoder_layers``; with the kernels this composition gives mtp.head_draft's
     drafts exactly."""
@@ -1190,6 +1194,8 @@ def head_draft(
         best = logits.argmax(-1)
         token = draft_vocab[best] if draft_vocab is not None else best
         drafts[:, j] = token
+        if probs_out is not None:
+            probs_out[:, j] = torch.softmax(logits.float(), -1).gather(-1, best[:, None])[:, 0]
         if j == 0 and alternatives:
             order = argmax_order(logits)[:, 1 : alternatives + 1]
             drafts[:, k:] = draft_vocab[order] if draft_vocab is not None else order

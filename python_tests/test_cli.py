@@ -93,6 +93,9 @@ def test_lookup_generate_equals_no_mtp(tiny):
     )
     bf16 = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--dtype", "bfloat16")
     assert "prompt lookup up to 6" in bf16.stderr, bf16.stderr
+    assert "chain cut" not in bf16.stderr  # wide passes: every draft verified
+    cut = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--draft-confidence", "0.4")
+    assert "the chain cut below a probability of 0.4" in cut.stderr, cut.stderr
     for flags in (["--lookup", 0], ["--no-mtp"]):
         r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, *flags)
         assert r.returncode == 0 and "prompt lookup" not in r.stderr, r.stderr
@@ -269,6 +272,8 @@ def test_usage_errors():
         ["--no-mtp"],
         ["--lookup", "0"],
         ["--lookup-start", "1"],
+        ["--draft-confidence", "0"],
+        ["--draft-confidence", "0.05"],
     ],
 )
 def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
@@ -276,7 +281,7 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     backbone and head (models.loading), decode alike: same tokens, passes and acceptance
     (config.DecodeConfig.resolve is the one place the defaults live)."""
     from mtp_kernels import cli, decoding
-    from mtp_kernels.config import DecodeConfig
+    from mtp_kernels.config import NARROW_DRAFT_CONFIDENCE, DecodeConfig
     from mtp_kernels.models.loading import load_backbone, load_head
 
     assert (
@@ -292,6 +297,8 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
         kwargs["lookup"] = int(opts["--lookup"])
     if "--lookup-start" in opts:
         kwargs["lookup_start"] = int(opts["--lookup-start"])
+    if "--draft-confidence" in opts:
+        kwargs["draft_confidence"] = float(opts["--draft-confidence"])
     ids = tok.encode(tok.apply_chat_template("abcabcab"))
     got = decoding.generate(model, [ids], 12, head=head, eos_token_ids=tuple(cfg.eos_token_ids), **kwargs)[0]
     assert (got.tokens, got.passes, got.accepted, got.drafted, got.leaves_accepted) == (
@@ -310,4 +317,11 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
     )
     assert resolved.lookup_start == (
         int(opts["--lookup-start"]) if "--lookup-start" in opts else min(resolved.lookup, 6 if trees else 3)
+    )
+    assert resolved.draft_confidence == (
+        float(opts["--draft-confidence"])
+        if "--draft-confidence" in opts
+        else 0
+        if head is None or trees
+        else NARROW_DRAFT_CONFIDENCE
     )

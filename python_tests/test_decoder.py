@@ -440,11 +440,51 @@ def test_head_draft_picks_the_reference_ops_drafts(seed):
     assert torch.equal(torch.ops.mtp.head_draft(**d.args(4)), reference.head_draft(**d.args(4)))
 
 
+@pytest.mark.parametrize("dtype,quantize,lens,blocks,vocab", DRAFT_CASES)
+def test_head_draft_probs_out_is_the_heads_softmax_at_its_drafts(isa, dtype, quantize, lens, blocks, vocab):
+    """probs_out [B, k]: each draft's probability under the head, the composition's softmax at
+    the draft to rounding (a sum of exponentials in another order: not on the exact path); the
+    drafts unchanged by asking; any strides."""
+    d = Draft(dtype, quantize, lens, blocks, vocab)
+    B, k = len(lens), 3
+    got_p, want_p = torch.full((B, k), float("nan")), torch.full((B, k), float("nan"))
+    got = torch.ops.mtp.head_draft(**d.args(k), probs_out=got_p)
+    want = reference.head_draft(**d.args(k), probs_out=want_p, ops=KERNEL_OPS)
+    assert torch.equal(got, want) and torch.equal(got, torch.ops.mtp.head_draft(**d.args(k)))
+    torch.testing.assert_close(got_p, want_p, rtol=2e-6, atol=0)
+    Vd = vocab or TINY.vocab_size
+    assert bool(((got_p >= 1 / Vd * (1 - 1e-6)) & (got_p <= 1)).all())  # the largest of Vd probabilities
+    strided = torch.full((k, B), float("nan")).t()  # [B, k], strides (1, B)
+    assert torch.equal(torch.ops.mtp.head_draft(**d.args(k), probs_out=strided), got)
+    assert torch.equal(strided, got_p)
+    assert torch.equal(d.head.draft(d.model, d.cache, d.hidden, d.token, k, probs_out=strided), got)
+
+
+def test_head_draft_probs_out_edge_values():
+    """A NaN or infinite hidden state: NaN logits, NaN probabilities (as torch.softmax gives);
+    k = 0 and one-token draft vocabularies."""
+    d = Draft(torch.float32, False, [3, 9], 1, 40)
+    hidden = d.hidden.clone()
+    hidden[1] = float("nan")
+    got_p, want_p = torch.zeros(2, 2), torch.zeros(2, 2)
+    got = torch.ops.mtp.head_draft(**d.args(2, hidden=hidden), probs_out=got_p)
+    assert torch.equal(got, reference.head_draft(**d.args(2, hidden=hidden), probs_out=want_p, ops=KERNEL_OPS))
+    assert bool(got_p[1].isnan().all()) and bool(want_p[1].isnan().all()) and not bool(got_p[0].isnan().any())
+    torch.testing.assert_close(got_p, want_p, rtol=2e-6, atol=0, equal_nan=True)
+    empty = torch.empty(2, 0)
+    assert torch.ops.mtp.head_draft(**d.args(0), probs_out=empty).shape == (2, 0)
+    one = d.head.draft_vocab[:1]
+    p = torch.zeros(2, 2)
+    torch.ops.mtp.head_draft(**d.args(2, draft_vocab=one, lm_head=d.model.w(d.model.lm_head_name)), probs_out=p)
+    assert torch.equal(p, torch.ones(2, 2))  # one candidate: certain
+
+
 def test_head_draft_zero_steps_and_opcheck():
     d = Draft(torch.float32, True, [3, 9], 1, 40)
     assert torch.ops.mtp.head_draft(**d.args(0)).shape == (2, 0)
     a = d.args(3)
     torch.library.opcheck(torch.ops.mtp.head_draft.default, tuple(a.values()))
+    torch.library.opcheck(torch.ops.mtp.head_draft.default, tuple(a.values()), {"probs_out": torch.zeros(2, 3)})
 
 
 def test_head_draft_bad_input_raises_clear_errors():
@@ -496,6 +536,10 @@ def test_head_draft_bad_input_raises_clear_errors():
         rope_sin=d.model.rope_sin[:10],
     )
     bad("k (draft steps) must be >= 0, got -1", k=-1)
+    bad("probs_out must be Float", probs_out=torch.zeros(2, 2, dtype=torch.float64))
+    bad("probs_out must be 2-D [B, k]", probs_out=torch.zeros(4))
+    bad("probs_out.size(0) must equal B (hidden.size(0))", probs_out=torch.zeros(3, 2))
+    bad("probs_out.size(1) must equal k", probs_out=torch.zeros(2, 3))
     bad("cache_lens must lie in [0, L (k_cache.size(2))]", cache_lens=torch.tensor([3, 33]))
     bad(
         "embedding is Char but embedding_scale is empty",
@@ -656,6 +700,12 @@ def test_cuda_fallbacks_are_the_kernel_composition_on_cpu_tensors():
     assert torch.equal(fallback.decoder_layers(*p.args()), p.fused()[0])
     d = Draft(torch.float32, True, [3, 9], 1, 40)
     assert torch.equal(fallback.head_draft(**d.args(3)), torch.ops.mtp.head_draft(**d.args(3)))
+    got_p, want_p = torch.zeros(2, 3), torch.zeros(2, 3)
+    assert torch.equal(fallback.head_draft(**d.args(3), probs_out=got_p), torch.ops.mtp.head_draft(**d.args(3)))
+    torch.ops.mtp.head_draft(**d.args(3), probs_out=want_p)
+    torch.testing.assert_close(got_p, want_p, rtol=2e-6, atol=0)
+    with pytest.raises(RuntimeError, match=re.escape("mtp.head_draft: probs_out.size(1) must equal k")):
+        fallback.head_draft(**d.args(3), probs_out=torch.zeros(2, 2))
     p = Pass(torch.bfloat16, False, False, [3, 7], 3, layers=3)
     got, tap_out, _ = with_taps(p, [0, 2], fallback.decoder_layers)
     want, want_out, _ = with_taps(p, [0, 2])

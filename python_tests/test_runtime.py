@@ -355,6 +355,76 @@ def test_lookup_drafts_keep_greedy_output(dtype, quantize, int8_dot, with_head):
     assert [r.tokens for r in drafted] == [r.tokens for r in plain]
 
 
+def test_confident_drafts_cut_the_chain_where_the_head_is_unsure():
+    assert decoding.confident_drafts([5, 6, 7], [0.9, 0.5, 0.6], 0.3) == [5, 6]  # 0.9, 0.45, 0.27
+    assert decoding.confident_drafts([5, 6, 7], [0.9, 0.3, 0.9], 0.3) == [5]  # 0.27 < 0.3
+    assert decoding.confident_drafts([5, 6], [0.2, 1.0], 0.25) == []
+    assert decoding.confident_drafts([5, 6], [0.2, 1.0], 0.0) == [5, 6]  # 0: every draft
+    assert decoding.confident_drafts([5, 6], [1.0, 1.0], 1.0) == [5, 6]
+    assert decoding.confident_drafts([5, 6], [float("nan"), 1.0], 0.0) == []  # NaN: not confident
+    assert decoding.confident_drafts([], [], 0.5) == []
+
+
+@pytest.mark.parametrize("dtype,quantize,int8_dot", VARIANTS[:2] + VARIANTS[3:4])
+def test_draft_confidence_keeps_greedy_output(dtype, quantize, int8_dot):
+    """The head's chain cut where it is unsure (batched, ragged, with and without lookup, every
+    threshold from keeping all to cutting all): the tokens of plain greedy; sampling keeps
+    plain sampling's tokens for the seed."""
+    model = tiny_backbone(dtype, quantize=quantize, int8_dot=int8_dot)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, TINY.vocab_size, (int(n),), generator=g).tolist() for n in (3, 9, 5, 12)]
+    prompts[1] = prompts[1] * 2  # something for lookup to find
+    max_new = 16
+    want = greedy_reference(model, prompts, max_new)
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+    passes = {}
+    for confidence in (0.0, 0.02, 0.05, 0.5, 1.0):
+        for lookup in (0, 4):
+            got = decoding.generate(
+                model,
+                prompts,
+                max_new,
+                head=head,
+                k=3,
+                branches=1,
+                eos_token_ids=TINY.eos_token_ids,
+                lookup=lookup,
+                draft_confidence=confidence,
+            )
+            assert [r.tokens for r in got] == want, (confidence, lookup)
+            passes[confidence, lookup] = sum(r.passes for r in got)
+            drafted = sum(sum(r.drafted) for r in got)
+            if confidence == 1.0 and lookup == 0:  # a random head is never sure: no drafts at all
+                assert drafted == 0 and passes[confidence, lookup] == sum(len(w) - 1 for w in want)
+    assert passes[0.0, 0] <= passes[1.0, 0]
+    plain = decoding.generate(model, prompts, max_new, eos_token_ids=TINY.eos_token_ids, temperature=0.8, seed=7)
+    cut = decoding.generate(
+        model,
+        prompts,
+        max_new,
+        head=head,
+        k=3,
+        eos_token_ids=TINY.eos_token_ids,
+        temperature=0.8,
+        seed=7,
+        draft_confidence=0.05,
+    )
+    assert [r.tokens for r in cut] == [r.tokens for r in plain]
+
+
+def test_draft_confidence_bad_input():
+    model = tiny_backbone()
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+    for p in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="draft_confidence \\(a probability\\) must be in \\[0, 1\\]"):
+            decoding.generate(model, [[1, 2]], 4, head=head, draft_confidence=p)
+    for kw in ({"head": None}, {"head": OracleHead({2: [1, 2, 3, 4, 5, 6]}, 97)}, {"head": head, "branches": 2}):
+        with pytest.raises(ValueError, match="draft_confidence cuts the MTP head's chain"):
+            decoding.generate(model, [[1, 2]], 4, draft_confidence=0.3, **kw)
+
+
 def test_lookup_bad_input():
     model = tiny_backbone()
     with pytest.raises(ValueError, match="lookup \\(most drafts by prompt lookup\\) must be >= 0, got -1"):
@@ -376,7 +446,7 @@ def test_decode_config_resolves_the_cli_defaults():
     stored), else chains of K=2; prompt lookup beside the MTP head only, of 6 where wide passes
     pay (the same backbones as trees), else of 3 growing to 8 with a longer match; given values
     kept."""
-    from mtp_kernels.config import DecodeConfig
+    from mtp_kernels.config import NARROW_DRAFT_CONFIDENCE, DecodeConfig
 
     head = MTPHead(HeadConfig.for_backbone(TINY))
 
@@ -391,6 +461,19 @@ def test_decode_config_resolves_the_cli_defaults():
     def picked(model, h, **kw):
         c = DecodeConfig.resolve(model, h, **kw)
         return c.k, c.branches, c.lookup, c.lookup_start
+
+    def cut(model, h, **kw):  # draft_confidence: the chain cut where an MTPHead is unsure, narrow passes only
+        return DecodeConfig.resolve(model, h, **kw).draft_confidence
+
+    assert cut(bf16, head) == 0 and cut(bf16, head, branches=1) == 0  # wide passes: every draft
+    for model in (fp32, q8, as_stored):
+        assert cut(model, head) == NARROW_DRAFT_CONFIDENCE == cut(model, head, temperature=0.5)
+        assert cut(model, head, branches=2) == 0  # trees keep their chain
+        assert cut(model, OracleHead({0: [1]}, 97)) == 0  # a drafter without probabilities
+        assert cut(model, Standalone({0: [1]}, 97)) == 0 and cut(model, None) == 0
+    assert cut(fp32, head, draft_confidence=0.5) == 0.5 and cut(bf16, head, draft_confidence=0.1) == 0.1
+    assert picked(bf16, head, draft_confidence=0.1) == (2, 1, 6, 6)  # a chain cut asked for: a chain, not a tree
+    assert picked(bf16, head, draft_confidence=0) == (3, 3, 6, 6)
 
     assert picked(bf16, head) == (3, 3, 6, 6)
     for model in (fp32, q8, as_stored):

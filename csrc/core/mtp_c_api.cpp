@@ -630,7 +630,8 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
                            const mtp_tensor* rope_sin, const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
                            const mtp_tensor* const* weights, int32_t num_weights, const mtp_tensor* lm_head,
                            const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads,
-                           float eps, int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads) {
+                           float eps, int64_t alternatives, const mtp_tensor* drafts, const mtp_tensor* probs,
+                           int32_t num_threads) {
   return guarded(op, [&](Checker& c) {
     if (!c.tensor("hidden", hidden, 2, "[B, H]", kActivationTypes)) return c.status;
     HeadDraftArgs a;
@@ -698,25 +699,30 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
       return c.status;
     // drafts' columns; wraps (no UB) when too large, which alternatives_error then reports
     const int64_t width = int64_t(uint64_t(k) + uint64_t(alternatives));
+    const std::initializer_list<Named> inputs = {{"hidden", hidden},
+                                                 {"token", token},
+                                                 {"k_cache", k_cache},
+                                                 {"v_cache", v_cache},
+                                                 {"cache_lens", cache_lens},
+                                                 {"rope_cos", rope_cos},
+                                                 {"rope_sin", rope_sin},
+                                                 {"embedding", embedding},
+                                                 {"embedding_scale", embedding_scale},
+                                                 {"lm_head", lm_head},
+                                                 {"lm_head_scale", lm_head_scale},
+                                                 {"draft_vocab", draft_vocab}};
     if (!c.ok(alternatives_error(alternatives, a.Vd, k)) ||
         !c.tensor("drafts", drafts, 2, alternatives ? "[B, k + alternatives]" : "[B, k]", kIdTypes) ||
         !c.size("drafts", drafts, 0, a.B, "B (hidden.sizes[0])") ||
         !c.size("drafts", drafts, 1, width, alternatives ? "k + alternatives" : "k") ||
-        !c.threads(num_threads, &threads) ||
-        !no_aliasing(c, {{"drafts", drafts}},
-                     {{"hidden", hidden},
-                      {"token", token},
-                      {"k_cache", k_cache},
-                      {"v_cache", v_cache},
-                      {"cache_lens", cache_lens},
-                      {"rope_cos", rope_cos},
-                      {"rope_sin", rope_sin},
-                      {"embedding", embedding},
-                      {"embedding_scale", embedding_scale},
-                      {"lm_head", lm_head},
-                      {"lm_head_scale", lm_head_scale},
-                      {"draft_vocab", draft_vocab}}) ||
+        !c.threads(num_threads, &threads) || !no_aliasing(c, {{"drafts", drafts}}, inputs) ||
         !disjoint_from(c, {{"drafts", drafts}}, weights, n, names))
+      return c.status;
+    static constexpr std::initializer_list<mtp_dtype> f32 = {MTP_FLOAT32};
+    if (probs &&
+        (!c.tensor("probs", probs, 2, "[B, k]", f32) || !c.size("probs", probs, 0, a.B, "B (hidden.sizes[0])") ||
+         !c.size("probs", probs, 1, k, "k") || !no_aliasing(c, {{"probs", probs}, {"drafts", drafts}}, inputs) ||
+         !disjoint_from(c, {{"probs", probs}}, weights, n, names)))
       return c.status;
     if (a.B == 0 || k == 0) return MTP_OK;
 
@@ -738,7 +744,13 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
     a.alternatives = alternatives;
     std::vector<int64_t> out(size_t(a.B * width));
     a.drafts = out.data();
+    std::vector<float> p(probs ? size_t(a.B * k) : 0);
+    a.probs = probs ? p.data() : nullptr;
     head_draft(a, threads, current_isa(), ThreadParallelFor{threads});
+    if (probs)
+      for (int64_t b = 0; b < a.B; ++b)
+        for (int64_t j = 0; j < k; ++j)
+          static_cast<float*>(probs->data)[b * probs->strides[0] + j * probs->strides[1]] = p[size_t(b * k + j)];
     for (int64_t b = 0; b < a.B; ++b)
       for (int64_t j = 0; j < width; ++j) {
         const int64_t offset = b * drafts->strides[0] + j * drafts->strides[1], id = out[size_t(b * width + j)];
@@ -1202,7 +1214,7 @@ mtp_status mtp_head_draft(const mtp_tensor* hidden, const mtp_tensor* token, con
                           float eps, const mtp_tensor* drafts, int32_t num_threads) {
   return head_draft_call("mtp_head_draft", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin, embedding,
                          embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k, num_heads, eps,
-                         0, drafts, num_threads);
+                         0, drafts, nullptr, num_threads);
 }
 
 mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
@@ -1215,7 +1227,23 @@ mtp_status mtp_head_draft_alternatives(const mtp_tensor* hidden, const mtp_tenso
                                        int32_t num_threads) {
   return head_draft_call("mtp_head_draft_alternatives", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin,
                          embedding, embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k,
-                         num_heads, eps, alternatives, drafts, num_threads);
+                         num_heads, eps, alternatives, drafts, nullptr, num_threads);
+}
+
+mtp_status mtp_head_draft_probs(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
+                                const mtp_tensor* v_cache, const mtp_tensor* cache_lens, const mtp_tensor* rope_cos,
+                                const mtp_tensor* rope_sin, const mtp_tensor* embedding,
+                                const mtp_tensor* embedding_scale, const mtp_tensor* const* weights,
+                                int32_t num_weights, const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale,
+                                const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
+                                const mtp_tensor* drafts, const mtp_tensor* probs, int32_t num_threads) {
+  if (!probs)
+    return guarded("mtp_head_draft_probs", [](Checker& c) {
+      return fail_with(c, MTP_ERROR_NULL_POINTER, "probs is NULL (mtp_head_draft drafts without them)");
+    });
+  return head_draft_call("mtp_head_draft_probs", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin,
+                         embedding, embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k,
+                         num_heads, eps, 0, drafts, probs, num_threads);
 }
 
 mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias, const mtp_tensor* y,

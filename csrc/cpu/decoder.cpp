@@ -373,7 +373,7 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
                       const std::optional<Tensor>& embedding_scale, const TensorList& weights, const Tensor& lm_head,
                       const std::optional<Tensor>& lm_head_scale, const std::optional<Tensor>& draft_vocab, int64_t k,
                       int64_t num_heads, double eps, int64_t alternatives, int64_t embedding_type, int64_t lm_head_type,
-                      const std::optional<std::vector<int64_t>>& weight_types) {
+                      const std::optional<std::vector<int64_t>>& weight_types, const std::optional<Tensor>& probs_out) {
   const char* op = kHeadDraft;
   check_cpu(op, "hidden", hidden);
   check_dtype(op, "hidden", hidden, {ScalarType::Float, ScalarType::BFloat16});
@@ -450,6 +450,13 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
                      a.H, "H (hidden.size(1))", "lm_head_scale", lm_head_type);
   check_ok(op, alternatives_error(alternatives, a.Vd, k));
   a.alternatives = alternatives;
+  if (probs_out.has_value()) {  // [B, k] float32, any strides: copied in after the draft (no aliasing to check)
+    check_cpu(op, "probs_out", *probs_out);
+    check_dtype(op, "probs_out", *probs_out, {ScalarType::Float});
+    check_dim(op, "probs_out", *probs_out, 2, "[B, k]");
+    check_size(op, "probs_out", *probs_out, 0, a.B, "B (hidden.size(0))");
+    check_size(op, "probs_out", *probs_out, 1, k, "k");
+  }
 
   const Tensor hc = torch::stable::contiguous(hidden), cos = torch::stable::contiguous(rope_cos),
                sin = torch::stable::contiguous(rope_sin);
@@ -470,7 +477,14 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
   a.draft_vocab = vocab.empty() ? nullptr : vocab.data();
   a.eps = float(eps);
   a.drafts = drafts.mutable_data_ptr<int64_t>();
+  std::vector<float> probs(probs_out.has_value() ? size_t(a.B * k) : 0);
+  a.probs = probs.empty() ? nullptr : probs.data();
   head_draft(a, int(torch::stable::get_num_threads()), current_isa(), TorchParallelFor{});
+  if (a.probs) {
+    float* o = probs_out->mutable_data_ptr<float>();
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t j = 0; j < k; ++j) o[b * probs_out->stride(0) + j * probs_out->stride(1)] = probs[size_t(b * k + j)];
+  }
   return drafts;
 }
 

@@ -383,7 +383,7 @@ void one_call(Input& in) {
               : mtp_decoder_layers_tree(x, kc, vc, lens, cs, sn, w, nw, nullptr, 0, heads, eps, 0, tree, out, threads);
       break;
     }
-    case 10: {  // head_draft(_alternatives): 4 + 6 views (one block)
+    case 10: {  // head_draft(_alternatives, _probs): 4 + 6 views (one block)
       const int32_t xdt = fdt == MTP_FLOAT16 ? MTP_FLOAT32 : fdt;
       const int64_t Hq = Hkv * G, I2 = 2 * c.dim(), k = in.u8() % 4, Vd = c.dim(), P = L + 8;
       auto *h = c.tensor({B, H}, xdt), *tok = c.tensor({B}, idt, I, V - 1), *kc = c.tensor({B, Hkv, L, D}, xdt),
@@ -404,9 +404,13 @@ void one_call(Input& in) {
                                  c.tensor({H}, xdt)};
       const int64_t heads = in.u8() < 220 ? Hq : in.i64();
       const float eps = in.u8() < 220 ? 1e-5f : in.f32();
+      const bool with_probs = in.u8() < 64;  // mtp_head_draft_probs: probs [B, k] float32, mostly
+      auto* pr = with_probs ? c.tensor({B, in.u8() < 230 ? k : k + 1}, MTP_FLOAT32) : nullptr;
       if (c.skip()) return;
-      s = mtp_head_draft_alternatives(h, tok, kc, vc, lens, cs, sn, emb, nullptr, w, 10, lm, nullptr, dv, k, heads, eps,
-                                      alts, dr, threads);
+      s = with_probs ? mtp_head_draft_probs(h, tok, kc, vc, lens, cs, sn, emb, nullptr, w, 10, lm, nullptr, dv, k,
+                                            heads, eps, dr, pr, threads)
+                     : mtp_head_draft_alternatives(h, tok, kc, vc, lens, cs, sn, emb, nullptr, w, 10, lm, nullptr, dv,
+                                                   k, heads, eps, alts, dr, threads);
       break;
     }
     case 11: {  // mtp_verify_ragged: counts 0..3 per request, cu mostly their cumulative sums

@@ -238,7 +238,8 @@ void check_head_draft(DType t, bool q8) {
   Cache cache(t, B, {0, 0});
   pass(m, cache, values(t, B * 11 * kH, 1.f), 11, 1);
   cache.lens = prompt;
-  auto draft = [&](int64_t b0, int64_t n, int threads, int64_t alternatives = 0) {  // requests [b0, b0 + n)
+  auto draft = [&](int64_t b0, int64_t n, int threads, int64_t alternatives = 0,
+                   std::vector<float>* probs = nullptr) {  // requests [b0, b0 + n)
     mtp::HeadDraftArgs a;
     a.B = n;
     a.K = K;
@@ -276,6 +277,7 @@ void check_head_draft(DType t, bool q8) {
     a.alternatives = alternatives;
     std::vector<int64_t> drafts(size_t(n * (K + alternatives)), -1);
     a.drafts = drafts.data();
+    if (probs) probs->assign(size_t(n * K), -1.f), a.probs = probs->data();
     mtp::head_draft(a, threads, mtp::current_isa(), mtp::ThreadParallelFor{threads});
     return drafts;
   };
@@ -309,8 +311,13 @@ void check_head_draft(DType t, bool q8) {
     std::vector<const mtp_tensor*> wp;
     mtp_tensor hidden, token, k, v, lens, cos, sin, emb, emb_scale, vocab, drafts;
     const mtp_tensor* scale;
+    const mtp_tensor* probs = nullptr;  // with probs_call: mtp_head_draft_probs
+    bool probs_call = false;
     int64_t k_steps = K, heads = kHq, alternatives = -1;  // >= 0: mtp_head_draft_alternatives
     mtp_status run() const {
+      if (probs_call)
+        return mtp_head_draft_probs(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(),
+                                    int32_t(wp.size()), &emb, scale, &vocab, k_steps, heads, 1e-5f, &drafts, probs, 2);
       if (alternatives >= 0)
         return mtp_head_draft_alternatives(&hidden, &token, &k, &v, &lens, &cos, &sin, &emb, scale, wp.data(),
                                            int32_t(wp.size()), &emb, scale, &vocab, k_steps, heads, 1e-5f, alternatives,
@@ -398,6 +405,44 @@ void check_head_draft(DType t, bool q8) {
   ca.alternatives = 2;
   ca.drafts.sizes[1] = K;
   expect_error(ca.run(), MTP_ERROR_INVALID_ARGUMENT, "drafts.sizes[1] must equal k + alternatives = 5", what);
+
+  // mtp_head_draft_probs: the same chain, and the core's probabilities (each the largest of the
+  // Vd softmax values) into a strided [B, K] float32 view; bad probs write nothing.
+  std::vector<float> core_probs, probs(size_t(B * 2 * K), -7.f);
+  const std::vector<int64_t> chain = draft(0, B, 2, 0, &core_probs);
+  EXPECT(chain == both, "%s: the chain changed with probs", what);
+  std::vector<int64_t> chain_out(size_t(B * K), -7);
+  Call cp = call();
+  mtp_tensor pv = view(probs.data(), DType::F32, {B, K});
+  pv.strides[0] = 2 * K, pv.strides[1] = 2;
+  cp.probs_call = true, cp.probs = &pv;
+  cp.drafts = view(chain_out.data(), DType::F32, {B, K});
+  cp.drafts.dtype = MTP_INT64;
+  EXPECT(cp.run() == MTP_OK, "%s probs: %s", what, mtp_last_error());
+  EXPECT(chain_out == both, "%s: mtp_head_draft_probs's drafts != the core's", what);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < K; ++j) {
+      const float got = probs[size_t(b * 2 * K + 2 * j)], want = core_probs[size_t(b * K + j)];
+      EXPECT(got == want && want >= 1.f / float(Vd) * 0.999f && want <= 1.f,
+             "%s: request %lld step %lld: probability %g, core %g", what, (long long)b, (long long)j, got, want);
+      EXPECT(probs[size_t(b * 2 * K + 2 * j + 1)] == -7.f, "%s: wrote between the strided probabilities", what);
+    }
+  auto bad_probs = [&](auto&& mutate, mtp_status status, const char* needle) {
+    std::fill(probs.begin(), probs.end(), -7.f);
+    Call c = cp;
+    mtp_tensor p = pv;
+    c.probs = &p;
+    mutate(c, p);
+    expect_error(c.run(), status, needle, what);
+    EXPECT(std::all_of(probs.begin(), probs.end(), [](float v) { return v == -7.f; }), "%s: written on failure (%s)",
+           what, needle);
+  };
+  bad_probs([](Call& c, mtp_tensor&) { c.probs = nullptr; }, MTP_ERROR_NULL_POINTER, "probs is NULL");
+  bad_probs([](Call&, mtp_tensor& p) { p.dtype = MTP_BFLOAT16; }, MTP_ERROR_UNSUPPORTED_DTYPE, "probs must be float32");
+  bad_probs([](Call&, mtp_tensor& p) { p.sizes[1] = K + 1; }, MTP_ERROR_INVALID_ARGUMENT,
+            "probs.sizes[1] must equal k");
+  bad_probs([&](Call&, mtp_tensor& p) { p.data = chain_out.data(); }, MTP_ERROR_INVALID_ARGUMENT,
+            "probs and drafts overlap");
 }
 
 // ---- mtp_decoder_layers (the C API): the core's bits through mtp_tensor views, and bad input

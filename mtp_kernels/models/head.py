@@ -426,16 +426,19 @@ class MTPHead(torch.nn.Module):
         token: torch.Tensor,
         k: int,
         alternatives: int = 0,
+        probs_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """K draft tokens [B, K] after `token` [B] (the backbone's next token, not yet in
         the cache), from the backbone's last hidden state `hidden` [B, H] at position
         cache.lens - 1 (or its features [B, 1 + n, H], see first_hidden), then `alternatives`
-        more columns: the first step's next best drafts (a tree's other first drafts). Reads
+        more columns: the first step's next best drafts (a tree's other first drafts); each
+        draft's probability under the head into probs_out [B, K] float32 when given. Reads
         the cache in place and changes nothing in it: one mtp.head_draft call
         (reference.head_draft is its op-by-op composition)."""
         return torch.ops.mtp.head_draft(
             **self.draft_args(backbone, cache, hidden, token, k),
             alternatives=alternatives,
+            probs_out=probs_out,
             **self.draft_types(backbone),
         )
 

@@ -44,7 +44,20 @@ struct HeadDraftArgs {
   int64_t alternatives = 0;   // the first step's next best drafts also wanted (K >= 1, < Vd)
   int64_t* drafts = nullptr;  // [B, K + alternatives] contiguous: the K steps, then the first step's
                               // 2nd, 3rd, ... best drafts (torch.argmax's order over the rest)
+  float* probs = nullptr;     // [B, K] contiguous, or nullptr: each step's draft_probability
 };
+
+// The probability the head gives its draft: the softmax over the n logits of `row` (as
+// rounded to dt) at the argmax `best`, 1 / sum_i exp(l_i - l_best) in fp32 (NaN where a logit
+// is NaN or the largest is infinite, as torch.softmax). Not on the exact path: it only tells
+// a caller how many drafts are worth a verify pass, so it equals reference.head_draft's
+// torch.softmax to rounding, not bitwise.
+inline float draft_probability(const void* row, DType dt, int64_t n, int64_t best) {
+  const float top = load_f32(row, dt, best);
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(load_f32(row, dt, i) - top);
+  return 1.f / sum;
+}
 
 // Whether an lm_head of `rows` rows is the draft vocabulary's own (lm_head_drafted): a draft
 // vocabulary of Vd < V tokens and exactly Vd rows. (Vd == V rows are the LM head itself.)
@@ -160,6 +173,7 @@ void head_draft(const HeadDraftArgs& a, int threads, Isa isa, ParallelFor&& pf) 
       token[size_t(b)] = a.draft_vocab ? a.draft_vocab[best.idx] : best.idx;
       const int64_t width = a.K + a.alternatives;
       a.drafts[b * width + j] = token[size_t(b)];
+      if (a.probs) a.probs[b * a.K + j] = draft_probability(row, a.dtype, a.Vd, best.idx);
       if (j > 0 || a.alternatives == 0) continue;
       // The next best after best.idx, in torch.argmax's order (draft-vocabulary indices): order[0]
       // is best.idx (the same rule), skipped by value so the m drafts are always the m after it.

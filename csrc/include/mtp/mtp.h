@@ -464,6 +464,22 @@ MTP_API mtp_status mtp_head_draft_alternatives(
     const mtp_tensor* lm_head_scale, const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
     int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads);
 
+/* mtp_head_draft, and each draft's probability under the head (EAGLE-2's signal: how many of
+ * the drafts a caller verifies, e.g. up to the first whose running product falls below a
+ * threshold, as `mtp generate` does):
+ *   probs            [B, k] output float32, any strides: probs[b, j] = the softmax of step j's draft
+ *                    logits at its draft, 1 / sum_i exp(l_i - l_draft) in fp32 (NaN where a logit is NaN
+ *                    or the largest is infinite); not on the exact path, so torch.softmax's to rounding
+ * Other arguments as mtp_head_draft; probs must not overlap any input or drafts. */
+MTP_API mtp_status mtp_head_draft_probs(const mtp_tensor* hidden, const mtp_tensor* token, const mtp_tensor* k_cache,
+                                        const mtp_tensor* v_cache, const mtp_tensor* cache_lens,
+                                        const mtp_tensor* rope_cos, const mtp_tensor* rope_sin,
+                                        const mtp_tensor* embedding, const mtp_tensor* embedding_scale,
+                                        const mtp_tensor* const* weights, int32_t num_weights,
+                                        const mtp_tensor* lm_head, const mtp_tensor* lm_head_scale,
+                                        const mtp_tensor* draft_vocab, int64_t k, int64_t num_heads, float eps,
+                                        const mtp_tensor* drafts, const mtp_tensor* probs, int32_t num_threads);
+
 /* Repacks a GGUF matrix from the file's layout into the x8 layout (see MTP_Q4_0_X8): the same
  * bytes in a new order, 8 rows interleaved; a weight view of dst (mtp_gguf_matrix(dst,
  * MTP_Q4_0_X8, rows, cols) for MTP_Q4_0, ...) then gives mtp_linear, mtp_decoder_layers(_tree)

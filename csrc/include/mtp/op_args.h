@@ -137,7 +137,7 @@ inline std::string overlap_error(const View& out, const View& other) {
 // Every output free of self-overlap, and disjoint from every other view (outputs first in
 // `views`, `outputs` of them). Each range is computed once; a message only on a hit: this runs
 // on every call (a few views, no allocation).
-constexpr size_t kMaxAliasViews = 16;  // the most views one aliasing check takes (an op passes <= 13)
+constexpr size_t kMaxAliasViews = 16;  // the most views one aliasing check takes (an op passes <= 14)
 
 inline std::string aliasing_error(const View* views, size_t count, size_t outputs, const char* why) {
   for (size_t i = 0; i < outputs; ++i)
