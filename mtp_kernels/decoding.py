@@ -351,7 +351,7 @@ class _Decoding:
             if self.A:
                 drafted = self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, self.A).tolist()
             elif self.confidence:
-                probs = torch.empty(B, self.K)
+                probs = torch.empty(B, self.K, device=self.hidden.device)
                 drafted = self.head.draft(self.model, self.cache, self.hidden, self.token, self.K, probs_out=probs)
                 drafted = [confident_drafts(d, p, self.confidence) for d, p in zip(drafted.tolist(), probs.tolist())]
             else:
