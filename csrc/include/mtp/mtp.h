@@ -465,7 +465,7 @@ MTP_API mtp_status mtp_head_draft_alternatives(
     int64_t alternatives, const mtp_tensor* drafts, int32_t num_threads);
 
 /* mtp_head_draft, and each draft's probability under the head (EAGLE-2's signal: how many of
- * the drafts a caller verifies, e.g. up to the first whose running product falls below a
+ * the drafts a caller verifies, e.g. those before the first whose running product falls below a
  * threshold, as `mtp generate` does):
  *   probs            [B, k] output float32, any strides: probs[b, j] = the softmax of step j's draft
  *                    logits at its draft, 1 / sum_i exp(l_i - l_draft) in fp32 (NaN where a logit is NaN
