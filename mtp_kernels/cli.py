@@ -26,6 +26,7 @@ from .config import (
     NARROW_DRAFT_CONFIDENCE,
     NARROW_LOOKUP,
     NARROW_LOOKUP_START,
+    NARROW_SAMPLING_LOOKUP_ALONE_FROM,
     TREE_BRANCHES,
     TREE_K,
     WIDE_LOOKUP,
@@ -222,6 +223,8 @@ def cmd_generate(args) -> int:
     )
     args.k, args.branches, args.lookup = config.k, config.branches, config.lookup
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
+    left_out = head is not None and not config.k  # config.head_drafts_pay: the MTP head left out
+    head = None if left_out else head
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.branches > 1:
         how += f", {args.branches} first drafts per head pass"
@@ -230,6 +233,11 @@ def cmd_generate(args) -> int:
     if args.lookup:
         words = lookup_words(config.lookup, config.lookup_start)
         how = f"{how}, {words}" if head is not None else words
+    if left_out:
+        how += (
+            f" (the MTP head's drafts do not pay from temperature {NARROW_SAMPLING_LOOKUP_ALONE_FROM:g} here; "
+            "--k drafts with it)"
+        )
     if args.lenient and head is not None:
         mode = f"LENIENT verification {args.lenient} (not lossless: may differ from greedy)"
     beside = check_widths(args, cfg, head)
@@ -660,7 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature",
         type=float,
         default=0.0,
-        help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head)",
+        help="0 (default): greedy; > 0: sample (lossless speculative sampling with the head; over a GGUF's own "
+        f"weights from {NARROW_SAMPLING_LOOKUP_ALONE_FROM:g} prompt lookup alone unless --k / --branches / "
+        "--draft-confidence ask for the head)",
     )
     g.add_argument("--seed", type=int, default=0, help="sampling seed; MTP and --no-mtp give the same tokens for it")
     g.add_argument(

@@ -9,7 +9,8 @@ GGUF's own weights each row of a pass costs ~20% of a step (int8 dot products, c
 past one row): chains of 2, and a lookup match offers 3 drafts, one more per token it also
 matches before the searched suffix, up to 8 ("Shorter prompt lookup over the file's own weights",
 "Prompt lookup that grows with its match"), and the head's chain stops before a draft it
-is unsure of ("The head's chain cut where it is unsure").
+is unsure of ("The head's chain cut where it is unsure"); sampling there at a temperature of 0.5
+or more drafts by prompt lookup alone unless the head is asked for ("Drafts when sampling").
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ TREE_K, TREE_BRANCHES, CHAIN_K = 3, 3, 2
 # under the head, times its earlier drafts', is below this (decoding.confident_drafts): the row
 # costs more than the draft is worth.
 NARROW_DRAFT_CONFIDENCE = 0.4
+# Where passes are narrow, sampling at this temperature or above leaves the MTP head out unless
+# asked (prompt lookup alone): the backbone's draws match its drafts too rarely for the draft and
+# its rows to pay ("Drafts when sampling").
+NARROW_SAMPLING_LOOKUP_ALONE_FROM = 0.5
 
 
 def is_mtp_head(head) -> bool:
@@ -76,6 +81,13 @@ def default_draft_confidence(backbone) -> float:
     return 0.0 if wide_passes_pay(backbone) else NARROW_DRAFT_CONFIDENCE
 
 
+def head_drafts_pay(backbone, temperature: float) -> bool:
+    """Whether the default drafts with the MTP head at this temperature on this backbone: always
+    where wide passes pay; over narrow passes below NARROW_SAMPLING_LOOKUP_ALONE_FROM (greedy
+    included), prompt lookup alone from there."""
+    return wide_passes_pay(backbone) or temperature < NARROW_SAMPLING_LOOKUP_ALONE_FROM
+
+
 def lookup_words(lookup: int, start: int) -> str:
     """How `mtp generate` / `mtp bench` name a lookup setting."""
     if start < lookup:
@@ -85,7 +97,9 @@ def lookup_words(lookup: int, start: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """How one `generate` call drafts and verifies. k: drafts per pass in the drafter's chain;
+    """How one `generate` call drafts and verifies. k: drafts per pass in the drafter's chain
+    (0: the drafter is left out, resolve's default for the MTP head when sampling hot over narrow
+    passes: prompt lookup alone);
     branches: the MTP head's best first drafts verified per pass (> 1: a tree); lookup: most
     prompt-lookup drafts per pass (0: off); lookup_start: the drafts of a match no longer than its
     searched suffix, one more per token it matches before it (decoding.lookup_drafts);
@@ -123,9 +137,15 @@ class DecodeConfig:
         chains; K of 3 in a tree, 2 in a chain; prompt lookup beside the MTP head (default_lookup,
         default_lookup_start),
         off with a standalone drafter and in plain decoding (lookup alone is asked for explicitly);
-        the MTP head's chain cut where it is unsure (default_draft_confidence).
+        the MTP head's chain cut where it is unsure (default_draft_confidence). With none of k,
+        branches, draft_confidence given, the MTP head is left out where its drafts do not pay
+        when sampling (head_drafts_pay: k = 0, prompt lookup alone with its defaults).
         Values given are kept as they are (generate checks them)."""
         mtp = is_mtp_head(head)
+        if mtp and (k, branches, draft_confidence) == (None,) * 3 and not head_drafts_pay(backbone, temperature):
+            lookup = default_lookup(backbone) if lookup is None else lookup
+            start = default_lookup_start(backbone, lookup) if lookup_start is None else lookup_start
+            return cls(k=0, lookup=lookup, lookup_start=start, temperature=temperature, seed=seed, lenient=lenient)
         tree_ok = mtp and temperature == 0 and lenient is None
         if branches is None:  # a chain cut asked for (draft_confidence > 0) is a chain
             branches = TREE_BRANCHES if tree_ok and wide_passes_pay(backbone) and not draft_confidence else 1

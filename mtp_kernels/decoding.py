@@ -209,7 +209,11 @@ def generate(
     branches=M > 1 (greedy, an MTP head) verifies the head's M best first drafts in each of its
     passes: its chain of k and M - 1 leaves (see the module's docstring). k, lookup and branches left None take the
     defaults of `mtp generate` for this backbone and drafter (config.DecodeConfig.resolve), as
-    do lookup_start and draft_confidence."""
+    do lookup_start and draft_confidence; with k, branches and draft_confidence left None,
+    sampling at a temperature where the head's drafts do not pay (config.head_drafts_pay)
+    decodes without the head (prompt lookup alone)."""
+    if head is not None and k is not None and k < 1:
+        raise ValueError(f"k (drafts per pass) must be >= 1, got {k}")
     config = DecodeConfig.resolve(
         model,
         head,
@@ -222,13 +226,12 @@ def generate(
         seed=seed,
         lenient=lenient,
     )
+    head = head if config.k else None  # resolved to lookup alone (config.head_drafts_pay)
     _check_config(head, config)
     return _Decoding(model, head, config, prompts, max_new_tokens, eos_token_ids, on_tokens).run()
 
 
 def _check_config(head, config: DecodeConfig) -> None:
-    if head is not None and config.k < 1:
-        raise ValueError(f"k (drafts per pass) must be >= 1, got {config.k}")
     if config.branches < 1:
         raise ValueError(f"branches (first drafts per head pass) must be >= 1, got {config.branches}")
     if config.branches > 1 and (not is_mtp_head(head) or config.temperature != 0 or config.lenient is not None):

@@ -66,6 +66,25 @@ def test_sampled_generate_mtp_equals_no_mtp_for_the_same_seed(tiny):
     assert runs[1, True] != runs[2, True]
 
 
+def test_sampling_hot_over_narrow_passes_is_lookup_alone_unless_asked(tiny):
+    """Over narrow passes (--dtype float32) at --temperature 0.8: prompt lookup alone by default
+    (the log says why), the head's drafts with --k; the same tokens as --no-mtp either way."""
+    runs = {}
+    for flags in ([], ["--k", 2], ["--no-mtp"]):
+        r = mtp(
+            "generate", "--model", tiny, "--dtype", "float32", "--prompt", "hello", "--max-new-tokens", 8,
+            "--temperature", 0.8, "--seed", 5, "--json", *flags,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        runs[tuple(flags)] = (json.loads(r.stdout), r.stderr)
+    assert (
+        "prompt lookup of 3 drafts, up to 8 for a longer match (the MTP head's drafts do not pay from "
+        "temperature 0.5 here; --k drafts with it)" in runs[()][1]
+    )
+    assert "MTP, K=2" in runs[("--k", 2)][1]
+    assert len({tuple(out["tokens"]) for out, _ in runs.values()}) == 1
+
+
 def test_lookup_generate_equals_no_mtp(tiny):
     runs = {}
     for flags in (["--lookup", 4], ["--lookup", 4, "--no-mtp"], ["--no-mtp"]):
@@ -131,7 +150,7 @@ def test_tree_drafts_by_default_in_greedy_bf16(tiny):
     assert "MTP, K=1, 4 first drafts per head pass" in runs[("--branches", 4, "--k", 1)]["stderr"]
     assert len({tuple(r["tokens"]) for r in runs.values()}) == 1
     assert runs[()]["leaves_accepted"] >= 0 and "leaves_accepted" in runs[("--branches", 1)]
-    for flags in (["--temperature", 1], ["--dtype", "float32"], ["--dtype", "bfloat16", "--int8"]):
+    for flags in (["--temperature", 0.25], ["--dtype", "float32"], ["--dtype", "bfloat16", "--int8"]):
         r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, *flags)
         assert r.returncode == 0 and "MTP, K=2," in r.stderr and "first drafts" not in r.stderr, (flags, r.stderr)
     r = mtp("generate", "--model", tiny, "--prompt", "ab", "--max-new-tokens", 2, "--branches", 2)  # fp32 on request
@@ -308,9 +327,13 @@ def test_same_call_same_behaviour_as_the_library(tiny, flags, capsys):
         want["drafted_by_position"],
         want["leaves_accepted"],
     )
-    # What both resolved: trees only on the bf16 backbone dequantized on request, greedy.
+    # What both resolved: trees only on the bf16 backbone dequantized on request, greedy; no
+    # drafts when sampling hot over narrow passes with nothing asked for.
     resolved = DecodeConfig.resolve(model, head, **kwargs)
     trees = flags == ["--dtype", "bfloat16"]
+    if flags == ["--temperature", "1", "--seed", "3"]:  # the head left out: prompt lookup alone
+        assert (resolved.k, resolved.lookup, resolved.lookup_start, resolved.draft_confidence) == (0, 8, 3, 0)
+        return
     assert (resolved.k, resolved.branches) == ((3, 3) if trees else (2, 1))
     assert resolved.lookup == (
         int(opts["--lookup"]) if "--lookup" in opts else 0 if head is None else 6 if trees else 8

@@ -1,6 +1,8 @@
 """The runtime: a verify pass is bitwise K+1 one-token steps; speculative generation is
 bitwise plain greedy; the head drafts through the backbone's cache in place."""
 
+import math
+
 import pytest
 import torch
 
@@ -446,7 +448,7 @@ def test_decode_config_resolves_the_cli_defaults():
     stored), else chains of K=2; prompt lookup beside the MTP head only, of 6 where wide passes
     pay (the same backbones as trees), else of 3 growing to 8 with a longer match; given values
     kept."""
-    from mtp_kernels.config import NARROW_DRAFT_CONFIDENCE, DecodeConfig
+    from mtp_kernels.config import NARROW_DRAFT_CONFIDENCE, NARROW_SAMPLING_LOOKUP_ALONE_FROM, DecodeConfig
 
     head = MTPHead(HeadConfig.for_backbone(TINY))
 
@@ -467,7 +469,7 @@ def test_decode_config_resolves_the_cli_defaults():
 
     assert cut(bf16, head) == 0 and cut(bf16, head, branches=1) == 0  # wide passes: every draft
     for model in (fp32, q8, as_stored):
-        assert cut(model, head) == NARROW_DRAFT_CONFIDENCE == cut(model, head, temperature=0.5)
+        assert cut(model, head) == NARROW_DRAFT_CONFIDENCE == cut(model, head, temperature=0.25)
         assert cut(model, head, branches=2) == 0  # trees keep their chain
         assert cut(model, OracleHead({0: [1]}, 97)) == 0  # a drafter without probabilities
         assert cut(model, Standalone({0: [1]}, 97)) == 0 and cut(model, None) == 0
@@ -480,7 +482,19 @@ def test_decode_config_resolves_the_cli_defaults():
         assert picked(model, head) == (2, 1, 8, 3)
     assert picked(bf16, head, temperature=0.5) == (2, 1, 6, 6)  # no trees when sampling; lookup as the backbone's
     assert picked(bf16, head, lenient=(2, 0.5)) == (2, 1, 6, 6)
-    assert picked(fp32, head, temperature=0.5) == (2, 1, 8, 3)
+    assert picked(fp32, head, temperature=0.25) == (2, 1, 8, 3)
+    # Sampling hot over narrow passes: lookup alone unless the head is asked for (config.head_drafts_pay).
+    for model in (fp32, q8, as_stored):
+        for t in (NARROW_SAMPLING_LOOKUP_ALONE_FROM, 1.5):
+            assert picked(model, head, temperature=t) == (0, 1, 8, 3) and cut(model, head, temperature=t) == 0
+        assert picked(model, head, temperature=math.nextafter(NARROW_SAMPLING_LOOKUP_ALONE_FROM, 0)) == (2, 1, 8, 3)
+        assert picked(model, head, temperature=0.9, lookup=4, lookup_start=2) == (0, 1, 4, 2)  # lookup's own
+        assert picked(model, head, temperature=0.9, lookup=0) == (0, 1, 0, 0)  # plain sampling
+        assert picked(model, head, temperature=0.9, k=2) == (2, 1, 8, 3)  # the head asked for: the other defaults
+        assert picked(model, head, temperature=0.9, branches=1) == (2, 1, 8, 3)
+        assert picked(model, head, temperature=0.9, draft_confidence=0.5) == (2, 1, 8, 3)
+        assert picked(model, Standalone({0: [1]}, 97), temperature=0.9) == (2, 1, 0, 0)  # a drafter asked for
+    assert picked(bf16, head, temperature=1.5) == (2, 1, 6, 6)  # wide passes: drafts pay
     assert picked(bf16, None) == (2, 1, 0, 0)
     assert picked(bf16, Standalone({0: [1]}, 97)) == (2, 1, 0, 0)
     assert picked(fp32, head, branches=2) == (3, 2, 8, 3)  # a tree asked for: the tree's K
@@ -518,6 +532,30 @@ def test_generate_with_defaults_equals_the_resolved_configuration():
     stats = [[(g.tokens, g.passes, g.drafted, g.accepted, g.leaves_accepted) for g in r] for r in (a, b)]
     assert stats[0] == stats[1] and len(a[0].drafted) == 6
     assert [g.tokens for g in a] == greedy_reference(model, prompts, 12)
+
+
+def test_sampling_hot_over_narrow_passes_decodes_without_the_head():
+    """Over narrow passes (fp32 here), sampling from NARROW_SAMPLING_LOOKUP_ALONE_FROM with the
+    head's settings left out: prompt lookup alone (the same drafts as asking for it without the
+    head); k asked for drafts with the head again; all give plain sampling's tokens; k = 0 asked
+    for is refused."""
+    from mtp_kernels.config import NARROW_SAMPLING_LOOKUP_ALONE_FROM
+
+    model = tiny_backbone()
+    torch.manual_seed(0)
+    head = MTPHead(HeadConfig.for_backbone(TINY))
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12]]
+    kw = dict(eos_token_ids=TINY.eos_token_ids, temperature=NARROW_SAMPLING_LOOKUP_ALONE_FROM + 0.3, seed=3)
+    plain = decoding.generate(model, prompts, 12, **kw)
+    default = decoding.generate(model, prompts, 12, head=head, **kw)
+    alone = decoding.generate(model, prompts, 12, lookup=8, lookup_start=3, **kw)
+    asked = decoding.generate(model, prompts, 12, head=head, k=2, draft_confidence=0, **kw)  # a random head: no cut
+    assert [g.tokens for g in default] == [g.tokens for g in plain] == [g.tokens for g in asked]
+    stats = [[(g.tokens, g.passes, g.drafted, g.accepted) for g in r] for r in (default, alone)]
+    assert stats[0] == stats[1] and len(default[0].drafted) == 8  # lookup's, not the head's
+    assert sum(g.drafted[0] for g in asked) > sum(g.drafted[0] for g in default)  # the head drafts every pass
+    with pytest.raises(ValueError, match=r"k \(drafts per pass\) must be >= 1, got 0"):
+        decoding.generate(model, prompts, 12, head=head, k=0, **kw)
 
 
 def test_kv_cache_move_and_truncate():
