@@ -143,9 +143,7 @@ class DecodeConfig:
         Values given are kept as they are (generate checks them)."""
         mtp = is_mtp_head(head)
         if mtp and (k, branches, draft_confidence) == (None,) * 3 and not head_drafts_pay(backbone, temperature):
-            lookup = default_lookup(backbone) if lookup is None else lookup
-            start = default_lookup_start(backbone, lookup) if lookup_start is None else lookup_start
-            return cls(k=0, lookup=lookup, lookup_start=start, temperature=temperature, seed=seed, lenient=lenient)
+            k, draft_confidence = 0, 0.0  # the head left out; lookup's defaults below as beside it
         tree_ok = mtp and temperature == 0 and lenient is None
         if branches is None:  # a chain cut asked for (draft_confidence > 0) is a chain
             branches = TREE_BRANCHES if tree_ok and wide_passes_pay(backbone) and not draft_confidence else 1
