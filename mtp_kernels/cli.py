@@ -34,6 +34,7 @@ from .config import (
     default_draft_confidence,
     default_lookup,
     default_lookup_start,
+    head_left_out,
     lookup_words,
 )
 from .models.loading import (  # re-exported: load_* and release_freed_memory lived here
@@ -198,9 +199,14 @@ def cmd_generate(args) -> int:
     t = time.perf_counter()
     cfg, model, tokenizer, weights_desc = load_backbone(args.model, args.dtype, log, args.int8, args.int8_dot)
     standalone = args.drafter == "standalone"
+    # The shipped head is not loaded where the default would leave it out (a --head named is, to
+    # check it); DecodeConfig.resolve(mtp=True) resolves as with it.
+    left_out = not (args.no_mtp or standalone) and head_left_out(
+        model, args.temperature, args.k, args.branches, args.draft_confidence
+    )
     head = (
         None
-        if args.no_mtp
+        if args.no_mtp or (left_out and args.head is None)
         else (
             load_drafter(args.drafter_path, model, log)
             if standalone
@@ -220,10 +226,10 @@ def cmd_generate(args) -> int:
         temperature=args.temperature,
         seed=args.seed,
         lenient=args.lenient,
+        mtp=left_out or None,
     )
     args.k, args.branches, args.lookup = config.k, config.branches, config.lookup
     mode = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}, seed {args.seed}"
-    left_out = head is not None and not config.k  # config.head_drafts_pay: the MTP head left out
     head = None if left_out else head
     how = "plain" if head is None else f"{'standalone drafter' if standalone else 'MTP'}, K={args.k}"
     if args.branches > 1:

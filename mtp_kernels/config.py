@@ -88,6 +88,13 @@ def head_drafts_pay(backbone, temperature: float) -> bool:
     return wide_passes_pay(backbone) or temperature < NARROW_SAMPLING_LOOKUP_ALONE_FROM
 
 
+def head_left_out(backbone, temperature: float, k=None, branches=None, draft_confidence=None) -> bool:
+    """Whether the default leaves the MTP head out (k = 0, prompt lookup alone): none of k,
+    branches, draft_confidence asked for and its drafts do not pay here (head_drafts_pay).
+    `mtp generate` then does not load it."""
+    return (k, branches, draft_confidence) == (None,) * 3 and not head_drafts_pay(backbone, temperature)
+
+
 def lookup_words(lookup: int, start: int) -> str:
     """How `mtp generate` / `mtp bench` name a lookup setting."""
     if start < lookup:
@@ -131,6 +138,7 @@ class DecodeConfig:
         temperature: float = 0.0,
         seed: int = 0,
         lenient: tuple[int, float] | None = None,
+        mtp: bool | None = None,
     ) -> DecodeConfig:
         """The configuration with every None filled in for this backbone and drafter: trees
         where they can run (the MTP head, greedy, not lenient) and pay (`wide_passes_pay`), else
@@ -139,10 +147,12 @@ class DecodeConfig:
         off with a standalone drafter and in plain decoding (lookup alone is asked for explicitly);
         the MTP head's chain cut where it is unsure (default_draft_confidence). With none of k,
         branches, draft_confidence given, the MTP head is left out where its drafts do not pay
-        when sampling (head_drafts_pay: k = 0, prompt lookup alone with its defaults).
+        when sampling (head_left_out: k = 0, prompt lookup alone with its defaults). mtp: whether
+        the drafter is the MTP head (default: is_mtp_head(head)); True with head None resolves as
+        for the head without loading one it would leave out.
         Values given are kept as they are (generate checks them)."""
-        mtp = is_mtp_head(head)
-        if mtp and (k, branches, draft_confidence) == (None,) * 3 and not head_drafts_pay(backbone, temperature):
+        mtp = is_mtp_head(head) if mtp is None else mtp
+        if mtp and head_left_out(backbone, temperature, k, branches, draft_confidence):
             k, draft_confidence = 0, 0.0  # the head left out; lookup's defaults below as beside it
         tree_ok = mtp and temperature == 0 and lenient is None
         if branches is None:  # a chain cut asked for (draft_confidence > 0) is a chain

@@ -85,6 +85,33 @@ def test_sampling_hot_over_narrow_passes_is_lookup_alone_unless_asked(tiny):
     assert len({tuple(out["tokens"]) for out, _ in runs.values()}) == 1
 
 
+def test_sampling_hot_over_narrow_passes_does_not_load_the_head(tiny, tmp_path, monkeypatch, capsys):
+    """Where the default leaves the MTP head out, `mtp generate` does not load it (memory, time);
+    --k brings it back, and a --head named is still loaded (its errors are the user's to see)."""
+    from mtp_kernels import cli
+    from mtp_kernels.models import loading
+
+    calls = []
+
+    def counting(*a, **kw):
+        calls.append(a[0])
+        return loading.load_head(*a, **kw)
+
+    monkeypatch.setattr(cli, "load_head", counting)
+    base = ["generate", "--model", str(tiny), "--dtype", "float32", "--prompt", "abcabc", "--max-new-tokens", "6"]
+    outs = {}
+    for extra in ([], ["--k", "2"], ["--temperature", "0"]):
+        flags = ["--temperature", "0.8", "--seed", "2", *extra] if extra != ["--temperature", "0"] else extra
+        calls.clear()
+        assert cli.main([*base, "--json", *flags]) == 0
+        outs[tuple(extra)] = (len(calls), json.loads(capsys.readouterr().out))
+    assert [n for n, _ in outs.values()] == [0, 1, 1]
+    assert outs[()][1]["drafted_by_position"][:1] != [0]  # prompt lookup still drafts
+    bad = str(tmp_path / "no-such-head")
+    assert cli.main([*base, "--temperature", "0.8", "--head", bad]) == 2
+    assert bad in capsys.readouterr().err
+
+
 def test_lookup_generate_equals_no_mtp(tiny):
     runs = {}
     for flags in (["--lookup", 4], ["--lookup", 4, "--no-mtp"], ["--no-mtp"]):

@@ -448,7 +448,12 @@ def test_decode_config_resolves_the_cli_defaults():
     stored), else chains of K=2; prompt lookup beside the MTP head only, of 6 where wide passes
     pay (the same backbones as trees), else of 3 growing to 8 with a longer match; given values
     kept."""
-    from mtp_kernels.config import NARROW_DRAFT_CONFIDENCE, NARROW_SAMPLING_LOOKUP_ALONE_FROM, DecodeConfig
+    from mtp_kernels.config import (
+        NARROW_DRAFT_CONFIDENCE,
+        NARROW_SAMPLING_LOOKUP_ALONE_FROM,
+        DecodeConfig,
+        head_left_out,
+    )
 
     head = MTPHead(HeadConfig.for_backbone(TINY))
 
@@ -494,6 +499,13 @@ def test_decode_config_resolves_the_cli_defaults():
         assert picked(model, head, temperature=0.9, branches=1) == (2, 1, 8, 3)
         assert picked(model, head, temperature=0.9, draft_confidence=0.5) == (2, 1, 8, 3)
         assert picked(model, Standalone({0: [1]}, 97), temperature=0.9) == (2, 1, 0, 0)  # a drafter asked for
+        # mtp=True without a head, what `mtp generate` resolves rather than load a head it leaves out
+        for kw in ({}, dict(lookup=4), dict(lookup=0), dict(lookup_start=2)):
+            assert DecodeConfig.resolve(model, head, temperature=0.9, **kw) == DecodeConfig.resolve(
+                model, None, temperature=0.9, mtp=True, **kw
+            )
+        assert head_left_out(model, 0.9) and not head_left_out(model, 0.25) and not head_left_out(model, 0.9, k=2)
+    assert not head_left_out(bf16, 0.9)
     assert picked(bf16, head, temperature=1.5) == (2, 1, 6, 6)  # wide passes: drafts pay
     assert picked(bf16, None) == (2, 1, 0, 0)
     assert picked(bf16, Standalone({0: [1]}, 97)) == (2, 1, 0, 0)
