@@ -6,6 +6,7 @@ views, T=0, zero layers and NaN rows; the caches it writes; opcheck; and bad inp
 mtp.head_draft likewise against reference.head_draft (the MTP head's draft steps)."""
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -430,6 +431,35 @@ def test_load_head_freezes_a_q8_0_head_for_drafting(tmp_path):
     whole = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
     got, code = head_module._gguf_matrix([w[:100], w[100:]], 8)
     assert code == 108 and torch.equal(reference.x8_file_rows(got, 108), torch.from_numpy(whole))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings (Linux)")
+def test_a_frozen_head_unmaps_its_file(tmp_path):
+    """MTPHead.load in the file's dtype maps the matrices in place, but copies what a frozen head
+    keeps (norms, draft_vocab): once freeze_for_drafting frees the matrices the file is unmapped
+    (a view left on it kept all of it mapped, its pages read by the first draft resident). A head
+    that keeps its float matrices keeps them as mapped."""
+    import gc
+
+    torch.manual_seed(0)
+    folder = str(tmp_path / "head")
+    MTPHead(HeadConfig.for_backbone(TINY, kv_layer=-1)).save(folder, torch.bfloat16)
+    path = os.path.join(folder, "head.safetensors")
+
+    def mapped() -> bool:
+        gc.collect()
+        with open("/proc/self/maps") as f:
+            return any(line.rstrip().endswith(path) for line in f)
+
+    head = MTPHead.load(folder, dtype=torch.bfloat16, backbone_cfg=TINY)
+    assert mapped()  # the matrices: views of the file
+    head.matrix_dtype = "q8_0"
+    head.freeze_for_drafting(torch.bfloat16)
+    assert not mapped()
+    assert head.embed_norm.numel() == TINY.hidden_size and head.draft_vocab.numel() == head.cfg.draft_vocab_size
+    kept = MTPHead.load(folder, dtype=torch.bfloat16, backbone_cfg=TINY)
+    kept.draft_weights(torch.bfloat16)
+    assert mapped() and kept.proj.numel() > 0
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -27,6 +27,7 @@ from .config import MAX_DIM, MAX_LAYERS, ConfigError, LlamaConfig, check_int, ch
 from ..gguf import BLOCK_TYPES, as_x8, file_rows
 from ..reference import rms_norm
 from .llama import Backbone, KVCache
+from .loading import release_freed_memory
 
 # The GGUF block types a head's matrices can be drafted in (MTPHead.matrix_dtype): GGML numbers.
 HEAD_BLOCK_TYPES = {"q8_0": 8}
@@ -186,7 +187,7 @@ class MTPHead(torch.nn.Module):
     def load(cls, folder: str, dtype: torch.dtype | None = None, backbone_cfg: LlamaConfig | None = None) -> "MTPHead":
         """dtype None: fp32 parameters (trainable). A dtype: the stored weights in that dtype,
         built without the random initialisation of a new head (no fp32 copy: a shipped bf16 head
-        loaded in bf16 is the file's tensors themselves). The config (and, given backbone_cfg,
+        loaded in bf16 is the file's matrices themselves, mapped until freed). The config (and, given backbone_cfg,
         its fit: check_fits), the weights' names, shapes and dtypes are checked first, from the
         file's header: nothing is built or read for a head that would be refused."""
         from safetensors import safe_open
@@ -256,7 +257,10 @@ class MTPHead(torch.nn.Module):
                 f"{weights_path}: unreadable safetensors ({type(e).__name__}: {' '.join(str(e).split())})"
             ) from None
         check_float_tensors(weights_path, state, skip=("draft_vocab",))
-        vocab = state.pop("draft_vocab", torch.zeros(0, dtype=torch.int64)).to(torch.int64)
+        # What outlives the float matrices a drafting-only head frees (draft_vocab, the norms) is
+        # copied: one view left on load_file's mapping would keep the whole file mapped, and
+        # every page of it the first draft read resident (RSS) for good.
+        vocab = state.pop("draft_vocab", torch.zeros(0, dtype=torch.int64)).to(torch.int64, copy=True)
         if vocab.numel() and (int(vocab.min()) < 0 or vocab.unique().numel() != vocab.numel()):
             raise CheckpointError(f"{weights_path}: draft_vocab must hold distinct non-negative token ids")
         if vocab.numel() and backbone_cfg is not None and int(vocab.max()) >= backbone_cfg.vocab_size:
@@ -269,7 +273,8 @@ class MTPHead(torch.nn.Module):
             head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         else:
             head = cls(cfg, init=False)  # not torch.device("meta"): its kernels import sympy & co (+150 MB)
-            head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+            state = {k: v.to(dtype, copy=v.dim() < 2) for k, v in state.items()}  # the matrices as mapped
+            head.load_state_dict(state, strict=False, assign=True)
         head.draft_vocab = vocab.contiguous()
         return head
 
@@ -342,6 +347,7 @@ class MTPHead(torch.nn.Module):
             for p in (p for ps in self._matrix_parts() for p in ps):  # (all of them, if drafts had made the weights)
                 p.data = torch.empty(0, dtype=p.dtype)
             self._frozen = (dtype, self.matrix_dtype)
+            release_freed_memory()  # once: the float matrices and the quantizer's scratch, after the load's trim
         return self._draft_weights[1]
 
     def freeze_for_drafting(self, dtype: torch.dtype) -> None:
@@ -465,6 +471,7 @@ class MTPHead(torch.nn.Module):
                 rows = (data, None, code)
             refs = tuple((lambda: None) if t is None else weakref.ref(t) for t in sources)
             self._draft_lm_head = (refs, key, rows)
+            release_freed_memory()  # the gather's index and file-layout rows (~60 MB on Gemma 3), once
         return self._draft_lm_head[2]
 
     def draft_types(self, backbone: Backbone) -> dict:
