@@ -187,9 +187,10 @@ class MTPHead(torch.nn.Module):
     def load(cls, folder: str, dtype: torch.dtype | None = None, backbone_cfg: LlamaConfig | None = None) -> "MTPHead":
         """dtype None: fp32 parameters (trainable). A dtype: the stored weights in that dtype,
         built without the random initialisation of a new head (no fp32 copy: a shipped bf16 head
-        loaded in bf16 is the file's matrices themselves, mapped until freed). The config (and, given backbone_cfg,
-        its fit: check_fits), the weights' names, shapes and dtypes are checked first, from the
-        file's header: nothing is built or read for a head that would be refused."""
+        loaded in bf16 is the file's matrices themselves, mapped until freed). The config (and,
+        given backbone_cfg, its fit: check_fits), the weights' names, shapes and dtypes are
+        checked first, from the file's header: nothing is built or read for a head that would be
+        refused."""
         from safetensors import safe_open
 
         from .checkpoint import CheckpointError, check_float_tensors, read_json
