@@ -151,7 +151,8 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     const mtp::DType t = mtp::file_type(t8);
     const int64_t e = mtp::block_elems(t);
     for (int64_t K : {e, 3 * e})
-      for (int64_t M : {1, 2, 3, 4, 5, 9, 16, 17, 31}) {  // from 16 rows: 16 columns a tile (AVX-512 VNNI)
+      // 9 rows: one group (AVX-512 VNNI); from 16: 16 columns a tile (AVX-512 VNNI)
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 10, 16, 17, 31}) {
         Case c(t, M, 40, K);
         if (t == mtp::DType::Q8_0 && M == 9)  // the largest lanes: -128 x -127
           for (size_t o = 0; o < c.w.size(); o += 34) std::memset(&c.w[o + 2], 0x80, 32);

@@ -574,9 +574,13 @@ inline void rows_of(int rows, const LinearArgs& a, const QuantRows& xq, int64_t 
 }
 
 // Columns [n0, n1) of every row, the rows in equal groups of at most kRows (9 = 3 + 3 + 3:
-// a group shares each decoded block); any grouping gives the same bits.
-template <template <int> class Tile, int kRows>
+// a group shares each decoded block), or in one group up to kOneGroup rows: a verify pass of
+// 1 + 8 drafts split 5 + 4 read every matrix twice, 1.3x the time of 8 rows on a Xeon (bench/
+// RESULTS.md, "Nine rows in one group"). Any grouping gives the same bits.
+template <template <int> class Tile, int kRows, int kOneGroup = kRows>
 inline void in_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  if constexpr (kOneGroup > kRows)
+    if (a.M <= kOneGroup) return rows_of<Tile, kOneGroup>(int(a.M), a, xq, 0, n0, n1);
   const int64_t groups = (a.M + kRows - 1) / kRows;
   for (int64_t i = 0, m = 0; i < groups; ++i) {
     const int rows = int((a.M - m) / (groups - i));
@@ -599,9 +603,9 @@ struct Layout {
   };
 };
 
-// kRows: rows sharing a decoded file-layout block; kRowsX8: rows sharing an x8 chunk;
-// kWideFrom: x8_rows' threshold.
-template <int kVnni, int kRows, int kRowsX8, int64_t kWideFrom>
+// kRows: rows sharing a decoded file-layout block; kRowsX8: rows sharing an x8 chunk (up to
+// kOneGroupX8 in a call of that many rows); kWideFrom: x8_rows' threshold.
+template <int kVnni, int kRows, int kRowsX8, int kOneGroupX8, int64_t kWideFrom>
 inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   switch (a.w_dtype) {
     case DType::Q4_0:
@@ -617,32 +621,38 @@ inline void gguf_linear_vnni(const LinearArgs& a, const QuantRows& xq, int64_t n
     case DType::Q6_K:
       return in_row_groups<Layout<DType::Q6_K, kVnni, false, kWideFrom>::template Of, kRows>(a, xq, n0, n1);
     case DType::Q4_0_X8:
-      return in_row_groups<Layout<DType::Q4_0, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+      return in_row_groups<Layout<DType::Q4_0, kVnni, true, kWideFrom>::template Of, kRowsX8, kOneGroupX8>(a, xq, n0,
+                                                                                                           n1);
     case DType::Q4_1_X8:
-      return in_row_groups<Layout<DType::Q4_1, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+      return in_row_groups<Layout<DType::Q4_1, kVnni, true, kWideFrom>::template Of, kRowsX8, kOneGroupX8>(a, xq, n0,
+                                                                                                           n1);
     case DType::Q4_K_X8:
-      return in_row_groups<Layout<DType::Q4_K, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+      return in_row_groups<Layout<DType::Q4_K, kVnni, true, kWideFrom>::template Of, kRowsX8, kOneGroupX8>(a, xq, n0,
+                                                                                                           n1);
     case DType::Q6_K_X8:
-      return in_row_groups<Layout<DType::Q6_K, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
-    default: return in_row_groups<Layout<DType::Q8_0, kVnni, true, kWideFrom>::template Of, kRowsX8>(a, xq, n0, n1);
+      return in_row_groups<Layout<DType::Q6_K, kVnni, true, kWideFrom>::template Of, kRowsX8, kOneGroupX8>(a, xq, n0,
+                                                                                                           n1);
+    default:
+      return in_row_groups<Layout<DType::Q8_0, kVnni, true, kWideFrom>::template Of, kRowsX8, kOneGroupX8>(a, xq, n0,
+                                                                                                           n1);
   }
 }
 
 // The entry points: each a flatten function of its target, into which everything above is
 // inlined (the VNNI helpers have their own targets and inline only there).
-#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8, WIDE_FROM)                                             \
+#define MTP_GGUF_ENTRY_POINT(TARGET, NAME, VNNI, ROWS, ROWS_X8, ONE_GROUP_X8, WIDE_FROM)                               \
   TARGET __attribute__((flatten)) inline void NAME(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) { \
-    gguf_linear_vnni<VNNI, ROWS, ROWS_X8, WIDE_FROM>(a, xq, n0, n1);                                                   \
+    gguf_linear_vnni<VNNI, ROWS, ROWS_X8, ONE_GROUP_X8, WIDE_FROM>(a, xq, n0, n1);                                     \
   }
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8, kWideTileRows)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni_wide, 1, 4, 8, 1)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx512), gguf_linear_avx512_madd, 0, 4, 8, 0)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2, 4, 0)
-MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx2), gguf_linear_avx2_madd, 0, 2, 4, 0)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni, 1, 4, 8, 9, kWideTileRows)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX512_VNNI, gguf_linear_avx512_vnni_wide, 1, 4, 8, 9, 1)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx512), gguf_linear_avx512_madd, 0, 4, 8, 8, 0)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET_AVX2_VNNI, gguf_linear_avx2_vnni, 2, 2, 4, 4, 0)
+MTP_GGUF_ENTRY_POINT(MTP_TARGET(Avx2), gguf_linear_avx2_madd, 0, 2, 4, 4, 0)
 
-// AVX-512 (32 vector registers: groups of 4 rows, x8 8) with AVX-512 VNNI where present (its
-// two-group tile from one row where that pays); AVX2 (16 registers: 2 rows, x8 4) with
-// AVX-VNNI where present. The same bits either way.
+// AVX-512 (32 vector registers: groups of 4 rows, x8 8, 9 in one with VNNI) with AVX-512
+// VNNI where present (its two-group tile from one row where that pays); AVX2 (16 registers:
+// 2 rows, x8 4) with AVX-VNNI where present. The same bits either way.
 inline void gguf_linear(Avx512, const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   if (!has_avx512_vnni()) return gguf_linear_avx512_madd(a, xq, n0, n1);
   wide_tile_pays() ? gguf_linear_avx512_vnni_wide(a, xq, n0, n1) : gguf_linear_avx512_vnni(a, xq, n0, n1);
