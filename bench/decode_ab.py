@@ -5,7 +5,7 @@ configuration's (exact decoding). The default backbone (the GGUF's own weights) 
 shipped head; a configuration is K:L (the head's chain K, prompt lookup of L drafts per match;
 0:0 is plain decoding, 0:L prompt lookup alone), K:S-L (a match offers S drafts, one more per
 token it also matches before the searched suffix, up to L: decoding.lookup_drafts), or either
-with :M, the head's matrices in M (q8_0, the default, or bf16), and with @P, the head's chain
+with :M, the head's matrices in M (q4_1, SmolLM2's default, q8_0, Gemma 3's, or bf16), and with @P, the head's chain
 cut where its cumulative probability falls below P (decoding.confident_drafts; @0 verifies
 every draft; without @, the default of `mtp generate`). --temperature T > 0 samples (keyed by --seed and
 the prompt's index: lossless, so every configuration still gives the same tokens). Decide on

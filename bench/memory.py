@@ -59,7 +59,7 @@ def main():
     head = load_head(None, model, log=lambda m: None)  # in the backbone's dtype
     drafter = load_drafter(None, model, log=lambda m: None)
     hidden, token = torch.randn(1, cfg.hidden_size).to(dtype), torch.tensor([42])
-    # What it drafts with (its matrices as load_head made them, Q8_0: the float ones are freed), draft_vocab.
+    # What it drafts with (its matrices as load_head made them, Q4_1: the float ones are freed), draft_vocab.
     head_fixed = nbytes([*head.draft_weights(model.dtype), head.draft_vocab])
     # Its weights (not its RoPE tables, which it could share with the backbone) and token tables.
     drafter_weights = nbytes(

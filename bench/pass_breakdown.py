@@ -3,10 +3,11 @@ stored, the shipped head, K = 2) spends its time, on this machine: the backbone'
 T = 1 (a plain step) and T = 3 (the verify pass of a K = 2 chain) with 1 and 2 threads, the LM
 head over those rows right after the layers (its 30 MB out of cache, as in decoding), and the
 head's draft both hot (called again and again) and right after a backbone pass (its weights
-evicted, as in decoding), with its matrices as shipped by default (Q8_0, 4.5 MB) and in bf16
-(8.4 MB). Each figure the median of ROUNDS rounds of 30 calls,
-the variants interleaved round by round on this shared machine; prints the read bandwidth the
-layers reach (their matrices' bytes / time) beside the read bandwidth of a torch sum measured in the same run.
+evicted, as in decoding), with its matrices as shipped by default (Q4_1 since 2026-12-06, 2.5
+MB; Q8_0, 4.3 MB, before) and in bf16 (8.4 MB). Each figure the median of ROUNDS rounds of 30
+calls, the variants interleaved round by round on this shared machine; prints the read
+bandwidth the layers reach (their matrices' bytes / time) beside the read bandwidth of a torch
+sum measured in the same run.
 
     .venv/bin/python bench/pass_breakdown.py [--rounds 5]
 """

@@ -307,33 +307,45 @@ def test_head_draft_lm_head_as_the_draft_rows_or_read_through_them(isa, dtype, q
     assert torch.equal(torch.ops.mtp.head_draft(**perm), reference.head_draft(**perm, ops=KERNEL_OPS))
 
 
+@pytest.mark.parametrize("mats,code", [("q8_0", 8), ("q4_1", 3)])
 @pytest.mark.parametrize("dtype,quantize,lens,blocks,vocab", DRAFT_CASES)
-def test_head_draft_q8_0_matrices_equal_the_op_by_op_composition(isa, dtype, quantize, lens, blocks, vocab):
-    """MTPHead.matrix_dtype = "q8_0": the head's own matrices as GGUF Q8_0 (x8 where the rows
-    come in 8s, the file layout else), their types in weight_types; the drafts are the
-    composition's bitwise, the x8 and file layouts give the same, and the Q8_0 values are the
-    float matrices' within half a step (plus the fp16 rounding of the step: <= 127 x 2^-11 steps)."""
+def test_head_draft_block_type_matrices_equal_the_op_by_op_composition(
+    isa, dtype, quantize, lens, blocks, vocab, mats, code
+):
+    """MTPHead.matrix_dtype = "q8_0" / "q4_1": the head's own matrices as those GGUF blocks (x8
+    where the rows come in 8s, the file layout else), their types in weight_types; the drafts
+    are the composition's bitwise, the x8 and file layouts give the same, and the values are
+    gguf's quantizer's (bitwise its dequantizer's), within half a step of the float matrices
+    (plus the fp16 rounding of the block's scale and offset)."""
+    import gguf
+
     d = Draft(dtype, quantize, lens, blocks, vocab)
-    d.head.matrix_dtype = torch.float32  # the parameters' own values, which Q8_0 is made from
+    d.head.matrix_dtype = torch.float32  # the parameters' own values, which the blocks are made from
     floats = d.args(3)["weights"]
-    d.head.matrix_dtype = "q8_0"
+    d.head.matrix_dtype = mats
     args = dict(d.args(3), **d.head.draft_types(d.model))  # weight_types: keyword-only, as draft_types gives it
     types = args["weight_types"]
-    assert len(types) == 1 + 4 * blocks and set(types) <= {8, 108} and 108 in types
+    assert len(types) == 1 + 4 * blocks and set(types) <= {code, code + 100} and code + 100 in types
     got = torch.ops.mtp.head_draft(**args, alternatives=2)
     assert torch.equal(got, reference.head_draft(**args, alternatives=2, ops=KERNEL_OPS))
     matrices = [2] + [3 + 6 * i + j for i in range(blocks) for j in (1, 2, 4, 5)]
     file_layout = list(args["weights"])
+    qtype = gguf.GGMLQuantizationType(code)
     for t, i in zip(types, matrices):
         w = args["weights"][i]
         assert w.dtype == torch.uint8
-        rows = reference.x8_file_rows(w, t) if t == 108 else w
+        rows = reference.x8_file_rows(w, t) if t == code + 100 else w
         file_layout[i] = rows
-        values = reference.gguf_dequantize(rows, 8)
-        assert values.shape == floats[i].shape
-        step = floats[i].float().abs().reshape(values.shape[0], -1, 32).amax(-1, keepdim=True) / 127
-        assert ((values - floats[i].float()).reshape(step.shape[0], -1, 32).abs() <= step * (0.5 + 127 / 2048)).all()
-    same = torch.ops.mtp.head_draft(**dict(args, weights=file_layout, weight_types=[8] * len(types)), alternatives=2)
+        values = reference.gguf_dequantize(rows, code)
+        want = gguf.quants.dequantize(gguf.quants.quantize(floats[i].float().numpy(), qtype), qtype)
+        assert torch.equal(values, torch.from_numpy(want))
+        block = floats[i].float().reshape(values.shape[0], -1, 32)
+        lo, hi = (block.amin(-1, keepdim=True), block.amax(-1, keepdim=True)) if code == 3 else (None, None)
+        step = (hi - lo) / 15 if code == 3 else block.abs().amax(-1, keepdim=True) / 127
+        levels = 15 if code == 3 else 127
+        slack = block.abs().amax(-1, keepdim=True) * 2**-10  # the fp16 scale's and offset's rounding
+        assert ((values.reshape(block.shape) - block).abs() <= step * (0.5 + levels / 2048) + slack).all()
+    same = torch.ops.mtp.head_draft(**dict(args, weights=file_layout, weight_types=[code] * len(types)), alternatives=2)
     assert torch.equal(same, got)
     assert torch.equal(d.head.draft(d.model, d.cache, d.hidden, d.token, 3, alternatives=2), got)
     d.head.matrix_dtype = None  # back to float: the float weights and no types again
@@ -383,7 +395,7 @@ def test_q8_0_matrices_need_whole_blocks():
     notes = []
     head = loading.load_head(None, model, notes.append, default_model=False)
     assert head.matrix_dtype == torch.bfloat16 and head.draft_types(model) == {}
-    assert any("do not fit q8_0 blocks; it drafts in bfloat16" in n for n in notes)
+    assert any("do not fit q4_1 blocks; it drafts in bfloat16" in n for n in notes)  # the family default
 
 
 def test_load_head_freezes_a_q8_0_head_for_drafting(tmp_path):

@@ -245,8 +245,8 @@ def test_native_backbone_keeps_the_file_in_place(native_backbone):
 def test_native_mtp_equals_greedy(native_backbone):
     model, tok = native_backbone
     head = loading.load_head(None, model, lambda m: None)
-    # the shipped head drafts with its matrices in Q8_0 x8 (quantized at load; proj + 4 per block)
-    assert head.matrix_dtype == "q8_0" and head.draft_weight_types(model.dtype) == [108] * (1 + 4 * head.cfg.num_blocks)
+    # the shipped head drafts with its matrices in Q4_1 x8 (quantized at load; proj + 4 per block)
+    assert head.matrix_dtype == "q4_1" and head.draft_weight_types(model.dtype) == [103] * (1 + 4 * head.cfg.num_blocks)
     eos = tuple(model.cfg.eos_token_ids)
     runs = {"Write a haiku about the sea.": ((3, 1, 0), (3, 3, 0)), "What is 12 times 7?": ((2, 1, 6),)}
     for prompt, configs in runs.items():

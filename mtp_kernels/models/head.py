@@ -30,7 +30,7 @@ from .llama import Backbone, KVCache
 from .loading import release_freed_memory
 
 # The GGUF block types a head's matrices can be drafted in (MTPHead.matrix_dtype): GGML numbers.
-HEAD_BLOCK_TYPES = {"q8_0": 8}
+HEAD_BLOCK_TYPES = {"q8_0": 8, "q4_1": 3}
 
 MAX_BLOCKS = 64  # dense blocks of one head (the shipped one has 1)
 
@@ -151,8 +151,8 @@ class MTPHead(torch.nn.Module):
             self.fuse = torch.nn.Parameter(torch.zeros(c.hidden_size, n * c.hidden_size))
         # Token ids of the draft vocabulary (empty: full vocabulary).
         self.register_buffer("draft_vocab", torch.zeros(0, dtype=torch.int64))
-        # The dtype its matrices are read in when drafting (None: the backbone's; "q8_0": GGUF
-        # Q8_0 blocks; see draft_weights).
+        # The dtype its matrices are read in when drafting (None: the backbone's; "q8_0" / "q4_1":
+        # GGUF Q8_0 / Q4_1 blocks; see draft_weights).
         self.matrix_dtype: torch.dtype | str | None = None
         # Drafting only (models.loading.load_head sets it): block-type matrices, once made,
         # free the float ones (see freeze_for_drafting); _frozen: (dtype, matrix_dtype) then.
@@ -292,11 +292,12 @@ class MTPHead(torch.nn.Module):
         """mtp.head_draft's weights: embed_norm, hidden_norm, proj, per block its decoder-layer
         parts (q/k/v and gate/up fused into one matrix each), out_norm; the norms in `dtype` (the
         backbone's), the matrices in `matrix_dtype` when it is set (else `dtype`): a torch dtype,
-        or "q8_0": each matrix quantized once to GGUF Q8_0 blocks (x8 layout; the GGML types in
-        draft_weight_types), half a bf16 draft's bytes. Cached until a parameter changes (in
-        place or replaced) or a dtype does. When the head is already in a torch matrix dtype
-        (models.loading.load_head puts it there) nothing is copied: the fused matrices become
-        the parameters' storage (each projection a row view of its fused one)."""
+        or a key of HEAD_BLOCK_TYPES: each matrix quantized once to those GGUF blocks (x8 layout;
+        the GGML types in draft_weight_types), Q8_0 half a bf16 draft's bytes, Q4_1 under a
+        third. Cached until a parameter changes (in place or replaced) or a dtype does. When the
+        head is already in a torch matrix dtype (models.loading.load_head puts it there) nothing
+        is copied: the fused matrices become the parameters' storage (each projection a row view
+        of its fused one)."""
         return self._draft_cached(dtype)[0]
 
     def draft_weight_types(self, dtype: torch.dtype) -> list[int] | None:
@@ -352,11 +353,11 @@ class MTPHead(torch.nn.Module):
         return self._draft_weights[1]
 
     def freeze_for_drafting(self, dtype: torch.dtype) -> None:
-        """Drafting only from here on, now: with block-type matrices (matrix_dtype "q8_0") the
-        draft weights are made and the parameters' float matrices freed, one matrix at a time
-        (SmolLM2's head: 8.4 MB of bf16 beside its 4.5 MB of Q8_0). draft_weights then serves
-        this dtype and matrix_dtype only; save refuses. Float matrices are the parameters' own
-        storage already: nothing to free, nothing frozen. models.loading.load_head sets
+        """Drafting only from here on, now: with block-type matrices (matrix_dtype "q4_1" or
+        "q8_0") the draft weights are made and the parameters' float matrices freed, one matrix
+        at a time (SmolLM2's head: 8.4 MB of bf16 beside its 2.6 MB of Q4_1). draft_weights then
+        serves this dtype and matrix_dtype only; save refuses. Float matrices are the parameters'
+        own storage already: nothing to free, nothing frozen. models.loading.load_head sets
         drafting_only instead, which does this at the first draft (after loading's peak)."""
         self.drafting_only = True
         self._draft_cached(dtype)
@@ -479,7 +480,7 @@ class MTPHead(torch.nn.Module):
         """mtp.head_draft's keyword arguments of block-type matrices: embedding_type /
         lm_head_type for a native backbone (its embedding and LM head are the GGUF file's uint8
         rows of that GGML type; the LM head's as draft_lm_head gives it), weight_types when the
-        head's own matrices are (matrix_dtype "q8_0"); {} when none is."""
+        head's own matrices are (a block-type matrix_dtype); {} when none is."""
         emb, head = backbone.gguf_type("model.embed_tokens.weight"), self.draft_lm_head(backbone)[2]
         types = {} if emb is None and head is None else {"embedding_type": emb, "lm_head_type": head}
         mine = self.draft_weight_types(backbone.dtype)
