@@ -1,12 +1,12 @@
 """Best and median time of one backbone pass (LM head excluded: a prefill) over T tokens from an
 empty cache, for each T given, with the installed build of the extension: the quantity that
-bench/ab_builds.sh compares between two builds. The backbone is the default GGUF's, loaded as
+bench/ab_builds.sh compares between two builds. The backbone is the default GGUF's (or --model's), loaded as
 `mtp generate` loads it: its own 4-/8-bit weights as stored, or with --dtype dequantized to
 bfloat16 / float32. With --isas A,B the passes run on each CPU instruction set in turn, call by
 call in one process (the same minutes of this shared machine), and the line per set ends with
 its time over the first set's.
 
-    .venv/bin/python bench/pass_times.py [--dtype bfloat16] [--threads 2] [--calls 12] \
+    .venv/bin/python bench/pass_times.py [--model X.gguf] [--dtype bfloat16] [--threads 2] [--calls 12] \
         [--isas avx512,avx512_bf16] T [T ...]
 """
 
@@ -23,6 +23,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("tokens", type=int, nargs="+", help="tokens per pass")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: the weights as stored")
+    p.add_argument("--model", default=None, help="a GGUF (default: SmolLM2-135M's), as mtp generate --model")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=12, help="timed passes per T (and instruction set)")
     p.add_argument("--isas", default=None, help="comma-separated instruction sets to alternate (default: the current)")
@@ -33,7 +34,7 @@ def main():
     if missing:
         p.error(f"this CPU lacks {', '.join(missing)} (it has {', '.join(mtp_kernels.supported_isas())})")
     torch.set_num_threads(args.threads)
-    cfg, model, _, _ = load_backbone(None, args.dtype, lambda *a: None)
+    cfg, model, _, _ = load_backbone(args.model, args.dtype, lambda *a: None)
     cache = model.new_cache(1, max(args.tokens))
     lines = {isa: [] for isa in isas}
     for T in args.tokens:
