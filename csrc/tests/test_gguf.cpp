@@ -174,6 +174,24 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
                mtp::block_type_name(t8), (long long)M, (long long)K);
         ++checked;
       }
+    // several row groups over several column chunks (NEON's gguf_chunks), a call split inside one
+    for (const auto& [M, N] : {std::pair<int64_t, int64_t>{3, 200}, {5, 136}}) {
+      Case c(t, M, N, e);
+      mtp::QuantRows xq;
+      mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
+      std::vector<float> want, got;
+      mtp::LinearArgs a = c.args(want, true), b = c.args(got, true);
+      const std::vector<uint8_t> w8 = x8_bytes(c);
+      mtp::generic::gguf_linear(a, xq, 0, a.N);
+      EXPECT(kernel_matches(c, f, true), "%s %s M=%lld N=%lld differs from generic", name, mtp::block_type_name(t),
+             (long long)M, (long long)N);
+      b.w = w8.data(), b.w_dtype = t8;
+      f(b, xq, 0, 24);
+      f(b, xq, 24, b.N);
+      EXPECT(same_bits(want, got), "%s %s M=%lld N=%lld differs from the file layout's generic", name,
+             mtp::block_type_name(t8), (long long)M, (long long)N);
+      checked += 2;
+    }
     // a row map (gathered groups, a partial last group) gives the file layout's bits
     Case c(t, 3, 40, 3 * e);
     const std::vector<uint8_t> w8 = x8_bytes(c);

@@ -425,6 +425,20 @@ inline void gguf_row_groups(const LinearArgs& a, const QuantRows& xq, int64_t m,
   if constexpr (R > 1) gguf_row_groups<T, kSdot, kX8, R - 1>(a, xq, m, n0, n1);
 }
 
+// gguf_row_groups over [n0, n1), where the rows make more than one group in chunks of
+// kColumnChunk columns (whole x8 groups and tiles from n0), all the groups over one chunk before
+// the next: a verify pass of 3 rows (1 + 2 drafts) read every matrix twice, the 30 MB LM head
+// from memory each time; chunked, each part once, then from the caches (on x86 with these
+// groups of 2: the LM head at 3 rows 0.75x the time, at 5 rows 0.67x; bench/RESULTS.md,
+// "Column chunks on NEON"). The same bits: each column's products are the same.
+constexpr int64_t kColumnChunk = 64;
+template <DType T, bool kSdot, bool kX8, int R>
+inline void gguf_chunks(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
+  if (a.M <= R) return gguf_row_groups<T, kSdot, kX8, R>(a, xq, 0, n0, n1);
+  for (int64_t c = n0; c < n1; c += kColumnChunk)
+    gguf_row_groups<T, kSdot, kX8, R>(a, xq, 0, c, std::min(n1, c + kColumnChunk));
+}
+
 // Rows sharing a decoded block: 2 in both layouts. File layout: 8 int8x16 of weights beside
 // the rows, in the 32 vector registers with GCC at 2 (3 or 4 spill on the plain path and for
 // Q6_K). x8: 8 registers a row (x, I, acc, accm); at 2 a few accumulators go to the stack
@@ -434,17 +448,17 @@ constexpr int kGgufRows = 2, kGgufRowsX8 = 2;
 template <bool kSdot>
 inline void gguf_linear_variant(const LinearArgs& a, const QuantRows& xq, int64_t n0, int64_t n1) {
   switch (a.w_dtype) {
-    case DType::Q4_0: return gguf_row_groups<DType::Q4_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
-    case DType::Q4_1: return gguf_row_groups<DType::Q4_1, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
-    case DType::Q5_0: return gguf_row_groups<DType::Q5_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
-    case DType::Q8_0: return gguf_row_groups<DType::Q8_0, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
-    case DType::Q4_K: return gguf_row_groups<DType::Q4_K, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
-    case DType::Q6_K: return gguf_row_groups<DType::Q6_K, kSdot, false, kGgufRows>(a, xq, 0, n0, n1);
-    case DType::Q4_0_X8: return gguf_row_groups<DType::Q4_0, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
-    case DType::Q4_1_X8: return gguf_row_groups<DType::Q4_1, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
-    case DType::Q8_0_X8: return gguf_row_groups<DType::Q8_0, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
-    case DType::Q4_K_X8: return gguf_row_groups<DType::Q4_K, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
-    case DType::Q6_K_X8: return gguf_row_groups<DType::Q6_K, kSdot, true, kGgufRowsX8>(a, xq, 0, n0, n1);
+    case DType::Q4_0: return gguf_chunks<DType::Q4_0, kSdot, false, kGgufRows>(a, xq, n0, n1);
+    case DType::Q4_1: return gguf_chunks<DType::Q4_1, kSdot, false, kGgufRows>(a, xq, n0, n1);
+    case DType::Q5_0: return gguf_chunks<DType::Q5_0, kSdot, false, kGgufRows>(a, xq, n0, n1);
+    case DType::Q8_0: return gguf_chunks<DType::Q8_0, kSdot, false, kGgufRows>(a, xq, n0, n1);
+    case DType::Q4_K: return gguf_chunks<DType::Q4_K, kSdot, false, kGgufRows>(a, xq, n0, n1);
+    case DType::Q6_K: return gguf_chunks<DType::Q6_K, kSdot, false, kGgufRows>(a, xq, n0, n1);
+    case DType::Q4_0_X8: return gguf_chunks<DType::Q4_0, kSdot, true, kGgufRowsX8>(a, xq, n0, n1);
+    case DType::Q4_1_X8: return gguf_chunks<DType::Q4_1, kSdot, true, kGgufRowsX8>(a, xq, n0, n1);
+    case DType::Q8_0_X8: return gguf_chunks<DType::Q8_0, kSdot, true, kGgufRowsX8>(a, xq, n0, n1);
+    case DType::Q4_K_X8: return gguf_chunks<DType::Q4_K, kSdot, true, kGgufRowsX8>(a, xq, n0, n1);
+    case DType::Q6_K_X8: return gguf_chunks<DType::Q6_K, kSdot, true, kGgufRowsX8>(a, xq, n0, n1);
     default: return generic::gguf_linear(a, xq, n0, n1);  // not a block type: never reached
   }
 }
