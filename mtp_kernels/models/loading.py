@@ -32,7 +32,7 @@ DEFAULTS = {
     # SmolLM2: the head's matrices in Q4_1 (x8), quantized once from the shipped bf16 (Q8_0
     # before, bf16 before that: a draft right after a pass 1.23 -> 0.89 ms, RESULTS 2026-12-03
     # night): a draft reads its weights from the caches or DRAM, Q4_1 0.59x Q8_0's bytes; on
-    # bench/dev_set.jsonl decode +0.7-2.9% side by side, tau within 0.02 (RESULTS, "The
+    # bench/dev_set.jsonl decode +0.3-2.9% side by side, tau within 0.02 (RESULTS, "The
     # head's matrices in Q4_1").
     "llama": FamilyDefaults("smollm2-135m", "q4_1"),
     # Gemma 3: activations fp32, the head's matrices Q8_0 too (bf16 before: half fp32's bytes):
