@@ -340,9 +340,10 @@ def test_head_draft_block_type_matrices_equal_the_op_by_op_composition(
         want = gguf.quants.dequantize(gguf.quants.quantize(floats[i].float().numpy(), qtype), qtype)
         assert torch.equal(values, torch.from_numpy(want))
         block = floats[i].float().reshape(values.shape[0], -1, 32)
-        lo, hi = (block.amin(-1, keepdim=True), block.amax(-1, keepdim=True)) if code == 3 else (None, None)
-        step = (hi - lo) / 15 if code == 3 else block.abs().amax(-1, keepdim=True) / 127
-        levels = 15 if code == 3 else 127
+        if code == 3:  # Q4_1: 15 steps from the block's min to its max
+            step, levels = (block.amax(-1, keepdim=True) - block.amin(-1, keepdim=True)) / 15, 15
+        else:  # Q8_0: 127 steps to its largest magnitude
+            step, levels = block.abs().amax(-1, keepdim=True) / 127, 127
         slack = block.abs().amax(-1, keepdim=True) * 2**-10  # the fp16 scale's and offset's rounding
         assert ((values.reshape(block.shape) - block).abs() <= step * (0.5 + levels / 2048) + slack).all()
     same = torch.ops.mtp.head_draft(**dict(args, weights=file_layout, weight_types=[code] * len(types)), alternatives=2)

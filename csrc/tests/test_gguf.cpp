@@ -118,12 +118,13 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
   for (mtp::DType t : kBlockTypes) {
     const int64_t e = mtp::block_elems(t);
     for (int64_t K : {e, 3 * e})
-      for (int64_t M : {1, 2, 3, 4, 5, 7}) {
-        Case c(t, M, 37, K);
-        EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld K=%lld differs from generic", name,
-               mtp::block_type_name(t), (long long)M, (long long)K);
-        ++checked;
-      }
+      for (int64_t N : {37, 200})  // 200: several column chunks of NEON's row groups (gguf_chunks)
+        for (int64_t M : {1, 2, 3, 4, 5, 7}) {
+          Case c(t, M, N, K);
+          EXPECT(kernel_matches(c, f, M % 2 == 0), "%s %s M=%lld N=%lld K=%lld differs from generic", name,
+                 mtp::block_type_name(t), (long long)M, (long long)N, (long long)K);
+          ++checked;
+        }
     Case c(t, 3, 40, 2 * e);
     const int64_t rows[] = {39, 0, 7, 7, 20, 33};
     EXPECT(kernel_matches(c, f, true, rows, 6), "%s %s w_rows differs from generic", name, mtp::block_type_name(t));
@@ -151,47 +152,30 @@ int expect_kernel_variant(const char* name, GgufKernel f) {
     const mtp::DType t = mtp::file_type(t8);
     const int64_t e = mtp::block_elems(t);
     for (int64_t K : {e, 3 * e})
-      // 9 rows: one group (AVX-512 VNNI); from 16: 16 columns a tile (AVX-512 VNNI)
-      for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 10, 16, 17, 31}) {
-        Case c(t, M, 40, K);
-        if (t == mtp::DType::Q8_0 && M == 9)  // the largest lanes: -128 x -127
-          for (size_t o = 0; o < c.w.size(); o += 34) std::memset(&c.w[o + 2], 0x80, 32);
-        if (t == mtp::DType::Q6_K && M == 9) {  // -32 x -127 times the multiplier -128
-          for (int64_t i = 0; i < int64_t(c.x.size()); ++i) c.x[size_t(i)] = i % K < K / 2 ? -1.5f : 2.f;
-          for (size_t o = 0; o < c.w.size(); o += 210)
-            std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
+      for (int64_t N : {40, 136})  // 136: several column chunks of NEON's row groups (gguf_chunks)
+        // 9 rows: one group (AVX-512 VNNI); from 16: 16 columns a tile (AVX-512 VNNI)
+        for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 10, 16, 17, 31}) {
+          Case c(t, M, N, K);
+          if (t == mtp::DType::Q8_0 && M == 9)  // the largest lanes: -128 x -127
+            for (size_t o = 0; o < c.w.size(); o += 34) std::memset(&c.w[o + 2], 0x80, 32);
+          if (t == mtp::DType::Q6_K && M == 9) {  // -32 x -127 times the multiplier -128
+            for (int64_t i = 0; i < int64_t(c.x.size()); ++i) c.x[size_t(i)] = i % K < K / 2 ? -1.5f : 2.f;
+            for (size_t o = 0; o < c.w.size(); o += 210)
+              std::memset(&c.w[o], 0, 192), std::memset(&c.w[o + 192], 0x80, 16);
+          }
+          mtp::QuantRows xq;
+          mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
+          std::vector<float> want, got;
+          mtp::LinearArgs a = c.args(want, M % 2 == 0), b = c.args(got, M % 2 == 0);
+          const std::vector<uint8_t> w8 = x8_bytes(c);
+          b.w = w8.data(), b.w_dtype = t8;
+          mtp::generic::gguf_linear(a, xq, 0, a.N);
+          f(b, xq, 0, 16);
+          f(b, xq, 16, b.N);
+          EXPECT(same_bits(want, got), "%s %s M=%lld N=%lld K=%lld differs from the file layout's generic", name,
+                 mtp::block_type_name(t8), (long long)M, (long long)N, (long long)K);
+          ++checked;
         }
-        mtp::QuantRows xq;
-        mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
-        std::vector<float> want, got;
-        mtp::LinearArgs a = c.args(want, M % 2 == 0), b = c.args(got, M % 2 == 0);
-        const std::vector<uint8_t> w8 = x8_bytes(c);
-        b.w = w8.data(), b.w_dtype = t8;
-        mtp::generic::gguf_linear(a, xq, 0, a.N);
-        f(b, xq, 0, 16);
-        f(b, xq, 16, b.N);
-        EXPECT(same_bits(want, got), "%s %s M=%lld K=%lld differs from the file layout's generic", name,
-               mtp::block_type_name(t8), (long long)M, (long long)K);
-        ++checked;
-      }
-    // several row groups over several column chunks (NEON's gguf_chunks), a call split inside one
-    for (const auto& [M, N] : {std::pair<int64_t, int64_t>{3, 200}, {5, 136}}) {
-      Case c(t, M, N, e);
-      mtp::QuantRows xq;
-      mtp::quantize_rows(c.x.data(), mtp::DType::F32, c.K, c.M, c.K, xq);
-      std::vector<float> want, got;
-      mtp::LinearArgs a = c.args(want, true), b = c.args(got, true);
-      const std::vector<uint8_t> w8 = x8_bytes(c);
-      mtp::generic::gguf_linear(a, xq, 0, a.N);
-      EXPECT(kernel_matches(c, f, true), "%s %s M=%lld N=%lld differs from generic", name, mtp::block_type_name(t),
-             (long long)M, (long long)N);
-      b.w = w8.data(), b.w_dtype = t8;
-      f(b, xq, 0, 24);
-      f(b, xq, 24, b.N);
-      EXPECT(same_bits(want, got), "%s %s M=%lld N=%lld differs from the file layout's generic", name,
-             mtp::block_type_name(t8), (long long)M, (long long)N);
-      checked += 2;
-    }
     // a row map (gathered groups, a partial last group) gives the file layout's bits
     Case c(t, 3, 40, 3 * e);
     const std::vector<uint8_t> w8 = x8_bytes(c);
