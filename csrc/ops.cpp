@@ -69,6 +69,12 @@ STABLE_TORCH_LIBRARY(mtp, m) {
       " Tensor rope_sin, Tensor embedding, Tensor? embedding_scale, Tensor[] weights, Tensor lm_head,"
       " Tensor? lm_head_scale, Tensor? draft_vocab, int k, int num_heads, float eps, *, int alternatives=0,"
       " int embedding_type=-1, int lm_head_type=-1, int[]? weight_types=None, Tensor(a!)? probs_out=None) -> Tensor");
+  // Rows `tokens` (any shape, int32/int64) of an embedding table [V, H] of any weight kind above
+  // (float; int8 with weight_scale; gguf_type: GGUF bytes), dequantized in fp32 and rounded once
+  // to dtype (None: a float table's own, else float32): [*tokens.shape, H] (embedding.h).
+  m.def(
+      "embedding(Tensor tokens, Tensor weight, Tensor? weight_scale=None, *, int? gguf_type=None,"
+      " ScalarType? dtype=None) -> Tensor");
 }
 
 // Module-level helpers: which vector path the CPU kernels take (tests run them all).

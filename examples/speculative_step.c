@@ -1,11 +1,12 @@
 /* One speculative decoding step through the C API of libmtp_core, on a tiny model with made-up
- * weights (2 layers, hidden 32, vocabulary 64): prefill a prompt with mtp_decoder_layers, take
- * the next token from the LM head (mtp_linear, then mtp_verify with no drafts: its argmax),
- * let an MTP head draft 2 tokens (mtp_head_draft, reading layer 1's cache in place), verify
- * them in one pass over 3 positions (mtp_decoder_layers + mtp_linear + mtp_verify), and check
- * the committed tokens against 3 plain one-token greedy steps: they are the same, bit for bit,
- * whatever the drafts (the head here is untrained, so its drafts are shown beside drafts that
- * are right by construction). Only the token values depend on the instruction set. */
+ * weights (2 layers, hidden 32, vocabulary 64): prefill a prompt with mtp_decoder_layers (its
+ * embedding rows gathered by mtp_embedding), take the next token from the LM head (mtp_linear,
+ * then mtp_verify with no drafts: its argmax), let an MTP head draft 2 tokens (mtp_head_draft,
+ * reading layer 1's cache in place), verify them in one pass over 3 positions
+ * (mtp_decoder_layers + mtp_linear + mtp_verify), and check the committed tokens against 3 plain
+ * one-token greedy steps: they are the same, bit for bit, whatever the drafts (the head here is
+ * untrained, so its drafts are shown beside drafts that are right by construction). Only the
+ * token values depend on the instruction set. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -68,16 +69,17 @@ static int check(mtp_status st) {
  * [T, H] and the logits in logits [T, V] (the LM head is the tied embedding). Advances *len. */
 static int forward(const int64_t* tokens, int64_t T, int64_t* len, float* hidden, float* logits) {
   float x[(K + 1 > PROMPT ? K + 1 : PROMPT) * H];
-  int64_t cache_sizes[5] = {LAYERS, 1, Hkv, L, D}, one = 1, t;
-  mtp_tensor xv = t3(x, 1, T, H), hv = t3(hidden, 1, T, H), lens = mtp_contiguous(len, MTP_INT64, 1, &one);
+  int64_t cache_sizes[5] = {LAYERS, 1, Hkv, L, D}, one = 1;
+  mtp_tensor xv = t3(x, 1, T, H), x2 = t2(x, T, H), hv = t3(hidden, 1, T, H);
+  mtp_tensor ids = mtp_contiguous(tokens, MTP_INT64, 1, &T), lens = mtp_contiguous(len, MTP_INT64, 1, &one);
   mtp_tensor kc = mtp_contiguous(k_cache, MTP_FLOAT32, 5, cache_sizes);
   mtp_tensor vc = mtp_contiguous(v_cache, MTP_FLOAT32, 5, cache_sizes);
   mtp_tensor cos_view = t2(rope_cos, P, D), sin_view = t2(rope_sin, P, D);
-  mtp_tensor h2 = t2(hidden, T, H), lm_head = t2(embedding, V, H), lv = t2(logits, T, V);
-  for (t = 0; t < T; ++t) memcpy(x + t * H, embedding + tokens[t] * H, sizeof(float) * H);
-  if (!check(mtp_decoder_layers(&xv, &kc, &vc, &lens, &cos_view, &sin_view, backbone_ptrs, 6 * LAYERS + 1, NULL, 0, Hq,
+  mtp_tensor h2 = t2(hidden, T, H), emb = t2(embedding, V, H), lv = t2(logits, T, V);
+  if (!check(mtp_embedding(&ids, &emb, NULL, &x2)) ||
+      !check(mtp_decoder_layers(&xv, &kc, &vc, &lens, &cos_view, &sin_view, backbone_ptrs, 6 * LAYERS + 1, NULL, 0, Hq,
                                 1e-5f, 0, &hv, 1)) ||
-      !check(mtp_linear(&h2, &lm_head, NULL, &lv, 1)))
+      !check(mtp_linear(&h2, &emb, NULL, &lv, 1)))
     return 0;
   *len += T;
   return 1;

@@ -295,7 +295,7 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=
         f"weight rows must be contiguous (stride(1) == 1), got strides {list(weight.stride())}; "
         "it is read in place, call .contiguous() once when loading",
     )
-    _check_weight_scale(op, weight, weight_scale)
+    check_weight_scale(op, weight, weight_scale)
     # adapter.h's check_quantize_x
     check(
         not quantize_x or weight.dtype == torch.int8,
@@ -307,7 +307,7 @@ def check_linear_inputs(op, x, weight, bias=None, weight_scale=None, quantize_x=
         check_size(op, "bias", bias, 0, N, "N (weight.size(0))")
 
 
-def _check_weight_scale(op, weight, scale):
+def check_weight_scale(op, weight, scale):
     # adapter.h's check_weight_scale: an int8 weight takes fp32 [N, ceil(K/32)] scales, a float one none.
     N, K = weight.shape
     blocks = q8_blocks(K)

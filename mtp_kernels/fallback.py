@@ -1,13 +1,14 @@
 """The CUDA kernels of the row-local layer ops (``rms_norm``, ``add_rms_norm``, ``rope_``,
-``silu_mul``, ``gelu_tanh_mul``): their plain-torch specification (``reference.py``) run on the GPU, after the
-checks of the CPU binding (same messages). ``decoder_layers`` and ``head_draft`` on CUDA are
-their op-by-op composition of the kernels (``reference.decoder_layers`` / ``head_draft`` with
-``ops.KERNELS``): each op runs its own CUDA kernel (or the fallback above). There is no C++
-or Triton kernel for them; this keeps a model on a GPU working through the same ops. Exact like
-the CPU kernels: every step of rms_norm, add_rms_norm and rope_ is one IEEE operation in the
-kernels' order, so they should give the CPU kernels' bits, each row alone (test_rowwise.py
-checks it on a GPU; not run on one yet); silu_mul and gelu_tanh_mul use torch's exp (within a
-few ulp of the CPU kernel's polynomial). Not fast: the norm is a loop over the H / 16 lane chunks.
+``silu_mul``, ``gelu_tanh_mul``) and of ``embedding`` (float and Q8 tables): their plain-torch
+specification (``reference.py``) run on the GPU, after the checks of the CPU binding (same
+messages). ``decoder_layers`` and ``head_draft`` on CUDA are their op-by-op composition of
+the kernels (``reference.decoder_layers`` / ``head_draft`` with ``ops.KERNELS``): each op runs
+its own CUDA kernel (or the fallback above). There is no C++ or Triton kernel for them; this
+keeps a model on a GPU working through the same ops. Exact like the CPU kernels: every step of
+rms_norm, add_rms_norm and rope_ is one IEEE operation in the kernels' order, so they should
+give the CPU kernels' bits, each row alone (test_rowwise.py checks it on a GPU; not run on one
+yet); silu_mul and gelu_tanh_mul use torch's exp (within a few ulp of the CPU kernel's
+polynomial). Not fast: the norm is a loop over the H / 16 lane chunks.
 
 Registered for the CUDA dispatch key on import (``register_cuda_kernels``); the functions are
 plain Python and run on any device (the tests run them on CPU tensors).
@@ -227,6 +228,41 @@ def head_draft(
     )
 
 
+def embedding(tokens, weight, weight_scale=None, *, gguf_type=None, dtype=None):
+    op = "mtp.embedding"
+    C.check(gguf_type is None, op, C.GGUF_CPU_ONLY)
+    C.check_dtype(op, "tokens", tokens, C.ID_TYPES)
+    C.check_dtype(op, "weight", weight, (torch.float32, torch.bfloat16, torch.int8))
+    C.check_dim(op, "weight", weight, 2, "[V, H]")
+    int8 = weight.dtype == torch.int8
+    C.check(
+        int8 == (weight_scale is not None),
+        op,
+        f"weight is {C._name(weight.dtype)} but weight_scale is "
+        + (
+            "empty: int8 (Q8) weights need their scales" if int8 else "not empty: scales go with int8 (Q8) weights only"
+        ),
+    )
+    C.check_weight_scale(op, weight, weight_scale)  # its shape
+    C.check(
+        dtype in (None, torch.float32, torch.bfloat16),
+        op,
+        f"dtype must be torch.float32 or torch.bfloat16, got {dtype}",
+    )
+    if not (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):  # no sync while a graph is captured
+        ids = tokens.reshape(-1)
+        bad = ((ids < 0) | (ids >= weight.shape[0])).nonzero()
+        if len(bad):
+            i = int(bad[0, 0])
+            V = weight.shape[0]
+            C.check(
+                False,
+                op,
+                f"tokens must hold token ids in [0, V (weight.size(0))) = [0, {V}), got tokens[{i}] = {int(ids[i])}",
+            )
+    return reference.embedding(tokens, weight, weight_scale, dtype=dtype).contiguous()
+
+
 FALLBACKS = {
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
@@ -235,6 +271,7 @@ FALLBACKS = {
     "gelu_tanh_mul": gelu_tanh_mul,
     "decoder_layers": decoder_layers,
     "head_draft": head_draft,
+    "embedding": embedding,
 }
 
 

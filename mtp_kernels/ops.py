@@ -606,6 +606,35 @@ def _head_draft_fake(
     return hidden.new_empty((hidden.shape[0], k + alternatives), dtype=torch.int64)
 
 
+def embedding(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: Optional[torch.Tensor] = None,
+    *,
+    gguf_type: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Rows ``tokens`` (int32/int64, any shape) of an embedding table ``weight`` [V, H] ->
+    [*tokens.shape, H] in ``dtype``: float rows, Q8 rows (int8 with ``weight_scale``) or the
+    bytes of a GGUF block type (``gguf_type``, either layout; CPU), dequantized in fp32 and
+    rounded once (dtype None: a float table's own, else float32). See ``reference.embedding``."""
+    return torch.ops.mtp.embedding.default(tokens, weight, weight_scale, gguf_type=gguf_type, dtype=dtype)
+
+
+def _embedding_fake(tokens, weight, weight_scale=None, *, gguf_type=None, dtype=None):
+    _check_same_device("mtp.embedding", "tokens", tokens, weight=weight, weight_scale=weight_scale)
+    torch._check(weight.dim() == 2, lambda: f"mtp.embedding: weight must be 2-D [V, H], got {tuple(weight.shape)}")
+    H = weight.shape[1]
+    if gguf_type is not None:
+        from .gguf import LAYOUTS
+
+        torch._check(gguf_type in LAYOUTS, lambda: f"mtp.embedding: GGML type {gguf_type} is not supported")
+        _, elems, nbytes = LAYOUTS[gguf_type]
+        H = H // nbytes * elems
+    quantized = gguf_type is not None or weight.dtype == torch.int8
+    return tokens.new_empty((*tokens.shape, H), dtype=dtype or (torch.float32 if quantized else weight.dtype))
+
+
 def _rope_copy(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     y = x.clone()
     rope_(y, cos, sin)
@@ -623,6 +652,7 @@ KERNELS = SimpleNamespace(
     add_rms_norm=add_rms_norm,
     silu_mul=silu_mul,
     gelu_tanh_mul=gelu_tanh_mul,
+    embedding=embedding,
 )
 
 
@@ -644,4 +674,5 @@ FAKES = {
     "gelu_tanh_mul": _gelu_tanh_mul_fake,
     "decoder_layers": _decoder_layers_fake,
     "head_draft": _head_draft_fake,
+    "embedding": _embedding_fake,
 }

@@ -245,7 +245,7 @@ def gguf_blocks(data: torch.Tensor, gguf_type: int):
             f"{name} rows must be a 2-D uint8 tensor of whole {nbytes}-byte blocks, got {data.dtype} {list(data.shape)}"
         )
     N = data.shape[0]
-    blocks = data.contiguous().view(N, -1, nbytes)
+    blocks = data.contiguous().view(N, data.shape[1] // nbytes, nbytes)  # sizes spelled out: N may be 0
     ones = torch.ones(N, blocks.shape[1] * elems // 32, 2, dtype=torch.int32)
     if name == "Q5_0":  # qh bit e: the 5th bit of element e (little-endian uint32)
         qh = blocks[..., 2:6].to(torch.int64)
@@ -288,7 +288,41 @@ def gguf_dequantize(data: torch.Tensor, gguf_type: int) -> torch.Tensor:
     rounding (bitwise the `gguf` package's dequantizer and the kernels' embedding rows)."""
     q, d, m, mul = gguf_blocks(data, gguf_type)
     w = (q * mul.repeat_interleave(16, -1)).float() * d[..., None] + m[..., None]
-    return w.view(data.shape[0], -1)
+    return w.view(data.shape[0], w.shape[1] * w.shape[2])
+
+
+def embedding(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: Optional[torch.Tensor] = None,
+    *,
+    gguf_type: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Rows ``tokens`` (int32/int64 ids in [0, V), any shape) of an embedding table ``weight``
+    [V, H] -> [*tokens.shape, H] in ``dtype``, each element computed in fp32 and rounded to
+    dtype once: float rows as they are (dtype None: the table's own dtype), Q8 rows (int8 with
+    weight_scale [V, ceil(H/32)]) ``dequantize_q8``, GGUF rows (gguf_type: weight the uint8
+    bytes [V, row_bytes], the file's or an x8 layout) ``gguf_dequantize``; dtype None for
+    those: float32. What a pass and each draft step of head_draft start from."""
+    from .gguf import X8_TYPES
+
+    ids = tokens.reshape(-1).long()
+    if gguf_type is not None:
+        if gguf_type in X8_TYPES:  # each id's group of 8 rows to the file's layout, then its row
+            V, rb = weight.shape
+            group = weight.reshape(V // 8, 8 * rb)[ids // 8].reshape(8 * ids.numel(), rb)
+            rows = x8_file_rows(group, gguf_type).view(ids.numel(), 8, rb)[torch.arange(ids.numel()), ids % 8]
+            gguf_type -= 100
+        else:
+            rows = weight[ids]
+        out = gguf_dequantize(rows, gguf_type)
+    elif weight_scale is not None:
+        out = dequantize_q8(weight[ids], weight_scale[ids])
+    else:
+        out = weight[ids]
+    dtype = dtype or (weight.dtype if gguf_type is None and weight_scale is None else torch.float32)
+    return out.to(dtype).view(*tokens.shape, out.shape[-1])
 
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -1151,8 +1185,7 @@ def head_draft(
     h = hidden[:, None]  # [B, 1, H]: one token per request
     from .gguf import X8_TYPES
 
-    if embedding_type in X8_TYPES:  # either layout: the same rows (gathered here in the file's)
-        embedding, embedding_type = x8_file_rows(embedding, embedding_type), embedding_type - 100
+    e_type = embedding_type if embedding_type >= 0 else None
     if lm_head_type in X8_TYPES:
         lm_head, lm_head_type = x8_file_rows(lm_head, lm_head_type), lm_head_type - 100
     rows, scales = lm_head, lm_head_scale
@@ -1161,14 +1194,9 @@ def head_draft(
     for j in range(k):
         positions = cache_lens.long()[:, None] + j
         cos, sin = rope_cos[positions], rope_sin[positions]  # [B, 1, D]
-        if embedding_type >= 0:
-            e = gguf_dequantize(embedding[token], embedding_type)
-        else:
-            e = embedding[token] if embedding_scale is None else dequantize_q8(embedding[token], embedding_scale[token])
+        e = ops.embedding(token, embedding, embedding_scale, gguf_type=e_type, dtype=hidden.dtype)
         x = ops.linear(
-            torch.cat(
-                [ops.rms_norm(e.to(hidden.dtype)[:, None], embed_norm, eps), ops.rms_norm(h, hidden_norm, eps)], dim=-1
-            ),
+            torch.cat([ops.rms_norm(e[:, None], embed_norm, eps), ops.rms_norm(h, hidden_norm, eps)], dim=-1),
             proj,
             gguf_type=types[0] if types[0] >= 0 else None,
         )
@@ -1222,4 +1250,5 @@ _REFERENCE_OPS = SimpleNamespace(
     add_rms_norm=add_rms_norm,
     silu_mul=silu_mul,
     gelu_tanh_mul=gelu_tanh_mul,
+    embedding=embedding,
 )

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "mtp/embedding.h"
 #include "mtp/head_draft.h"
 #include "mtp/isa.h"
 #include "mtp/mtp.h"
@@ -224,6 +225,15 @@ bool decoder_matrix(Checker& c, const std::string& name, const mtp_tensor* w, bo
   m->scale = static_cast<const float*>(scale->data);
   m->scale_stride = scale->strides[0];
   return true;
+}
+
+// An embedding table [V, H] (name, its Q8 scales scale_name): any matrix kind decoder_matrix
+// takes, rows H long (h_what); *V its rows.
+bool embedding_table(Checker& c, const char* name, const mtp_tensor* t, const char* scale_name, const mtp_tensor* scale,
+                     int64_t H, const char* h_what, int64_t* V, DecoderMatrix* m) {
+  if (!c.tensor(name, t, 2, "[V, H]", kMatrixTypes)) return false;
+  *V = t->sizes[0];
+  return decoder_matrix(c, name, t, scale != nullptr, scale, *V, "V", H, h_what, m, scale_name);
 }
 
 // The MLP width I of a gate_up matrix [2I, H], weights[index].
@@ -656,11 +666,8 @@ mtp_status head_draft_call(const char* op, const mtp_tensor* hidden, const mtp_t
         !rope_tables(c, rope_cos, rope_sin, a.D, "D (k_cache.sizes[3])", &a.P) ||
         !c.counts("cache_lens", cache_lens, a.B, "B (hidden.sizes[0])", a.L, "L (k_cache.sizes[2])", &lens) ||
         !c.ok(draft_positions_error(lens, k, a.P, "rope_cos.sizes[0]")) ||
-        !c.tensor("embedding", embedding, 2, "[V, H]", kMatrixTypes))
-      return c.status;
-    a.V = embedding->sizes[0];
-    if (!decoder_matrix(c, "embedding", embedding, embedding_scale != nullptr, embedding_scale, a.V, "V", a.H,
-                        "H (hidden.sizes[1])", &a.embedding, "embedding_scale") ||
+        !embedding_table(c, "embedding", embedding, "embedding_scale", embedding_scale, a.H, "H (hidden.sizes[1])",
+                         &a.V, &a.embedding) ||
         !token_ids(c, "token", token, a.B, "B (hidden.sizes[0])", a.V, "V (embedding.sizes[0])", &tokens))
       return c.status;
     if (num_weights < 4 || (num_weights - 4) % kLayerTensors != 0 || !weights)
@@ -1244,6 +1251,44 @@ mtp_status mtp_head_draft_probs(const mtp_tensor* hidden, const mtp_tensor* toke
   return head_draft_call("mtp_head_draft_probs", hidden, token, k_cache, v_cache, cache_lens, rope_cos, rope_sin,
                          embedding, embedding_scale, weights, num_weights, lm_head, lm_head_scale, draft_vocab, k,
                          num_heads, eps, 0, drafts, probs, num_threads);
+}
+
+mtp_status mtp_embedding(const mtp_tensor* tokens, const mtp_tensor* weight, const mtp_tensor* weight_scale,
+                         const mtp_tensor* out) {
+  return guarded("mtp_embedding", [&](Checker& c) {
+    if (!c.tensor("tokens", tokens, 1, "[n]", kIdTypes) || !c.tensor("out", out, 2, "[n, H]", kActivationTypes) ||
+        !c.size("out", out, 0, tokens->sizes[0], "n (tokens.sizes[0])"))
+      return c.status;
+    EmbeddingArgs a;
+    a.n = out->sizes[0];
+    a.H = out->sizes[1];
+    a.dtype = float_dtype(out->dtype);
+    int64_t V = 0;
+    std::vector<int64_t> ids;
+    if (!c.ok(row_length_error("H (out.sizes[1])", a.H)) ||
+        !embedding_table(c, "weight", weight, "weight_scale", weight_scale, a.H, "H (out.sizes[1])", &V, &a.table) ||
+        !no_aliasing(c, {{"out", out}}, {{"tokens", tokens}, {"weight", weight}, {"weight_scale", weight_scale}}) ||
+        !token_ids(c, "tokens", tokens, a.n, "n", V, "V (weight.sizes[0])", &ids))
+      return c.status;
+    if (is_empty(out)) return MTP_OK;
+    a.ids = ids.data();
+    // The rows are written unit-stride: in place when out's are, else via a copy.
+    const int64_t es = dtype_size(a.dtype);
+    std::vector<char> tmp;
+    if (out->strides[1] == 1 || a.H == 1) {
+      a.out = out->data;
+      a.out_stride = out->strides[0];
+    } else {
+      tmp.resize(size_t(a.n * a.H * es));
+      a.out = tmp.data();
+      a.out_stride = a.H;
+    }
+    embedding(a);
+    if (!tmp.empty())
+      for (int64_t i = 0; i < a.n; ++i)
+        copy_elems(bytes(out) + i * out->strides[0] * es, out->strides[1], tmp.data() + i * a.H * es, 1, a.H, es);
+    return MTP_OK;
+  });
 }
 
 mtp_status mtp_linear(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* bias, const mtp_tensor* y,

@@ -1,5 +1,6 @@
-// CPU bindings of mtp.decoder_layers (a whole Llama-family decoder pass, mtp/decoder_layers.h) and
-// mtp.head_draft (the MTP head's draft steps, mtp/head_draft.h), one call each. Every tensor
+// CPU bindings of mtp.decoder_layers (a whole Llama-family decoder pass, mtp/decoder_layers.h),
+// mtp.head_draft (the MTP head's draft steps, mtp/head_draft.h) and mtp.embedding (the rows a
+// pass starts from, mtp/embedding.h), one call each. Every tensor
 // is checked against the shapes the first layer's weights and the caches imply, then handed
 // to the core as pointers and strides.
 #include <torch/csrc/stable/library.h>
@@ -16,6 +17,7 @@ using namespace mtp::torch_adapter;  // csrc/torch/adapter.h
 
 constexpr const char* kDecoder = "mtp.decoder_layers";
 constexpr const char* kHeadDraft = "mtp.head_draft";
+constexpr const char* kEmbedding = "mtp.embedding";
 
 void check_norm(const char* op, const Tensor& w, const std::string& name, int64_t H, const Tensor& x,
                 const char* x_name, const char* h_what = "H") {
@@ -488,11 +490,49 @@ Tensor head_draft_cpu(const Tensor& hidden, const Tensor& token, const Tensor& k
   return drafts;
 }
 
+// Rows `tokens` (any shape) of weight [V, H] (float, Q8 int8 with weight_scale, or the bytes of
+// a GGUF block type) -> [*tokens.shape, H] in dtype (default: a float weight's own, else fp32).
+Tensor embedding_cpu(const Tensor& tokens, const Tensor& weight, const std::optional<Tensor>& weight_scale,
+                     std::optional<int64_t> gguf_type, std::optional<ScalarType> dtype) {
+  const char* op = kEmbedding;
+  check_cpu(op, "tokens", tokens);
+  check_cpu(op, "weight", weight);
+  check_dim(op, "weight", weight, 2, gguf_type ? "[V, row bytes]" : "[V, H]");
+  int64_t H = weight.size(1);
+  if (gguf_type) {  // H from the row bytes; matrix() checks they are whole rows of that type
+    check_ok(op, gguf_type_error(*gguf_type));
+    DType t;
+    gguf_dtype(*gguf_type, &t);
+    H = weight.size(1) / block_bytes(t) * block_elems(t);
+  }
+  EmbeddingArgs a;
+  a.table =
+      matrix(op, weight, weight_scale, "weight", weight.size(0), "V", H, "H", "weight_scale", gguf_type.value_or(-1));
+  a.H = H;
+  const bool float_weight = !gguf_type && weight.scalar_type() != ScalarType::Char;
+  const ScalarType out_type = dtype.value_or(float_weight ? weight.scalar_type() : ScalarType::Float);
+  MTP_CHECK(out_type == ScalarType::Float || out_type == ScalarType::BFloat16, op,
+            ": dtype must be torch.float32 or torch.bfloat16, got ", out_type);
+  a.n = tokens.numel();
+  const std::vector<int64_t> ids = checked_ids(op, "tokens", torch::stable::reshape(tokens, {a.n}), a.n,
+                                               "tokens.numel()", weight.size(0), "V (weight.size(0))");
+  std::vector<int64_t> shape = sizes_vec(tokens);
+  shape.push_back(H);
+  Tensor out = empty_like_on(tokens, shape, out_type);
+  a.ids = ids.data();
+  a.dtype = to_dtype(out_type);
+  a.out = out.data_ptr();
+  a.out_stride = H;
+  embedding(a);
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(mtp, CPU, m) {
   m.impl("decoder_layers", TORCH_BOX(&decoder_layers_cpu));
   m.impl("head_draft", TORCH_BOX(&head_draft_cpu));
+  m.impl("embedding", TORCH_BOX(&embedding_cpu));
 }
 
 }  // namespace mtp::cpu

@@ -269,7 +269,7 @@ class Call {
 
 // Calls per function that ran (MTP_OK) and that were refused: the driver prints them, so that a
 // harness change that stops reaching the kernels shows.
-constexpr int kFunctions = 14;
+constexpr int kFunctions = 15;
 uint64_t g_calls[kFunctions][2];
 
 void check_status(mtp_status s) {
@@ -470,6 +470,23 @@ void one_call(Input& in) {
       if (consistent) Call::set_cumulative(cu, counts);
       s = mtp_verify_sampled_ragged(dr, pr, cu, lg, te, tk, tp, mp, se, of, in.u8() < 200 ? -1 : in.i64(), acc, out,
                                     threads);
+      break;
+    }
+    case 14: {  // mtp_embedding: a float, Q8 or GGUF table (file or x8 layout), ids mostly in [0, V)
+      static const int32_t kTables[] = {MTP_FLOAT32, MTP_BFLOAT16, MTP_INT8,    MTP_Q4_0,   MTP_Q4_1,
+                                        MTP_Q5_0,    MTP_Q8_0,     MTP_Q4_K,    MTP_Q6_K,   MTP_Q4_0_X8,
+                                        MTP_Q4_1_X8, MTP_Q8_0_X8,  MTP_Q4_K_X8, MTP_Q6_K_X8};
+      const int32_t wdt = kTables[in.u8() % 14];
+      const bool k_quant = wdt == MTP_Q4_K || wdt == MTP_Q6_K || wdt == MTP_Q4_K_X8 || wdt == MTP_Q6_K_X8;
+      const int64_t n = c.dim() - 1, blocks = c.dim();
+      const int64_t trim = wdt < MTP_Q4_0 ? in.u8() % 32 : 0;  // float and Q8 rows: any H
+      const int64_t Hw = k_quant ? 256 : 32 * blocks - trim, Vw = wdt >= MTP_Q4_0_X8 ? 8 * c.dim() : V;
+      const int32_t odt = fdt == MTP_FLOAT16 ? MTP_FLOAT32 : fdt;
+      auto *tok = c.tensor({n}, idt, I, in.u8() < 230 ? Vw - 1 : Vw), *w = c.tensor({Vw, Hw}, wdt),
+           *sc = wdt == MTP_INT8 || in.u8() < 8 ? c.tensor({Vw, (Hw + 31) / 32}, MTP_FLOAT32, I) : nullptr,
+           *out = c.tensor({n, Hw}, odt);
+      if (c.skip()) return;
+      s = mtp_embedding(tok, w, sc, out);
       break;
     }
   }

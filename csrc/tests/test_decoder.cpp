@@ -2,9 +2,9 @@
 // model on the selected instruction set: a pass over T tokens gives each token the bits of T
 // one-token passes (outputs and cache entries), a request's bits do not depend on the other
 // requests of the batch, the thread count changes nothing, and the head's drafts of a batch
-// are each request's own. The bitwise comparison with the op-by-op composition is in
-// python_tests/test_decoder.py; this runs the same code natively, under the sanitizers and on
-// aarch64 under qemu.
+// are each request's own; mtp_embedding gives a float or Q8 table's rows, each rounded once.
+// The bitwise comparison with the op-by-op composition is in python_tests/test_decoder.py; this
+// runs the same code natively, under the sanitizers and on aarch64 under qemu.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -443,6 +443,114 @@ void check_head_draft(DType t, bool q8) {
             "probs.sizes[1] must equal k");
   bad_probs([&](Call&, mtp_tensor& p) { p.data = chain_out.data(); }, MTP_ERROR_INVALID_ARGUMENT,
             "probs and drafts overlap");
+}
+
+// ---- mtp_embedding (the C API) of a float or Q8 table: each row's bits as computed here
+
+// mtp_embedding(tokens [n], weight [V, 40], weight_scale, out [n, 40]), valid until mutated.
+struct EmbeddingCall {
+  static constexpr int64_t H = 40;  // Q8: a partial last block
+  Matrix table;
+  std::vector<int64_t> ids = {7, 0, kV - 1, 7, 31};
+  std::vector<float> outs = std::vector<float>(size_t(5 * H), -3.f);
+  mtp_tensor tokens = view(ids.data(), DType::F32, {5}), w = view(table.w.data(), table.m.dtype, {kV, H}),
+             sc = view(table.scale.data(), DType::F32, {kV, mtp::q8_blocks(H)}),
+             out = view(outs.data(), DType::F32, {5, H});
+  const mtp_tensor* scale;
+  explicit EmbeddingCall(DType t) : table(kV, H, t, t == DType::I8), scale(t == DType::I8 ? &sc : nullptr) {
+    tokens.dtype = MTP_INT64;
+  }
+  EmbeddingCall(const EmbeddingCall&) = delete;  // the views point into this object
+  mtp_status run() const { return mtp_embedding(&tokens, &w, scale, &out); }
+  bool untouched() const {
+    return std::all_of(outs.begin(), outs.end(), [](float v) { return v == -3.f; });
+  }
+};
+
+// A table of t (I8: Q8, random scales): every row as the table gives it (a float value,
+// q * scale in fp32) rounded once to out's dtype, for fp32 and bf16 out, int32 and int64 ids,
+// contiguous and strided views (ids 2 apart, out's rows padded and their elements 2 apart).
+void check_embedding(DType t) {
+  const bool q8 = t == DType::I8;
+  const char* what = q8 ? "mtp_embedding q8" : t == DType::F32 ? "mtp_embedding f32" : "mtp_embedding bf16";
+  constexpr int64_t H = EmbeddingCall::H;
+  EmbeddingCall c(t);
+  for (float& s : c.table.scale) s = std::ldexp(float(uniform(1, 255)), -14);  // a scale per block
+  const int64_t n = int64_t(c.ids.size());
+  for (DType ot : {DType::F32, DType::BF16})
+    for (mtp_dtype it : {MTP_INT32, MTP_INT64})
+      for (int64_t step : {1, 2}) {
+        const int64_t es = mtp::dtype_size(ot), row = H * step + 3;
+        std::vector<char> out(size_t(n * row * es), char(0x5A)), want = out;
+        std::vector<int64_t> ids64(size_t(n * step), -1);
+        std::vector<int32_t> ids32(ids64.size(), -1);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t id = c.ids[size_t(i)];
+          ids64[size_t(i * step)] = id, ids32[size_t(i * step)] = int32_t(id);
+          for (int64_t k = 0; k < H; ++k) {
+            const float v = q8 ? float(int8_t(c.table.w[size_t(id * H + k)])) *
+                                     c.table.scale[size_t(id * mtp::q8_blocks(H) + k / 32)]
+                               : mtp::load_f32(c.table.w.data(), t, id * H + k);
+            mtp::store_f32(want.data(), ot, i * row + k * step, v);
+          }
+        }
+        c.tokens = mtp_contiguous(it == MTP_INT32 ? static_cast<void*>(ids32.data()) : ids64.data(), it, 1, &n);
+        c.tokens.strides[0] = step;
+        c.out = view(out.data(), ot, {n, H});
+        c.out.strides[0] = row, c.out.strides[1] = step;
+        EXPECT(c.run() == MTP_OK, "%s: %s", what, mtp_last_error());
+        EXPECT(out == want, "%s out %s ids %s step %lld: rows != the table's rounded once", what,
+               ot == DType::F32 ? "f32" : "bf16", it == MTP_INT32 ? "int32" : "int64", (long long)step);
+      }
+  // n = 0: fine (NULL data included).
+  c.tokens.sizes[0] = c.out.sizes[0] = 0;
+  c.tokens.data = c.out.data = nullptr;
+  EXPECT(c.run() == MTP_OK, "%s n = 0: %s", what, mtp_last_error());
+}
+
+// Bad input: a status and message, nothing written.
+void check_embedding_errors() {
+  constexpr auto INVALID = MTP_ERROR_INVALID_ARGUMENT;
+  constexpr auto DTYPE = MTP_ERROR_UNSUPPORTED_DTYPE;
+  constexpr auto NUL = MTP_ERROR_NULL_POINTER;
+  struct Call : EmbeddingCall {
+    Call() : EmbeddingCall(DType::F32) {}
+  };
+  struct Q8Call : EmbeddingCall {
+    Q8Call() : EmbeddingCall(DType::I8) {}
+  };
+  EXPECT(Call().run() == MTP_OK && Q8Call().run() == MTP_OK, "mtp_embedding: the valid calls: %s", mtp_last_error());
+  BAD_CALL(Call, c.ids[2] = kV, INVALID,
+           "mtp_embedding: tokens must hold token ids in [0, V (weight.sizes[0])) = [0, 50), got tokens[2] = 50");
+  BAD_CALL(Call, c.ids[4] = -1, INVALID, "got tokens[4] = -1");
+  BAD_CALL(Call, c.ids[0] = INT64_MIN, INVALID, "got tokens[0] = -9223372036854775808");
+  BAD_CALL(Call, c.tokens.dtype = MTP_FLOAT32, DTYPE, "mtp_embedding: tokens must be int32 or int64, got float32");
+  BAD_CALL(Call, c.tokens.ndim = 2, INVALID, "tokens must be 1-D [n], got ndim = 2");
+  BAD_CALL(Call, c.tokens.data = nullptr, NUL, "tokens.data is NULL");
+  BAD_CALL(Call, c.out.dtype = MTP_FLOAT16, DTYPE, "mtp_embedding: out must be float32 or bfloat16, got float16");
+  BAD_CALL(Call, c.out.sizes[0] = 4, INVALID, "out.sizes[0] must equal n (tokens.sizes[0]) = 5, got 4");
+  BAD_CALL(Call, c.out.ndim = 3, INVALID, "out must be 2-D [n, H], got ndim = 3");
+  BAD_CALL(Call, c.out.sizes[1] = 32, INVALID,
+           "mtp_embedding: weight.sizes[1] must equal H (out.sizes[1]) = 32, got 40");
+  BAD_CALL(Call, c.w.dtype = MTP_FLOAT16, DTYPE,
+           "mtp_embedding: weight must be float32 or bfloat16 or int8 or Q4_0 or Q4_1 or Q5_0 or Q8_0 or Q4_K or Q6_K "
+           "or Q4_0_X8 or Q4_1_X8 or Q8_0_X8 or Q4_K_X8 or Q6_K_X8, got float16 (dtype value 2)");
+  BAD_CALL(Call, c.w.ndim = 1, INVALID, "weight must be 2-D [V, H], got ndim = 1");
+  BAD_CALL(Call, (c.w.strides[0] = 2 * EmbeddingCall::H, c.w.strides[1] = 2), INVALID,
+           "mtp_embedding: weight: weight rows must be contiguous (stride 1 along K), got strides [80, 2]");
+  BAD_CALL(Call, c.w.data = nullptr, NUL, "mtp_embedding: weight.data is NULL for a non-empty [50, 40] view");
+  BAD_CALL(Call, c.scale = &c.sc, DTYPE,
+           "mtp_embedding: weight is float32 but weight_scale is not empty: with scales the matrix is int8 (Q8)");
+  BAD_CALL(Q8Call, c.scale = nullptr, DTYPE,
+           "mtp_embedding: weight is int8 but weight_scale is empty: int8 (Q8) weights need their scales");
+  BAD_CALL(Q8Call, c.sc.sizes[1] = 1, INVALID,
+           "weight's scales.sizes[1] must equal ceil(K/32) (blocks of 32 along K) = 2, got 1");
+  BAD_CALL(Q8Call, c.sc.sizes[0] = 49, INVALID, "weight's scales.sizes[0] must equal V = 50, got 49");
+  BAD_CALL(Q8Call, c.sc.dtype = MTP_BFLOAT16, DTYPE, "weight's scales must be float32, got bfloat16");
+  BAD_CALL(Q8Call, c.sc.data = nullptr, NUL, "weight's scales.data is NULL");
+  BAD_CALL(Q8Call, c.out.dtype = MTP_INT8, DTYPE, "out must be float32 or bfloat16, got int8");
+  BAD_CALL(Call, c.out.data = c.table.w.data(), INVALID, "mtp_embedding: out and weight overlap in memory");
+  BAD_CALL(Call, c.out.strides[0] = 0, INVALID, "out must not have overlapping elements (it is an output)");
 }
 
 // ---- mtp_decoder_layers (the C API): the core's bits through mtp_tensor views, and bad input
@@ -909,4 +1017,6 @@ void test_decoder() {
     check_capi_gemma3(t, false, false);
     check_capi_gemma3(t, true, true);
   }
+  for (DType t : {DType::F32, DType::BF16, DType::I8}) check_embedding(t);
+  check_embedding_errors();
 }

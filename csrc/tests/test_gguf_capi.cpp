@@ -7,7 +7,8 @@
 // with that embedding given as its fp32 dequantized rows. The x8 layout (MTP_Q4_0_X8 ..,
 // made by mtp_gguf_repack_x8, which writes mtp::repack_x8's bytes): mtp_linear, the decoder
 // passes and the head (its embedding rows, the draft vocabulary's lm_head rows or all of them)
-// give the file layout's bits. Bad input: a status and message, nothing written
+// give the file layout's bits. mtp_embedding gives every type's rows dequantize_row's values,
+// rounded once, in both layouts. Bad input: a status and message, nothing written
 // (gguf_capi_errors).
 #include <algorithm>
 #include <cmath>
@@ -564,10 +565,61 @@ void check_head(const char* what, Dims d, DType t, DType emb, DType proj, const 
   if (rows.to_x8()) check_rows("x8");
 }
 
+// ---------------------------------------------------------------- mtp_embedding
+
+// mtp_embedding of a table of file type t [V, H] (rows `pad` bytes apart beyond their size):
+// each row dequantize_row's fp32 values rounded once to out's dtype, for fp32 and bf16 out,
+// int32 and int64 ids, contiguous and strided views (ids 2 apart, out's rows padded and their
+// elements 2 apart); its x8 layout (V whole groups of 8) the same bytes.
+void check_embedding(DType t, int64_t V, int64_t H, int64_t pad) {
+  const Mat file(t, V, H, pad);
+  Mat x8 = file;
+  const bool has_x8 = x8.to_x8();
+  const std::vector<int64_t> ids = {3 % V, 0, V - 1, 3 % V, V / 2};
+  const int64_t n = int64_t(ids.size());
+  std::vector<float> row(static_cast<size_t>(H));
+  for (DType ot : {DType::F32, DType::BF16})
+    for (mtp_dtype it : {MTP_INT32, MTP_INT64})
+      for (int64_t step : {1, 2}) {
+        char what[128];
+        std::snprintf(what, sizeof what, "mtp_embedding %s [%lld, %lld] pad %lld out %s ids %s step %lld", tname(t),
+                      (long long)V, (long long)H, (long long)pad, tname(ot), it == MTP_INT32 ? "int32" : "int64",
+                      (long long)step);
+        const int64_t es = mtp::dtype_size(ot), stride = H * step + 5;
+        std::vector<char> want(size_t(n * stride * es), char(0x5A)), out = want, out8 = want;
+        std::vector<int64_t> ids64(size_t(n * step), -1);
+        std::vector<int32_t> ids32(ids64.size(), -1);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t id = ids[size_t(i)];
+          ids64[size_t(i * step)] = id, ids32[size_t(i * step)] = int32_t(id);
+          mtp::dequantize_row(t, file.bytes.data(), file.stride, id, H, row.data());
+          for (int64_t k = 0; k < H; ++k) mtp::store_f32(want.data(), ot, i * stride + k * step, row[size_t(k)]);
+        }
+        mtp_tensor tv = mtp_contiguous(it == MTP_INT32 ? static_cast<void*>(ids32.data()) : ids64.data(), it, 1, &n),
+                   ov = view(out.data(), ot, {n, H});
+        tv.strides[0] = step;
+        ov.strides[0] = stride, ov.strides[1] = step;
+        const mtp_tensor wv = file.view();
+        EXPECT(mtp_embedding(&tv, &wv, nullptr, &ov) == MTP_OK, "%s: %s", what, mtp_last_error());
+        EXPECT(out == want, "%s: rows != dequantize_row's rounded once", what);
+        if (!has_x8) continue;
+        const mtp_tensor wv8 = x8.view();
+        ov.data = out8.data();
+        EXPECT(mtp_embedding(&tv, &wv8, nullptr, &ov) == MTP_OK, "%s %s: %s", what, tname(x8.t), mtp_last_error());
+        EXPECT(out8 == want, "%s: the %s table's rows != the file layout's", what, tname(x8.t));
+      }
+}
+
 }  // namespace
 
 void test_gguf_capi() {
   check_linear_all();
+  for (DType t : kBlockTypes) {
+    const int64_t e = mtp::block_elems(t);
+    check_embedding(t, 16, 2 * e, 0);  // the x8 layout too
+    check_embedding(t, 5, e, 6);       // rows padded apart
+    check_embedding(t, 1, 3 * e, 0);
+  }
   using D = DType;
   const Dims small{64, 4, 2, 16, 96, 16, 16}, wide{256, 4, 2, 64, 256, 16, 16};
   for (DType t : {DType::F32, DType::BF16}) {
@@ -595,6 +647,32 @@ void test_gguf_capi() {
 // ---------------------------------------------------------------- bad input
 
 namespace {
+
+// mtp_embedding(tokens [3] int32, weight Q8_0 [16, 64], out [3, 64] f32), valid until mutated
+// (x8: the weight in Q8_0_X8).
+struct EmbeddingCall {
+  std::vector<uint8_t> ws = random_blocks(DType::Q8_0, 16, 64);
+  std::vector<int32_t> ids = {2, 15, 0};
+  std::vector<float> os = std::vector<float>(3 * 64, -3.f), scale = std::vector<float>(16 * 2, 1.f);
+  mtp_tensor tokens = view(ids.data(), DType::F32, {3}), w = mtp_gguf_matrix(ws.data(), MTP_Q8_0, 16, 64),
+             out = view(os.data(), DType::F32, {3, 64}), sc = view(scale.data(), DType::F32, {16, 2});
+  const mtp_tensor* weight_scale = nullptr;
+  bool x8 = false;
+  EmbeddingCall() { tokens.dtype = MTP_INT32; }
+  EmbeddingCall(const EmbeddingCall&) = delete;  // the views point into this object
+  mtp_status run() {
+    std::vector<uint8_t> w8(ws.size());
+    mtp_tensor wv = w;
+    if (x8) {
+      mtp_gguf_repack_x8(MTP_Q8_0, ws.data(), 16, 64, w8.data());
+      wv.data = w8.data(), wv.dtype = MTP_Q8_0_X8;
+    }
+    return mtp_embedding(&tokens, &wv, weight_scale, &out);
+  }
+  bool untouched() const {
+    return std::all_of(os.begin(), os.end(), [](float v) { return v == -3.f; });
+  }
+};
 
 // mtp_linear(x [2, 64] f32, weight Q4_0 [4, 64], y [2, 4] f32), valid until mutated.
 struct LinearCall {
@@ -729,6 +807,11 @@ void test_gguf_capi_errors() {
     EXPECT(x8.run() == MTP_OK && !x8.untouched(), "valid mtp_linear call (Q4_0_X8): %s", mtp_last_error());
     RepackCall r;
     EXPECT(r.run() == MTP_OK && !r.untouched(), "valid mtp_gguf_repack_x8 call: %s", mtp_last_error());
+    EmbeddingCall e, e8;
+    std::copy(e.ws.begin(), e.ws.end(), e8.ws.begin());
+    e8.x8 = true;
+    EXPECT(e.run() == MTP_OK && !e.untouched() && e8.run() == MTP_OK && e8.os == e.os,
+           "valid mtp_embedding calls (Q8_0, Q8_0_X8): %s", mtp_last_error());
     // Nothing to repack: fine, NULL pointers included.
     EXPECT(mtp_gguf_repack_x8(MTP_Q8_0, nullptr, 0, 64, nullptr) == MTP_OK &&
                mtp_gguf_repack_x8(MTP_Q4_1, nullptr, 8, 0, nullptr) == MTP_OK,
@@ -882,6 +965,34 @@ void test_gguf_capi_errors() {
     BAD_CALL(DecoderCall, (c.with_tree = tree, c.x.dtype = MTP_Q4_0), DTYPE,
              needle("x must be float32 or bfloat16, got Q4_0"));
   }
+
+  // mtp_embedding
+  BAD_CALL(EmbeddingCall, c.w.dtype = MTP_Q4_K, INVALID,
+           "mtp_embedding: weight: K = 64 is not a multiple of Q4_K's blocks of 256 elements");
+  BAD_CALL(EmbeddingCall, (c.w.sizes[1] = c.out.sizes[1] = 48), INVALID,
+           "mtp_embedding: weight: K = 48 is not a multiple of Q8_0's blocks of 32 elements");
+  BAD_CALL(EmbeddingCall, c.w.strides[0] = 64, INVALID,  // element strides where bytes are due
+           "mtp_embedding: weight: a Q8_0 row of K = 64 elements is 68 bytes, so strides[0] (bytes between rows, for "
+           "a block dtype) must be >= 68, got 64");
+  BAD_CALL(EmbeddingCall, c.w.strides[1] = 2, INVALID,
+           "weight: weight bytes must be contiguous along a row (stride 1), got strides [68, 2]");
+  BAD_CALL(EmbeddingCall, c.w.sizes[1] = 32, INVALID, "weight.sizes[1] must equal H (out.sizes[1]) = 64, got 32");
+  BAD_CALL(EmbeddingCall, c.w.data = nullptr, MTP_ERROR_NULL_POINTER, "mtp_embedding: weight.data is NULL");
+  BAD_CALL(EmbeddingCall, c.w.dtype = 104, DTYPE, "Q6_K_X8, got unknown (dtype value 104)");
+  BAD_CALL(EmbeddingCall, c.weight_scale = &c.sc, DTYPE,
+           "mtp_embedding: weight is Q8_0 but weight_scale is not empty: with scales the matrix is int8 (Q8) (a GGUF "
+           "block type carries its own scales: give it without)");
+  BAD_CALL(EmbeddingCall, c.ids[1] = 16, INVALID,
+           "mtp_embedding: tokens must hold token ids in [0, V (weight.sizes[0])) = [0, 16), got tokens[1] = 16");
+  BAD_CALL(EmbeddingCall, c.out.data = c.ws.data() + 100, INVALID, "mtp_embedding: out and weight overlap in memory");
+  // x8: whole groups of 8 contiguous rows
+  BAD_CALL(EmbeddingCall, (c.x8 = true, c.w.sizes[0] = 12), INVALID,
+           "mtp_embedding: weight: a Q8_0_X8 matrix interleaves groups of 8 rows: N must be a multiple of 8, got 12");
+  BAD_CALL(EmbeddingCall, (c.x8 = true, c.w.strides[0] = 72), INVALID,
+           "weight: a Q8_0_X8 matrix must be contiguous (rows 68 bytes apart), got strides [72, 1]");
+  BAD_CALL(EmbeddingCall, (c.x8 = true, c.weight_scale = &c.sc), DTYPE,
+           "weight is Q8_0_X8 but weight_scale is not empty");
+  BAD_CALL(EmbeddingCall, (c.x8 = true, c.ids[2] = -1), INVALID, "got tokens[2] = -1");
 
   // mtp_head_draft
   BAD_CALL(HeadCall, c.emb_scale = &c.sc, DTYPE,

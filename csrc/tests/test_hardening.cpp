@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -134,6 +135,42 @@ void test_sizes() {
                  MTP_ERROR_INVALID_ARGUMENT, "request 0's drafts would pass the RoPE tables", "cache_lens + k");
     EXPECT(drafts == 5, "cache_lens + k: written on failure");
   }
+  {  // mtp_embedding: an expanded out of 2^62 rows, a weight's extent past int64 bytes, ids at
+     // int64's ends: refused before any row is read
+    std::vector<float> w(32, 1.f), out(8, 3.f);
+    int64_t ids[2] = {0, 1};
+    mtp_tensor tt = view(ids, MTP_INT64, {2}), tw = view(w.data(), MTP_FLOAT32, {4, 8}),
+               to = view(out.data(), MTP_FLOAT32, {1, 8});
+    tt.sizes[0] = to.sizes[0] = int64_t(1) << 62;
+    tt.strides[0] = to.strides[0] = 0;
+    expect_error(mtp_embedding(&tt, &tw, nullptr, &to), MTP_ERROR_INVALID_ARGUMENT,
+                 "mtp_embedding: out of sizes [4611686018427387904, 8] has more elements than int64 counts",
+                 "embedding 2^62 rows");
+    tt = view(ids, MTP_INT64, {2});
+    to = view(out.data(), MTP_FLOAT32, {1, 8});
+    to.sizes[0] = 2;
+    to.strides[0] = 0;
+    to.sizes[1] = 4;  // 2 rows of 4 over the same 4 floats
+    tw.sizes[1] = 4;
+    expect_error(mtp_embedding(&tt, &tw, nullptr, &to), MTP_ERROR_INVALID_ARGUMENT,
+                 "out must not have overlapping elements (it is an output), got strides [0, 1]",
+                 "embedding out expanded");
+    to = view(out.data(), MTP_FLOAT32, {2, 4});
+    tw.strides[0] = INT64_MAX / 2;
+    expect_error(mtp_embedding(&tt, &tw, nullptr, &to), MTP_ERROR_INVALID_ARGUMENT,
+                 "weight of sizes [4, 4] has an extent beyond int64 bytes", "embedding weight extent");
+    tw = view(w.data(), MTP_FLOAT32, {4, 4});
+    for (int64_t id : {INT64_MAX, INT64_MIN, int64_t(4)}) {
+      ids[1] = id;
+      expect_error(
+          mtp_embedding(&tt, &tw, nullptr, &to), MTP_ERROR_INVALID_ARGUMENT,
+          ("tokens must hold token ids in [0, V (weight.sizes[0])) = [0, 4), got tokens[1] = " + std::to_string(id))
+              .c_str(),
+          "embedding id");
+    }
+    EXPECT(std::all_of(out.begin(), out.end(), [](float f) { return f == 3.f; }),
+           "embedding sizes: written on failure");
+  }
   {  // verify_sampled with offsets near 2^63: positions wrap (no UB), tokens valid
     const int64_t B = 1, K = 2, V = 5;
     std::vector<int64_t> draft{1, 2}, seeds{7}, offsets{INT64_MAX}, acc{-9}, out(3, -9);
@@ -199,6 +236,32 @@ void test_aliasing() {
     mtp_tensor ty3 = view(y.data(), MTP_FLOAT32, {2, 1});
     expect_error(mtp_linear(&tx, &tw2, nullptr, &ty3, 1), MTP_ERROR_INVALID_ARGUMENT, "y and weight overlap in memory",
                  "linear y = weight");
+  }
+  {  // mtp_embedding: out over the table, its scales or the ids
+    std::vector<int8_t> q(64, 1);
+    std::vector<float> scale(4, 0.5f), out(64, 3.f);
+    int64_t ids[2] = {0, 1};
+    const mtp_tensor tt = view(ids, MTP_INT64, {2}), tq = view(q.data(), MTP_INT8, {2, 32}),
+                     ts = view(scale.data(), MTP_FLOAT32, {2, 1}), to = view(out.data(), MTP_FLOAT32, {2, 32});
+    EXPECT(mtp_embedding(&tt, &tq, &ts, &to) == MTP_OK && out[0] == 0.5f, "valid embedding: %s", mtp_last_error());
+    std::fill(out.begin(), out.end(), 3.f);
+    mtp_tensor over = view(q.data(), MTP_FLOAT32, {2, 8});  // the int8 table's 64 bytes
+    const mtp_tensor tq8 = view(q.data(), MTP_INT8, {2, 8}), ts8 = view(scale.data(), MTP_FLOAT32, {2, 1});
+    expect_error(mtp_embedding(&tt, &tq8, &ts8, &over), MTP_ERROR_INVALID_ARGUMENT, "out and weight overlap in memory",
+                 "embedding out = weight");
+    over.data = scale.data(), over.sizes[0] = 1, over.sizes[1] = 4;  // [1, 4] over the scales; one id
+    mtp_tensor t1 = tt;
+    t1.sizes[0] = 1;
+    const mtp_tensor tq4 = view(q.data(), MTP_INT8, {2, 4});
+    expect_error(mtp_embedding(&t1, &tq4, &ts8, &over), MTP_ERROR_INVALID_ARGUMENT,
+                 "out and weight_scale overlap in memory", "embedding out = weight_scale");
+    const mtp_tensor tf = view(out.data(), MTP_FLOAT32, {2, 32});
+    mtp_tensor oi = view(ids, MTP_FLOAT32, {2, 2});  // out over the ids' 16 bytes
+    mtp_tensor tf2 = tf;
+    tf2.sizes[1] = 2;
+    expect_error(mtp_embedding(&tt, &tf2, nullptr, &oi), MTP_ERROR_INVALID_ARGUMENT, "out and tokens overlap in memory",
+                 "embedding out = tokens");
+    EXPECT(ids[0] == 0 && ids[1] == 1 && q[0] == 1 && scale[0] == 0.5f, "embedding aliasing: written on failure");
   }
   {  // head_attention: out over q
     std::vector<float> q(8, 1.f), k(8, 1.f);

@@ -34,7 +34,7 @@ import torch
 
 from ..gguf import TYPE_NUMBERS, QuantTensor, can_x8, widen_q5_0
 from .gemma3 import Gemma3Config, expected_shapes
-from .llama import KVCache, MixedTypesError, TiedMatrices, _fuse, block_rows
+from .llama import KVCache, MixedTypesError, TiedMatrices, _fuse
 
 
 class Gemma3Backbone(TiedMatrices, torch.nn.Module):
@@ -200,7 +200,7 @@ class Gemma3Backbone(TiedMatrices, torch.nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embedding rows times sqrt(hidden) in fp32, rounded to dtype: [..., hidden]."""
         w, gguf_type = self._mats["model.embed_tokens.weight"]
-        rows = block_rows(w, gguf_type, tokens, torch.float32) if gguf_type is not None else w[tokens].float()
+        rows = torch.ops.mtp.embedding(tokens, w, gguf_type=gguf_type, dtype=torch.float32)
         return (rows * torch.tensor(self.embed_scale, dtype=torch.float32)).to(self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

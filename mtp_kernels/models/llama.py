@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..gguf import X8_TYPES, QuantTensor, file_rows, type_name, unpack_x8
+from ..gguf import X8_TYPES, QuantTensor, type_name, unpack_x8
 from ..quant import dequantize_q8, quantize_q8
 from ..reference import DECODER_PARTS, gguf_dequantize
 from .config import LlamaConfig
@@ -214,14 +214,13 @@ class Backbone(TiedMatrices, torch.nn.Module):
 
     def _rows(self, name: str, index) -> torch.Tensor:
         w, scale, gguf_type = self.w(name), self.scale(name), self.gguf_type(name)
+        if index is not None:  # one mtp.embedding call: gathered and dequantized in C++
+            return torch.ops.mtp.embedding(torch.as_tensor(index), w, scale, gguf_type=gguf_type, dtype=self.dtype)
         if gguf_type is not None:
-            return block_rows(w, gguf_type, index, self.dtype)
+            return block_rows(w, gguf_type, self.dtype)
         if scale is None:
-            return w if index is None else w[index]
-        if index is not None:
-            w, scale = w[index], scale[index]
-        rows = dequantize_q8(w.reshape(-1, w.shape[-1]), scale.reshape(-1, scale.shape[-1]))
-        return rows.view(w.shape).to(self.dtype)
+            return w
+        return dequantize_q8(w, scale).to(self.dtype)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The embeddings of tokens [...] -> [..., hidden] in `dtype`."""
@@ -325,15 +324,12 @@ class Backbone(TiedMatrices, torch.nn.Module):
         return h
 
 
-def block_rows(w: torch.Tensor, gguf_type: int, index, dtype: torch.dtype) -> torch.Tensor:
-    """Rows `index` (all when None) of a GGUF block-type matrix's bytes w, dequantized in fp32
-    then rounded to dtype (as mtp.head_draft does): [*index.shape, K]."""
-    if gguf_type in X8_TYPES and index is None:
-        rows, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
-    else:  # an x8 matrix's rows are interleaved: gathered in the file's layout
-        rows, gguf_type = (w, gguf_type) if index is None else file_rows(w, gguf_type, index)
-    flat = gguf_dequantize(rows.reshape(-1, w.shape[-1]), gguf_type).to(dtype)
-    return flat.view(*rows.shape[:-1], flat.shape[-1])
+def block_rows(w: torch.Tensor, gguf_type: int, dtype: torch.dtype) -> torch.Tensor:
+    """Every row of a GGUF block-type matrix's bytes w (either layout), dequantized in fp32
+    then rounded to dtype (mtp.embedding's values): [N, K]."""
+    if gguf_type in X8_TYPES:
+        w, gguf_type = unpack_x8(w, gguf_type), gguf_type - 100
+    return gguf_dequantize(w, gguf_type).to(dtype)
 
 
 def _fuse(name: str, parts: list):

@@ -14,6 +14,7 @@
 
 #include "mtp/argmax.h"
 #include "mtp/decoder_layers.h"
+#include "mtp/embedding.h"
 
 namespace mtp {
 
@@ -83,24 +84,6 @@ inline void argmax_order(const void* row, DType dt, int64_t n, int64_t count, in
     return a.idx != b.idx && argmax_combine(a, b).idx == a.idx;
   });
   for (int64_t i = 0; i < count; ++i) out[i] = keys[size_t(i)].idx;
-}
-
-// Row `id` of the embedding, in dt (a Q8 row: q * scale in fp32, rounded once; a GGUF
-// block-type row, e.stride bytes apart: dequantize_row in fp32, rounded once).
-inline void embedding_row(const DecoderMatrix& e, int64_t H, int64_t id, DType dt, void* out) {
-  if (is_block_type(e.dtype)) {
-    thread_local std::vector<float> row;
-    row.resize(size_t(H));
-    dequantize_row(e.dtype, static_cast<const uint8_t*>(e.w), e.stride, id, H, row.data());
-    for (int64_t k = 0; k < H; ++k) store_f32(out, dt, k, row[size_t(k)]);
-    return;
-  }
-  for (int64_t k = 0; k < H; ++k) {
-    const float v = e.dtype == DType::I8 ? float(static_cast<const int8_t*>(e.w)[id * e.stride + k]) *
-                                               e.scale[id * e.scale_stride + k / kQ8Block]
-                                         : load_f32(e.w, e.dtype, id * e.stride + k);
-    store_f32(out, dt, k, v);
-  }
 }
 
 template <class ParallelFor>

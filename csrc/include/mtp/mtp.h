@@ -64,9 +64,10 @@ typedef enum mtp_dtype {
    * (the logical shape; K a multiple of the block: 32, or 256 for the K-quants), strides[0] =
    * BYTES between rows (>= the row's K / block * block-bytes; a tensor's rows are packed in the
    * file, so that row size) and strides[1] = 1; data points to the first row's first block.
-   * Weights only (mtp_linear, the matrices of mtp_decoder_layers and mtp_head_draft); their
-   * product quantizes each activation row to int8 in blocks of 32 and sums in a fixed order
-   * (mtp/gguf.h): a row's bits never depend on M, num_threads or the instruction set. */
+   * Weights only (mtp_linear, the matrices of mtp_decoder_layers and mtp_head_draft, the table of
+   * mtp_embedding); a product with one quantizes each activation row to int8 in blocks of 32 and
+   * sums in a fixed order (mtp/gguf.h): a row's bits never depend on M, num_threads or the
+   * instruction set. */
   MTP_Q4_0 = 102, /* 18 bytes per 32: fp16 d, 16 bytes of nibbles */
   MTP_Q4_1 = 103, /* 20 bytes per 32: fp16 d, fp16 m, 16 bytes of nibbles */
   MTP_Q5_0 = 106, /* 22 bytes per 32: fp16 d, 4 bytes of 5th bits, 16 bytes of nibbles */
@@ -343,6 +344,19 @@ MTP_API mtp_status mtp_linear_q8(const mtp_tensor* x, const mtp_tensor* weight, 
  *   arguments: as mtp_linear_q8 */
 MTP_API mtp_status mtp_linear_q8dot(const mtp_tensor* x, const mtp_tensor* weight, const mtp_tensor* weight_scale,
                                     const mtp_tensor* bias, const mtp_tensor* y, int32_t num_threads);
+
+/* Embedding rows (torch.ops.mtp.embedding, the same bits): out[i] = row tokens[i] of weight in fp32
+ * (a Q8 row q * scale, a GGUF row dequantized as mtp/gguf.h does), rounded once to out's dtype:
+ * mtp_decoder_layers' x, or the rows mtp_head_draft's embedding gives a token.
+ *   tokens       [n] int32 | int64, any stride, each in [0, V)
+ *   weight       [V, H] as mtp_head_draft's embedding: float32 | bfloat16 with unit-stride rows, or
+ *                int8 with weight_scale, or a GGUF block dtype (H a multiple of its block; an x8
+ *                layout: V a multiple of 8, rows contiguous)
+ *   weight_scale [V, ceil(H/32)] float32, rows unit-stride, with an int8 weight; else NULL
+ *   out          [n, H] output float32 | bfloat16, any strides
+ * One thread (a step gathers a few rows). */
+MTP_API mtp_status mtp_embedding(const mtp_tensor* tokens, const mtp_tensor* weight, const mtp_tensor* weight_scale,
+                                 const mtp_tensor* out);
 
 /* A whole Llama-family decoder pass over T new tokens per request (torch.ops.mtp.decoder_layers):
  * per layer RMSNorm, the fused q/k/v projection, RoPE, the cache append, causal attention over the
