@@ -42,3 +42,26 @@ def test_independent_sets_share_no_text_with_training_or_the_other_sets(name):
         banned = si.set_shingles([where])
         shared = [p["prompt"][:60] for p in mine if si.shingles(p["prompt"]) & banned]
         assert not shared, f"{name} shares an 8-word sequence with {os.path.relpath(where, ROOT)}: {shared}"
+
+
+GEMMA_TASKS = {"email", "story", "howto"}
+
+
+@pytest.mark.parametrize("name", ["gemma3_continuations", "gemma3_dev_set"])
+def test_gemma3_sets_are_well_formed(name):
+    prompts = rows(name)
+    assert all(set(p) == {"task", "prompt"} and p["task"] in GEMMA_TASKS for p in prompts)
+    assert all(isinstance(p["prompt"], str) and p["prompt"].strip() for p in prompts)
+    assert len({p["prompt"] for p in prompts}) == len(prompts)
+    counts = collections.Counter(p["task"] for p in prompts)
+    assert set(counts) == GEMMA_TASKS and min(counts.values()) >= (30 if name == "gemma3_dev_set" else 10), counts
+
+
+def test_gemma3_dev_set_shares_no_text_with_the_reported_set_or_training():
+    """Gemma 3's dev set (where its levers are decided) apart from its reported continuation
+    set and from every training file, 8-word sequences as above."""
+    mine = rows("gemma3_dev_set")
+    for where in [path("gemma3_continuations")] + [path(t, "data") for t in TRAINING]:
+        banned = si.set_shingles([where])
+        shared = [p["prompt"][:60] for p in mine if si.shingles(p["prompt"]) & banned]
+        assert not shared, f"gemma3_dev_set shares an 8-word sequence with {os.path.relpath(where, ROOT)}: {shared}"

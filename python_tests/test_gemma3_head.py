@@ -45,14 +45,20 @@ def random_head(cfg, dtype, vocab=None, seed=0, kv_layer=GLOBAL):
 
 @pytest.mark.parametrize(
     "dtype, matrices",
-    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16), (torch.float32, "q8_0")],
-    ids=["fp32", "bf16", "fp32_bf16_matrices", "fp32_q8_0_matrices"],
+    [
+        (torch.float32, None),
+        (torch.bfloat16, None),
+        (torch.float32, torch.bfloat16),
+        (torch.float32, "q8_0"),
+        (torch.float32, "q4_1"),
+    ],
+    ids=["fp32", "bf16", "fp32_bf16_matrices", "fp32_q8_0_matrices", "fp32_q4_1_matrices"],
 )
 @pytest.mark.parametrize("vocab", [None, 17, 16])
 def test_head_draft_on_gemma3_is_the_reference_bitwise(native, dtype, matrices, vocab):
     """mtp.head_draft over the Gemma backbone's own matrices (its Q8_0 x8 embedding and LM head,
     its global layer's cache, the global RoPE tables): reference.head_draft's drafts, batched
-    and ragged, with alternatives; also with the head's matrices in bf16 or Q8_0 (what
+    and ragged, with alternatives; also with the head's matrices in bf16, Q8_0 or Q4_1 (what
     load_head runs on Gemma 3) beside fp32 activations and norms."""
     cfg, weights, _ = native
     model = Gemma3Backbone(cfg, weights, dtype)
@@ -60,7 +66,7 @@ def test_head_draft_on_gemma3_is_the_reference_bitwise(native, dtype, matrices, 
     head.matrix_dtype = matrices
     if matrices is not None:
         ws = head.draft_weights(dtype)
-        stored = torch.uint8 if matrices == "q8_0" else matrices  # Q8_0 x8 bytes
+        stored = torch.uint8 if isinstance(matrices, str) else matrices  # Q8_0 / Q4_1 x8 bytes
         assert {w.dtype for w in ws if w.dim() == 2} == {stored} and {w.dtype for w in ws if w.dim() == 1} == {dtype}
     cache = model.new_cache(2, 48)
     h0 = model(torch.tensor([PROMPT]), cache.select(0))[:, -1]
@@ -141,7 +147,7 @@ def test_load_head_for_gemma3(tiny_file, capsys):
     head = loading.load_head(None, model, notes.append, default_model=False)
     assert any("the shipped gemma3-270m head does not fit this model" in n for n in notes)
     assert not head.cfg.trained and head.cfg.kv_layer == GLOBAL
-    assert head.matrix_dtype == "q8_0" and model.dtype == torch.float32  # Q8_0 matrices, fp32 norms
+    assert head.matrix_dtype == "q4_1" and model.dtype == torch.float32  # Q4_1 matrices, fp32 norms
     assert any("UNTRAINED" in n for n in notes)
     smollm2 = loading.os.path.join(loading.SHIPPED_HEADS, "smollm2-135m")
     with pytest.raises(CheckpointError, match="does not fit the backbone"):
