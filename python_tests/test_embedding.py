@@ -130,9 +130,27 @@ BAD = [
     (lambda: (torch.tensor([1]), _w()), {"dtype": torch.float16}, "dtype must be torch.float32 or torch.bfloat16"),
 ]
 GGUF_BAD = [
-    (lambda: (torch.tensor([1]), torch.zeros(V, 35, dtype=torch.uint8)), {"gguf_type": 8}, "weight:"),
+    (
+        lambda: (torch.tensor([1]), torch.zeros(V, 35, dtype=torch.uint8)),
+        {"gguf_type": 8},
+        "weight: rows of 35 bytes are not whole Q8_0 blocks (34 bytes per 32 elements)",
+    ),
+    (
+        lambda: (torch.tensor([1]), torch.zeros(V, 33, dtype=torch.uint8)),
+        {"gguf_type": 103},
+        "weight: rows of 33 bytes are not whole Q4_1_X8 blocks (20 bytes per 32 elements)",
+    ),
+    (
+        lambda: (torch.tensor([1]), torch.zeros(V, 40, dtype=torch.uint8)[:, ::2]),
+        {"gguf_type": 3},
+        "weight: weight bytes must be contiguous along a row (stride 1), got strides [40, 2]",
+    ),
     (lambda: (torch.tensor([1]), torch.zeros(V, 34)), {"gguf_type": 8}, "must be its uint8 bytes"),
-    (lambda: (torch.tensor([1]), torch.zeros(V, 34, dtype=torch.uint8)), {"gguf_type": 7}, "7"),
+    (
+        lambda: (torch.tensor([1]), torch.zeros(V, 34, dtype=torch.uint8)),
+        {"gguf_type": 7},
+        "GGML type 7 is not supported: expected 2 (Q4_0), 3 (Q4_1)",
+    ),
     (lambda: (torch.tensor([V]), torch.zeros(V, 34, dtype=torch.uint8)), {"gguf_type": 8}, f"got tokens[0] = {V}"),
     (
         lambda: (torch.tensor([1]), torch.zeros(V, 34, dtype=torch.uint8), torch.ones(V, 1)),

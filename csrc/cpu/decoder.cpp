@@ -503,6 +503,8 @@ Tensor embedding_cpu(const Tensor& tokens, const Tensor& weight, const std::opti
     check_ok(op, gguf_type_error(*gguf_type));
     DType t;
     gguf_dtype(*gguf_type, &t);
+    MTP_CHECK(weight.size(1) % block_bytes(t) == 0, op, ": weight: rows of ", weight.size(1), " bytes are not whole ",
+              block_type_name(t), " blocks (", block_bytes(t), " bytes per ", block_elems(t), " elements)");
     H = weight.size(1) / block_bytes(t) * block_elems(t);
   }
   EmbeddingArgs a;
