@@ -13,12 +13,11 @@ so the fewer tokens between edits, the fewer a pass can take, whatever drafts th
 
 import argparse
 import difflib
-import json
 import os
 
 import torch
 
-from mtp_kernels import decoding
+from mtp_kernels import data, decoding
 from mtp_kernels.models.loading import load_backbone
 
 HERE = os.path.dirname(__file__)
@@ -59,8 +58,7 @@ def main():
     print("| set | " + " | ".join(cols + ["lookup of up to 64 tau"]) + " |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, file in SETS.items():
-        rows = [json.loads(line) for line in open(os.path.join(HERE, file))]
-        rows = [r for r in rows if r["task"] == "proofread"][: args.per_task]
+        rows = [r for r in data.read_jsonl(os.path.join(HERE, file)) if r["task"] == "proofread"][: args.per_task]
         total = copied = edits = decoded = 0
         passes = {(3, 8): 0, (64, 64): 0}
         for r in rows:

@@ -249,17 +249,11 @@ def embedding(tokens, weight, weight_scale=None, *, gguf_type=None, dtype=None):
         op,
         f"dtype must be torch.float32 or torch.bfloat16, got {dtype}",
     )
-    if not (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):  # no sync while a graph is captured
-        ids = tokens.reshape(-1)
-        bad = ((ids < 0) | (ids >= weight.shape[0])).nonzero()
-        if len(bad):
-            i = int(bad[0, 0])
-            V = weight.shape[0]
-            C.check(
-                False,
-                op,
-                f"tokens must hold token ids in [0, V (weight.size(0))) = [0, {V}), got tokens[{i}] = {int(ids[i])}",
-            )
+    V = weight.shape[0]
+    for i, t in enumerate(C._host_values(tokens.reshape(-1)) or []):  # none while a graph is captured
+        C.check(
+            0 <= t < V, op, f"tokens must hold token ids in [0, V (weight.size(0))) = [0, {V}), got tokens[{i}] = {t}"
+        )
     return reference.embedding(tokens, weight, weight_scale, dtype=dtype).contiguous()
 
 

@@ -34,14 +34,18 @@ def test_sets_are_well_formed_and_without_duplicates(name):
         assert set(counts) == set(data.TASKS) and min(counts.values()) >= 30, counts
 
 
-@pytest.mark.parametrize("name", INDEPENDENT)
-def test_independent_sets_share_no_text_with_training_or_the_other_sets(name):
+def assert_no_shared_text(name: str, others: list[str]) -> None:
+    """No prompt of set `name` shares an 8-word sequence with any file of `others`."""
     mine = rows(name)
-    others = [path(s) for s in SETS if s != name] + [path(t, "data") for t in TRAINING]
     for where in others:
         banned = si.set_shingles([where])
         shared = [p["prompt"][:60] for p in mine if si.shingles(p["prompt"]) & banned]
         assert not shared, f"{name} shares an 8-word sequence with {os.path.relpath(where, ROOT)}: {shared}"
+
+
+@pytest.mark.parametrize("name", INDEPENDENT)
+def test_independent_sets_share_no_text_with_training_or_the_other_sets(name):
+    assert_no_shared_text(name, [path(s) for s in SETS if s != name] + [path(t, "data") for t in TRAINING])
 
 
 GEMMA_TASKS = {"email", "story", "howto"}
@@ -60,8 +64,4 @@ def test_gemma3_sets_are_well_formed(name):
 def test_gemma3_dev_set_shares_no_text_with_the_reported_set_or_training():
     """Gemma 3's dev set (where its levers are decided) apart from its reported continuation
     set and from every training file, 8-word sequences as above."""
-    mine = rows("gemma3_dev_set")
-    for where in [path("gemma3_continuations")] + [path(t, "data") for t in TRAINING]:
-        banned = si.set_shingles([where])
-        shared = [p["prompt"][:60] for p in mine if si.shingles(p["prompt"]) & banned]
-        assert not shared, f"gemma3_dev_set shares an 8-word sequence with {os.path.relpath(where, ROOT)}: {shared}"
+    assert_no_shared_text("gemma3_dev_set", [path("gemma3_continuations")] + [path(t, "data") for t in TRAINING])
