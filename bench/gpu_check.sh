@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The device check, one command on a machine with a CUDA GPU (sized for one H200, < 8 min):
+# The device check, one command on a machine with a CUDA GPU (sized for one H200, < 9 min):
 #   1. builds the extension with its C++ CUDA kernels (MTP_WITH_CUDA=ON) against the
 #      machine's own CUDA torch (no download: that machine is offline; pins do not apply);
 #   2. runs the tests, the CUDA variants included (C++ CUDA through torch.ops.mtp, and the
 #      Triton launchers on the GPU; a decode step captured in a CUDA graph), then the rest of
 #      the suite;
 #   3. runs the GPU microbenchmarks (ours vs torch, GB/s vs the measured bandwidth; attention
-#      vs torch SDPA with enable_gqa; host overhead per op call; a decode step's graph replay).
+#      vs torch SDPA with enable_gqa; host overhead per op call; a decode step's graph replay);
+#   4. profiles the C++ head_attention and linear kernels under Nsight Compute (ncu.txt).
 # Results go to $1 (default: $OUT when set, else build/gpu-check): summary.txt, build.log,
-# tests.log, suite.log, bench.log, results.md and gpu_results.json (the same figures as JSON,
+# tests.log, suite.log, bench.log, results.md, ncu.txt and gpu_results.json (the same figures as JSON,
 # committed as bench/gpu_results.json). Exit status: non-zero if the CUDA build or a test of
-# test_triton.py / test_cuda_graph.py / test_cuda_checks.py failed. Every step has a timeout; together at most 475 s (the build alone took ~4 min on the H200 machine, 2026-12-04).
+# test_triton.py / test_cuda_graph.py / test_cuda_checks.py failed. Every step has a timeout; together at most 520 s (the build alone took ~4 min on the H200 machine, 2026-12-04).
 #   bash bench/gpu_check.sh [results-dir]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +20,10 @@ mkdir -p "$RES"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 summary() { echo "$*" | tee -a "$RES/summary.txt"; }
-# Every step's timeout: its own cap, or what is left of the 475 s budget less the time kept for
+# Every step's timeout: its own cap, or what is left of the 520 s budget less the time kept for
 # the steps after it (cap CAP KEEP), whichever is less. A step that ends early leaves its time to
 # the next ones, up to their caps.
-END=$((SECONDS + 475))
+END=$((SECONDS + 520))
 cap() { local left=$((END - SECONDS - ${2:-0})); (( left < $1 )) && echo $((left > 1 ? left : 1)) || echo "$1"; }
 : > "$RES/summary.txt"
 summary "gpu_check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
@@ -80,7 +81,7 @@ grep -E "^(FAILED|ERROR)" "$RES/suite.log" | head -n 20 | tee -a "$RES/summary.t
 
 # 3. Microbenchmarks (about 40-70 s on an H200). Both files are rewritten after each section: a
 #    timeout leaves what was measured ("complete": false in the JSON).
-timeout "$(cap 100)" "$PY" bench/gpu_bench.py "$RES/results.md" "$RES/gpu_results.json" > "$RES/bench.log" 2>&1
+timeout "$(cap 100 25)" "$PY" bench/gpu_bench.py "$RES/results.md" "$RES/gpu_results.json" > "$RES/bench.log" 2>&1
 summary "bench: rc $? -> $RES/results.md, JSON $RES/gpu_results.json (commit it as bench/gpu_results.json)"
 "$PY" - "$RES/gpu_results.json" <<'EOF' 2>&1 | tee -a "$RES/summary.txt"
 import json, sys
@@ -98,4 +99,17 @@ for e in d.get("errors", [])[:10]:
     print(f"bench error: {e.get('where')}: {e.get('error', '')[:200]}")
 EOF
 cat "$RES/results.md" 2>/dev/null
+
+# 4. Where the time goes (Nsight Compute, when the machine has it and time is left): the C++
+#    head_attention's chunk and merge kernels and linear, one call each (bench/gpu_profile.py):
+#    duration, DRAM throughput, occupancy, registers, warp stalls -> ncu.txt.
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+if [ "$build_rc" = 0 ] && [ -n "$NCU" ] && (( $(cap 60) > 20 )); then
+  timeout "$(cap 60)" "$NCU" --nvtx --nvtx-include "profile/" --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    "$PY" bench/gpu_profile.py > "$RES/ncu.txt" 2>&1
+  summary "ncu: rc $? -> $RES/ncu.txt ($(grep -c "Duration" "$RES/ncu.txt") kernels profiled)"
+else
+  summary "ncu: skipped (build_rc $build_rc, ncu '${NCU:-none}', $(cap 60) s left)"
+fi
 exit $(( build_rc || test_rc ))

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 import triton
+from triton.runtime.interpreter import InterpretedFunction
 
 from .. import _checks as C
 from .kernels import attention as A
@@ -282,9 +283,9 @@ def _launch_verify_sampled(
     temp, seeds, offs, has_filters, top_k, top_p, min_p = _sampled_values(*per_request)
     q = draft_probs if draft_probs is not None else logits[0]  # never read without HAS_Q
     draft_first, row_first = firsts if firsts is not None else (seeds, seeds)  # never read without HAS_FIRST
-    # No FMA contraction on a GPU: every product rounds, as in the C++ kernel (the interpreter
-    # never fuses, and rejects the option).
-    opts = {} if logits[0].device.type == "cpu" else {"enable_fp_fusion": False}
+    # No FMA contraction when compiled: every product rounds, as in the C++ kernel (the
+    # interpreter never fuses, and rejects the option).
+    opts = {} if isinstance(verify_sampled_kernel, InterpretedFunction) else {"enable_fp_fusion": False}
     verify_sampled_kernel[(accepted.shape[0],)](
         *draft,
         q,

@@ -222,7 +222,8 @@ def attention_merge_kernel(
         done, st_m, st_l, st_acc = _fold(
             c < n_local, done, st_m, st_l, st_acc, part_m, part_l, part_acc, base + (Cc + c) * step, D, d, d_ok
         )
-    res = tl.where(done[:, None], st_acc / tl.where(done, st_l, 1.0)[:, None], 0.0)
+    # div_rn: IEEE division (a GPU's plain fp32 `/` is an approximation, ~2 ulp; the interpreter's is exact).
+    res = tl.where(done[:, None], tl.math.div_rn(st_acc, tl.where(done, st_l, 1.0)[:, None]), 0.0)
     # A row is finite or all NaN (as the CPU's write_row): a NaN l (a non-finite score) or a
     # non-finite acc element (a non-finite value: inf, or 0 * inf = NaN) makes every element NaN.
     acc_bad = tl.max((d_ok[None, :] & ~(tl.abs(st_acc) < float("inf"))).to(tl.int32), 1)

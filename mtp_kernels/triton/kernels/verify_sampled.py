@@ -185,7 +185,7 @@ def inverse_cdf(row, sv, q, sq, V, m, T, point, S, residual, key_min, w_min, tot
     node = 0
     acc = acc_at
     for i in tl.static_range(LOG2_BLOCK):
-        half: tl.constexpr = SAMPLE_BLOCK >> (i + 1)
+        half = SAMPLE_BLOCK >> (i + 1)
         left = tree_sum(tl.where((idx >= node) & (idx < node + half), keep, _f64(0.0)))
         right = tree_sum(tl.where((idx >= node + half) & (idx < node + 2 * half), keep, _f64(0.0)))
         go_left = (right == 0) | (acc + left > target)

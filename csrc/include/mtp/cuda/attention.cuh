@@ -102,9 +102,10 @@ __device__ __forceinline__ void load_vec(const char* row, int64_t d_stride, int6
   }
 }
 
-// Whether every row j of a [.., j, d] view at `base` (bytes) can be read with 16-byte loads.
-__device__ __forceinline__ bool vec_rows(const char* base, const int64_t* stride, int64_t elem) {
-  return stride[3] == 1 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && (stride[2] * elem) % 16 == 0;
+// Whether every row j of a [.., j, d] view at `base` (bytes; row stride js, head-dim stride
+// ds, in elements) can be read with 16-byte loads.
+__device__ __forceinline__ bool vec_rows(const char* base, int64_t js, int64_t ds, int64_t elem) {
+  return ds == 1 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && (js * elem) % 16 == 0;
 }
 
 // LPK: lanes per key row (D <= 8 * LPK); RT: query rows per block.
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
   constexpr int DP = LPK * kVec;                  // head dims held by a group (>= D)
   constexpr int kKeysInFlight = RT <= 4 ? 4 : 2;  // rows each group loads before it uses the first (registers)
   __shared__ int cnt[RT], first[RT];              // the row sees keys [first, cnt) of this chunk
-  __shared__ float qs[RT][DP];                    // q rows, fp32, zero past D
+  __shared__ __align__(16) float qs[RT][DP];      // q rows, fp32, zero past D
   __shared__ float ps[RT][kAttnChunk];            // scores, then exp(s - m)
   __shared__ float red[NG][DP];                   // the groups' sums of one row
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = tid / LPK, s = tid % LPK;
@@ -130,12 +131,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
     }
     qs[i / DP][d] = x;
   }
-  __syncthreads();
-  float q[RT][kVec];  // the lane's head dims of every row
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) q[r][e] = qs[r][s * kVec + e];
+  // The q rows stay in shared memory (broadcast reads): in registers they pushed the
+  // accumulators into local memory (spills).
   const int64_t es = dtype_size(a.dtype);
 
   // Chunks y, y + gridDim.y, ...: the grid may cover the capacity (no host sync for the
@@ -165,11 +162,14 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
       if (cnt[r] > 0) jmin = first[r] < jmin ? first[r] : jmin;
     }
     if (nmax == 0) continue;  // no row of the tile reads this chunk (uniform over the block)
-    const int64_t* ks = local ? a.kl_stride : a.k_stride;
-    const int64_t* vs = local ? a.vl_stride : a.v_stride;
-    const char* kb = static_cast<const char*>(local ? a.k_local : a.k) + (b * ks[0] + h * ks[1] + c0 * ks[2]) * es;
-    const char* vb = static_cast<const char*>(local ? a.v_local : a.v) + (b * vs[0] + h * vs[1] + c0 * vs[2]) * es;
-    const bool kvec = vec_rows(kb, ks, es), vvec = vec_rows(vb, vs, es);
+    // Stride values, not a pointer into the kernel's arguments (that copies them to local memory).
+    const int64_t kj = local ? a.kl_stride[2] : a.k_stride[2], kd = local ? a.kl_stride[3] : a.k_stride[3];
+    const int64_t vj = local ? a.vl_stride[2] : a.v_stride[2], vd = local ? a.vl_stride[3] : a.v_stride[3];
+    const int64_t k0 = local ? b * a.kl_stride[0] + h * a.kl_stride[1] : b * a.k_stride[0] + h * a.k_stride[1];
+    const int64_t v0 = local ? b * a.vl_stride[0] + h * a.vl_stride[1] : b * a.v_stride[0] + h * a.v_stride[1];
+    const char* kb = static_cast<const char*>(local ? a.k_local : a.k) + (k0 + c0 * kj) * es;
+    const char* vb = static_cast<const char*>(local ? a.v_local : a.v) + (v0 + c0 * vj) * es;
+    const bool kvec = vec_rows(kb, kj, kd, es), vvec = vec_rows(vb, vj, vd, es);
     // 1. Scores: group g takes keys jmin + g, jmin + g + NG, ...; each key row is loaded once
     //    for every row of the tile. The loop bounds are uniform over the block, so the
     //    butterflies run in whole warps (a key past nmax is zeros and stored nowhere).
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
       for (int u = 0; u < kKeysInFlight; ++u) {
         const int j = jb + u * NG + g;
         if (j < nmax) {
-          load_vec<T>(kb + j * ks[2] * es, ks[3], D, s * kVec, kvec, kr[u]);
+          load_vec<T>(kb + j * kj * es, kd, D, s * kVec, kvec, kr[u]);
         } else {
 #pragma unroll
           for (int e = 0; e < kVec; ++e) kr[u][e] = 0.f;
@@ -190,9 +190,12 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
         const int j = jb + u * NG + g;
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
+          const float4 q0 = *reinterpret_cast<const float4*>(&qs[r][s * kVec]);
+          const float4 q1 = *reinterpret_cast<const float4*>(&qs[r][s * kVec + 4]);
+          const float q8[kVec] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
           float x = 0.f;
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) x = fmaf(q[r][e], kr[u][e], x);
+          for (int e = 0; e < kVec; ++e) x = fmaf(q8[e], kr[u][e], x);
 #pragma unroll
           for (int o = LPK / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
           if (s == 0 && j >= first[r] && j < cnt[r]) ps[r][j] = x * a.scale;
@@ -242,7 +245,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
       for (int u = 0; u < kKeysInFlight; ++u) {
         const int j = jb + u * NG + g;
         if (j >= jmin && j < nmax) {
-          load_vec<T>(vb + j * vs[2] * es, vs[3], D, s * kVec, vvec, vr[u]);
+          load_vec<T>(vb + j * vj * es, vd, D, s * kVec, vvec, vr[u]);
         } else {
 #pragma unroll
           for (int e = 0; e < kVec; ++e) vr[u][e] = 0.f;
@@ -278,12 +281,14 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
   }
 }
 
-// One block per output row (b * T + t) * Hq + hq; thread i owns head dims i, i + 128.
+// One block per output row (b * T + t) * Hq + hq; thread i owns head dims i, i + 128. Each
+// segment of kMergeChunks partials is loaded into registers at once (every load in flight:
+// a long cache's row folds hundreds of partials), then folded in order.
 template <DType T>
 __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(AttentionArgs a, AttentionWork w) {
   constexpr int DPT = kAttnMaxD / kMergeThreads;  // head dims per thread
   __shared__ float ms[kMergeChunks], ls[kMergeChunks];
-  __shared__ float accs[kMergeChunks][kAttnMaxD];
+  __shared__ int64_t ps[kMergeChunks];  // the segment's partial indexes
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x, D = a.D;
   const int64_t G = a.Hq / a.Hkv, hq = row % a.Hq, t = (row / a.Hq) % a.T, b = row / (a.Hq * a.T);
@@ -298,29 +303,33 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Attentio
   for (int64_t i0 = 0; i0 < n; i0 += kMergeChunks) {
     const int cn = int(n - i0 < kMergeChunks ? n - i0 : kMergeChunks);
     __syncthreads();  // the last segment is folded
-    for (int64_t i = tid; i < cn * D; i += kMergeThreads) {
-      const int64_t p = partial_index(w, bh, chunk(i0 + i / D), r);
-      accs[i / D][i % D] = w.acc[p * D + i % D];
-    }
-    for (int i = tid; i < cn; i += kMergeThreads) {
-      const int64_t p = partial_index(w, bh, chunk(i0 + i), r);
-      ms[i] = w.ml[2 * p];
-      ls[i] = w.ml[2 * p + 1];
+    if (tid < cn) {
+      const int64_t p = partial_index(w, bh, chunk(i0 + tid), r);
+      ps[tid] = p;
+      ms[tid] = w.ml[2 * p];
+      ls[tid] = w.ml[2 * p + 1];
     }
     __syncthreads();
-    // Folds partial i (later keys than the state); the row's first one is copied.
-    for (int i = 0; i < cn; ++i) {
+    float v[kMergeChunks][DPT];
+#pragma unroll
+    for (int i = 0; i < kMergeChunks; ++i)
+#pragma unroll
+      for (int k = 0; k < DPT; ++k) {
+        const int d = k * kMergeThreads + tid;
+        v[i][k] = i < cn && d < D ? w.acc[ps[i] * D + d] : 0.f;
+      }
+    // Folds partial i (later keys than the state); the row's first one is copied. Every
+    // product rounds before the sum (no contraction: the CPU merge's formula).
+#pragma unroll
+    for (int i = 0; i < kMergeChunks; ++i) {
+      if (i >= cn) break;
       const bool any = i0 + i > 0;
       const float pm = ms[i], pl = ls[i];
       const float mn = any ? fmaxf(m, pm) : pm;
       const float x = any ? expf(m - mn) : 0.f, y = any ? expf(pm - mn) : 1.f;
 #pragma unroll
-      for (int k = 0; k < DPT; ++k) {
-        const int d = k * kMergeThreads + tid;
-        const float v = d < D ? accs[i][d] : 0.f;
-        acc[k] = any ? acc[k] * x + v * y : v;
-      }
-      l = any ? l * x + pl * y : pl;
+      for (int k = 0; k < DPT; ++k) acc[k] = any ? __fadd_rn(__fmul_rn(acc[k], x), __fmul_rn(v[i][k], y)) : v[i][k];
+      l = any ? __fadd_rn(__fmul_rn(l, x), __fmul_rn(pl, y)) : pl;
       m = mn;
     }
   }
