@@ -1,4 +1,6 @@
 // Launchers of the CUDA head_attention / cache_append kernels (mtp/cuda/attention.cuh), torch-free.
+#include <atomic>
+
 #include "mtp/cuda/attention.cuh"
 
 namespace mtp::cuda {
@@ -31,6 +33,23 @@ void with_lpk(int64_t D, Fn&& fn) {
     fn(std::integral_constant<int, 32>{});
 }
 
+// A chunk kernel with `smem` bytes of dynamic shared memory. Over 48 KB needs the kernel's
+// attribute, set once per kernel and device to the most any head size stages.
+template <auto Kernel>
+void launch_chunks(dim3 grid, int64_t smem, cudaStream_t stream, const AttentionArgs& a, const AttentionWork& w) {
+  if (smem > 48 * 1024) {
+    static std::atomic<uint64_t> opted{0};
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const uint64_t bit = uint64_t(1) << (dev & 63);
+    if (!(opted.load() & bit)) {
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * kAttnChunk * kStageRowBytes));
+      opted.fetch_or(bit);
+    }
+  }
+  Kernel<<<grid, kAttnThreads, size_t(smem), stream>>>(a, w);
+}
+
 cudaError_t head_attention(const AttentionArgs& a, const AttentionWork& w, cudaStream_t stream) {
   if (a.B == 0 || a.T == 0 || a.Hq == 0 || a.D == 0) return cudaSuccess;
   with_dtype(a.dtype, [&](auto dt) {
@@ -39,10 +58,15 @@ cudaError_t head_attention(const AttentionArgs& a, const AttentionWork& w, cudaS
       constexpr int LPK = decltype(lpk)::value;
       const dim3 grid(unsigned(a.B * a.Hkv * w.row_blocks), unsigned(w.chunk_blocks));
       if (w.chunks == 0) return;
-      if (w.block_rows == 4)
-        attention_chunk_kernel<T, LPK, 4><<<grid, kAttnThreads, 0, stream>>>(a, w);
+      const int64_t rb = stage_row_bytes(a.D, dtype_size(T)), smem = 2 * kAttnChunk * rb;
+      if (rb && w.block_rows == 4)
+        launch_chunks<attention_chunk_kernel<T, LPK, 4, true>>(grid, smem, stream, a, w);
+      else if (rb)
+        launch_chunks<attention_chunk_kernel<T, LPK, 8, true>>(grid, smem, stream, a, w);
+      else if (w.block_rows == 4)
+        launch_chunks<attention_chunk_kernel<T, LPK, 4, false>>(grid, 0, stream, a, w);
       else
-        attention_chunk_kernel<T, LPK, 8><<<grid, kAttnThreads, 0, stream>>>(a, w);
+        launch_chunks<attention_chunk_kernel<T, LPK, 8, false>>(grid, 0, stream, a, w);
     });
     attention_merge_kernel<T><<<unsigned(a.B * a.T * a.Hq), kMergeThreads, 0, stream>>>(a, w);
   });

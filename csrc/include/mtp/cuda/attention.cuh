@@ -24,6 +24,7 @@
 // cache_append: one block per (b, kv head, t) copies the bits of one key and one value row.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 
 #include "mtp/attention_args.h"
 #include "mtp/cache.h"
@@ -38,6 +39,12 @@ constexpr int kVec = 8;  // head-dim elements per lane of a key / value row (16 
 constexpr int kMergeThreads = 128;
 constexpr int kMergeChunks = 32;  // chunk partials a merge block stages at a time
 constexpr int kAppendThreads = 128;
+// A chunk's K and V rows are staged in shared memory (async copies, all in flight at once) when
+// a row is whole 16-byte pieces of at most kStageRowBytes: 2 x 256 rows of 256 bytes = 128 KB.
+constexpr int64_t kStageRowBytes = 256;
+constexpr int64_t stage_row_bytes(int64_t D, int64_t es) {
+  return D * es <= kStageRowBytes && (D * es) % 16 == 0 ? D * es : 0;
+}
 
 template <DType T>
 __device__ __forceinline__ void store_f32(void* p, int64_t i, float v) {
@@ -108,8 +115,21 @@ __device__ __forceinline__ bool vec_rows(const char* base, int64_t js, int64_t d
   return ds == 1 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && (js * elem) % 16 == 0;
 }
 
-// LPK: lanes per key row (D <= 8 * LPK); RT: query rows per block.
-template <DType T, int LPK, int RT>
+// Issues async copies of rows [j0, j1) of a chunk at `src` (row stride rs bytes) into `dst`
+// (row j at j * rb bytes), in 16-byte pieces, as one commit group.
+__device__ __forceinline__ void stage_rows(char* dst, const char* src, int64_t rs, int rb, int j0, int j1) {
+  const int pieces = rb / 16;
+  for (int i = threadIdx.x; i < (j1 - j0) * pieces; i += blockDim.x) {
+    const int j = j0 + i / pieces, o = (i % pieces) * 16;
+    __pipeline_memcpy_async(dst + j * rb + o, src + j * rs + o, 16);
+  }
+  __pipeline_commit();
+}
+
+// LPK: lanes per key row (D <= 8 * LPK); RT: query rows per block. STAGE: K and V rows come
+// through shared memory (dynamic, 2 * kAttnChunk * D * es bytes) when the caches allow 16-byte
+// loads; the values, and so every row's arithmetic, are the same either way.
+template <DType T, int LPK, int RT, bool STAGE>
 __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(AttentionArgs a, AttentionWork w) {
   constexpr int NG = kAttnThreads / LPK;          // key groups
   constexpr int DP = LPK * kVec;                  // head dims held by a group (>= D)
@@ -170,6 +190,16 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
     const char* kb = static_cast<const char*>(local ? a.k_local : a.k) + (k0 + c0 * kj) * es;
     const char* vb = static_cast<const char*>(local ? a.v_local : a.v) + (v0 + c0 * vj) * es;
     const bool kvec = vec_rows(kb, kj, kd, es), vvec = vec_rows(vb, vj, vd, es);
+    // Staged: every K and V row the tile reads is requested now; the scores wait for K only.
+    extern __shared__ __align__(16) char stage[];
+    const int rb = int(D * es);
+    const bool staged = STAGE && kvec && vvec;
+    if (staged) {
+      stage_rows(stage, kb, kj * es, rb, jmin, nmax);
+      stage_rows(stage + kAttnChunk * rb, vb, vj * es, rb, jmin, nmax);
+      __pipeline_wait_prior(1);
+      __syncthreads();
+    }
     // 1. Scores: group g takes keys jmin + g, jmin + g + NG, ...; each key row is loaded once
     //    for every row of the tile. The loop bounds are uniform over the block, so the
     //    butterflies run in whole warps (a key past nmax is zeros and stored nowhere).
@@ -179,7 +209,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
       for (int u = 0; u < kKeysInFlight; ++u) {
         const int j = jb + u * NG + g;
         if (j < nmax) {
-          load_vec<T>(kb + j * kj * es, kd, D, s * kVec, kvec, kr[u]);
+          if (staged)
+            load_vec<T>(stage + j * rb, 1, D, s * kVec, true, kr[u]);
+          else
+            load_vec<T>(kb + j * kj * es, kd, D, s * kVec, kvec, kr[u]);
         } else {
 #pragma unroll
           for (int e = 0; e < kVec; ++e) kr[u][e] = 0.f;
@@ -230,6 +263,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
         ml[1] = finite ? l : __int_as_float(0x7fc00000);
       }
     }
+    if (staged) __pipeline_wait_prior(0);  // this thread's V copies; the barrier publishes everyone's
     __syncthreads();
 
     // 3. acc = sum_j p_j v_j: group g takes keys j = g (mod NG) whatever jmin is (a row's sums
@@ -245,7 +279,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_chunk_kernel(Attent
       for (int u = 0; u < kKeysInFlight; ++u) {
         const int j = jb + u * NG + g;
         if (j >= jmin && j < nmax) {
-          load_vec<T>(vb + j * vj * es, vd, D, s * kVec, vvec, vr[u]);
+          if (staged)
+            load_vec<T>(stage + (kAttnChunk + j) * rb, 1, D, s * kVec, true, vr[u]);
+          else
+            load_vec<T>(vb + j * vj * es, vd, D, s * kVec, vvec, vr[u]);
         } else {
 #pragma unroll
           for (int e = 0; e < kVec; ++e) vr[u][e] = 0.f;
