@@ -39,7 +39,7 @@ summary "cmake: $("$CMAKE" --version | head -n 1) ($CMAKE)"
 rm -f mtp_kernels/_C*.so
 JOBS="$(nproc)"
 if timeout "$(cap 270 190)" bash -c "
-    '$CMAKE' -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMTP_WITH_CUDA=ON \
+    '$CMAKE' -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMTP_WITH_CUDA=ON -DMTP_PORTABLE_ONLY=ON \
       -DCMAKE_CUDA_ARCHITECTURES='$ARCHS' -DPython_EXECUTABLE='$(command -v "$PY")' &&
     '$CMAKE' --build build/gpu -j $JOBS" > "$RES/build.log" 2>&1 \
    && cp build/gpu/_C*.so mtp_kernels/; then
@@ -51,7 +51,7 @@ else
   summary "build: MTP_WITH_CUDA=ON FAILED (tail of build.log below); falling back to the CPU build + Triton for CUDA"
   tail -n 30 "$RES/build.log" | tee -a "$RES/summary.txt"
   timeout "$(cap 120 190)" bash -c "
-    '$CMAKE' -S . -B build/gpu-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE='$(command -v "$PY")' &&
+    '$CMAKE' -S . -B build/gpu-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMTP_PORTABLE_ONLY=ON -DPython_EXECUTABLE='$(command -v "$PY")' &&
     '$CMAKE' --build build/gpu-cpu -j $JOBS" >> "$RES/build.log" 2>&1 && cp build/gpu-cpu/_C*.so mtp_kernels/ \
     || { summary "build: the CPU build failed too"; exit 1; }
   export MTP_EXPECT_CUDA_KERNELS=0

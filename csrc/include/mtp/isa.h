@@ -162,8 +162,12 @@ inline bool hwcap(unsigned long bit) {
 }
 #endif
 
-// The detection column, for this architecture's rows (false for the others').
+// The detection column, for this architecture's rows (false for the others'). A build with
+// MTP_PORTABLE_ONLY (CMake option of that name) has the generic kernels alone.
 inline bool isa_supported(Isa isa) {
+#if defined(MTP_PORTABLE_ONLY)
+  return isa == Isa::Generic;
+#else
   switch (isa) {
 #define MTP_ISA_X(E, name, arch, runs_as, target, detection) \
   case Isa::E: return MTP_ONLY_##arch((detection) ||) false;
@@ -171,6 +175,7 @@ inline bool isa_supported(Isa isa) {
 #undef MTP_ISA_X
   }
   return false;
+#endif
 }
 
 // The one dispatch: f(tag) with the tag of `isa` (a value of the table's enum column, of a set
@@ -180,12 +185,16 @@ inline bool isa_supported(Isa isa) {
 // A set without its own overload gets the nearest base's (the runs_as column), then Generic's.
 template <class F>
 decltype(auto) dispatch(Isa isa, F&& f) {
+#if defined(MTP_PORTABLE_ONLY)
+  return (void)isa, f(generic::Generic{});
+#else
   switch (isa) {
 #define MTP_ISA_X(E, name, arch, ...) MTP_ONLY_##arch(case Isa::E : return f(arch::E{});)
     MTP_ISA_TABLE(MTP_ISA_X)
 #undef MTP_ISA_X
     default: return f(generic::Generic{});
   }
+#endif
 }
 
 #if defined(MTP_X86)
