@@ -196,7 +196,7 @@ LINEAR_DTYPES = [torch.float32, torch.bfloat16]
 def test_linear_against_reference(backend, gen, x_dtype, w_dtype):
     impl, device = backend
     linear = ops_of(impl)[2]
-    for N, K in [(70, 150), (5, 7), (3, 1), (33, 64)]:
+    for N, K in [(70, 150), (5, 7), (3, 1), (33, 64), (40, 2 * 1024 + 83)]:  # the last: CUDA's K chunks
         for M in (1, 3, 6):
             x = torch.randn(M, K, generator=gen).to(x_dtype)
             w = (torch.randn(N, K, generator=gen) / K**0.5).to(w_dtype)
@@ -212,10 +212,11 @@ def test_linear_against_reference(backend, gen, x_dtype, w_dtype):
     "x_dtype,w_dtype",
     [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)],
 )
-def test_linear_shape_invariance_bitwise(backend, gen, x_dtype, w_dtype):
+@pytest.mark.parametrize("K", [64 * 2 + 19, 1024 * 2 + 83])  # tails in both dimensions; CUDA: 1 and 3 chunks of K
+def test_linear_shape_invariance_bitwise(backend, gen, x_dtype, w_dtype, K):
     impl, device = backend
     linear = ops_of(impl)[2]
-    N, K = 70, 64 * 2 + 19  # tails in both dimensions
+    N = 70
     x = torch.randn(11, K, generator=gen).to(x_dtype).to(device)
     w = (torch.randn(N, K, generator=gen) / K**0.5).to(w_dtype).to(device)
     bias = torch.randn(N, generator=gen).to(device)

@@ -4,14 +4,21 @@
 
 namespace mtp::cuda {
 
-cudaError_t linear(const LinearArgs& a, cudaStream_t stream) {
+int64_t linear_workspace(const LinearArgs& a) {
+  const int64_t chunks = linear_chunks(a.K);
+  return chunks > 1 ? chunks * a.M * a.N : 0;
+}
+
+cudaError_t linear(const LinearArgs& a, float* workspace, cudaStream_t stream) {
   if (a.M == 0 || a.N == 0) return cudaSuccess;
-  const unsigned blocks = unsigned((a.N + kLinearBlockCols - 1) / kLinearBlockCols);
+  const int64_t chunks = linear_chunks(a.K);
+  const dim3 grid(unsigned((a.N + kLinearBlockCols - 1) / kLinearBlockCols), unsigned(chunks));
   with_dtype(a.x_dtype, [&](auto xt) {
     with_dtype(a.w_dtype, [&](auto wt) {
-      linear_kernel<decltype(xt)::value, decltype(wt)::value><<<blocks, kLinearWarps * 32, 0, stream>>>(a);
+      linear_kernel<decltype(xt)::value, decltype(wt)::value><<<grid, kLinearWarps * 32, 0, stream>>>(a, workspace);
     });
   });
+  if (chunks > 1) linear_sum_kernel<<<unsigned((a.M * a.N + 255) / 256), 256, 0, stream>>>(a, workspace, chunks);
   return cudaGetLastError();
 }
 

@@ -325,7 +325,10 @@ Tensor linear_cuda(const Tensor& x, const Tensor& weight, const std::optional<Te
   // quantize_x needs an int8 weight (checked here), which is refused below: CPU only.
   LinearCall c = prepare_linear(kLinear, x, weight, bias, weight_scale, quantize_x);
   MTP_CHECK(c.args.w_dtype != DType::I8, kLinear, ": ", kInt8CpuOnly, ", got weight on ", device_str(weight.device()));
-  check_cuda(linear(c.args, current_stream()));
+  const int64_t floats = linear_workspace(c.args);
+  const std::optional<Tensor> work =
+      floats ? std::optional<Tensor>(empty_like_on(c.y, {floats}, ScalarType::Float)) : std::nullopt;
+  check_cuda(linear(c.args, work ? work->mutable_data_ptr<float>() : nullptr, current_stream()));
   return c.result();
 }
 

@@ -1,12 +1,16 @@
-// CUDA kernel of the shape-invariant linear layer, torch-free. Output column n is summed by a
-// group of 8 lanes: lane j sums x[m, k] * w[n, k] with fmaf over k in [64 s + 8 j, 64 s + 8 j + 8)
-// for s = 0, 1, ... in increasing order (the last step padded with zeros past K), then the
-// group's 8 partial sums are added by a fixed xor-butterfly (offsets 4, 2, 1: every lane ends
-// with the same bits), bias last. That order depends on K alone: never on M, on the rows or
-// columns sharing a block, or on the weight row's alignment (an aligned row's 8 weights come in
-// one or two 16-byte loads, another row's one by one: the same values). A warp is 4 groups of
-// 4 columns each; a block stages kLinearRows rows of x (as fp32, kLinearChunk k's at a time) in
-// shared memory, and each weight load serves all those rows.
+// CUDA kernel of the shape-invariant linear layer, torch-free. K is cut into chunks of
+// kLinearChunk k's at absolute positions (the last one shorter). In chunk c, output column n is
+// summed by a group of 8 lanes: lane j sums x[m, k] * w[n, k] with fmaf over the chunk's k in
+// [64 s + 8 j, 64 s + 8 j + 8) for s = 0, 1, ... in increasing order (the last step padded with
+// zeros past K), then the group's 8 partial sums are added by a fixed xor-butterfly (offsets 4,
+// 2, 1: every lane ends with the same bits) into the chunk's partial P_c. The output is
+// ((P_0 + P_1) + P_2) + ..., bias last. That order depends on K alone: never on M, on the rows
+// or columns sharing a block, or on the weight row's alignment (an aligned row's 8 weights come
+// in one or two 16-byte loads, another row's one by one: the same values). A warp is 4 groups
+// of 4 columns each; block (column block, chunk c) stages kLinearRows rows of x's chunk (as
+// fp32) in shared memory at a time, and each weight load serves all those rows. With one chunk
+// (K <= kLinearChunk) the block writes y; with more, the chunks' blocks run side by side (a
+// grid of a few column blocks fills the GPU) and write P_c, which linear_sum_kernel adds.
 #pragma once
 #include "mtp/cuda/common.cuh"
 #include "mtp/linear_args.h"
@@ -17,7 +21,7 @@ constexpr int kLinearWarps = 4;                                   // warps per b
 constexpr int kLinearCols = 4;                                    // columns per lane
 constexpr int kLinearBlockCols = kLinearWarps * 4 * kLinearCols;  // 4 groups of 8 lanes per warp
 constexpr int kLinearRows = 8;                                    // rows per pass over the weights
-constexpr int kLinearChunk = 1024;                                // k's of x staged at a time (a multiple of 64)
+constexpr int kLinearChunk = 1024;                                // k's per chunk (a multiple of 64)
 constexpr int kLinearSteps = 2;                                   // 64-wide steps loaded at once
 
 // Eight consecutive weights w[k0 .. k0 + 8) of one row as raw words, zeros at k >= K.
@@ -68,8 +72,14 @@ __device__ __forceinline__ int x_slot(int kk) {
   return (kk & ~63) | ((kk >> 2) & 1) << 5 | ((kk >> 3) & 7) << 2 | (kk & 3);
 }
 
+// Chunks of K: at least one (K = 0 gives bias or zeros).
+MTP_HOST_DEVICE inline int64_t linear_chunks(int64_t K) {
+  return K > kLinearChunk ? (K + kLinearChunk - 1) / kLinearChunk : 1;
+}
+
+// part: [chunks][M][N] fp32 when linear_chunks(K) > 1, else unused (y is written).
 template <DType XT, DType WT>
-__global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a) {
+__global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a, float* part) {
   __shared__ __align__(16) float xs[kLinearRows][kLinearChunk];
   constexpr int64_t xsize = XT == DType::F32 ? 4 : 2, wsize = WT == DType::F32 ? 4 : 2;
   const int lane = threadIdx.x % 32, g = lane / 8, j = lane % 8;
@@ -86,10 +96,12 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a)
     wk[c] = n < a.N ? a.K : 0;
     waligned[c] = reinterpret_cast<uintptr_t>(wrow[c]) % 16 == 0;
   }
+  const int64_t kc = int64_t(blockIdx.y) * kLinearChunk;  // this block's chunk
+  const bool split = gridDim.y > 1;
   for (int64_t m0 = 0; m0 < a.M; m0 += kLinearRows) {
     const int rows = int(a.M - m0 < kLinearRows ? a.M - m0 : kLinearRows);
     float acc[kLinearCols][kLinearRows] = {};
-    for (int64_t kc = 0; kc < a.K; kc += kLinearChunk) {
+    if (kc < a.K) {
       // k's [kc, kc + span) staged, zeros past K; span: a multiple of 64 (whole steps)
       const int span = int(a.K - kc < kLinearChunk ? (a.K - kc + 63) / 64 * 64 : kLinearChunk);
       // kLinearSteps 64-wide steps of weights [kc + s, ...): kLinearSteps * kLinearCols loads in flight
@@ -136,10 +148,24 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a)
         float v = acc[c][r];
         for (int offset = 4; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
         const int64_t n = nw + 4 * c + g;
-        if (j == 0 && n < a.N) a.y[(m0 + r) * a.y_stride + n] = a.bias ? v + a.bias[n] : v;
+        if (j != 0 || n >= a.N) continue;
+        if (split)
+          part[(blockIdx.y * a.M + m0 + r) * a.N + n] = v;
+        else
+          a.y[(m0 + r) * a.y_stride + n] = a.bias ? v + a.bias[n] : v;
       }
     }
   }
+}
+
+// y[m, n] = ((P_0 + P_1) + P_2) + ... over the chunks in order, bias last; one thread per output.
+__global__ void __launch_bounds__(256) linear_sum_kernel(LinearArgs a, const float* part, int64_t chunks) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.M * a.N) return;
+  const int64_t m = i / a.N, n = i % a.N;
+  float v = part[i];
+  for (int64_t c = 1; c < chunks; ++c) v += part[c * a.M * a.N + i];
+  a.y[m * a.y_stride + n] = a.bias ? v + a.bias[n] : v;
 }
 
 }  // namespace mtp::cuda
