@@ -226,6 +226,8 @@ def test_linear_shape_invariance_bitwise(backend, gen, x_dtype, w_dtype, K):
     for start, M in [(0, 2), (3, 3), (2, 5), (1, 9)]:
         assert torch.equal(linear(x[start : start + M], w, bias), full[start : start + M]), M
     assert torch.equal(linear(x.reshape(11, 1, K), w, bias).reshape(11, N), full)
+    # 22 rows: past CUDA's 16, where a block sums the chunks of K itself instead of one block each
+    assert torch.equal(linear(torch.cat([x, x]), w, bias), torch.cat([full, full]))
 
 
 def test_linear_layout_and_degenerate(gen):

@@ -5,13 +5,12 @@
 namespace mtp::cuda {
 
 int64_t linear_workspace(const LinearArgs& a) {
-  const int64_t chunks = linear_chunks(a.K);
-  return chunks > 1 ? chunks * a.M * a.N : 0;
+  return linear_split(a.M, a.N, a.K) ? linear_chunks(a.K) * a.M * a.N : 0;
 }
 
 cudaError_t linear(const LinearArgs& a, float* workspace, cudaStream_t stream) {
   if (a.M == 0 || a.N == 0) return cudaSuccess;
-  const int64_t chunks = linear_chunks(a.K);
+  const int64_t chunks = linear_split(a.M, a.N, a.K) ? linear_chunks(a.K) : 1;
   const dim3 grid(unsigned((a.N + kLinearBlockCols - 1) / kLinearBlockCols), unsigned(chunks));
   with_dtype(a.x_dtype, [&](auto xt) {
     with_dtype(a.w_dtype, [&](auto wt) {

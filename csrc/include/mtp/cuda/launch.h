@@ -36,8 +36,8 @@ cudaError_t accept_prefix(int64_t B, int64_t K, IdView<const I> draft, IdView<co
                           const int64_t* num_drafts, I* accepted, cudaStream_t stream);
 
 // x and w rows with unit inner stride; y fp32. K is summed in fixed chunks (mtp/cuda/linear.cuh);
-// with more than one, the chunks' partial sums go through `workspace`: linear_workspace(a)
-// floats of device memory (0: none needed, nullptr is fine).
+// when they run as blocks of their own, their partial sums go through `workspace`:
+// linear_workspace(a) floats of device memory (0: none needed, nullptr is fine).
 int64_t linear_workspace(const LinearArgs& a);
 cudaError_t linear(const LinearArgs& a, float* workspace, cudaStream_t stream);
 

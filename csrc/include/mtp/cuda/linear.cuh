@@ -9,8 +9,10 @@
 // in one or two 16-byte loads, another row's one by one: the same values). A warp is 4 groups
 // of 4 columns each; block (column block, chunk c) stages kLinearRows rows of x's chunk (as
 // fp32) in shared memory at a time, and each weight load serves all those rows. With one chunk
-// (K <= kLinearChunk) the block writes y; with more, the chunks' blocks run side by side (a
-// grid of a few column blocks fills the GPU) and write P_c, which linear_sum_kernel adds.
+// (K <= kLinearChunk) the block writes y. With more, either the block sums the chunks one after
+// the other, or (linear_split: few columns, few rows) the chunks' blocks run side by side, so a
+// grid of a few column blocks fills the GPU, and write P_c, which linear_sum_kernel adds: the
+// same additions in the same order, so the same bits.
 #pragma once
 #include "mtp/cuda/common.cuh"
 #include "mtp/linear_args.h"
@@ -77,10 +79,20 @@ MTP_HOST_DEVICE inline int64_t linear_chunks(int64_t K) {
   return K > kLinearChunk ? (K + kLinearChunk - 1) / kLinearChunk : 1;
 }
 
-// part: [chunks][M][N] fp32 when linear_chunks(K) > 1, else unused (y is written).
+// Whether the chunks run as blocks of their own: more than one, and a grid of few column blocks
+// (N <= 256 blocks of 64 columns) at decode sizes (M <= 16), so the workspace stays small
+// (chunks * M * N floats: 1 MB per chunk at most).
+MTP_HOST_DEVICE inline bool linear_split(int64_t M, int64_t N, int64_t K) {
+  return linear_chunks(K) > 1 && M <= 16 && N <= 256 * kLinearBlockCols;
+}
+
+// Grid (column blocks, linear_split ? chunks : 1). part: [chunks][M][N] fp32 when split.
 template <DType XT, DType WT>
 __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a, float* part) {
   __shared__ __align__(16) float xs[kLinearRows][kLinearChunk];
+  // P_first + ... of each output, kept by the lane that writes it (j = 0 of the column's group):
+  // in shared memory rather than registers, which the accumulators fill.
+  __shared__ float total[kLinearRows][kLinearBlockCols];
   constexpr int64_t xsize = XT == DType::F32 ? 4 : 2, wsize = WT == DType::F32 ? 4 : 2;
   const int lane = threadIdx.x % 32, g = lane / 8, j = lane % 8;
   // This lane's columns: nw + 4 c + g. A column past N reads nothing (its K is 0) and is not
@@ -96,47 +108,63 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a,
     wk[c] = n < a.N ? a.K : 0;
     waligned[c] = reinterpret_cast<uintptr_t>(wrow[c]) % 16 == 0;
   }
-  const int64_t kc = int64_t(blockIdx.y) * kLinearChunk;  // this block's chunk
+  // This block's chunks: its own one when split, else all of them in order.
   const bool split = gridDim.y > 1;
+  const int64_t c_first = split ? blockIdx.y : 0, c_end = split ? c_first + 1 : linear_chunks(a.K);
   for (int64_t m0 = 0; m0 < a.M; m0 += kLinearRows) {
     const int rows = int(a.M - m0 < kLinearRows ? a.M - m0 : kLinearRows);
-    float acc[kLinearCols][kLinearRows] = {};
-    if (kc < a.K) {
-      // k's [kc, kc + span) staged, zeros past K; span: a multiple of 64 (whole steps)
-      const int span = int(a.K - kc < kLinearChunk ? (a.K - kc + 63) / 64 * 64 : kLinearChunk);
-      // kLinearSteps 64-wide steps of weights [kc + s, ...): kLinearSteps * kLinearCols loads in flight
-      Weights8<WT> w[kLinearSteps][kLinearCols];
-      const auto load = [&](int s) {
+    for (int64_t ci = c_first; ci < c_end; ++ci) {
+      const int64_t kc = ci * kLinearChunk;
+      float acc[kLinearCols][kLinearRows] = {};
+      if (kc < a.K) {
+        // k's [kc, kc + span) staged, zeros past K; span: a multiple of 64 (whole steps)
+        const int span = int(a.K - kc < kLinearChunk ? (a.K - kc + 63) / 64 * 64 : kLinearChunk);
+        // kLinearSteps 64-wide steps of weights [kc + s, ...): kLinearSteps * kLinearCols loads in flight
+        Weights8<WT> w[kLinearSteps][kLinearCols];
+        const auto load = [&](int s) {
 #pragma unroll
-        for (int u = 0; u < kLinearSteps; ++u)
-#pragma unroll
-          for (int c = 0; c < kLinearCols; ++c)
-            if (s + 64 * u < span) w[u][c].load(wrow[c], kc + s + 64 * u + 8 * j, wk[c], waligned[c]);
-      };
-      load(0);          // in flight while x is staged
-      __syncthreads();  // the previous chunk's readers are done
-      for (int r = 0; r < rows; ++r) {
-        const char* x = static_cast<const char*>(a.x) + (m0 + r) * a.x_stride * xsize;
-        for (int kk = threadIdx.x; kk < span; kk += blockDim.x)
-          xs[r][x_slot(kk)] = kc + kk < a.K ? load_f32<XT>(x, kc + kk) : 0.f;
-      }
-      __syncthreads();
-      for (int s = 0; s < span; s += 64 * kLinearSteps) {
-        if (s > 0) load(s);
-#pragma unroll
-        for (int u = 0; u < kLinearSteps; ++u) {
-          if (s + 64 * u >= span) break;
-#pragma unroll
-          for (int r = 0; r < kLinearRows; ++r) {
-            if (r >= rows) break;
-            const float4 x0 = *reinterpret_cast<const float4*>(&xs[r][s + 64 * u + 4 * j]);
-            const float4 x1 = *reinterpret_cast<const float4*>(&xs[r][s + 64 * u + 32 + 4 * j]);
-            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          for (int u = 0; u < kLinearSteps; ++u)
 #pragma unroll
             for (int c = 0; c < kLinearCols; ++c)
+              if (s + 64 * u < span) w[u][c].load(wrow[c], kc + s + 64 * u + 8 * j, wk[c], waligned[c]);
+        };
+        load(0);          // in flight while x is staged
+        __syncthreads();  // the previous chunk's readers are done
+        for (int r = 0; r < rows; ++r) {
+          const char* x = static_cast<const char*>(a.x) + (m0 + r) * a.x_stride * xsize;
+          for (int kk = threadIdx.x; kk < span; kk += blockDim.x)
+            xs[r][x_slot(kk)] = kc + kk < a.K ? load_f32<XT>(x, kc + kk) : 0.f;
+        }
+        __syncthreads();
+        for (int s = 0; s < span; s += 64 * kLinearSteps) {
+          if (s > 0) load(s);
 #pragma unroll
-              for (int e = 0; e < 8; ++e) acc[c][r] = fmaf(xv[e], w[u][c].get(e), acc[c][r]);
+          for (int u = 0; u < kLinearSteps; ++u) {
+            if (s + 64 * u >= span) break;
+#pragma unroll
+            for (int r = 0; r < kLinearRows; ++r) {
+              if (r >= rows) break;
+              const float4 x0 = *reinterpret_cast<const float4*>(&xs[r][s + 64 * u + 4 * j]);
+              const float4 x1 = *reinterpret_cast<const float4*>(&xs[r][s + 64 * u + 32 + 4 * j]);
+              const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+              for (int c = 0; c < kLinearCols; ++c)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[c][r] = fmaf(xv[e], w[u][c].get(e), acc[c][r]);
+            }
           }
+        }
+      }
+      // The chunk's partial P_c: the group's 8 lane sums by the butterfly, added to the total.
+#pragma unroll
+      for (int r = 0; r < kLinearRows; ++r) {
+        if (r >= rows) break;
+#pragma unroll
+        for (int c = 0; c < kLinearCols; ++c) {
+          float v = acc[c][r];
+          for (int offset = 4; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+          float& t = total[r][threadIdx.x / 32 * (4 * kLinearCols) + 4 * c + g];
+          if (j == 0) t = ci == c_first ? v : t + v;
         }
       }
     }
@@ -145,14 +173,13 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a,
       if (r >= rows) break;
 #pragma unroll
       for (int c = 0; c < kLinearCols; ++c) {
-        float v = acc[c][r];
-        for (int offset = 4; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
         const int64_t n = nw + 4 * c + g;
         if (j != 0 || n >= a.N) continue;
+        const float t = total[r][threadIdx.x / 32 * (4 * kLinearCols) + 4 * c + g];
         if (split)
-          part[(blockIdx.y * a.M + m0 + r) * a.N + n] = v;
+          part[(blockIdx.y * a.M + m0 + r) * a.N + n] = t;
         else
-          a.y[(m0 + r) * a.y_stride + n] = a.bias ? v + a.bias[n] : v;
+          a.y[(m0 + r) * a.y_stride + n] = a.bias ? t + a.bias[n] : t;
       }
     }
   }
