@@ -457,7 +457,15 @@ def linear_case(report, dtype, M, N, K):
 
 def linear_rows(report):
     for dtype in (torch.bfloat16, torch.float32):
-        for M, N, K in [(1, 1536, 576), (5, 1536, 576), (5, 576, 1536), (5, 49152, 576), (16, 4096, 4096)]:
+        # SmolLM2 shapes, its LM head, and Llama-8B-like ones of few columns (K in 4 and 14 chunks)
+        for M, N, K in [
+            (1, 1536, 576),
+            (5, 1536, 576),
+            (5, 576, 1536),
+            (5, 49152, 576),
+            (16, 4096, 4096),
+            (4, 4096, 14336),
+        ]:
             report.guarded(f"linear M={M} N={N} K={K} {dtype}", linear_case, report, dtype, M, N, K)
 
 
