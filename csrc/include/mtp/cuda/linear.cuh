@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a,
   const int lane = threadIdx.x % 32, g = lane / 8, j = lane % 8;
   // This lane's columns: nw + 4 c + g. A column past N reads nothing (its K is 0) and is not
   // written, but its lanes still take part in the barriers and shuffles.
-  const int64_t nw = int64_t(blockIdx.x) * kLinearBlockCols + threadIdx.x / 32 * (4 * kLinearCols);
+  const int wc = threadIdx.x / 32 * (4 * kLinearCols);  // the warp's first column in the block
+  const int64_t nw = int64_t(blockIdx.x) * kLinearBlockCols + wc;
   const char* wrow[kLinearCols];
   int64_t wk[kLinearCols];
   bool waligned[kLinearCols];
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a,
         for (int c = 0; c < kLinearCols; ++c) {
           float v = acc[c][r];
           for (int offset = 4; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-          float& t = total[r][threadIdx.x / 32 * (4 * kLinearCols) + 4 * c + g];
+          float& t = total[r][wc + 4 * c + g];
           if (j == 0) t = ci == c_first ? v : t + v;
         }
       }
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32) linear_kernel(LinearArgs a,
       for (int c = 0; c < kLinearCols; ++c) {
         const int64_t n = nw + 4 * c + g;
         if (j != 0 || n >= a.N) continue;
-        const float t = total[r][threadIdx.x / 32 * (4 * kLinearCols) + 4 * c + g];
+        const float t = total[r][wc + 4 * c + g];
         if (split)
           part[(blockIdx.y * a.M + m0 + r) * a.N + n] = t;
         else
