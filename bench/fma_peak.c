@@ -1,7 +1,9 @@
-// One core's rate of 512-bit VFMADD (16 fp32 multiply-adds) and VDPBF16PS (32 bf16 products
-// into 16 fp32 lanes) with 1, 4, 8 and 16 independent chains: one chain gives the latency,
-// many the issue rate. What decides the linear layer's default instruction set (mtp/isa.h).
-//   gcc -O2 -mavx512f -mavx512bf16 bench/fma_peak.c -o /tmp/fma_peak && /tmp/fma_peak
+// One core's rate of 512-bit VFMADD (16 fp32 multiply-adds), VDPBF16PS (32 bf16 products
+// into 16 fp32 lanes) and VPDPBUSD (64 int8 products into 16 int32 lanes: the GGUF kernels'
+// dot product, so each extra row of a verify pass costs at least its weights / this rate)
+// with 1, 4, 8 and 16 independent chains: one chain gives the latency, many the issue rate.
+// What decides the linear layer's default instruction set (mtp/isa.h).
+//   gcc -O2 -mavx512f -mavx512bf16 -mavx512vnni bench/fma_peak.c -o /tmp/fma_peak && /tmp/fma_peak
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -14,11 +16,13 @@ static double now(void) {
 
 // CHAINS accumulators, each updated N / CHAINS times by OP; prints instructions and products
 // per second. The start values come from a volatile so that the chains stay distinct.
-#define RATE(CHAINS, NAME, OP, PRODUCTS)                                                                            \
+#define RATE(CHAINS, NAME, OP, PRODUCTS) \
+  RATE_OF(__m512, _mm512_set1_ps, _mm512_reduce_add_ps, CHAINS, NAME, OP, PRODUCTS)
+#define RATE_OF(VEC, SET1, REDUCE, CHAINS, NAME, OP, PRODUCTS)                                                      \
   {                                                                                                                 \
-    __m512 a[CHAINS];                                                                                               \
+    VEC a[CHAINS];                                                                                                  \
     volatile float start = 0.5f;                                                                                    \
-    for (int j = 0; j < CHAINS; ++j) a[j] = _mm512_set1_ps(start + j);                                              \
+    for (int j = 0; j < CHAINS; ++j) a[j] = SET1(start + j);                                                        \
     const long n = 200000000 / CHAINS;                                                                              \
     const double t0 = now();                                                                                        \
     for (long i = 0; i < n; ++i) {                                                                                  \
@@ -26,7 +30,7 @@ static double now(void) {
     }                                                                                                               \
     const double s = now() - t0;                                                                                    \
     float sink = 0;                                                                                                 \
-    for (int j = 0; j < CHAINS; ++j) sink += _mm512_reduce_add_ps(a[j]);                                            \
+    for (int j = 0; j < CHAINS; ++j) sink += REDUCE(a[j]);                                                          \
     printf("%-9s %2d chains: %.2f G instructions/s, %6.1f G products/s  (%g)\n", NAME, CHAINS, n* CHAINS / s / 1e9, \
            n * CHAINS * (double)PRODUCTS / s / 1e9, sink);                                                          \
   }
@@ -45,5 +49,13 @@ int main(void) {
   RATE(4, "vdpbf16ps", DOT, 32);
   RATE(8, "vdpbf16ps", DOT, 32);
   RATE(16, "vdpbf16ps", DOT, 32);
+  volatile char w = 3;  // unsigned weight bytes times signed activation bytes
+  const __m512i u = _mm512_set1_epi8(w), v = _mm512_set1_epi8((char)(w - 5));
+#define DPBUSD(acc) _mm512_dpbusd_epi32(acc, u, v)
+#define RATE_I(CHAINS) RATE_OF(__m512i, _mm512_set1_epi32, _mm512_reduce_add_epi32, CHAINS, "vpdpbusd", DPBUSD, 64)
+  RATE_I(1);
+  RATE_I(4);
+  RATE_I(8);
+  RATE_I(16);
   return 0;
 }
