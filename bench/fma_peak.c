@@ -1,6 +1,6 @@
 // One core's rate of 512-bit VFMADD (16 fp32 multiply-adds), VDPBF16PS (32 bf16 products
 // into 16 fp32 lanes) and VPDPBUSD (64 int8 products into 16 int32 lanes: the GGUF kernels'
-// dot product, so each extra row of a verify pass costs at least its weights / this rate)
+// dot product: an extra row of a verify pass costs at least its products / this rate)
 // with 1, 4, 8 and 16 independent chains: one chain gives the latency, many the issue rate.
 // What decides the linear layer's default instruction set (mtp/isa.h).
 //   gcc -O2 -mavx512f -mavx512bf16 -mavx512vnni bench/fma_peak.c -o /tmp/fma_peak && /tmp/fma_peak
